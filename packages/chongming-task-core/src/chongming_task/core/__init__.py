@@ -1,0 +1,1 @@
+"""状态机所在的子包（``chongming_task.core.state_machine``）。"""

@@ -1,0 +1,394 @@
+"""持久层契约：TaskStore、TaskQuery、Command、TaskStats。
+
+四类流量刻意分开，因为写入频次与一致性要求不同：
+
+* 快照（create / save / get / query / stats / bucket_counts）：参与乐观并发（status_version）。
+* 审计轨迹（append / history）：只追加，按 (task_id, version) 幂等。
+* 高频旁路（touch）：进度、心跳、租约。不碰版本号，也不与 save 冲突——save 从不改写这四个
+  字段，它们只由 create（初值）与 touch 写入。否则进度上报会与状态写入持续冲突。
+* 控制指令（submit_command / claim_commands / complete_command / release_command）：跨进程控制的
+  媒介。取走指令带租约：持有者崩溃后租约到期，指令可被重新取走。
+
+每个后端都必须通过 ``chongming_task.testing.store_contract.StoreContract``。逐条语义见
+docs/store-guide.md（持久层实现指南）。
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from chongming_task.errors import ConfigurationError
+from chongming_task.models import Progress, TaskSnapshot, Transition, normalize_tags
+from chongming_task.states import NON_TERMINAL_STATUSES, TaskStatus
+
+SIDE_CHANNEL_FIELDS = frozenset({"progress", "last_heartbeat_at", "lease_owner", "lease_until"})
+"""只由 touch（及 create 的初值）写入的字段；save 从不改写它们。"""
+
+
+class QueryOrder(str, enum.Enum):
+    """查询结果的顺序：按 (created_at, task_id) 排序。"""
+
+    NEWEST_FIRST = "newest"
+    OLDEST_FIRST = "oldest"
+
+
+def _aware(name: str, value: datetime | None) -> None:
+    if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
+        raise ConfigurationError(f"TaskQuery.{name} 必须是带时区的 datetime，收到 {value!r}")
+
+
+@dataclass(frozen=True)
+class TaskQuery:
+    """查询条件。所有条件取交集；None 表示不限。
+
+    * ``name_prefix`` 按字面匹配：``%`` 与 ``_`` 不是通配符（SQL 后端必须转义 LIKE）。
+    * ``bucket`` 与 ``buckets`` 同时给出时取交集。
+    * ``created_after`` / ``created_before`` 是开区间：严格晚于 / 严格早于。
+    * ``lease_expired_before``：租约为空或 ``lease_until`` 早于该时刻（reconcile 用）。
+    * 顺序按 (created_at, task_id)，``order`` 决定新的在前还是旧的在前。
+    """
+
+    statuses: frozenset[TaskStatus] | None = None
+    name_prefix: str | None = None
+    tag: str | None = None
+    bucket: int | None = None
+    buckets: frozenset[int] | None = None
+    owner: str | None = None
+    pipeline_id: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    lease_expired_before: datetime | None = None
+    limit: int | None = None
+    order: QueryOrder = QueryOrder.NEWEST_FIRST
+
+    def __post_init__(self) -> None:
+        if self.statuses is not None:
+            if isinstance(self.statuses, (str, TaskStatus)):
+                raise ConfigurationError("TaskQuery.statuses 必须是状态的集合，例如 frozenset({TaskStatus.RUNNING})")
+            try:
+                statuses = frozenset(TaskStatus(s) for s in self.statuses)
+            except ValueError as exc:
+                known = ", ".join(s.value for s in TaskStatus)
+                raise ConfigurationError(f"TaskQuery.statuses 里有未知状态（{exc}）；可选：{known}") from None
+            object.__setattr__(self, "statuses", statuses)
+        if self.buckets is not None:
+            if isinstance(self.buckets, int):
+                raise ConfigurationError("TaskQuery.buckets 必须是桶号的集合；单个桶请用 bucket=")
+            object.__setattr__(self, "buckets", frozenset(self.buckets))
+            for bucket in self.buckets:
+                if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
+                    raise ConfigurationError(f"TaskQuery.buckets 里只能放非负整数桶号，收到 {bucket!r}")
+        if self.bucket is not None and (isinstance(self.bucket, bool) or not isinstance(self.bucket, int) or self.bucket < 0):
+            raise ConfigurationError(f"TaskQuery.bucket 必须是非负整数，收到 {self.bucket!r}")
+        for name in ("name_prefix", "tag", "owner", "pipeline_id"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigurationError(f"TaskQuery.{name} 必须是字符串，收到 {value!r}")
+        if self.tag is not None:
+            normalize_tags([self.tag])
+        for name in ("created_after", "created_before", "lease_expired_before"):
+            _aware(name, getattr(self, name))
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0):
+            raise ConfigurationError(f"TaskQuery.limit 必须是非负整数或 None，收到 {self.limit!r}")
+        if not isinstance(self.order, QueryOrder):
+            try:
+                object.__setattr__(self, "order", QueryOrder(self.order))
+            except ValueError:
+                raise ConfigurationError("TaskQuery.order 只能是 'newest' 或 'oldest'") from None
+
+    def matches(self, snapshot: TaskSnapshot) -> bool:
+        """参照语义：一个快照是否满足全部条件（不含 limit 与顺序）。SQL 后端须与之逐条一致。"""
+        if self.statuses is not None and snapshot.status not in self.statuses:
+            return False
+        if self.name_prefix is not None and not snapshot.name.startswith(self.name_prefix):
+            return False
+        if self.tag is not None and self.tag not in snapshot.tags:
+            return False
+        if self.bucket is not None and snapshot.bucket != self.bucket:
+            return False
+        if self.buckets is not None and snapshot.bucket not in self.buckets:
+            return False
+        if self.owner is not None and snapshot.owner != self.owner:
+            return False
+        if self.pipeline_id is not None and snapshot.pipeline_id != self.pipeline_id:
+            return False
+        if self.created_after is not None and not snapshot.created_at > self.created_after:
+            return False
+        if self.created_before is not None and not snapshot.created_at < self.created_before:
+            return False
+        return not (
+            self.lease_expired_before is not None
+            and snapshot.lease_until is not None
+            and snapshot.lease_until >= self.lease_expired_before
+        )
+
+    def sort_key(self, snapshot: TaskSnapshot) -> tuple[datetime, str]:
+        return (snapshot.created_at, snapshot.task_id)
+
+    def apply(self, snapshots: Iterable[TaskSnapshot]) -> list[TaskSnapshot]:
+        """对一组快照执行过滤、排序与 limit（内存后端与测试用的参照实现）。"""
+        selected = [s for s in snapshots if self.matches(s)]
+        selected.sort(key=self.sort_key, reverse=self.order is QueryOrder.NEWEST_FIRST)
+        if self.limit is not None:
+            selected = selected[: self.limit]
+        return selected
+
+
+def escape_like(prefix: str, escape: str = "\\") -> str:
+    """把前缀转成 LIKE 模式：``%`` ``_`` 与转义符本身按字面匹配，再在末尾加 ``%``。"""
+    escaped = prefix.replace(escape, escape + escape).replace("%", escape + "%").replace("_", escape + "_")
+    return escaped + "%"
+
+
+class CommandAction(str, enum.Enum):
+    """跨进程控制动作。"""
+
+    STOP = "stop"
+    PAUSE = "pause"
+    RESUME = "resume"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Command:
+    """一条控制指令。``claimant`` / ``lease_until`` 为空表示未被取走；``completed_at`` 非空表示已执行完。"""
+
+    command_id: str
+    task_id: str
+    action: CommandAction
+    issuer: str | None
+    reason: str | None
+    payload: Mapping[str, Any]
+    created_at: datetime
+    bucket: int | None = None
+    claimant: str | None = None
+    lease_until: datetime | None = None
+    deliveries: int = 0
+    completed_at: datetime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "command_id": self.command_id,
+            "task_id": self.task_id,
+            "action": self.action.value,
+            "issuer": self.issuer,
+            "reason": self.reason,
+            "payload": dict(self.payload),
+            "created_at": self.created_at.isoformat(timespec="microseconds"),
+            "bucket": self.bucket,
+            "claimant": self.claimant,
+            "lease_until": None if self.lease_until is None else self.lease_until.isoformat(timespec="microseconds"),
+            "deliveries": self.deliveries,
+            "completed_at": None if self.completed_at is None else self.completed_at.isoformat(timespec="microseconds"),
+        }
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    """各状态计数。``unfinished`` 是非终态数量（含排队与暂停）。"""
+
+    counts: Mapping[TaskStatus, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        full = {status: int(self.counts.get(status, 0)) for status in TaskStatus}
+        object.__setattr__(self, "counts", full)
+
+    def __getitem__(self, status: TaskStatus | str) -> int:
+        return self.counts[TaskStatus(status)]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def unfinished(self) -> int:
+        return sum(n for status, n in self.counts.items() if status in NON_TERMINAL_STATUSES)
+
+    def to_dict(self) -> dict[str, int]:
+        return {status.value: n for status, n in self.counts.items()}
+
+
+def check_json_value(value: Any, *, what: str = "outcome") -> str:
+    """把值序列化为严格 JSON 文本；不可序列化（或含 NaN/inf）时抛 ConfigurationError 说明原因。"""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"{what} 必须可 JSON 序列化（dict / list / str / 数字 / bool / None）：{exc}") from None
+
+
+def validate_save(snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]) -> None:
+    """save() 的参数一致性：迁移记录必须正好覆盖 expect_version+1 .. snapshot.status_version。
+
+    各后端在写入之前调用它，保证历史不会因调用方的错误而出现空洞或重复。
+    """
+    if isinstance(expect_version, bool) or not isinstance(expect_version, int) or expect_version < 0:
+        raise ConfigurationError(f"expect_version 必须是非负整数，收到 {expect_version!r}")
+    if snapshot.status_version < expect_version:
+        raise ConfigurationError(
+            f"快照版本 {snapshot.status_version} 小于 expect_version {expect_version}：版本号只能前进"
+        )
+    if transitions:
+        versions = [t.version for t in transitions]
+        expected = list(range(expect_version + 1, snapshot.status_version + 1))
+        if versions != expected:
+            raise ConfigurationError(f"随 save 提交的迁移记录版本必须正好是 {expected}，收到 {versions}")
+        for record in transitions:
+            if record.task_id != snapshot.task_id:
+                raise ConfigurationError(f"迁移记录属于任务 {record.task_id!r}，不属于 {snapshot.task_id!r}")
+        if transitions[-1].to_status is not snapshot.status:
+            raise ConfigurationError("最后一条迁移记录的目标状态必须等于快照状态")
+
+
+def validate_lease(lease: float) -> None:
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not math.isfinite(lease) or lease <= 0:
+        raise ConfigurationError(f"指令租约必须是正的秒数，收到 {lease!r}")
+
+
+class TaskStore(ABC):
+    """持久层契约（14 个方法，四类流量）。实现必须线程安全；多进程共享同一存储时语义不变。"""
+
+    # -- snapshots ----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
+        """写入新任务（连同已有的迁移记录）。task_id 已存在 → DuplicateTaskId，什么也不写。"""
+
+    @abstractmethod
+    def save(
+        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+    ) -> None:
+        """原子地写入快照与它新增的迁移记录。
+
+        存储中的 status_version 不等于 expect_version → ConcurrencyConflict，什么也不写。
+        任务不存在 → TaskNotFound。不改写旁路字段（progress / last_heartbeat_at / lease_*）。
+        """
+
+    @abstractmethod
+    def get(self, task_id: str) -> TaskSnapshot | None:
+        """单个快照；不存在返回 None。返回的对象与存储无共享可变状态。"""
+
+    @abstractmethod
+    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        """按条件查询，语义与 ``TaskQuery.apply`` 逐条一致。"""
+
+    @abstractmethod
+    def stats(self, query: TaskQuery | None = None) -> TaskStats:
+        """满足条件（忽略 limit）的任务按状态计数。"""
+
+    @abstractmethod
+    def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
+        """满足条件（忽略 limit）的任务按桶计数；无桶任务不计。"""
+
+    # -- history ------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def append(self, transitions: Sequence[Transition]) -> None:
+        """只追加；(task_id, version) 已存在的记录被忽略（幂等）。"""
+
+    @abstractmethod
+    def history(self, task_id: str) -> list[Transition]:
+        """某任务的全部迁移记录，按版本升序。"""
+
+    # -- side channel -------------------------------------------------------------------------------
+
+    @abstractmethod
+    def touch(
+        self,
+        task_id: str,
+        *,
+        progress: Progress | None = None,
+        heartbeat_at: datetime | None = None,
+        lease_owner: str | None = None,
+        lease_until: datetime | None = None,
+    ) -> bool:
+        """更新旁路字段（None 表示不改）。不递增 status_version，不与 save 冲突。任务不存在返回 False。"""
+
+    def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """批量 touch：``[(task_id, {"progress": ..., ...}), ...]``。后端可覆盖为一次事务。"""
+        for task_id, fields in updates:
+            self.touch(task_id, **fields)
+
+    # -- commands -----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def submit_command(
+        self,
+        task_id: str,
+        action: CommandAction | str,
+        *,
+        issuer: str | None = None,
+        reason: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> Command:
+        """写一条指令。任务不存在 → TaskNotFound。指令记下任务当时的桶号，供按桶认领。"""
+
+    @abstractmethod
+    def claim_commands(
+        self,
+        claimant: str,
+        *,
+        lease: float,
+        limit: int = 100,
+        task_ids: Iterable[str] | None = None,
+        buckets: Iterable[int] | None = None,
+    ) -> list[Command]:
+        """取走未完成、且未被认领或租约已过期的指令（按创建先后），设租约 ``lease`` 秒。
+
+        被取走的指令在租约内对其他认领者不可见；租约过期后可被重新取走（deliveries 加一）。
+        """
+
+    @abstractmethod
+    def complete_command(self, command_id: str, claimant: str) -> bool:
+        """标记执行完毕。仅当指令由 ``claimant`` 持有（或已由它完成，幂等）时返回 True。"""
+
+    @abstractmethod
+    def release_command(self, command_id: str, claimant: str) -> bool:
+        """交还指令：立即可被其他认领者取走。仅当由 ``claimant`` 持有时返回 True。"""
+
+    # -- upkeep -------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def prune(self, keep_terminal: int) -> int:
+        """删除最旧的终态任务（按 finished_at）及其历史与指令，只保留最新 keep_terminal 个。
+
+        绝不删除非终态任务。返回删除的任务数。
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """释放资源。幂等；关闭后再调用其他方法 → StoreError。"""
+
+    # -- conveniences -------------------------------------------------------------------------------
+
+    def __enter__(self) -> TaskStore:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+__all__ = [
+    "SIDE_CHANNEL_FIELDS",
+    "Command",
+    "CommandAction",
+    "QueryOrder",
+    "TaskQuery",
+    "TaskStats",
+    "TaskStore",
+    "check_json_value",
+    "escape_like",
+    "validate_lease",
+    "validate_save",
+]
