@@ -1,0 +1,86 @@
+"""仓库级 pytest 配置：Postgres 测试的 DSN 夹具，以及"CI 上 Postgres 测试不许跳过"这条规则。
+
+本地没有数据库时，Postgres 测试照常跳过（开发者不必为了跑单元测试先装一个 PostgreSQL）。
+但 CI 必须真的连上数据库：`.ci/run` 设置 ``CHONGMING_REQUIRE_POSTGRES=1``，此时任何本该跳过的
+Postgres 测试都改判为失败——否则 DSN 配错、驱动没装、夹具写错，都只会变成一行不起眼的 "s"，
+CI 照样变绿。
+
+判定"这是一个 Postgres 测试"的依据（满足其一即可）：
+
+* 测试带 ``@pytest.mark.postgres`` 标记（模块级 ``pytestmark`` 也算）；
+* 跳过原因里提到 Postgres / psycopg / ``CHONGMING_TEST_POSTGRES``
+  （覆盖 ``unittest.SkipTest`` 与 ``pytest.importorskip("psycopg")`` 这类没有标记的跳过）。
+
+同一条规则挂在两处：用例执行（setup/call/teardown 的报告）与收集（模块级 skip / importorskip
+会让整个模块在收集阶段就被跳过，根本走不到用例执行）。xfail 不是跳过，不受影响。
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Generator
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+POSTGRES_DSN_ENV = "CHONGMING_TEST_POSTGRES"
+REQUIRE_POSTGRES_ENV = "CHONGMING_REQUIRE_POSTGRES"
+
+_POSTGRES_REASON = re.compile(r"postgres|psycopg|CHONGMING_TEST_POSTGRES", re.IGNORECASE)
+
+
+def _postgres_required() -> bool:
+    return os.environ.get(REQUIRE_POSTGRES_ENV, "").strip() not in ("", "0", "false", "no")
+
+
+def _skip_reason(longrepr: object) -> str:
+    # 跳过报告的 longrepr 是 (path, lineno, reason) 三元组；其他情况退回 str()。
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def _fail_instead_of_skip(report: pytest.TestReport | pytest.CollectReport, marked: bool) -> None:
+    if not report.skipped or hasattr(report, "wasxfail") or not _postgres_required():
+        return
+    reason = _skip_reason(report.longrepr)
+    if not (marked or _POSTGRES_REASON.search(reason)):
+        return
+    report.outcome = "failed"
+    report.longrepr = (
+        f"{REQUIRE_POSTGRES_ENV}=1：Postgres 测试不允许跳过，这里按失败处理。\n"
+        f"原跳过原因：{reason}\n"
+        f"请设置 {POSTGRES_DSN_ENV}=postgresql://user@host:5432/db 并确认数据库可连、驱动已安装。"
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    _fail_instead_of_skip(report, marked=item.get_closest_marker("postgres") is not None)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    report = yield
+    _fail_instead_of_skip(report, marked=collector.get_closest_marker("postgres") is not None)
+    return report
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> str:
+    """真实 PostgreSQL 的连接串，取自环境变量 CHONGMING_TEST_POSTGRES；没有就跳过。
+
+    在 CI（CHONGMING_REQUIRE_POSTGRES=1）里，这个跳过会被上面的钩子改判为失败。
+    """
+    dsn = os.environ.get(POSTGRES_DSN_ENV, "").strip()
+    if not dsn:
+        pytest.skip(f"需要真实 PostgreSQL：请设置 {POSTGRES_DSN_ENV}=postgresql://user@host:5432/db")
+    return dsn
