@@ -76,7 +76,7 @@ build: install
 	rm -rf dist
 	@for m in $(MEMBERS); do \
 		echo ">>> build $$m"; \
-		$(PY) -m build --no-isolation --outdir dist $$m >/dev/null; \
+		$(PY) -m build --quiet --no-isolation --outdir dist $$m; \
 	done
 	@ls -1 dist
 
