@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
 
@@ -40,7 +40,7 @@ class SystemClock:
         return time.monotonic()
 
     def now(self) -> datetime:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
@@ -58,7 +58,7 @@ SYSTEM_CLOCK = SystemClock()
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 __all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock", "utcnow"]

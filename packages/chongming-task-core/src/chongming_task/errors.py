@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from chongming_task.states import TaskStatus
@@ -34,15 +34,18 @@ class InvalidTransition(TaskError):
         self.action = action
         self.allowed: frozenset[TaskStatus] = frozenset(allowed)
         self.detail = detail
-        if self.allowed:
-            allowed_text = ", ".join(sorted(s.value for s in self.allowed))
-        else:
-            allowed_text = "无（终态）"
+        # 按状态的声明顺序（生命周期顺序）列出，而不是集合的随机顺序：同一个错误每次读起来都一样。
+        ordered = [s.value for s in type(from_status) if s in self.allowed]
+        allowed_text = ", ".join(ordered) if ordered else "无（终态）"
         target = to_status.value if to_status is not None else "?"
         message = f"非法状态转移：{from_status.value} -> {target}；动作 '{action}'；当前允许：{allowed_text}"
         if detail:
             message += f"；{detail}"
         super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # 默认的异常 pickle 只带 args=(message,)，用它重建会缺参数；进程执行器要跨进程传异常。
+        return (type(self), (self.from_status, self.to_status, self.action, self.allowed, self.detail))
 
 
 class DependencyFailed(TaskError):
@@ -55,6 +58,9 @@ class CircularDependency(TaskError):
     def __init__(self, cycle: Iterable[str]) -> None:
         self.cycle: tuple[str, ...] = tuple(cycle)
         super().__init__("依赖成环：" + " -> ".join(self.cycle))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.cycle,))
 
 
 class TaskTimeout(TaskError):
@@ -92,12 +98,15 @@ class DuplicateTaskId(ConfigurationError):
     """task_id 已存在：存储拒绝重复创建（停止过的任务想再跑，请换一个 task_id 提交）。"""
 
 
-class TaskCancelled(BaseException):  # noqa: N818 - 名字是公开 API（用户指南 §10）
+class TaskCancelled(BaseException):
     """停止信号。继承 BaseException，``except Exception`` 吞不掉它。"""
 
     def __init__(self, reason: str | None = None) -> None:
         self.reason = reason
         super().__init__(reason or "任务已被请求停止")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason,))
 
 
 __all__ = [

@@ -17,11 +17,13 @@ from typing import Any, ClassVar
 from chongming_task.errors import ConfigurationError
 from chongming_task.states import TaskStatus
 
+_new_object = object.__new__
+
 MAX_ID_LENGTH = 512
 """task_id / name 的长度上限：更长的标识符多半是把数据误当成了 id。"""
 
 
-class FailureKind(str, enum.Enum):
+class FailureKind(enum.StrEnum):
     """失败分类（用户指南 §5.2）。"""
 
     EXCEPTION = "exception"
@@ -42,17 +44,28 @@ class FailureKind(str, enum.Enum):
 TIMEOUT_KINDS = frozenset({FailureKind.TIMEOUT_START, FailureKind.TIMEOUT_ATTEMPT, FailureKind.TIMEOUT_IDLE})
 
 
-def _require_aware(name: str, value: datetime | None) -> None:
+def _require_aware(name: str, value: object) -> None:
     if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
-        raise ConfigurationError(f"{name} 必须是带时区的 datetime（例如 datetime.now(timezone.utc)），收到 {value!r}")
+        raise ConfigurationError(
+            f"{name} 必须是带时区的 datetime（例如 datetime.now(timezone.utc)），收到 {value!r}"
+        )
 
 
 def _dt_to_text(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat(timespec="microseconds")
 
 
-def _dt_from_text(value: str | None) -> datetime | None:
-    return None if value is None else datetime.fromisoformat(value)
+def _dt_from_text(value: object) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):  # 原生类型的后端（如 Postgres）可能直接交回 datetime
+        return value
+    if not isinstance(value, str):
+        raise ConfigurationError(f"时间字段必须是 ISO-8601 文本（含时区），收到 {value!r}")
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigurationError(f"时间字段必须是 ISO-8601 文本（含时区），收到 {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -66,14 +79,24 @@ class Failure:
     traceback: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, FailureKind):
+        # 字段注解是承诺，不是保证：存储与跨进程数据会带来字符串或别的类型，这里按 object 复查。
+        kind: object = self.kind
+        if not isinstance(kind, FailureKind):
             try:
-                object.__setattr__(self, "kind", FailureKind(self.kind))
+                object.__setattr__(self, "kind", FailureKind(kind))  # type: ignore[arg-type]
             except ValueError:
                 known = ", ".join(k.value for k in FailureKind)
-                raise ConfigurationError(f"未知的失败类型 {self.kind!r}；可选：{known}") from None
-        if not isinstance(self.message, str):
-            object.__setattr__(self, "message", str(self.message))
+                raise ConfigurationError(f"未知的失败类型 {kind!r}；可选：{known}") from None
+        message: object = self.message
+        if not isinstance(message, str):
+            object.__setattr__(self, "message", str(message))
+        retryable: object = self.retryable
+        if not isinstance(retryable, bool):
+            raise ConfigurationError(f"Failure.retryable 必须是 True 或 False，收到 {retryable!r}")
+        for name in ("exc_type", "traceback"):
+            text: object = getattr(self, name)
+            if text is not None and not isinstance(text, str):
+                raise ConfigurationError(f"Failure.{name} 必须是字符串或 None，收到 {text!r}")
 
     @classmethod
     def from_exception(
@@ -151,7 +174,9 @@ class Progress:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Progress:
-        return cls(done=data["done"], total=data.get("total"), unit=data.get("unit"), message=data.get("message"))
+        return cls(
+            done=data["done"], total=data.get("total"), unit=data.get("unit"), message=data.get("message")
+        )
 
 
 def _format_amount(value: float) -> str:
@@ -173,6 +198,55 @@ class Transition:
     version: int
     at: datetime
 
+    def __post_init__(self) -> None:
+        validate_task_id(self.task_id)
+        for name in ("from_status", "to_status"):
+            value: object = getattr(self, name)
+            if not isinstance(value, TaskStatus):
+                try:
+                    object.__setattr__(self, name, TaskStatus(value))  # type: ignore[arg-type]
+                except ValueError:
+                    raise ConfigurationError(f"Transition.{name} 是未知的任务状态 {value!r}") from None
+        trigger: object = self.trigger
+        if not isinstance(trigger, str) or not trigger:
+            raise ConfigurationError(f"Transition.trigger 必须是非空字符串，收到 {trigger!r}")
+        version: object = self.version
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ConfigurationError(f"Transition.version 必须是 >= 1 的整数，收到 {version!r}")
+        for name in ("actor", "reason"):
+            text: object = getattr(self, name)
+            if text is not None and not isinstance(text, str):
+                raise ConfigurationError(f"Transition.{name} 必须是字符串或 None，收到 {text!r}")
+        if self.at is None:
+            raise ConfigurationError("Transition.at 不能为空：每条迁移记录都必须带时间")
+        _require_aware("Transition.at", self.at)
+
+    @classmethod
+    def _trusted(
+        cls,
+        task_id: str,
+        from_status: TaskStatus,
+        to_status: TaskStatus,
+        trigger: str,
+        actor: str | None,
+        reason: str | None,
+        version: int,
+        at: datetime,
+    ) -> Transition:
+        """状态机热路径专用：字段已由状态机保证合法，跳过逐字段 ``object.__setattr__`` 与校验。"""
+        record: Transition = _new_object(cls)
+        record.__dict__.update(
+            task_id=task_id,
+            from_status=from_status,
+            to_status=to_status,
+            trigger=trigger,
+            actor=actor,
+            reason=reason,
+            version=version,
+            at=at,
+        )
+        return record
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "task_id": self.task_id,
@@ -187,8 +261,16 @@ class Transition:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Transition:
+        missing = [
+            name
+            for name in ("task_id", "from_status", "to_status", "trigger", "version", "at")
+            if name not in data
+        ]
+        if missing:
+            raise ConfigurationError(f"迁移记录字典缺少字段：{missing}")
         at = _dt_from_text(data["at"])
-        assert at is not None
+        if at is None:
+            raise ConfigurationError("迁移记录的 at 不能为空")
         return cls(
             task_id=data["task_id"],
             from_status=TaskStatus(data["from_status"]),
@@ -196,7 +278,7 @@ class Transition:
             trigger=data["trigger"],
             actor=data.get("actor"),
             reason=data.get("reason"),
-            version=int(data["version"]),
+            version=data["version"],
             at=at,
         )
 
@@ -208,7 +290,9 @@ def validate_task_id(task_id: object, *, what: str = "task_id") -> str:
     if "\x00" in task_id:
         raise ConfigurationError(f"{what} 不能包含 NUL 字符（\\x00）：多数存储无法保存它")
     if len(task_id) > MAX_ID_LENGTH:
-        raise ConfigurationError(f"{what} 过长（{len(task_id)} 个字符，上限 {MAX_ID_LENGTH}）；请用短标识，把数据放进参数")
+        raise ConfigurationError(
+            f"{what} 过长（{len(task_id)} 个字符，上限 {MAX_ID_LENGTH}）；请用短标识，把数据放进参数"
+        )
     return task_id
 
 
@@ -217,7 +301,9 @@ def normalize_tags(tags: object) -> frozenset[str]:
     if tags is None:
         return frozenset()
     if isinstance(tags, str):
-        raise ConfigurationError(f"tags 必须是字符串的集合（如 {{'io'}} 或 ['io']），不能是单个字符串 {tags!r}")
+        raise ConfigurationError(
+            f"tags 必须是字符串的集合（如 {{'io'}} 或 ['io']），不能是单个字符串 {tags!r}"
+        )
     try:
         items = list(tags)  # type: ignore[call-overload]
     except TypeError:
@@ -238,6 +324,18 @@ _DATETIME_FIELDS = (
     "last_heartbeat_at",
     "lease_until",
     "retry_at",
+)
+
+
+_OPTIONAL_TEXT_FIELDS = (
+    "label",
+    "bucket_key",
+    "executor",
+    "owner",
+    "lease_owner",
+    "pipeline_id",
+    "node_id",
+    "description",
 )
 
 
@@ -282,19 +380,36 @@ class TaskSnapshot:
     def __post_init__(self) -> None:
         validate_task_id(self.task_id)
         validate_task_id(self.name, what="name")
-        if not isinstance(self.status, TaskStatus):
+        status: object = self.status
+        if not isinstance(status, TaskStatus):
             try:
-                object.__setattr__(self, "status", TaskStatus(self.status))
+                object.__setattr__(self, "status", TaskStatus(status))  # type: ignore[arg-type]
             except ValueError:
-                raise ConfigurationError(f"未知的任务状态 {self.status!r}") from None
-        if not isinstance(self.tags, frozenset) or not all(isinstance(t, str) for t in self.tags):
-            object.__setattr__(self, "tags", normalize_tags(self.tags))
+                raise ConfigurationError(f"未知的任务状态 {status!r}") from None
+        # 总是走 normalize_tags：即便已经是 frozenset[str]，空串与 NUL 也要拒绝。
+        object.__setattr__(self, "tags", normalize_tags(self.tags))
+        progress: object = self.progress
+        if progress is not None and not isinstance(progress, Progress):
+            raise ConfigurationError(f"progress 必须是 Progress(...)，收到 {progress!r}")
+        failure: object = self.failure
+        if failure is not None and not isinstance(failure, Failure):
+            raise ConfigurationError(f"failure 必须是 Failure(...)，收到 {failure!r}")
         for name in _DATETIME_FIELDS:
             _require_aware(name, getattr(self, name))
         for name in ("status_version", "attempt", "max_attempts", "priority"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigurationError(f"{name} 必须是整数，收到 {value!r}")
+        for name in ("bucket", "pid"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigurationError(f"{name} 必须是整数或 None，收到 {value!r}")
+        if self.bucket is not None and self.bucket < 0:
+            raise ConfigurationError(f"bucket 不能为负数，收到 {self.bucket}")
+        for name in _OPTIONAL_TEXT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigurationError(f"{name} 必须是字符串或 None，收到 {value!r}")
         if self.status_version < 0 or self.attempt < 0:
             raise ConfigurationError("status_version 与 attempt 不能为负数")
         if self.max_attempts < 1:
@@ -354,6 +469,9 @@ class TaskSnapshot:
         unknown = set(data) - set(cls.FIELD_NAMES)
         if unknown:
             raise ConfigurationError(f"快照字典里有未知字段：{sorted(unknown)}")
+        missing = [name for name in ("task_id", "name", "created_at") if data.get(name) is None]
+        if missing:
+            raise ConfigurationError(f"快照字典缺少必需字段：{missing}")
         values: dict[str, Any] = dict(data)
         for name in _DATETIME_FIELDS:
             if name in values:
@@ -364,7 +482,8 @@ class TaskSnapshot:
             values["failure"] = Failure.from_dict(values["failure"])
         if "status" in values:
             values["status"] = TaskStatus(values["status"])
-        values["tags"] = frozenset(values.get("tags") or ())
+        # 交给 __post_init__ 的 normalize_tags：非字符串标签得到 ConfigurationError，而不是 TypeError。
+        values["tags"] = values.get("tags") or ()
         return cls(**values)
 
 

@@ -18,7 +18,9 @@ from typing import Protocol, runtime_checkable
 from chongming_task.errors import ConfigurationError, TaskCancelled
 
 
-def _require_number(owner: str, name: str, value: object, *, positive: bool, allow_none: bool = False) -> None:
+def _require_number(
+    owner: str, name: str, value: object, *, positive: bool, allow_none: bool = False
+) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -35,7 +37,7 @@ def _require_positive_int(owner: str, name: str, value: object) -> int:
     return value
 
 
-class Jitter(str, enum.Enum):
+class Jitter(enum.StrEnum):
     """退避抖动。FULL：在 [0, delay) 内均匀取值，避免整批任务在同一时刻集体重试。"""
 
     NONE = "none"
@@ -77,20 +79,35 @@ class ExponentialBackoff:
         _require_number("ExponentialBackoff", "max_delay", self.max_delay, positive=True)
         _require_number("ExponentialBackoff", "factor", self.factor, positive=True)
         if self.factor < 1:
-            raise ConfigurationError(f"ExponentialBackoff.factor 必须 >= 1（否则等待越来越短），收到 {self.factor!r}")
-        if not isinstance(self.jitter, Jitter):
+            raise ConfigurationError(
+                f"ExponentialBackoff.factor 必须 >= 1（否则等待越来越短），收到 {self.factor!r}"
+            )
+        jitter: object = self.jitter
+        if not isinstance(jitter, Jitter):
             try:
-                object.__setattr__(self, "jitter", Jitter(self.jitter))
+                object.__setattr__(self, "jitter", Jitter(jitter))  # type: ignore[arg-type]
             except ValueError:
-                raise ConfigurationError(f"ExponentialBackoff.jitter 只能是 Jitter.NONE 或 Jitter.FULL，收到 {self.jitter!r}") from None
+                raise ConfigurationError(
+                    f"ExponentialBackoff.jitter 只能是 Jitter.NONE 或 Jitter.FULL，收到 {self.jitter!r}"
+                ) from None
 
     def ceiling(self, attempt: int) -> float:
-        """不含抖动的等待上限。"""
+        """不含抖动的等待上限：``min(max_delay, base * factor ** (attempt - 1))``。"""
         exponent = max(0, attempt - 1)
-        # 指数很大时直接封顶，避免 factor ** exponent 溢出成 inf。
-        if self.factor > 1 and exponent * math.log(self.factor) > math.log(self.max_delay / self.base) + 1:
-            return self.max_delay
-        return min(self.max_delay, self.base * self.factor**exponent)
+        # 指数大到必然超过 max_delay 时直接封顶：factor ** exponent 会溢出（OverflowError）；
+        # 与一个 float 阈值比较的是整数本身，所以 attempt 再大（10**400）也不会溢出。
+        if self.factor == 1:
+            return float(min(self.max_delay, self.base))
+        if exponent > self._cap_exponent():
+            return float(self.max_delay)
+        try:
+            return float(min(self.max_delay, self.base * self.factor**exponent))
+        except OverflowError:  # 阈值附近的极端参数（factor 接近 float 上限）：同样是封顶
+            return float(self.max_delay)
+
+    def _cap_exponent(self) -> float:
+        # base * factor**e >= max_delay  <=>  e >= log(max_delay / base) / log(factor)；+1 留出浮点余量。
+        return max(0.0, math.log(self.max_delay / self.base) / math.log(self.factor)) + 1.0
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         ceiling = self.ceiling(attempt)
@@ -103,7 +120,9 @@ def _exception_types(owner: str, name: str, value: object) -> tuple[type[BaseExc
     if isinstance(value, type):
         value = (value,)
     if not isinstance(value, (tuple, list, frozenset, set)):
-        raise ConfigurationError(f"{owner}.{name} 必须是异常类型的元组，例如 (ValueError, KeyError)，收到 {value!r}")
+        raise ConfigurationError(
+            f"{owner}.{name} 必须是异常类型的元组，例如 (ValueError, KeyError)，收到 {value!r}"
+        )
     for item in value:
         if not (isinstance(item, type) and issubclass(item, BaseException)):
             raise ConfigurationError(f"{owner}.{name} 里只能放异常类型，收到 {item!r}")
@@ -123,7 +142,8 @@ class RetryPolicy:
         _require_positive_int("RetryPolicy", "max_attempts", self.max_attempts)
         if not isinstance(self.backoff, Backoff):
             raise ConfigurationError(
-                f"RetryPolicy.backoff 必须是 FixedBackoff(...) 或 ExponentialBackoff(...)，收到 {self.backoff!r}"
+                "RetryPolicy.backoff 必须是 FixedBackoff(...) 或 ExponentialBackoff(...)，"
+                f"收到 {self.backoff!r}"
             )
         object.__setattr__(self, "retry_on", _exception_types("RetryPolicy", "retry_on", self.retry_on))
         object.__setattr__(self, "give_up_on", _exception_types("RetryPolicy", "give_up_on", self.give_up_on))
@@ -186,9 +206,12 @@ class ConcurrencyPolicy:
         if self.max_parallel is not None:
             _require_positive_int("ConcurrencyPolicy", "max_parallel", self.max_parallel)
         if not isinstance(self.limits, Mapping):
-            raise ConfigurationError(f"ConcurrencyPolicy.limits 必须是 {{标签: 名额}} 字典，收到 {self.limits!r}")
+            raise ConfigurationError(
+                f"ConcurrencyPolicy.limits 必须是 {{标签: 名额}} 字典，收到 {self.limits!r}"
+            )
         for tag, amount in self.limits.items():
-            if not isinstance(tag, str) or not tag:
+            key: object = tag
+            if not isinstance(key, str) or not key:
                 raise ConfigurationError(f"ConcurrencyPolicy.limits 的键必须是非空字符串标签，收到 {tag!r}")
             _require_positive_int("ConcurrencyPolicy", f"limits[{tag!r}]", amount)
         object.__setattr__(self, "limits", MappingProxyType(dict(self.limits)))
@@ -199,7 +222,7 @@ class ConcurrencyPolicy:
         return hash((self.max_parallel, tuple(sorted(self.limits.items())), self.priority))
 
 
-class AggregationMode(str, enum.Enum):
+class AggregationMode(enum.StrEnum):
     FAIL_FAST = "fail_fast"
     ALL_SETTLED = "all_settled"
 
@@ -208,7 +231,21 @@ class AggregationMode(str, enum.Enum):
 class AggregationPolicy:
     """整条管道的结算方式。只有 fail_fast() 与 all_settled() 两种。"""
 
-    mode: AggregationMode
+    mode: AggregationMode = AggregationMode.FAIL_FAST
+
+    def __post_init__(self) -> None:
+        mode: object = self.mode
+        if isinstance(mode, AggregationMode):
+            return
+        if isinstance(mode, str) and mode.strip().lower() == "quorum":
+            AggregationPolicy.quorum()
+        try:
+            object.__setattr__(self, "mode", AggregationMode(mode))  # type: ignore[arg-type]
+        except ValueError:
+            raise ConfigurationError(
+                f"未知的结算方式 {mode!r}："
+                "请用 AggregationPolicy.fail_fast() 或 AggregationPolicy.all_settled()"
+            ) from None
 
     @classmethod
     def fail_fast(cls) -> AggregationPolicy:
@@ -232,7 +269,7 @@ class AggregationPolicy:
         return self.mode is AggregationMode.FAIL_FAST
 
 
-class JoinMode(str, enum.Enum):
+class JoinMode(enum.StrEnum):
     """节点的汇合语义：何时放行。"""
 
     ALL_SUCCEEDED = "all_succeeded"
@@ -257,8 +294,12 @@ class BucketPolicy:
         _require_positive_int("BucketPolicy", "num_buckets", self.num_buckets)
 
     def bucket_for(self, key: str) -> int:
-        if not isinstance(key, str) or not key:
-            raise ConfigurationError(f"bucket_key 必须是非空字符串（租户 id、数据源、日期分区……），收到 {key!r}")
+        """同一个 key 在任何进程、任何机器上都得到同一个桶号（blake2b，与 PYTHONHASHSEED 无关）。"""
+        checked: object = key
+        if not isinstance(checked, str) or not checked:
+            raise ConfigurationError(
+                f"bucket_key 必须是非空字符串（租户 id、数据源、日期分区……），收到 {key!r}"
+            )
         digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
         return int.from_bytes(digest, "big") % self.num_buckets
 
@@ -286,8 +327,8 @@ __all__ = [
     "ConcurrencyPolicy",
     "ExponentialBackoff",
     "FixedBackoff",
-    "JoinMode",
     "Jitter",
+    "JoinMode",
     "RetryPolicy",
     "Timeout",
 ]

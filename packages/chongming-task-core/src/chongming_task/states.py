@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 
-class TaskStatus(str, enum.Enum):
+class TaskStatus(enum.StrEnum):
     """任务所处的生命周期阶段（15 个，值为小写英文）。"""
 
     PENDING = "pending"

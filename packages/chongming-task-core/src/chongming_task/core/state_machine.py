@@ -4,6 +4,16 @@
 与守卫，再生成新的不可变快照并追加一条 Transition。非法动作抛 InvalidTransition，
 绝不静默返回 False——"停止指令没生效"这类问题靠静默失败是查不出来的。
 
+转移表之外的守卫（用户指南 §9.3）都在这里：
+
+* ``mark_running()`` 必须已有 ``started_at``。``started_at`` 的含义是"当前这次尝试何时开始"：
+  ``mark_starting()`` 写入；任务一旦回到"未启动"（进 queued、从 queued / retry_wait 暂停、
+  ``retry()``、``reset()``）就清空。于是 paused → running 只对就地暂停（经 pausing）成立。
+* ``abort_pause()`` 只能从 pausing 出发。
+* ``mark_starting()`` 要求 attempt + 1 <= max_attempts，否则抛 AttemptsExhausted。
+* ``force_transition()`` 必须给出非空 actor 与 reason，记为 ``control:force``。
+* ``mark_lost()`` 总会带一个 failure（调用方不给就记一条 kind=lost 的默认失败）。
+
 线程安全：所有写入都在 ``self.lock`` 下进行。TaskRun 把自己的锁传进来，于是"每个 TaskRun
 一把锁"与"状态机是唯一写者"是同一件事。
 """
@@ -44,6 +54,33 @@ TRIGGER_RETRY = "control:retry"
 TRIGGER_RESET = "control:reset"
 TRIGGER_FORCE = "control:force"
 
+AUDITED_TRIGGERS: frozenset[str] = frozenset({TRIGGER_RETRY, TRIGGER_RESET, TRIGGER_FORCE})
+"""不受转移表约束的三个显式入口的触发源。历史里一条不是表中边的记录，必须带其中之一；
+普通 mark_* 动作不得冒用它们（否则审计轨迹里会出现没有 actor/reason 的"强制跳转"）。"""
+
+# 热路径上直接查普通 dict：它就是 TRANSITIONS 本身的内容（同一批 frozenset 对象），不是另一份表。
+_TABLE: dict[TaskStatus, frozenset[TaskStatus]] = dict(TRANSITIONS)
+_TERMINAL = TERMINAL_STATUSES
+_new_snapshot = object.__new__
+
+
+def _non_blank(value: object) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _check_failure(action: str, failure: object, *, required: bool) -> None:
+    if failure is None and not required:
+        return
+    if not isinstance(failure, Failure):
+        raise ConfigurationError(
+            f"{action}() 的 failure 必须是 Failure(...)（例如 Failure.from_exception(exc)），收到 {failure!r}"
+        )
+
+
+def _check_aware(name: str, value: object) -> None:
+    if not isinstance(value, datetime) or value.utcoffset() is None:
+        raise ConfigurationError(f"{name} 必须是带时区的 datetime（例如 clock.now()），收到 {value!r}")
+
 
 class StateMachine:
     """一个任务的状态机：当前快照 + 只追加的迁移历史。"""
@@ -58,22 +95,42 @@ class StateMachine:
         clock: Clock | None = None,
         lock: threading.RLock | None = None,
     ) -> None:
+        """由快照 + 历史构造。历史可以为空（只有快照），给出时必须完整且与快照一致：
+
+        版本号从 1 起逐一连续、每条的起点等于上一条的终点、末条的版本与状态等于快照的。
+        不一致的历史意味着存储丢了或错配了记录，继续往上追加只会把错误固化，所以当场拒绝。
+        """
+        if not isinstance(snapshot, TaskSnapshot):
+            raise ConfigurationError(f"StateMachine 需要一个 TaskSnapshot，收到 {snapshot!r}")
         history = list(transitions)
+        task_id = snapshot.task_id
+        previous: Transition | None = None
         for expected, record in enumerate(history, start=1):
-            if record.task_id != snapshot.task_id:
-                raise ConfigurationError(f"迁移记录属于任务 {record.task_id!r}，不属于 {snapshot.task_id!r}")
+            if not isinstance(record, Transition):
+                raise ConfigurationError(f"任务 {task_id!r} 的历史里混入了非 Transition 对象：{record!r}")
+            if record.task_id != task_id:
+                raise ConfigurationError(f"迁移记录属于任务 {record.task_id!r}，不属于 {task_id!r}")
             if record.version != expected:
                 raise ConfigurationError(
-                    f"任务 {snapshot.task_id!r} 的历史不连续：第 {expected} 条记录的版本号是 {record.version}"
+                    f"任务 {task_id!r} 的历史不连续：第 {expected} 条记录的版本号是 {record.version}"
                 )
-        if history and history[-1].version != snapshot.status_version:
-            raise ConfigurationError(
-                f"任务 {snapshot.task_id!r} 的快照版本 {snapshot.status_version} 与历史末条版本 {history[-1].version} 不一致"
-            )
-        if history and history[-1].to_status is not snapshot.status:
-            raise ConfigurationError(
-                f"任务 {snapshot.task_id!r} 的快照状态 {snapshot.status.value} 与历史末条 {history[-1].to_status.value} 不一致"
-            )
+            if previous is not None and record.from_status is not previous.to_status:
+                raise ConfigurationError(
+                    f"任务 {task_id!r} 的历史断裂：版本 {record.version} 从 {record.from_status.value} 出发，"
+                    f"而上一条落在 {previous.to_status.value}"
+                )
+            previous = record
+        if previous is not None:
+            if previous.version != snapshot.status_version:
+                raise ConfigurationError(
+                    f"任务 {task_id!r} 的快照版本 {snapshot.status_version} 与历史末条版本 "
+                    f"{previous.version} 不一致"
+                )
+            if previous.to_status is not snapshot.status:
+                raise ConfigurationError(
+                    f"任务 {task_id!r} 的快照状态 {snapshot.status.value} 与历史末条 "
+                    f"{previous.to_status.value} 不一致"
+                )
         self._snapshot = snapshot
         self._transitions = history
         self._clock: Clock = clock or SYSTEM_CLOCK
@@ -97,7 +154,9 @@ class StateMachine:
         clock = clock or SYSTEM_CLOCK
         for forbidden in ("status", "status_version", "attempt"):
             if forbidden in fields:
-                raise ConfigurationError(f"create() 不接受 {forbidden}：新任务总是从 pending、版本 0、第 0 次尝试开始")
+                raise ConfigurationError(
+                    f"create() 不接受 {forbidden}：新任务总是从 pending、版本 0、第 0 次尝试开始"
+                )
         fields.setdefault("created_at", clock.now())
         snapshot = TaskSnapshot(task_id=task_id, name=name, max_attempts=max_attempts, **fields)
         return cls(snapshot, (), clock=clock, lock=lock)
@@ -130,32 +189,53 @@ class StateMachine:
 
     @property
     def transitions(self) -> tuple[Transition, ...]:
-        return tuple(self._transitions)
+        with self.lock:
+            return tuple(self._transitions)
 
     @property
     def clock(self) -> Clock:
         return self._clock
 
     def transitions_since(self, version: int) -> tuple[Transition, ...]:
-        """版本号大于 ``version`` 的迁移记录（写穿存储时只送新增的那几条）。"""
+        """版本号大于 ``version`` 的迁移记录（写穿存储时只送新增的那几条）。
+
+        按版本号而不是按下标取：只凭快照（没有历史）重建的状态机，列表下标与版本号并不对齐。
+        """
         with self.lock:
-            return tuple(self._transitions[version:])
+            history = self._transitions
+            if not history:
+                return ()
+            start = max(0, version - history[0].version + 1)
+            return tuple(history[start:])
 
     def can(self, target: TaskStatus) -> bool:
-        return target in TRANSITIONS[self._snapshot.status]
+        """预检：对应的动作现在会不会被接受（转移表 + §9.3 的状态守卫 + 尝试预算）。
+
+        与动作的实际结果一致：``can(x)`` 为 True 时，走向 x 的自然动作不会抛
+        InvalidTransition / AttemptsExhausted。
+        """
+        snapshot = self._snapshot
+        if target not in _TABLE[snapshot.status]:
+            return False
+        if target is S.RUNNING:
+            return snapshot.started_at is not None
+        if target is S.STARTING:
+            return snapshot.attempt + 1 <= snapshot.max_attempts
+        return True
 
     @property
     def can_stop(self) -> bool:
-        allowed = TRANSITIONS[self._snapshot.status]
+        allowed = _TABLE[self._snapshot.status]
         return S.STOPPED in allowed or S.STOPPING in allowed
 
     @property
     def can_pause(self) -> bool:
-        allowed = TRANSITIONS[self._snapshot.status]
+        allowed = _TABLE[self._snapshot.status]
         return S.PAUSING in allowed or S.PAUSED in allowed
 
     @property
     def can_resume(self) -> bool:
+        """paused（恢复到 running 或 queued）或 pausing（撤销暂停请求，回到 running）。"""
         return self._snapshot.status in (S.PAUSED, S.PAUSING)
 
     @property
@@ -163,8 +243,18 @@ class StateMachine:
         return self._snapshot.status in RETRYABLE_FROM
 
     def add_listener(self, listener: TransitionListener) -> None:
-        """每次迁移之后（仍在锁内）以 (新快照, 迁移记录) 调用。用于写穿存储与唤醒调度器。"""
-        self._listeners.append(listener)
+        """每次迁移之后（仍在锁内）以 (新快照, 迁移记录) 调用一次。用于写穿存储与唤醒调度器。
+
+        迁移在调用监听器之前就已生效；某个监听器抛异常时，其余监听器照常被调用，之后把第一个
+        异常抛给动作的调用方——状态已经变了，调用方需要知道通知没送达，但不能因此让别的
+        监听器漏掉这次迁移。
+        """
+        with self.lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: TransitionListener) -> None:
+        with self.lock:
+            self._listeners.remove(listener)
 
     # -- the single write path ----------------------------------------------------------------------
 
@@ -175,40 +265,73 @@ class StateMachine:
         actor: str | None,
         reason: str | None,
         changes: dict[str, Any],
+        now: datetime | None = None,
         *,
         checked: bool = True,
     ) -> TaskSnapshot:
+        """唯一的写路径。调用方持有 ``self.lock``。"""
         current = self._snapshot
-        if checked and target not in TRANSITIONS[current.status]:
-            raise InvalidTransition(current.status, target, trigger, TRANSITIONS[current.status])
-        now = changes.pop("_now", None) or self._clock.now()
+        source = current.status
+        if checked:
+            if target not in _TABLE[source]:
+                raise InvalidTransition(source, target, trigger, _TABLE[source])
+            if trigger.__class__ is not str or not trigger or trigger in AUDITED_TRIGGERS:
+                raise ConfigurationError(
+                    f"trigger 必须是非空字符串，且不能冒用 {sorted(AUDITED_TRIGGERS)}（它们只属于 "
+                    f"retry() / reset() / force_transition()），收到 {trigger!r}"
+                )
+        if now is None:
+            now = self._clock.now()
         version = current.status_version + 1
-        if target in TERMINAL_STATUSES and "finished_at" not in changes:
+        if target in _TERMINAL and "finished_at" not in changes:
             changes["finished_at"] = now
         changes["status"] = target
         changes["status_version"] = version
-        snapshot = current.evolve(**changes)
-        record = Transition(current.task_id, current.status, target, trigger, actor, reason, version, now)
+        # 热路径：快照与迁移记录都直接填实例字典，跳过 frozen dataclass 逐字段 object.__setattr__
+        # 的 __init__。字段值来自已校验的快照与上面的检查，不需要再走 __post_init__。
+        snapshot: TaskSnapshot = _new_snapshot(TaskSnapshot)
+        state = snapshot.__dict__
+        state.update(current.__dict__)
+        state.update(changes)
+        record = Transition._trusted(current.task_id, source, target, trigger, actor, reason, version, now)
         self._snapshot = snapshot
         self._transitions.append(record)
-        for listener in self._listeners:
-            listener(snapshot, record)
+        if self._listeners:
+            self._notify(snapshot, record)
         return snapshot
+
+    def _notify(self, snapshot: TaskSnapshot, record: Transition) -> None:
+        first_error: BaseException | None = None
+        for listener in tuple(self._listeners):
+            try:
+                listener(snapshot, record)
+            except BaseException as exc:  # 记下来，先让其余监听器看到这次迁移，再抛给调用方
+                if first_error is None:
+                    first_error = exc
+        if first_error is not None:
+            raise first_error
 
     def _refuse(self, target: TaskStatus, trigger: str, detail: str) -> InvalidTransition:
         status = self._snapshot.status
-        return InvalidTransition(status, target, trigger, TRANSITIONS[status], detail)
+        return InvalidTransition(status, target, trigger, _TABLE[status], detail)
 
     # -- one method per action ----------------------------------------------------------------------
 
-    def mark_blocked(self, *, trigger: str = TRIGGER_BLOCKED, actor: str | None = None, reason: str | None = None) -> TaskSnapshot:
+    def mark_blocked(
+        self, *, trigger: str = TRIGGER_BLOCKED, actor: str | None = None, reason: str | None = None
+    ) -> TaskSnapshot:
+        """依赖未满足，等待上游（pending → blocked）。"""
         with self.lock:
             return self._apply(S.BLOCKED, trigger, actor, reason, {})
 
-    def mark_queued(self, *, trigger: str = TRIGGER_QUEUED, actor: str | None = None, reason: str | None = None) -> TaskSnapshot:
+    def mark_queued(
+        self, *, trigger: str = TRIGGER_QUEUED, actor: str | None = None, reason: str | None = None
+    ) -> TaskSnapshot:
+        """就绪，等待执行槽。queued 意味着"未启动"，所以清空 started_at（见模块说明）。"""
         with self.lock:
             now = self._clock.now()
-            return self._apply(S.QUEUED, trigger, actor, reason, {"queued_at": now, "retry_at": None, "_now": now})
+            changes = {"queued_at": now, "started_at": None, "retry_at": None}
+            return self._apply(S.QUEUED, trigger, actor, reason, changes, now)
 
     def mark_starting(
         self,
@@ -221,12 +344,14 @@ class StateMachine:
         """开始新一次尝试：attempt + 1，记下 started_at。预算不够时抛 AttemptsExhausted。"""
         with self.lock:
             current = self._snapshot
-            if S.STARTING not in TRANSITIONS[current.status]:
-                raise InvalidTransition(current.status, S.STARTING, trigger, TRANSITIONS[current.status])
+            allowed = _TABLE[current.status]
+            if S.STARTING not in allowed:
+                raise InvalidTransition(current.status, S.STARTING, trigger, allowed)
             if current.attempt + 1 > current.max_attempts:
                 raise AttemptsExhausted(
-                    f"任务 {current.task_id!r} 已尝试 {current.attempt} 次，达到上限 max_attempts={current.max_attempts}；"
-                    "如需再跑请用 retry()"
+                    f"任务 {current.task_id!r} 已尝试 {current.attempt} 次，达到上限 "
+                    f"max_attempts={current.max_attempts}，不能再开始第 {current.attempt + 1} 次；"
+                    "如需再跑，请让它落终态后调用 retry()"
                 )
             now = self._clock.now()
             changes: dict[str, Any] = {
@@ -235,11 +360,10 @@ class StateMachine:
                 "retry_at": None,
                 "failure": None,
                 "pid": None,
-                "_now": now,
             }
             if executor is not None:
                 changes["executor"] = executor
-            return self._apply(S.STARTING, trigger, actor, reason, changes)
+            return self._apply(S.STARTING, trigger, actor, reason, changes, now)
 
     def mark_running(
         self,
@@ -249,12 +373,15 @@ class StateMachine:
         actor: str | None = None,
         reason: str | None = None,
     ) -> TaskSnapshot:
-        """载体已就位（starting → running），或就地暂停后恢复（paused → running）。"""
+        """载体已就位（starting → running），或就地暂停后恢复（pausing / paused → running）。"""
         with self.lock:
-            if S.RUNNING in TRANSITIONS[self._snapshot.status] and self._snapshot.started_at is None:
-                raise self._refuse(S.RUNNING, trigger, "任务从未启动（缺少 started_at）：排队期间暂停的任务恢复后应回到 queued")
-            changes: dict[str, Any] = {} if pid is None else {"pid": pid}
-            return self._apply(S.RUNNING, trigger, actor, reason, changes)
+            if self._snapshot.started_at is None and S.RUNNING in _TABLE[self._snapshot.status]:
+                raise self._refuse(
+                    S.RUNNING,
+                    trigger,
+                    "任务从未启动（缺少 started_at）：排队或重试等待期间暂停的任务，恢复后应回到 queued",
+                )
+            return self._apply(S.RUNNING, trigger, actor, reason, {} if pid is None else {"pid": pid})
 
     def mark_succeeded(
         self,
@@ -264,6 +391,7 @@ class StateMachine:
         actor: str | None = None,
         reason: str | None = None,
     ) -> TaskSnapshot:
+        """正常完成（running → succeeded，或停止请求发出后恰好跑完：stopping → succeeded）。"""
         with self.lock:
             return self._apply(S.SUCCEEDED, trigger, actor, reason, {"outcome": outcome, "failure": None})
 
@@ -276,8 +404,7 @@ class StateMachine:
         reason: str | None = None,
     ) -> TaskSnapshot:
         with self.lock:
-            if not isinstance(failure, Failure):
-                raise ConfigurationError("mark_failed() 必须带 failure=Failure(...)：失败原因是排障的起点")
+            _check_failure("mark_failed", failure, required=True)
             return self._apply(S.FAILED, trigger, actor, reason, {"failure": failure, "retry_at": None})
 
     def mark_retry_wait(
@@ -289,31 +416,42 @@ class StateMachine:
         actor: str | None = None,
         reason: str | None = None,
     ) -> TaskSnapshot:
+        """本次尝试失败，退避等待到 ``retry_at``。started_at 保留，记录的是刚失败的那次尝试。"""
         with self.lock:
-            if not isinstance(failure, Failure):
-                raise ConfigurationError("mark_retry_wait() 必须带 failure=Failure(...)：记下这次为什么失败")
-            if retry_at.utcoffset() is None:
-                raise ConfigurationError("retry_at 必须是带时区的 datetime")
-            return self._apply(S.RETRY_WAIT, trigger, actor, reason, {"failure": failure, "retry_at": retry_at})
+            _check_failure("mark_retry_wait", failure, required=True)
+            _check_aware("retry_at", retry_at)
+            return self._apply(
+                S.RETRY_WAIT, trigger, actor, reason, {"failure": failure, "retry_at": retry_at}
+            )
 
-    def mark_pausing(self, *, trigger: str = TRIGGER_PAUSING, actor: str | None = None, reason: str | None = None) -> TaskSnapshot:
+    def mark_pausing(
+        self, *, trigger: str = TRIGGER_PAUSING, actor: str | None = None, reason: str | None = None
+    ) -> TaskSnapshot:
         with self.lock:
             return self._apply(S.PAUSING, trigger, actor, reason, {})
 
-    def mark_paused(self, *, trigger: str = TRIGGER_PAUSED, actor: str | None = None, reason: str | None = None) -> TaskSnapshot:
+    def mark_paused(
+        self, *, trigger: str = TRIGGER_PAUSED, actor: str | None = None, reason: str | None = None
+    ) -> TaskSnapshot:
+        """已挂起。经 pausing 的是就地暂停（保留 started_at，之后可回 running）；
+        从 queued / retry_wait 直接暂停的任务没有在跑的载体，清空 started_at，恢复时只能回 queued。"""
         with self.lock:
-            return self._apply(S.PAUSED, trigger, actor, reason, {})
+            changes: dict[str, Any] = {} if self._snapshot.status is S.PAUSING else {"started_at": None}
+            return self._apply(S.PAUSED, trigger, actor, reason, changes)
 
     def abort_pause(
         self, *, trigger: str = TRIGGER_PAUSE_ABORTED, actor: str | None = None, reason: str | None = None
     ) -> TaskSnapshot:
-        """暂停没生效：pausing → running。只允许从 pausing 出发。"""
+        """暂停没生效：pausing → running。只允许从 pausing 出发（paused → running 是给恢复用的）。"""
         with self.lock:
             if self._snapshot.status is not S.PAUSING:
                 raise self._refuse(S.RUNNING, trigger, "abort_pause() 只能从 pausing 出发")
             return self._apply(S.RUNNING, trigger, actor, reason, {})
 
-    def mark_stopping(self, *, reason: str | None = None, trigger: str = TRIGGER_STOPPING, actor: str | None = None) -> TaskSnapshot:
+    def mark_stopping(
+        self, *, reason: str | None = None, trigger: str = TRIGGER_STOPPING, actor: str | None = None
+    ) -> TaskSnapshot:
+        """已请求停止，进入优雅窗口。只对占着执行资源的任务（starting / running / pausing）成立。"""
         with self.lock:
             return self._apply(S.STOPPING, trigger, actor, reason, {})
 
@@ -327,6 +465,7 @@ class StateMachine:
     ) -> TaskSnapshot:
         """人工停止落地。失败类型默认 cancelled、不可重试：重试一个被停止的任务等于无视停止指令。"""
         with self.lock:
+            _check_failure("mark_stopped", failure, required=False)
             if failure is None:
                 failure = Failure(FailureKind.CANCELLED, reason or "任务已按请求停止", retryable=False)
             return self._apply(S.STOPPED, trigger, actor, reason, {"failure": failure, "retry_at": None})
@@ -339,7 +478,9 @@ class StateMachine:
         actor: str | None = None,
         reason: str | None = None,
     ) -> TaskSnapshot:
+        """编排层级联取消（例如 fail_fast 连坐）。与 stopped 分开：责任方不同。"""
         with self.lock:
+            _check_failure("mark_cancelled", failure, required=False)
             if failure is None:
                 failure = Failure(FailureKind.CANCELLED, reason or "已被编排层取消", retryable=False)
             return self._apply(S.CANCELLED, trigger, actor, reason, {"failure": failure, "retry_at": None})
@@ -353,8 +494,11 @@ class StateMachine:
         reason: str | None = None,
     ) -> TaskSnapshot:
         with self.lock:
+            _check_failure("mark_skipped", failure, required=False)
             if failure is None:
-                failure = Failure(FailureKind.CONDITION_FALSE, reason or "条件不满足，已跳过", retryable=False)
+                failure = Failure(
+                    FailureKind.CONDITION_FALSE, reason or "条件不满足，已跳过", retryable=False
+                )
             return self._apply(S.SKIPPED, trigger, actor, reason, {"failure": failure})
 
     def mark_lost(
@@ -367,6 +511,7 @@ class StateMachine:
     ) -> TaskSnapshot:
         """结果未知。总会带一个 failure：不记原因就无从判断该重跑还是人工核对。"""
         with self.lock:
+            _check_failure("mark_lost", failure, required=False)
             if failure is None:
                 failure = Failure(FailureKind.LOST, reason or "载体失联或被放弃，结果未知", retryable=True)
             return self._apply(S.LOST, trigger, actor, reason, {"failure": failure})
@@ -386,14 +531,20 @@ class StateMachine:
         with self.lock:
             changes: dict[str, Any] = {}
             if progress is not None:
+                if not isinstance(progress, Progress):
+                    raise ConfigurationError(f"progress 必须是 Progress(...)，收到 {progress!r}")
                 changes["progress"] = progress
             if heartbeat_at is not None:
+                _check_aware("heartbeat_at", heartbeat_at)
                 changes["last_heartbeat_at"] = heartbeat_at
             if pid is not None:
+                if isinstance(pid, bool) or not isinstance(pid, int):
+                    raise ConfigurationError(f"pid 必须是整数，收到 {pid!r}")
                 changes["pid"] = pid
             if lease_owner is not None:
                 changes["lease_owner"] = lease_owner
             if lease_until is not None:
+                _check_aware("lease_until", lease_until)
                 changes["lease_until"] = lease_until
             if changes:
                 self._snapshot = self._snapshot.evolve(**changes)
@@ -402,9 +553,10 @@ class StateMachine:
     # -- the explicit revivals and the one arbitrary jump ------------------------------------------
 
     def retry(self, *, actor: str | None = None, reason: str | None = None) -> TaskSnapshot:
-        """从 failed / stopped / cancelled / lost 复活到 queued，保留尝试历史与计数。
+        """从 failed / stopped / cancelled / lost 复活到 queued，记为 ``control:retry``。
 
-        若尝试预算已用完，额外再给一次（否则复活后立刻 AttemptsExhausted，毫无意义）。
+        保留迁移历史与尝试计数（attempt 不归零）。若尝试预算已用完，额外再给一次
+        （max_attempts 提到 attempt + 1），否则复活后第一次 mark_starting 就会 AttemptsExhausted。
         """
         with self.lock:
             current = self._snapshot
@@ -416,20 +568,27 @@ class StateMachine:
                 "max_attempts": max(current.max_attempts, current.attempt + 1),
                 "failure": None,
                 "outcome": None,
+                "started_at": None,
                 "finished_at": None,
                 "retry_at": None,
+                "pid": None,
                 "queued_at": now,
-                "_now": now,
             }
-            return self._apply(S.QUEUED, TRIGGER_RETRY, actor, reason, changes, checked=False)
+            return self._apply(S.QUEUED, TRIGGER_RETRY, actor, reason, changes, now, checked=False)
 
-    def reset(self, *, confirm: bool = False, actor: str | None = None, reason: str | None = None) -> TaskSnapshot:
-        """回到 pending 并丢弃尝试计数与结果（历史记录仍保留，用于审计）。必须显式 confirm=True。"""
+    def reset(
+        self, *, confirm: bool = False, actor: str | None = None, reason: str | None = None
+    ) -> TaskSnapshot:
+        """回到 pending，丢弃尝试计数与结果，记为 ``control:reset``。必须显式 ``confirm=True``。
+
+        迁移历史仍然保留：审计轨迹只追加，reset 本身也是其中一条记录。只能用于已落终态的任务。
+        """
         with self.lock:
             if confirm is not True:
-                raise ConfigurationError("reset() 会丢弃全部尝试计数与结果，属于危险操作：请显式传 confirm=True")
-            current = self._snapshot
-            if current.status not in TERMINAL_STATUSES:
+                raise ConfigurationError(
+                    "reset() 会丢弃全部尝试计数与结果，属于危险操作：请显式传 confirm=True"
+                )
+            if self._snapshot.status not in _TERMINAL:
                 raise self._refuse(S.PENDING, TRIGGER_RESET, "reset() 只能用于已落终态的任务，请先停止它")
             changes: dict[str, Any] = {
                 "attempt": 0,
@@ -446,15 +605,25 @@ class StateMachine:
             return self._apply(S.PENDING, TRIGGER_RESET, actor, reason, changes, checked=False)
 
     def force_transition(self, target: TaskStatus, *, actor: str, reason: str) -> TaskSnapshot:
-        """唯一能任意跳转的入口：必须给出非空 actor 与 reason，记为 control:force。"""
+        """唯一能任意跳转的入口：必须给出非空 actor 与 reason，记为 ``control:force``。
+
+        不查转移表也不查守卫——它就是给人工核对之后纠正状态用的（例如把 lost 标成 succeeded）。
+        """
         with self.lock:
-            if not isinstance(actor, str) or not actor.strip() or not isinstance(reason, str) or not reason.strip():
-                raise ConfigurationError("force_transition() 必须给出非空的 actor 与 reason：没有审计信息就无法事后追溯")
-            target = TaskStatus(target)
+            if not _non_blank(actor) or not _non_blank(reason):
+                raise ConfigurationError(
+                    "force_transition() 必须给出非空的 actor 与 reason：没有审计信息就无法事后追溯，"
+                    f"收到 actor={actor!r}, reason={reason!r}"
+                )
+            try:
+                target = TaskStatus(target)
+            except ValueError:
+                known = ", ".join(s.value for s in TaskStatus)
+                raise ConfigurationError(f"未知的目标状态 {target!r}；可选：{known}") from None
             if target is self._snapshot.status:
                 raise ConfigurationError(f"任务已处于 {target.value}，force_transition() 不做无变化的跳转")
             changes: dict[str, Any] = {}
-            if target not in TERMINAL_STATUSES:
+            if target not in _TERMINAL:
                 changes["finished_at"] = None
             return self._apply(target, TRIGGER_FORCE, actor, reason, changes, checked=False)
 
@@ -463,4 +632,4 @@ class StateMachine:
         return f"StateMachine({snap.task_id!r}, status={snap.status.value}, version={snap.status_version})"
 
 
-__all__ = ["StateMachine", "TransitionListener"]
+__all__ = ["AUDITED_TRIGGERS", "StateMachine", "TransitionListener"]

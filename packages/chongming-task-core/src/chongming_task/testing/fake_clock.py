@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from chongming_task.errors import ConfigurationError
 
-_DEFAULT_START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+_DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
 
 # 等待者既要被 advance() 唤醒，也要被别的线程 set() 的 Event 唤醒；后者不会通知本时钟的条件
 # 变量，所以等待者以这个真实间隔复查 Event。它只影响"Event 被置位"被察觉的速度，不影响假时间。
@@ -25,7 +26,9 @@ class FakeClock:
 
     def __init__(self, start: datetime = _DEFAULT_START, *, monotonic_start: float = 1000.0) -> None:
         if start.utcoffset() is None:
-            raise ConfigurationError("FakeClock 的 start 必须带时区，例如 datetime(2026, 1, 1, tzinfo=timezone.utc)")
+            raise ConfigurationError(
+                "FakeClock 的 start 必须带时区，例如 datetime(2026, 1, 1, tzinfo=timezone.utc)"
+            )
         self._start_wall = start
         self._monotonic = monotonic_start
         self._offset = 0.0
@@ -50,7 +53,10 @@ class FakeClock:
             return self._sleepers
 
     def advance(self, seconds: float) -> None:
-        if seconds < 0:
+        value: object = seconds
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigurationError(f"advance() 的参数必须是有限的秒数，收到 {value!r}")
+        if value < 0:
             raise ConfigurationError("时间不能倒流：advance() 的参数必须 >= 0")
         with self._cond:
             self._offset += seconds
@@ -81,7 +87,9 @@ class FakeClock:
             while self._sleepers < count:
                 remaining = limit - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(f"等了 {timeout} 秒，睡在 FakeClock 上的线程只有 {self._sleepers} 个（期望 {count}）")
+                    raise TimeoutError(
+                        f"等了 {timeout} 秒，睡在 FakeClock 上的线程只有 {self._sleepers} 个（期望 {count}）"
+                    )
                 self._cond.wait(min(remaining, 0.05))
 
     def __repr__(self) -> str:
