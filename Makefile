@@ -39,7 +39,11 @@ help:
 install: $(STAMP)
 
 $(STAMP): $(INSTALL_INPUTS)
-	@test -x $(PY) || { echo ">>> 创建 $(VENV)/"; $(PYTHON) -m venv $(VENV); }
+	@test -x $(PY) || { \
+		$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+			|| { echo "需要 Python >= 3.11：$$($(PYTHON) --version 2>&1)（可用 make PYTHON=python3.12 ... 指定）" >&2; exit 1; }; \
+		echo ">>> 创建 $(VENV)/"; $(PYTHON) -m venv $(VENV); \
+	}
 	$(PY) -m pip install --quiet --upgrade "$$(grep -E '^pip==' requirements-dev.txt)"
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	@# --no-build-isolation：hatchling 已在 .venv 里（见 requirements-dev.txt），不必为每个包再建隔离构建环境。
