@@ -561,7 +561,7 @@ class StateMachine:
         with self.lock:
             current = self._snapshot
             if current.status not in RETRYABLE_FROM:
-                allowed = ", ".join(sorted(s.value for s in RETRYABLE_FROM))
+                allowed = ", ".join(s.value for s in TaskStatus if s in RETRYABLE_FROM)
                 raise self._refuse(S.QUEUED, TRIGGER_RETRY, f"retry() 只能从 {allowed} 出发")
             now = self._clock.now()
             changes: dict[str, Any] = {
