@@ -1,0 +1,96 @@
+"""重启恢复：把失去监督者的任务如实标记出来。
+
+判据是"还有人在管它吗"（租约 lease_owner / lease_until），不是"它还在推进吗"（心跳）。心跳由
+任务自己的 checkpoint() 驱动，一个长时间纯计算的健康任务心跳同样停滞——拿心跳判存活会把正常
+任务判成 LOST。所以租约与心跳是两个字段，这里只看租约。
+
+| 情况                                   | 处置                          |
+| 租约未过期                             | 有人在管，不动                 |
+| 租约过期 + 占着执行资源                 | 载体已消失 → LOST              |
+| 租约过期 + 不占资源（排队/暂停/重试等待）| 不改状态，报告为 adoptable      |
+| 写入时版本冲突（原监督者活过来抢先写了）  | 放手，报告为 skipped           |
+
+reconcile 不会重新执行任务：存储里记的是状态，不是配方（函数与参数从未落库）。
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from chongming_task.clock import Clock
+from chongming_task.core.state_machine import StateMachine
+from chongming_task.errors import ConcurrencyConflict
+from chongming_task.models import Failure, FailureKind, TaskSnapshot
+from chongming_task.states import NON_TERMINAL_STATUSES, RESOURCE_HOLDING_STATUSES
+from chongming_task.storage import QueryOrder, TaskQuery, TaskStore
+
+TRIGGER_RECONCILE = "reconcile:lease_expired"
+
+
+@dataclass
+class ReconcileReport:
+    """``lost``：会被（dry_run 时）或已被判为丢失的；``adoptable``：需要调用方重新提交的；
+    ``skipped``：写入时发现有人正在写、于是放手的。"""
+
+    lost: list[TaskSnapshot] = field(default_factory=list)
+    adoptable: list[TaskSnapshot] = field(default_factory=list)
+    skipped: list[TaskSnapshot] = field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def total(self) -> int:
+        return len(self.lost) + len(self.adoptable) + len(self.skipped)
+
+
+def lost_failure(snapshot: TaskSnapshot) -> Failure:
+    owner = snapshot.lease_owner or "（未知）"
+    until = snapshot.lease_until.isoformat(timespec="seconds") if snapshot.lease_until else "（从未续租）"
+    return Failure(
+        FailureKind.LOST,
+        f"监督者 {owner} 的租约已过期（lease_until={until}）：载体随进程消失，结果未知；"
+        "副作用可能已部分发生，请核对后决定是否重新提交",
+        retryable=True,
+    )
+
+
+def reconcile_store(
+    store: TaskStore,
+    *,
+    clock: Clock,
+    actor: str,
+    buckets: Collection[int] | None,
+    live_task_ids: Collection[str],
+    dry_run: bool,
+) -> ReconcileReport:
+    """扫描租约已过期的非终态任务并按规则处置。``buckets`` 非 None 时只看这些桶。"""
+    report = ReconcileReport(dry_run=dry_run)
+    now = clock.now()
+    query = TaskQuery(
+        statuses=NON_TERMINAL_STATUSES,
+        lease_expired_before=now,
+        buckets=frozenset(buckets) if buckets is not None else None,
+        order=QueryOrder.OLDEST_FIRST,
+    )
+    for snapshot in store.query(query):
+        if snapshot.task_id in live_task_ids:
+            continue  # 本进程正在管它（续租只是还没写到）
+        if snapshot.status not in RESOURCE_HOLDING_STATUSES:
+            report.adoptable.append(snapshot)
+            continue
+        machine = StateMachine(snapshot, (), clock=clock)
+        lost = machine.mark_lost(failure=lost_failure(snapshot), trigger=TRIGGER_RECONCILE, actor=actor,
+                                 reason="租约过期，载体已消失")
+        if dry_run:
+            report.lost.append(lost)
+            continue
+        try:
+            store.save(lost, expect_version=snapshot.status_version, transitions=machine.transitions)
+        except ConcurrencyConflict:
+            report.skipped.append(snapshot)
+            continue
+        report.lost.append(lost)
+    return report
+
+
+__all__ = ["TRIGGER_RECONCILE", "ReconcileReport", "lost_failure", "reconcile_store"]

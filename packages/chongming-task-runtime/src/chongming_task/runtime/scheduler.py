@@ -1,0 +1,191 @@
+"""SlotScheduler：Controller 的执行额度账本与就绪队列（纯数据结构，不含线程）。
+
+三种额度叠加：全局槽位（max_parallel）、每桶额度（max_parallel_per_bucket）、按标签的具名资源
+额度（ConcurrencyPolicy.limits）。优先级高者先走，同优先级先进先出。
+
+"扫描而不是取队首"：队首若被某个满了的资源（桶或标签）挡住，不让它堵住后面的任务——把它挂到
+那个资源的等待堆上，继续看下一个。资源释放时只从它自己的等待堆里取回与空出额度相当的条目，
+所以每次调度的代价与队列总长度无关（只有对数级的堆操作），积压 5 万个任务也不会变慢。
+
+线程安全由调用方（Controller 的锁）负责。
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+# 资源标识：("bucket", 桶号) 或 ("tag", 标签名)。
+Resource = tuple[str, object]
+
+
+@dataclass(order=True)
+class _Entry:
+    sort_key: tuple[int, int]
+    task_id: str = field(compare=False)
+    resources: tuple[Resource, ...] = field(compare=False)
+    token: int = field(compare=False)
+
+
+class SlotScheduler:
+    """就绪队列 + 额度账本。``enqueue`` 排队，``take_runnable`` 取出可以启动的任务并预占额度，
+    ``release`` 归还额度。暂停的任务不调用 ``release``：暂停不释放执行槽，也不释放资源名额。"""
+
+    def __init__(
+        self,
+        *,
+        max_parallel: int | None,
+        tag_limits: Mapping[str, int] | None = None,
+        per_bucket: int | None = None,
+    ) -> None:
+        self.max_parallel = max_parallel
+        self.tag_limits = dict(tag_limits or {})
+        self.per_bucket = per_bucket
+        self._seq = itertools.count()
+        self._ready: list[_Entry] = []
+        self._parked: dict[Resource, list[_Entry]] = {}
+        # task_id -> 有效条目的 token。出队/丢弃时删除；堆里残留的旧条目靠 token 识别并跳过（惰性删除）。
+        self._queued: dict[str, int] = {}
+        self._active: dict[str, tuple[Resource, ...]] = {}
+        self._usage: dict[Resource, int] = {}
+        self._dirty: set[Resource] = set()
+
+    # -- accounting ---------------------------------------------------------------------------------
+
+    def _capacity(self, resource: Resource) -> int | None:
+        kind, key = resource
+        if kind == "bucket":
+            return self.per_bucket
+        if kind == "tag":
+            return self.tag_limits.get(str(key))
+        return None  # "bucket_any"：只计数，不限额
+
+    def _is_full(self, resource: Resource) -> bool:
+        capacity = self._capacity(resource)
+        return capacity is not None and self._usage.get(resource, 0) >= capacity
+
+    def resources_for(self, bucket: int | None, tags: Iterable[str]) -> tuple[Resource, ...]:
+        """一个任务要占的受限资源：有每桶额度时占它的桶，加上每个写进 limits 的标签。"""
+        resources: list[Resource] = []
+        if self.per_bucket is not None and bucket is not None:
+            resources.append(("bucket", bucket))
+        resources.extend(("tag", tag) for tag in sorted(tags) if tag in self.tag_limits)
+        return tuple(resources)
+
+    @property
+    def active_count(self) -> int:
+        return len(self._active)
+
+    @property
+    def queued_count(self) -> int:
+        return len(self._queued)
+
+    def is_active(self, task_id: str) -> bool:
+        return task_id in self._active
+
+    def is_queued(self, task_id: str) -> bool:
+        return task_id in self._queued
+
+    def usage(self, resource: Resource) -> int:
+        return self._usage.get(resource, 0)
+
+    def active_in_bucket(self, bucket: int) -> int:
+        """某桶当前占用的执行槽数（无论有没有每桶额度都如实计数）。"""
+        return self._usage.get(("bucket_any", bucket), 0)
+
+    # -- queue operations ---------------------------------------------------------------------------
+
+    def enqueue(self, task_id: str, *, priority: int, bucket: int | None, tags: Iterable[str]) -> None:
+        if task_id in self._queued or task_id in self._active:
+            return
+        resources = self.resources_for(bucket, tags)
+        token = next(self._seq)
+        # 记下所在桶（不参与额度判定），供 active_in_bucket 统计。
+        tracked = (*resources, ("bucket_any", bucket)) if bucket is not None else resources
+        entry = _Entry((-priority, token), task_id, tracked, token)
+        self._queued[task_id] = token
+        heapq.heappush(self._ready, entry)
+
+    def discard(self, task_id: str) -> bool:
+        """从队列中撤下（排队中被停止、暂停、取消）。堆里的条目惰性删除。"""
+        return self._queued.pop(task_id, None) is not None
+
+    def _first_full(self, entry: _Entry) -> Resource | None:
+        for resource in entry.resources:
+            if self._is_full(resource):
+                return resource
+        return None
+
+    def _global_full(self) -> bool:
+        return self.max_parallel is not None and len(self._active) >= self.max_parallel
+
+    def _unpark(self) -> bool:
+        """把有空余额度的资源的等待条目放回就绪堆；返回是否移动了条目。"""
+        moved = False
+        for resource in list(self._dirty):
+            waiting = self._parked.get(resource)
+            capacity = self._capacity(resource)
+            if not waiting or capacity is None:
+                self._dirty.discard(resource)
+                continue
+            free = capacity - self._usage.get(resource, 0)
+            if free <= 0:
+                self._dirty.discard(resource)
+                continue
+            while waiting and free > 0:
+                entry = heapq.heappop(waiting)
+                if self._queued.get(entry.task_id) != entry.token:
+                    continue  # 已被丢弃的旧条目
+                heapq.heappush(self._ready, entry)
+                free -= 1
+                moved = True
+            if not waiting:
+                del self._parked[resource]
+                self._dirty.discard(resource)
+        return moved
+
+    def take_runnable(self) -> list[str]:
+        """取出现在就能启动的任务（按优先级），并为它们预占全部额度。"""
+        started: list[str] = []
+        while True:
+            while self._ready and not self._global_full():
+                entry = heapq.heappop(self._ready)
+                if self._queued.get(entry.task_id) != entry.token:
+                    continue
+                blocker = self._first_full(entry)
+                if blocker is not None:
+                    heapq.heappush(self._parked.setdefault(blocker, []), entry)
+                    continue
+                del self._queued[entry.task_id]
+                self._active[entry.task_id] = entry.resources
+                for resource in entry.resources:
+                    self._usage[resource] = self._usage.get(resource, 0) + 1
+                started.append(entry.task_id)
+            if self._global_full() or not self._dirty or not self._unpark():
+                return started
+
+    def release(self, task_id: str) -> bool:
+        """归还一个已启动任务占用的全部额度（成功、失败、停止、丢失、超时、进入重试等待）。"""
+        resources = self._active.pop(task_id, None)
+        if resources is None:
+            return False
+        for resource in resources:
+            remaining = self._usage.get(resource, 0) - 1
+            if remaining > 0:
+                self._usage[resource] = remaining
+            else:
+                self._usage.pop(resource, None)
+            if resource in self._parked:
+                self._dirty.add(resource)
+        return True
+
+    def queued_ids(self) -> list[str]:
+        return list(self._queued)
+
+    def active_ids(self) -> list[str]:
+        return list(self._active)
+
+
+__all__ = ["SlotScheduler"]
