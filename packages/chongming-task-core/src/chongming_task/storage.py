@@ -49,9 +49,12 @@ def _aware(name: str, value: datetime | None) -> None:
 class TaskQuery:
     """查询条件。所有条件取交集；None 表示不限。
 
-    * ``name_prefix`` 按字面匹配：``%`` 与 ``_`` 不是通配符（SQL 后端必须转义 LIKE）。
+    * ``name_prefix`` 按字面、区分大小写匹配：``%`` ``_`` 与反斜杠都不是通配符（SQL 后端必须转义
+      LIKE；SQLite 的 LIKE 默认不区分 ASCII 大小写，需另行处理）。
+    * ``tag`` 是整个标签相等，不是子串。
     * ``bucket`` 与 ``buckets`` 同时给出时取交集。
-    * ``created_after`` / ``created_before`` 是开区间：严格晚于 / 严格早于。
+    * ``created_after`` / ``created_before`` 是开区间：严格晚于 / 严格早于。时间一律按"时刻"比较，
+      与写法（时区偏移）无关——按 ISO 文本比较的后端会在非 UTC 偏移上出错。
     * ``lease_expired_before``：租约为空或 ``lease_until`` 早于该时刻（reconcile 用）。
     * 顺序按 (created_at, task_id)，``order`` 决定新的在前还是旧的在前。
     """
@@ -72,7 +75,9 @@ class TaskQuery:
     def __post_init__(self) -> None:
         if self.statuses is not None:
             if isinstance(self.statuses, (str, TaskStatus)):
-                raise ConfigurationError("TaskQuery.statuses 必须是状态的集合，例如 frozenset({TaskStatus.RUNNING})")
+                raise ConfigurationError(
+                    "TaskQuery.statuses 必须是状态的集合，例如 frozenset({TaskStatus.RUNNING})"
+                )
             try:
                 statuses = frozenset(TaskStatus(s) for s in self.statuses)
             except ValueError as exc:
@@ -86,7 +91,9 @@ class TaskQuery:
             for bucket in self.buckets:
                 if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
                     raise ConfigurationError(f"TaskQuery.buckets 里只能放非负整数桶号，收到 {bucket!r}")
-        if self.bucket is not None and (isinstance(self.bucket, bool) or not isinstance(self.bucket, int) or self.bucket < 0):
+        if self.bucket is not None and (
+            isinstance(self.bucket, bool) or not isinstance(self.bucket, int) or self.bucket < 0
+        ):
             raise ConfigurationError(f"TaskQuery.bucket 必须是非负整数，收到 {self.bucket!r}")
         for name in ("name_prefix", "tag", "owner", "pipeline_id"):
             value = getattr(self, name)
@@ -96,7 +103,9 @@ class TaskQuery:
             normalize_tags([self.tag])
         for name in ("created_after", "created_before", "lease_expired_before"):
             _aware(name, getattr(self, name))
-        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0):
+        if self.limit is not None and (
+            isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0
+        ):
             raise ConfigurationError(f"TaskQuery.limit 必须是非负整数或 None，收到 {self.limit!r}")
         if not isinstance(self.order, QueryOrder):
             try:
@@ -176,6 +185,30 @@ class Command:
     deliveries: int = 0
     completed_at: datetime | None = None
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Command:
+        """``to_dict()`` 的逆运算（给以 JSON 保存指令的后端用）。"""
+
+        def when(value: str | None) -> datetime | None:
+            return None if value is None else datetime.fromisoformat(value)
+
+        created_at = when(data["created_at"])
+        assert created_at is not None
+        return cls(
+            command_id=data["command_id"],
+            task_id=data["task_id"],
+            action=CommandAction(data["action"]),
+            issuer=data.get("issuer"),
+            reason=data.get("reason"),
+            payload=dict(data.get("payload") or {}),
+            created_at=created_at,
+            bucket=data.get("bucket"),
+            claimant=data.get("claimant"),
+            lease_until=when(data.get("lease_until")),
+            deliveries=int(data.get("deliveries", 0)),
+            completed_at=when(data.get("completed_at")),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "command_id": self.command_id,
@@ -187,9 +220,13 @@ class Command:
             "created_at": self.created_at.isoformat(timespec="microseconds"),
             "bucket": self.bucket,
             "claimant": self.claimant,
-            "lease_until": None if self.lease_until is None else self.lease_until.isoformat(timespec="microseconds"),
+            "lease_until": None
+            if self.lease_until is None
+            else self.lease_until.isoformat(timespec="microseconds"),
             "deliveries": self.deliveries,
-            "completed_at": None if self.completed_at is None else self.completed_at.isoformat(timespec="microseconds"),
+            "completed_at": None
+            if self.completed_at is None
+            else self.completed_at.isoformat(timespec="microseconds"),
         }
 
 
@@ -223,7 +260,9 @@ def check_json_value(value: Any, *, what: str = "outcome") -> str:
     try:
         return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"{what} 必须可 JSON 序列化（dict / list / str / 数字 / bool / None）：{exc}") from None
+        raise ConfigurationError(
+            f"{what} 必须可 JSON 序列化（dict / list / str / 数字 / bool / None）：{exc}"
+        ) from None
 
 
 def validate_save(snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]) -> None:
@@ -250,7 +289,12 @@ def validate_save(snapshot: TaskSnapshot, expect_version: int, transitions: Sequ
 
 
 def validate_lease(lease: float) -> None:
-    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not math.isfinite(lease) or lease <= 0:
+    if (
+        isinstance(lease, bool)
+        or not isinstance(lease, (int, float))
+        or not math.isfinite(lease)
+        or lease <= 0
+    ):
         raise ConfigurationError(f"指令租约必须是正的秒数，收到 {lease!r}")
 
 
@@ -261,7 +305,11 @@ class TaskStore(ABC):
 
     @abstractmethod
     def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
-        """写入新任务（连同已有的迁移记录）。task_id 已存在 → DuplicateTaskId，什么也不写。"""
+        """写入新任务（连同已有的迁移记录）。task_id 已存在 → DuplicateTaskId，什么也不写。
+
+        旁路字段（progress / last_heartbeat_at / lease_*）以快照里的值为初值。outcome 必须能通过
+        ``check_json_value``，否则 ConfigurationError，什么也不写。
+        """
 
     @abstractmethod
     def save(
@@ -271,11 +319,12 @@ class TaskStore(ABC):
 
         存储中的 status_version 不等于 expect_version → ConcurrencyConflict，什么也不写。
         任务不存在 → TaskNotFound。不改写旁路字段（progress / last_heartbeat_at / lease_*）。
+        参数自相矛盾（``validate_save`` 不通过、outcome 不是 JSON）→ ConfigurationError，什么也不写。
         """
 
     @abstractmethod
     def get(self, task_id: str) -> TaskSnapshot | None:
-        """单个快照；不存在返回 None。返回的对象与存储无共享可变状态。"""
+        """单个快照；不存在返回 None。返回的对象与存储无共享可变状态（改返回的 outcome 不影响存储）。"""
 
     @abstractmethod
     def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
@@ -293,7 +342,10 @@ class TaskStore(ABC):
 
     @abstractmethod
     def append(self, transitions: Sequence[Transition]) -> None:
-        """只追加；(task_id, version) 已存在的记录被忽略（幂等）。"""
+        """只追加；(task_id, version) 已存在的记录被忽略（幂等，先写者为准）。
+
+        批中有存储里不存在的任务 → TaskNotFound，整批不写（否则会留下 prune 永远删不掉的孤儿历史）。
+        """
 
     @abstractmethod
     def history(self, task_id: str) -> list[Transition]:
@@ -342,26 +394,37 @@ class TaskStore(ABC):
         task_ids: Iterable[str] | None = None,
         buckets: Iterable[int] | None = None,
     ) -> list[Command]:
-        """取走未完成、且未被认领或租约已过期的指令（按创建先后），设租约 ``lease`` 秒。
+        """取走未完成、且未被认领或租约已过期的指令（按提交先后），设租约 ``lease`` 秒。
 
-        被取走的指令在租约内对其他认领者不可见；租约过期后可被重新取走（deliveries 加一）。
+        被取走的指令在租约内对任何认领者（包括持有者自己）不可见；``lease_until <= now`` 即过期，
+        可被重新取走（deliveries 加一）。"先后"须由存储自己的顺序号决定：同一时刻提交的指令也要有序。
+        ``now`` 取自存储注入的时钟（若有）。``task_ids`` / ``buckets`` 同时给出时取交集；桶为空的
+        指令不会被按桶认领。``lease`` 不是正的有限秒数 → ConfigurationError。
         """
 
     @abstractmethod
     def complete_command(self, command_id: str, claimant: str) -> bool:
-        """标记执行完毕。仅当指令由 ``claimant`` 持有（或已由它完成，幂等）时返回 True。"""
+        """标记执行完毕。仅当指令由 ``claimant`` 持有（或已由它完成，幂等）时返回 True。
+
+        租约过期但尚未被别人接手时，原持有者仍可完成；一旦被别人重新取走，原持有者得到 False。
+        未知的 command_id → False。
+        """
 
     @abstractmethod
     def release_command(self, command_id: str, claimant: str) -> bool:
-        """交还指令：立即可被其他认领者取走。仅当由 ``claimant`` 持有时返回 True。"""
+        """交还指令：立即可被其他认领者取走。仅当由 ``claimant`` 持有且尚未完成时返回 True。
+
+        取到不属于自己的指令时必须交还，而不是完成——完成会让真正的持有者永远收不到它。
+        """
 
     # -- upkeep -------------------------------------------------------------------------------------
 
     @abstractmethod
     def prune(self, keep_terminal: int) -> int:
-        """删除最旧的终态任务（按 finished_at）及其历史与指令，只保留最新 keep_terminal 个。
+        """删除最旧的终态任务（按 finished_at；缺 finished_at 的视为最旧）及其历史与指令，
+        只保留最新 keep_terminal 个。
 
-        绝不删除非终态任务。返回删除的任务数。
+        绝不删除非终态任务。返回删除的任务数。keep_terminal 为负 → ConfigurationError。
         """
 
     @abstractmethod

@@ -1,0 +1,555 @@
+"""InMemoryTaskStore：TaskStore 的参照实现（单进程、线程安全、零依赖）。
+
+它有三个用途：单进程嵌入时的默认存储、单元测试的替身、其他后端的语义参照物——SQL 后端与它
+行为不一致时，以它（和 ``StoreContract``）为准。
+
+实现要点（也是别的后端要照抄的语义）：
+
+* 一把锁护住全部状态。每个方法在锁内完成，所以"检查版本再写入"天然原子。
+* 快照是冻结的 dataclass，除 ``outcome`` 外所有字段都不可变（frozenset、冻结的 Progress /
+  Failure、datetime），可以在存储与调用方之间安全共享，不必逐次深拷贝。``outcome`` 与指令
+  ``payload`` 是任意 JSON 值：入库时用 ``check_json_value`` 校验并保存为 JSON 文本，出库时
+  重新解析——于是调用方改动返回对象（或改动交给我们的原对象）永远碰不到存储里的那一份，
+  而且内存后端与 SQL 后端对 outcome 的规范化（元组变列表等）完全一致。
+* 只有容器型 outcome 才走 JSON 文本；None 与标量直接存放，热路径上不做整份快照的序列化。
+* 时间（指令的创建时间与租约）一律取自注入的 ``clock``，测试用 FakeClock 就能确定性地验证租约到期。
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    DuplicateTaskId,
+    StoreError,
+    TaskNotFound,
+)
+from chongming_task.models import Progress, TaskSnapshot, Transition
+from chongming_task.storage import (
+    Command,
+    CommandAction,
+    QueryOrder,
+    TaskQuery,
+    TaskStats,
+    TaskStore,
+    check_json_value,
+    validate_lease,
+    validate_save,
+)
+
+_SCALARS = (str, int, float, bool)
+_TOUCH_FIELDS = frozenset({"progress", "heartbeat_at", "lease_owner", "lease_until"})
+
+
+def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
+    """把 JSON 值拆成 (可共享的不可变部分, 容器的 JSON 文本)。
+
+    None 与内置标量本身不可变，直接存放；其余一律经 JSON 往返规范化（元组变列表、str 子类变 str），
+    容器只保留文本，出库时再解析，保证出入库都是拷贝。
+    """
+    if value is None or type(value) in _SCALARS:
+        check_json_value(value, what=what)  # 仍要拒绝 NaN / inf
+        return value, None
+    text = check_json_value(value, what=what)
+    parsed = json.loads(text)
+    if isinstance(parsed, (dict, list)):
+        return None, text
+    return parsed, None
+
+
+class _Row:
+    """一个任务的全部存储状态。snapshot 里的 outcome 只在 outcome_text 为 None 时有效。"""
+
+    __slots__ = ("history", "outcome_text", "snapshot")
+
+    def __init__(self, snapshot: TaskSnapshot, outcome_text: str | None) -> None:
+        self.snapshot = snapshot
+        self.outcome_text = outcome_text
+        self.history: dict[int, Transition] = {}
+
+    def export(self) -> TaskSnapshot:
+        if self.outcome_text is None:
+            return self.snapshot
+        return self.snapshot.evolve(outcome=json.loads(self.outcome_text))
+
+
+class _CommandRow:
+    __slots__ = (
+        "action",
+        "bucket",
+        "claimant",
+        "command_id",
+        "completed_at",
+        "created_at",
+        "deliveries",
+        "issuer",
+        "lease_until",
+        "payload_text",
+        "reason",
+        "task_id",
+    )
+
+    def __init__(
+        self,
+        command_id: str,
+        task_id: str,
+        action: CommandAction,
+        issuer: str | None,
+        reason: str | None,
+        payload_text: str,
+        created_at: datetime,
+        bucket: int | None,
+    ) -> None:
+        self.command_id = command_id
+        self.task_id = task_id
+        self.action = action
+        self.issuer = issuer
+        self.reason = reason
+        self.payload_text = payload_text
+        self.created_at = created_at
+        self.bucket = bucket
+        self.claimant: str | None = None
+        self.lease_until: datetime | None = None
+        self.deliveries = 0
+        self.completed_at: datetime | None = None
+
+    def export(self) -> Command:
+        return Command(
+            command_id=self.command_id,
+            task_id=self.task_id,
+            action=self.action,
+            issuer=self.issuer,
+            reason=self.reason,
+            payload=json.loads(self.payload_text),
+            created_at=self.created_at,
+            bucket=self.bucket,
+            claimant=self.claimant,
+            lease_until=self.lease_until,
+            deliveries=self.deliveries,
+            completed_at=self.completed_at,
+        )
+
+
+def _check_snapshot(snapshot: object) -> TaskSnapshot:
+    if not isinstance(snapshot, TaskSnapshot):
+        raise ConfigurationError(f"存储只接受 TaskSnapshot，收到 {type(snapshot).__name__}")
+    return snapshot
+
+
+def _check_transitions(task_id: str, transitions: Sequence[Transition]) -> None:
+    for record in transitions:
+        if not isinstance(record, Transition):
+            raise ConfigurationError(f"迁移记录必须是 Transition，收到 {type(record).__name__}")
+        if record.task_id != task_id:
+            raise ConfigurationError(f"迁移记录属于任务 {record.task_id!r}，不属于 {task_id!r}")
+
+
+def _check_aware(name: str, value: object) -> None:
+    if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
+        raise ConfigurationError(f"{name} 必须是带时区的 datetime，收到 {value!r}")
+
+
+def _check_optional_text(name: str, value: object) -> None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigurationError(f"{name} 必须是字符串或 None，收到 {value!r}")
+
+
+def _check_count(name: str, value: object) -> None:
+    # 参数类型标注的是 int，但调用方可能来自无类型代码（CLI、配置文件）：运行期仍要拦住 True / -1 / "5"。
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(f"{name} 必须是非负整数，收到 {value!r}")
+
+
+def _check_claimant(value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"认领者 claimant 必须是非空字符串，收到 {value!r}")
+
+
+def _id_set(name: str, values: Iterable[Any] | None, kind: type) -> frozenset[Any] | None:
+    if values is None:
+        return None
+    if isinstance(values, (str, int)):
+        raise ConfigurationError(f"{name} 必须是集合（例如 [{values!r}]），不能是单个值")
+    result = frozenset(values)
+    for item in result:
+        if isinstance(item, bool) or not isinstance(item, kind):
+            raise ConfigurationError(f"{name} 里只能放 {kind.__name__}，收到 {item!r}")
+    return result
+
+
+class InMemoryTaskStore(TaskStore):
+    """线程安全的内存存储。``clock`` 决定指令的创建时间与租约（默认真实时钟）。"""
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self._clock: Clock = clock or SYSTEM_CLOCK
+        self._lock = threading.Lock()
+        self._rows: dict[str, _Row] = {}
+        # 全部指令（按提交先后）与尚未完成的指令：认领只扫描后者，已完成的指令越积越多也不拖慢轮询。
+        self._commands: dict[str, _CommandRow] = {}
+        self._pending: dict[str, _CommandRow] = {}
+        self._sequence = itertools.count(1)
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> InMemoryTaskStore:
+        """``memory://``：每次打开都是一个新的空存储（进程内，不跨进程共享）。"""
+        scheme, sep, rest = url.partition(":")
+        if scheme.lower() != "memory" or not sep or rest.strip("/"):
+            raise ConfigurationError(f"内存存储的连接串只能是 memory://（不带路径），收到 {url!r}")
+        unknown = set(kwargs) - {"clock"}
+        if unknown:
+            raise ConfigurationError(f"memory:// 只接受 clock= 参数，收到多余的：{sorted(unknown)}")
+        return cls(clock=kwargs.get("clock"))
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._rows)} tasks"
+        return f"InMemoryTaskStore({state})"
+
+    # -- helpers (call with the lock held) -----------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("存储已关闭：close() 之后不能再读写；请重新打开一个存储")
+
+    def _row(self, task_id: str) -> _Row:
+        row = self._rows.get(task_id)
+        if row is None:
+            raise TaskNotFound(f"存储里没有任务 {task_id!r}")
+        return row
+
+    def _select(self, query: TaskQuery | None) -> list[TaskSnapshot]:
+        """满足条件（不含 limit 与顺序）的内部快照。调用方不得把含容器 outcome 的它们直接交出去。"""
+        if query is None:
+            return [row.snapshot for row in self._rows.values()]
+        return [row.snapshot for row in self._rows.values() if query.matches(row.snapshot)]
+
+    # -- snapshots ----------------------------------------------------------------------------------
+
+    def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
+        snapshot = _check_snapshot(snapshot)
+        transitions = tuple(transitions)
+        _check_transitions(snapshot.task_id, transitions)
+        scalar, text = _encode_json(snapshot.outcome, what="outcome")
+        stored = snapshot if scalar is snapshot.outcome else snapshot.evolve(outcome=scalar)
+        with self._lock:
+            self._check_open()
+            if snapshot.task_id in self._rows:
+                raise DuplicateTaskId(
+                    f"task_id {snapshot.task_id!r} 已存在：存储拒绝重复创建（想重跑请换一个 task_id 提交）"
+                )
+            row = _Row(stored, text)
+            for record in transitions:
+                row.history.setdefault(record.version, record)
+            self._rows[snapshot.task_id] = row
+
+    def save(
+        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+    ) -> None:
+        snapshot = _check_snapshot(snapshot)
+        transitions = tuple(transitions)
+        validate_save(snapshot, expect_version, transitions)
+        scalar, text = _encode_json(snapshot.outcome, what="outcome")
+        with self._lock:
+            self._check_open()
+            row = self._row(snapshot.task_id)
+            current = row.snapshot
+            if current.status_version != expect_version:
+                raise ConcurrencyConflict(
+                    f"任务 {snapshot.task_id!r} 的版本已是 {current.status_version}，"
+                    f"不是期望的 {expect_version}：有别的写者抢先了，请重新读取后再决定"
+                )
+            # 旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。
+            row.snapshot = snapshot.evolve(
+                outcome=scalar,
+                progress=current.progress,
+                last_heartbeat_at=current.last_heartbeat_at,
+                lease_owner=current.lease_owner,
+                lease_until=current.lease_until,
+            )
+            row.outcome_text = text
+            for record in transitions:
+                row.history.setdefault(record.version, record)
+
+    def get(self, task_id: str) -> TaskSnapshot | None:
+        with self._lock:
+            self._check_open()
+            row = self._rows.get(task_id)
+            if row is None:
+                return None
+            snapshot, text = row.snapshot, row.outcome_text
+        # JSON 解析放在锁外：大 outcome 不阻塞别的线程。
+        return snapshot if text is None else snapshot.evolve(outcome=json.loads(text))
+
+    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        query = query or TaskQuery()
+        with self._lock:
+            self._check_open()
+            rows = [row for row in self._rows.values() if query.matches(row.snapshot)]
+        rows.sort(
+            key=lambda row: query.sort_key(row.snapshot), reverse=query.order is QueryOrder.NEWEST_FIRST
+        )
+        if query.limit is not None:
+            rows = rows[: query.limit]
+        return [row.export() for row in rows]
+
+    def stats(self, query: TaskQuery | None = None) -> TaskStats:
+        with self._lock:
+            self._check_open()
+            selected = self._select(query)
+        counts: dict[Any, int] = {}
+        for snapshot in selected:
+            counts[snapshot.status] = counts.get(snapshot.status, 0) + 1
+        return TaskStats(counts)
+
+    def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
+        with self._lock:
+            self._check_open()
+            selected = self._select(query)
+        counts: dict[int, int] = {}
+        for snapshot in selected:
+            if snapshot.bucket is not None:
+                counts[snapshot.bucket] = counts.get(snapshot.bucket, 0) + 1
+        return counts
+
+    # -- history ------------------------------------------------------------------------------------
+
+    def append(self, transitions: Sequence[Transition]) -> None:
+        transitions = tuple(transitions)
+        for record in transitions:
+            if not isinstance(record, Transition):
+                raise ConfigurationError(f"迁移记录必须是 Transition，收到 {type(record).__name__}")
+        with self._lock:
+            self._check_open()
+            # 先全部检查再写：一批里有未知任务时整批不写，避免留下半截历史。
+            rows = [self._row(record.task_id) for record in transitions]
+            for row, record in zip(rows, transitions, strict=True):
+                row.history.setdefault(record.version, record)
+
+    def history(self, task_id: str) -> list[Transition]:
+        with self._lock:
+            self._check_open()
+            row = self._rows.get(task_id)
+            if row is None:
+                return []
+            records = list(row.history.values())
+        records.sort(key=lambda record: record.version)
+        return records
+
+    # -- side channel -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _touch_changes(
+        progress: Progress | None,
+        heartbeat_at: datetime | None,
+        lease_owner: str | None,
+        lease_until: datetime | None,
+    ) -> dict[str, Any]:
+        if progress is not None and not isinstance(progress, Progress):
+            raise ConfigurationError(f"progress 必须是 Progress，收到 {type(progress).__name__}")
+        _check_aware("heartbeat_at", heartbeat_at)
+        _check_aware("lease_until", lease_until)
+        _check_optional_text("lease_owner", lease_owner)
+        changes: dict[str, Any] = {}
+        if progress is not None:
+            changes["progress"] = progress
+        if heartbeat_at is not None:
+            changes["last_heartbeat_at"] = heartbeat_at
+        if lease_owner is not None:
+            changes["lease_owner"] = lease_owner
+        if lease_until is not None:
+            changes["lease_until"] = lease_until
+        return changes
+
+    def touch(
+        self,
+        task_id: str,
+        *,
+        progress: Progress | None = None,
+        heartbeat_at: datetime | None = None,
+        lease_owner: str | None = None,
+        lease_until: datetime | None = None,
+    ) -> bool:
+        changes = self._touch_changes(progress, heartbeat_at, lease_owner, lease_until)
+        with self._lock:
+            self._check_open()
+            row = self._rows.get(task_id)
+            if row is None:
+                return False
+            if changes:
+                row.snapshot = row.snapshot.evolve(**changes)
+            return True
+
+    def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """一次加锁处理整批：心跳线程每轮给全部任务续租，不该为每个任务各抢一次锁。"""
+        prepared: list[tuple[str, dict[str, Any]]] = []
+        for task_id, fields in updates:
+            unknown = set(fields) - _TOUCH_FIELDS
+            if unknown:
+                raise ConfigurationError(
+                    f"touch_many 只接受 {sorted(_TOUCH_FIELDS)}，收到多余的：{sorted(unknown)}"
+                )
+            prepared.append(
+                (
+                    task_id,
+                    self._touch_changes(
+                        fields.get("progress"),
+                        fields.get("heartbeat_at"),
+                        fields.get("lease_owner"),
+                        fields.get("lease_until"),
+                    ),
+                )
+            )
+        with self._lock:
+            self._check_open()
+            for task_id, changes in prepared:
+                row = self._rows.get(task_id)
+                if row is not None and changes:
+                    row.snapshot = row.snapshot.evolve(**changes)
+
+    # -- commands -----------------------------------------------------------------------------------
+
+    def submit_command(
+        self,
+        task_id: str,
+        action: CommandAction | str,
+        *,
+        issuer: str | None = None,
+        reason: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> Command:
+        try:
+            action = CommandAction(action)
+        except ValueError:
+            known = ", ".join(a.value for a in CommandAction)
+            raise ConfigurationError(f"未知的指令动作 {action!r}；可选：{known}") from None
+        _check_optional_text("issuer", issuer)
+        _check_optional_text("reason", reason)
+        if payload is None:
+            payload = {}
+        if not isinstance(payload, Mapping):
+            raise ConfigurationError(f"指令 payload 必须是 dict（JSON 对象），收到 {type(payload).__name__}")
+        payload_text = check_json_value(dict(payload), what="指令 payload")
+        with self._lock:
+            self._check_open()
+            row = self._row(task_id)
+            command_id = f"{next(self._sequence):012d}-{uuid.uuid4().hex[:12]}"
+            command = _CommandRow(
+                command_id,
+                task_id,
+                action,
+                issuer,
+                reason,
+                payload_text,
+                self._clock.now(),
+                row.snapshot.bucket,
+            )
+            self._commands[command_id] = command
+            self._pending[command_id] = command
+            return command.export()
+
+    def claim_commands(
+        self,
+        claimant: str,
+        *,
+        lease: float,
+        limit: int = 100,
+        task_ids: Iterable[str] | None = None,
+        buckets: Iterable[int] | None = None,
+    ) -> list[Command]:
+        _check_claimant(claimant)
+        validate_lease(lease)
+        _check_count("limit", limit)
+        wanted_tasks = _id_set("task_ids", task_ids, str)
+        wanted_buckets = _id_set("buckets", buckets, int)
+        claimed: list[Command] = []
+        with self._lock:
+            self._check_open()
+            now = self._clock.now()
+            lease_until = now + timedelta(seconds=lease)
+            for command in self._pending.values():
+                if len(claimed) >= limit:
+                    break
+                if command.lease_until is not None and command.lease_until > now:
+                    continue
+                if wanted_tasks is not None and command.task_id not in wanted_tasks:
+                    continue
+                if wanted_buckets is not None and command.bucket not in wanted_buckets:
+                    continue
+                command.claimant = claimant
+                command.lease_until = lease_until
+                command.deliveries += 1
+                claimed.append(command.export())
+        return claimed
+
+    def complete_command(self, command_id: str, claimant: str) -> bool:
+        with self._lock:
+            self._check_open()
+            command = self._commands.get(command_id)
+            if command is None or command.claimant != claimant:
+                return False
+            if command.completed_at is None:
+                command.completed_at = self._clock.now()
+                command.lease_until = None
+                del self._pending[command_id]
+            return True
+
+    def release_command(self, command_id: str, claimant: str) -> bool:
+        with self._lock:
+            self._check_open()
+            command = self._pending.get(command_id)
+            if command is None or command.claimant != claimant:
+                return False
+            command.claimant = None
+            command.lease_until = None
+            return True
+
+    # -- upkeep -------------------------------------------------------------------------------------
+
+    def prune(self, keep_terminal: int) -> int:
+        _check_count("keep_terminal", keep_terminal)
+        with self._lock:
+            self._check_open()
+            terminal = [row.snapshot for row in self._rows.values() if row.snapshot.is_terminal]
+            excess = len(terminal) - keep_terminal
+            if excess <= 0:
+                return 0
+            terminal.sort(key=_prune_key)
+            doomed = {snapshot.task_id for snapshot in terminal[:excess]}
+            for task_id in doomed:
+                del self._rows[task_id]
+            for command_id in [c.command_id for c in self._commands.values() if c.task_id in doomed]:
+                del self._commands[command_id]
+                self._pending.pop(command_id, None)
+            return len(doomed)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._rows.clear()
+            self._commands.clear()
+            self._pending.clear()
+
+
+def _prune_key(snapshot: TaskSnapshot) -> tuple[int, datetime, str]:
+    """最旧的排前面：按 finished_at；缺 finished_at 的终态记录（导入的旧数据）视为最旧。"""
+    if snapshot.finished_at is None:
+        return (0, snapshot.created_at, snapshot.task_id)
+    return (1, snapshot.finished_at, snapshot.task_id)
+
+
+__all__ = ["InMemoryTaskStore"]
