@@ -922,3 +922,46 @@ def test_concurrent_writers_never_skip_or_duplicate_versions() -> None:
     for previous, record in zip(machine.transitions, machine.transitions[1:], strict=False):
         assert record.from_status is previous.to_status
         assert record.to_status in TRANSITIONS[record.from_status]
+
+
+def test_force_into_a_failure_terminal_always_records_why() -> None:
+    machine = drive_to(S.RUNNING)
+    machine.force_transition(S.LOST, actor="ops", reason="机器下线")
+    failure = machine.snapshot.failure
+    assert failure is not None and failure.kind is FailureKind.LOST and failure.retryable
+    assert "机器下线" in failure.message
+    # 已有失败记录时沿用它，而不是用一条更含糊的覆盖。
+    machine.force_transition(S.FAILED, actor="ops", reason="核对后判失败")
+    assert machine.snapshot.failure is failure
+    # 显式给出的 failure 优先。
+    given = Failure(FailureKind.NONZERO_EXIT, "exit 3")
+    machine.force_transition(S.STOPPED, actor="ops", reason="改判", failure=given)
+    assert machine.snapshot.failure is given
+    # 成功的快照不挂失败。
+    machine.force_transition(S.SUCCEEDED, actor="ops", reason="副作用已核对完成")
+    assert machine.snapshot.failure is None
+    with pytest.raises(ConfigurationError, match="Failure"):
+        machine.force_transition(S.LOST, actor="ops", reason="x", failure="boom")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("target", "kind"),
+    [
+        (S.FAILED, FailureKind.EXCEPTION),
+        (S.STOPPED, FailureKind.CANCELLED),
+        (S.CANCELLED, FailureKind.CANCELLED),
+        (S.SKIPPED, FailureKind.CONDITION_FALSE),
+    ],
+)
+def test_force_default_failure_kinds(target: TaskStatus, kind: FailureKind) -> None:
+    machine = drive_to(S.QUEUED)
+    machine.force_transition(target, actor="ops", reason="人工")
+    failure = machine.snapshot.failure
+    assert failure is not None and failure.kind is kind and not failure.retryable
+
+
+def test_abort_pause_after_forced_pausing_without_start_is_refused() -> None:
+    machine = drive_to(S.QUEUED)
+    machine.force_transition(S.PAUSING, actor="ops", reason="测试")
+    error = assert_refused(machine, lambda m: m.abort_pause(), S.RUNNING, TRIGGER_PAUSE_ABORTED)
+    assert error.detail is not None and "started_at" in error.detail

@@ -64,6 +64,16 @@ _TERMINAL = TERMINAL_STATUSES
 _new_snapshot = object.__new__
 
 
+# force_transition 落到非成功终态、又没有任何失败记录时补记的失败类型（与对应 mark_* 的默认一致）。
+_FORCED_FAILURE: dict[TaskStatus, tuple[FailureKind, bool]] = {
+    S.FAILED: (FailureKind.EXCEPTION, False),
+    S.STOPPED: (FailureKind.CANCELLED, False),
+    S.CANCELLED: (FailureKind.CANCELLED, False),
+    S.SKIPPED: (FailureKind.CONDITION_FALSE, False),
+    S.LOST: (FailureKind.LOST, True),
+}
+
+
 def _non_blank(value: object) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
@@ -446,6 +456,8 @@ class StateMachine:
         with self.lock:
             if self._snapshot.status is not S.PAUSING:
                 raise self._refuse(S.RUNNING, trigger, "abort_pause() 只能从 pausing 出发")
+            if self._snapshot.started_at is None:  # 只可能出现在 force_transition 之后
+                raise self._refuse(S.RUNNING, trigger, "任务从未启动（缺少 started_at），不能回滚成 running")
             return self._apply(S.RUNNING, trigger, actor, reason, {})
 
     def mark_stopping(
@@ -604,10 +616,15 @@ class StateMachine:
             }
             return self._apply(S.PENDING, TRIGGER_RESET, actor, reason, changes, checked=False)
 
-    def force_transition(self, target: TaskStatus, *, actor: str, reason: str) -> TaskSnapshot:
+    def force_transition(
+        self, target: TaskStatus, *, actor: str, reason: str, failure: Failure | None = None
+    ) -> TaskSnapshot:
         """唯一能任意跳转的入口：必须给出非空 actor 与 reason，记为 ``control:force``。
 
         不查转移表也不查守卫——它就是给人工核对之后纠正状态用的（例如把 lost 标成 succeeded）。
+        落到非成功终态时快照总带着失败原因：给了 ``failure`` 就用它，否则沿用已有的，再没有就以
+        reason 记一条（lost 的意义就是"不知道结果"，连原因都不记就无从判断）。强制成 succeeded
+        会清掉旧的失败：一个成功的快照不该同时挂着失败。
         """
         with self.lock:
             if not _non_blank(actor) or not _non_blank(reason):
@@ -622,9 +639,19 @@ class StateMachine:
                 raise ConfigurationError(f"未知的目标状态 {target!r}；可选：{known}") from None
             if target is self._snapshot.status:
                 raise ConfigurationError(f"任务已处于 {target.value}，force_transition() 不做无变化的跳转")
+            _check_failure("force_transition", failure, required=False)
             changes: dict[str, Any] = {}
             if target not in _TERMINAL:
                 changes["finished_at"] = None
+            if target is S.SUCCEEDED:
+                changes["failure"] = None
+            elif failure is not None:
+                changes["failure"] = failure
+            elif target in _TERMINAL and self._snapshot.failure is None:
+                kind, retryable = _FORCED_FAILURE[target]
+                changes["failure"] = Failure(
+                    kind, f"人工标记为 {target.value}：{reason}", retryable=retryable
+                )
             return self._apply(target, TRIGGER_FORCE, actor, reason, changes, checked=False)
 
     def __repr__(self) -> str:
