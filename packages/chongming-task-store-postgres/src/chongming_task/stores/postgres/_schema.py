@@ -1,0 +1,163 @@
+"""PostgresTaskStore 的表结构（DDL）与版本号。
+
+DDL 只在这里写一次：建表（``ensure_schema``）与"给运维的建表 SQL"（``PostgresTaskStore.schema_sql``）
+用的是同一份文本，两者不可能漂移。
+
+几个刻意的选择：
+
+* 不用任何序列（serial / identity）。只授予 SELECT/INSERT/UPDATE/DELETE 的运维角色没有序列的
+  USAGE 权限，一用序列，提交指令就会失败。指令的先后顺序改由 (created_at, command_id) 决定，
+  command_id 本身按时间单调（见 ``store._new_command_id``）。
+* task_id / name 用 ``COLLATE "C"``：排序与前缀 LIKE 都按字节（UTF-8 下即码点）比较，与 Python
+  的 ``str`` 比较逐条一致；数据库默认排序规则（如 en_US.UTF-8）会让大小写、标点的顺序与参照语义不同。
+* 每个 timestamptz 旁边一个 ``*_off`` 列记下原始 UTC 偏移（微秒）。timestamptz 只存时刻、不存
+  偏移，而契约要求带任意偏移的时间逐微秒、连同偏移一起往返。
+* status / action 用带 CHECK 的 text 而不是 enum：将来增加状态只需改约束，不必 ALTER TYPE。
+"""
+
+from __future__ import annotations
+
+from chongming_task.states import TERMINAL_STATUSES, TaskStatus
+from chongming_task.storage import CommandAction
+
+SCHEMA_VERSION = 1
+"""本程序写出、也只认得的表结构版本。数据库里的版本更高 → 明确报错，而不是按旧结构乱写。"""
+
+DEFAULT_SCHEMA = "chongming_task"
+
+MAX_IDENTIFIER_BYTES = 63
+"""PostgreSQL 标识符的长度上限（NAMEDATALEN - 1）：更长的名字会被静默截断，两个 schema 可能撞名。"""
+
+
+def quote_ident(name: str) -> str:
+    """按 SQL 标准给标识符加双引号（内部的双引号写两遍）。调用方保证 name 已通过校验。"""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _in_list(values: list[str]) -> str:
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
+
+
+def ddl_statements(schema: str) -> list[str]:
+    """建表语句，按执行顺序。全部幂等（IF NOT EXISTS），在同一事务里执行。"""
+    s = quote_ident(schema)
+    statuses = _in_list([status.value for status in TaskStatus])
+    terminal = _in_list(sorted(status.value for status in TERMINAL_STATUSES))
+    actions = _in_list([action.value for action in CommandAction])
+    return [
+        f"CREATE SCHEMA IF NOT EXISTS {s}",
+        f"""CREATE TABLE IF NOT EXISTS {s}.schema_version (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    version integer NOT NULL,
+    installed_at timestamptz NOT NULL DEFAULT now()
+)""",
+        f"""CREATE TABLE IF NOT EXISTS {s}.tasks (
+    task_id text COLLATE "C" PRIMARY KEY,
+    name text COLLATE "C" NOT NULL,
+    label text,
+    status text NOT NULL CHECK (status IN ({statuses})),
+    status_version bigint NOT NULL CHECK (status_version >= 0),
+    attempt bigint NOT NULL,
+    max_attempts bigint NOT NULL,
+    created_at timestamptz NOT NULL,
+    created_at_off bigint NOT NULL,
+    queued_at timestamptz,
+    queued_at_off bigint,
+    started_at timestamptz,
+    started_at_off bigint,
+    finished_at timestamptz,
+    finished_at_off bigint,
+    last_heartbeat_at timestamptz,
+    last_heartbeat_at_off bigint,
+    progress jsonb,
+    failure jsonb,
+    outcome jsonb,
+    tags text[] NOT NULL DEFAULT '{{}}',
+    priority bigint NOT NULL DEFAULT 0,
+    bucket integer,
+    bucket_key text,
+    executor text,
+    pid bigint,
+    owner text,
+    lease_owner text,
+    lease_until timestamptz,
+    lease_until_off bigint,
+    pipeline_id text,
+    node_id text,
+    retry_at timestamptz,
+    retry_at_off bigint,
+    description text
+)""",
+        f"CREATE INDEX IF NOT EXISTS tasks_created_idx ON {s}.tasks (created_at, task_id)",
+        f"CREATE INDEX IF NOT EXISTS tasks_status_idx ON {s}.tasks (status)",
+        f"CREATE INDEX IF NOT EXISTS tasks_name_idx ON {s}.tasks (name)",
+        f"CREATE INDEX IF NOT EXISTS tasks_tags_idx ON {s}.tasks USING gin (tags)",
+        f"CREATE INDEX IF NOT EXISTS tasks_bucket_idx ON {s}.tasks (bucket) WHERE bucket IS NOT NULL",
+        f"CREATE INDEX IF NOT EXISTS tasks_owner_idx ON {s}.tasks (owner) WHERE owner IS NOT NULL",
+        f"""CREATE INDEX IF NOT EXISTS tasks_pipeline_idx ON {s}.tasks (pipeline_id)
+    WHERE pipeline_id IS NOT NULL""",
+        f"CREATE INDEX IF NOT EXISTS tasks_lease_idx ON {s}.tasks (lease_until)",
+        f"""CREATE INDEX IF NOT EXISTS tasks_finished_idx ON {s}.tasks (finished_at)
+    WHERE status IN ({terminal})""",
+        f"""CREATE TABLE IF NOT EXISTS {s}.transitions (
+    task_id text COLLATE "C" NOT NULL,
+    version bigint NOT NULL,
+    from_status text NOT NULL CHECK (from_status IN ({statuses})),
+    to_status text NOT NULL CHECK (to_status IN ({statuses})),
+    trigger text NOT NULL,
+    actor text,
+    reason text,
+    at timestamptz NOT NULL,
+    at_off bigint NOT NULL,
+    PRIMARY KEY (task_id, version)
+)""",
+        f"""CREATE TABLE IF NOT EXISTS {s}.commands (
+    command_id text COLLATE "C" PRIMARY KEY,
+    task_id text COLLATE "C" NOT NULL,
+    action text NOT NULL CHECK (action IN ({actions})),
+    issuer text,
+    reason text,
+    payload jsonb NOT NULL DEFAULT '{{}}',
+    created_at timestamptz NOT NULL,
+    created_at_off bigint NOT NULL,
+    bucket integer,
+    claimant text,
+    lease_until timestamptz,
+    lease_until_off bigint,
+    deliveries integer NOT NULL DEFAULT 0,
+    completed_at timestamptz,
+    completed_at_off bigint
+)""",
+        f"""CREATE INDEX IF NOT EXISTS commands_open_idx ON {s}.commands (created_at, command_id)
+    WHERE completed_at IS NULL""",
+        f"CREATE INDEX IF NOT EXISTS commands_task_idx ON {s}.commands (task_id)",
+        f"""INSERT INTO {s}.schema_version (singleton, version) VALUES (true, {SCHEMA_VERSION})
+    ON CONFLICT (singleton) DO NOTHING""",
+    ]
+
+
+def schema_sql(schema: str = DEFAULT_SCHEMA) -> str:
+    """可直接交给 psql 执行的完整建表脚本（含事务）。"""
+    body = ";\n\n".join(ddl_statements(schema))
+    return f"BEGIN;\n\n{body};\n\nCOMMIT;\n"
+
+
+def grant_sql(schema: str, role: str) -> str:
+    """给只做读写、不建表的角色授权的 SQL（建表之后执行）。"""
+    s = quote_ident(schema)
+    r = quote_ident(role)
+    return (
+        f"GRANT USAGE ON SCHEMA {s} TO {r};\n"
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {s} TO {r};\n"
+    )
+
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "MAX_IDENTIFIER_BYTES",
+    "SCHEMA_VERSION",
+    "ddl_statements",
+    "grant_sql",
+    "quote_ident",
+    "schema_sql",
+]
