@@ -225,6 +225,26 @@ def test_core_only_installs_no_third_party_package(core_venv: Venv) -> None:
     assert json.loads(proc.stdout) == ["chongming-task-core"]
 
 
+def test_core_source_install_pulls_in_nothing_else(tmp_path: Path) -> None:
+    """`pip install packages/chongming-task-core` 只会装 core 自己。
+
+    离线解析（--no-index），--ignore-installed 模拟干净环境；构建元数据用开发 venv 里的 hatchling。
+    """
+    report = tmp_path / "report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-index"]
+    cmd += ["--no-build-isolation", "--disable-pip-version-check", "--quiet", "--report", str(report)]
+    _check(
+        _run([*cmd, str(PACKAGES / "chongming-task-core")], cwd=tmp_path, env=env),
+        "pip install 源码目录（dry-run）",
+    )
+    installed = [
+        item["metadata"]["name"] for item in json.loads(report.read_text(encoding="utf-8"))["install"]
+    ]
+    assert installed == ["chongming-task-core"]
+
+
 def test_core_only_import_and_state_machine_lifecycle(core_venv: Venv) -> None:
     """需要：core（StateMachine、TaskStatus、InvalidTransition）。"""
     _check(
