@@ -44,11 +44,19 @@ class FailureKind(enum.StrEnum):
 TIMEOUT_KINDS = frozenset({FailureKind.TIMEOUT_START, FailureKind.TIMEOUT_ATTEMPT, FailureKind.TIMEOUT_IDLE})
 
 
-def _require_aware(name: str, value: object) -> None:
-    if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
+def require_aware(name: str, value: object) -> None:
+    """None 放行；否则必须是带时区、偏移为整秒的 datetime（快照与存储能精确往返的那种）。"""
+    if value is None:
+        return
+    offset = value.utcoffset() if isinstance(value, datetime) else None
+    if offset is None:
         raise ConfigurationError(
             f"{name} 必须是带时区的 datetime（例如 datetime.now(timezone.utc)），收到 {value!r}"
         )
+    if offset.microseconds:
+        # 现实中没有秒以下的 UTC 偏移；ISO-8601 文本也无法可靠往返它（3.11 的 fromisoformat 会把
+        # +00:00:00.000001 读成 UTC）。存储要求逐字段精确往返，所以在入口处拒绝。
+        raise ConfigurationError(f"{name} 的 UTC 偏移不能含秒以下部分，收到 {offset!r}")
 
 
 def _dt_to_text(value: datetime | None) -> str | None:
@@ -219,7 +227,7 @@ class Transition:
                 raise ConfigurationError(f"Transition.{name} 必须是字符串或 None，收到 {text!r}")
         if self.at is None:
             raise ConfigurationError("Transition.at 不能为空：每条迁移记录都必须带时间")
-        _require_aware("Transition.at", self.at)
+        require_aware("Transition.at", self.at)
 
     @classmethod
     def _trusted(
@@ -395,7 +403,7 @@ class TaskSnapshot:
         if failure is not None and not isinstance(failure, Failure):
             raise ConfigurationError(f"failure 必须是 Failure(...)，收到 {failure!r}")
         for name in _DATETIME_FIELDS:
-            _require_aware(name, getattr(self, name))
+            require_aware(name, getattr(self, name))
         for name in ("status_version", "attempt", "max_attempts", "priority"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -518,5 +526,6 @@ __all__ = [
     "TaskSnapshot",
     "Transition",
     "normalize_tags",
+    "require_aware",
     "validate_task_id",
 ]

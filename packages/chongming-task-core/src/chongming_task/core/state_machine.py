@@ -27,7 +27,7 @@ from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.errors import AttemptsExhausted, ConfigurationError, InvalidTransition
-from chongming_task.models import Failure, FailureKind, Progress, TaskSnapshot, Transition
+from chongming_task.models import Failure, FailureKind, Progress, TaskSnapshot, Transition, require_aware
 from chongming_task.states import RETRYABLE_FROM, TERMINAL_STATUSES, TRANSITIONS, TaskStatus
 
 S = TaskStatus
@@ -88,8 +88,9 @@ def _check_failure(action: str, failure: object, *, required: bool) -> None:
 
 
 def _check_aware(name: str, value: object) -> None:
-    if not isinstance(value, datetime) or value.utcoffset() is None:
-        raise ConfigurationError(f"{name} 必须是带时区的 datetime（例如 clock.now()），收到 {value!r}")
+    if value is None:
+        raise ConfigurationError(f"{name} 必须是带时区的 datetime（例如 clock.now()），收到 None")
+    require_aware(name, value)
 
 
 class StateMachine:
