@@ -6,8 +6,10 @@ DDL 只在这里写一次：建表（``ensure_schema``）与"给运维的建表 
 几个刻意的选择：
 
 * 不用任何序列（serial / identity）。只授予 SELECT/INSERT/UPDATE/DELETE 的运维角色没有序列的
-  USAGE 权限，一用序列，提交指令就会失败。指令的先后顺序改由 (created_at, command_id) 决定，
-  command_id 本身按时间单调（见 ``store._new_command_id``）。
+  USAGE 权限，一用序列，提交指令就会失败。指令的先后顺序改由 (enqueued_at, command_id) 决定：
+  enqueued_at 取数据库服务器的 ``clock_timestamp()``（所有节点共用一个钟，不受各机器时钟偏差
+  影响，也与注入的 FakeClock 无关），并列时由 command_id 决胜——它在同一进程内严格递增
+  （见 ``store._new_command_id``）。
 * task_id / name 用 ``COLLATE "C"``：排序与前缀 LIKE 都按字节（UTF-8 下即码点）比较，与 Python
   的 ``str`` 比较逐条一致；数据库默认排序规则（如 en_US.UTF-8）会让大小写、标点的顺序与参照语义不同。
 * 每个 timestamptz 旁边一个 ``*_off`` 列记下原始 UTC 偏移（微秒）。timestamptz 只存时刻、不存
@@ -120,6 +122,7 @@ def ddl_statements(schema: str) -> list[str]:
     payload jsonb NOT NULL DEFAULT '{{}}',
     created_at timestamptz NOT NULL,
     created_at_off bigint NOT NULL,
+    enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     bucket integer,
     claimant text,
     lease_until timestamptz,
@@ -128,7 +131,7 @@ def ddl_statements(schema: str) -> list[str]:
     completed_at timestamptz,
     completed_at_off bigint
 )""",
-        f"""CREATE INDEX IF NOT EXISTS commands_open_idx ON {s}.commands (created_at, command_id)
+        f"""CREATE INDEX IF NOT EXISTS commands_open_idx ON {s}.commands (enqueued_at, command_id)
     WHERE completed_at IS NULL""",
         f"CREATE INDEX IF NOT EXISTS commands_task_idx ON {s}.commands (task_id)",
         f"""INSERT INTO {s}.schema_version (singleton, version) VALUES (true, {SCHEMA_VERSION})

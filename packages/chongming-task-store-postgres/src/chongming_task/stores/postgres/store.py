@@ -254,7 +254,13 @@ class _Sql:
         )
         self.current_version = f"SELECT status_version FROM {s}.tasks WHERE task_id = %s"
         self.get = f"SELECT {task_cols} FROM {s}.tasks WHERE task_id = %s"
-        self.append = _transitions_insert(s, "")
+        # 批里有不存在的任务 → 整批不写（否则留下 prune 永远删不掉的孤儿历史），并报出是哪些。
+        self.append = (
+            "WITH missing AS (SELECT DISTINCT m.task_id FROM unnest(%(t_task_id)s::text[]) AS m(task_id) "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {s}.tasks t WHERE t.task_id = m.task_id)), "
+            f"ins AS ({_transitions_insert(s, 'WHERE NOT EXISTS (SELECT 1 FROM missing)')}) "
+            "SELECT array_agg(task_id ORDER BY task_id) FROM missing"
+        )
         self.history = (
             f"SELECT {_cols(TRANSITION_COLUMNS)} FROM {s}.transitions WHERE task_id = %s ORDER BY version"
         )
@@ -311,10 +317,11 @@ class _Sql:
             text = (
                 f"WITH picked AS (SELECT command_id FROM {self.s}.commands "
                 "WHERE completed_at IS NULL AND (lease_until IS NULL OR lease_until <= %(now)s)"
-                f"{filters} ORDER BY created_at, command_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
+                f"{filters} ORDER BY enqueued_at, command_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
                 f"UPDATE {self.s}.commands c SET claimant = %(claimant)s, lease_until = %(until)s, "
                 "lease_until_off = %(until_off)s, deliveries = c.deliveries + 1 "
-                f"FROM picked WHERE c.command_id = picked.command_id RETURNING {_cols(COMMAND_COLUMNS, 'c.')}"
+                f"FROM picked WHERE c.command_id = picked.command_id "
+                f"RETURNING {_cols(COMMAND_COLUMNS, 'c.')}, c.enqueued_at"
             )
             self._claim[key] = text
         return text
@@ -759,7 +766,10 @@ class PostgresTaskStore(TaskStore):
             return
         params = _transition_params(transitions)
         with self._connection() as conn:
-            conn.execute(self._sql.append, params)
+            row = conn.execute(self._sql.append, params).fetchone()
+        missing = None if row is None else row[0]
+        if missing:
+            raise TaskNotFound(f"这些任务不存在，整批迁移记录都没有写入：{', '.join(map(repr, missing))}")
 
     def history(self, task_id: str) -> list[Transition]:
         if not isinstance(task_id, str) or "\x00" in task_id:
@@ -950,9 +960,9 @@ class PostgresTaskStore(TaskStore):
         text = self._sql.claim(ids is not None, bucket_list is not None)
         with self._connection() as conn:
             rows = conn.execute(text, params).fetchall()
-        commands = [command_from_row(row) for row in rows]
-        commands.sort(key=lambda c: (c.created_at, c.command_id))
-        return commands
+        # RETURNING 不保证顺序：按认领时用的同一键 (enqueued_at, command_id) 排好再交出。
+        rows.sort(key=lambda row: (row[-1], row[0]))
+        return [command_from_row(row[:-1]) for row in rows]
 
     def complete_command(self, command_id: str, claimant: str) -> bool:
         if not isinstance(command_id, str) or not isinstance(claimant, str):
