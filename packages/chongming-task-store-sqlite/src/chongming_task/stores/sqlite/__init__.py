@@ -848,7 +848,7 @@ def parse_url(url: str) -> str:
         )
     else:
         path = rest
-    if not path:
+    if not path or path.endswith("/"):
         raise ConfigurationError(
             f"SQLite 连接串 {url!r} 里没有文件路径：例如 sqlite:///tmp/tasks.db 或 sqlite:tasks.db"
         )

@@ -126,14 +126,14 @@ _DDL_V1: tuple[str, ...] = (
         description       TEXT
     )
     """,
-    # 每个 TaskQuery 过滤条件一个索引。状态索引带上排序键：最常见的"某状态最新 50 条"
-    # 直接沿索引倒序走 50 步，不必把该状态的全部行取出来再排序。
+    # 每个 TaskQuery 过滤条件一个索引。等值过滤的索引带上排序键 (created_key, task_id)：最常见的
+    # "某状态 / 某桶 / 某节点最新 50 条"直接沿索引倒序走 50 步，不必把匹配的行全取出来再排序。
     "CREATE INDEX IF NOT EXISTS tasks_by_status ON tasks (status, created_key, task_id)",
     "CREATE INDEX IF NOT EXISTS tasks_by_created ON tasks (created_key, task_id)",
     "CREATE INDEX IF NOT EXISTS tasks_by_name ON tasks (name)",
-    "CREATE INDEX IF NOT EXISTS tasks_by_bucket ON tasks (bucket, created_key)",
-    "CREATE INDEX IF NOT EXISTS tasks_by_owner ON tasks (owner)",
-    "CREATE INDEX IF NOT EXISTS tasks_by_pipeline ON tasks (pipeline_id)",
+    "CREATE INDEX IF NOT EXISTS tasks_by_bucket ON tasks (bucket, created_key, task_id)",
+    "CREATE INDEX IF NOT EXISTS tasks_by_owner ON tasks (owner, created_key, task_id)",
+    "CREATE INDEX IF NOT EXISTS tasks_by_pipeline ON tasks (pipeline_id, created_key, task_id)",
     "CREATE INDEX IF NOT EXISTS tasks_by_lease ON tasks (lease_key)",
     "CREATE INDEX IF NOT EXISTS tasks_by_finished ON tasks (finished_key)",
     # 标签放进旁表，tag= 查询走 (tag, task_id) 主键；快照里另存一份排序后的 JSON 列表，读快照不必联表。
