@@ -15,15 +15,16 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import heapq
+import itertools
 import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from datetime import datetime
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
@@ -32,6 +33,7 @@ from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.errors import ConfigurationError, DuplicateTaskId, TaskError
 from chongming_task.models import Failure, FailureKind, Outcome, TaskSnapshot, Transition, normalize_tags
+from chongming_task.pipeline import Pipeline, PipelineRun, submit_pipeline
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ConcurrencyPolicy, RetryPolicy, Timeout
 from chongming_task.run import TaskRun
 from chongming_task.runtime.persistence import PersistFailure, WriteThrough
@@ -94,7 +96,8 @@ class Controller:
                 raise ConfigurationError(f"max_parallel 必须是 >= 1 的整数，收到 {max_parallel!r}")
             if concurrency.max_parallel is not None and concurrency.max_parallel != max_parallel:
                 raise ConfigurationError(
-                    f"max_parallel={max_parallel} 与 concurrency.max_parallel={concurrency.max_parallel} 不一致；只给一处即可"
+                    f"max_parallel={max_parallel} 与 concurrency.max_parallel={concurrency.max_parallel} "
+                    "不一致；只给一处即可"
                 )
         effective_parallel = max_parallel if max_parallel is not None else concurrency.max_parallel
         if max_parallel_per_bucket is not None and (
@@ -102,7 +105,9 @@ class Controller:
             or not isinstance(max_parallel_per_bucket, int)
             or max_parallel_per_bucket < 1
         ):
-            raise ConfigurationError(f"max_parallel_per_bucket 必须是 >= 1 的整数或 None，收到 {max_parallel_per_bucket!r}")
+            raise ConfigurationError(
+                f"max_parallel_per_bucket 必须是 >= 1 的整数或 None，收到 {max_parallel_per_bucket!r}"
+            )
         for name, value in (
             ("lease_ttl", lease_ttl),
             ("graceful_stop", graceful_stop),
@@ -112,7 +117,9 @@ class Controller:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigurationError(f"{name} 必须是正的秒数，收到 {value!r}")
         if store is not None and not isinstance(store, TaskStore):
-            raise ConfigurationError(f"store 必须是 TaskStore 的实例（如 SqliteTaskStore(...)），收到 {store!r}")
+            raise ConfigurationError(
+                f"store 必须是 TaskStore 的实例（如 SqliteTaskStore(...)），收到 {store!r}"
+            )
         if owner is not None and (not isinstance(owner, str) or not owner.strip()):
             raise ConfigurationError(f"owner 必须是非空字符串，收到 {owner!r}")
 
@@ -124,7 +131,9 @@ class Controller:
             None if owned_buckets is None else self.bucket_policy.validate_buckets(owned_buckets)
         )
         if self.owned_buckets is not None and not self.owned_buckets:
-            raise ConfigurationError("owned_buckets 不能为空集合：不负责任何桶的节点提交不了任务；不想限定请传 None")
+            raise ConfigurationError(
+                "owned_buckets 不能为空集合：不负责任何桶的节点提交不了任务；不想限定请传 None"
+            )
         self.owner = owner or default_owner()
         self.clock: Clock = clock or SYSTEM_CLOCK
         self.store = store
@@ -135,6 +144,9 @@ class Controller:
         self.command_poll_interval = float(command_poll_interval)
         self.side_channel_interval = float(side_channel_interval)
 
+        # 自动生成的 task_id：每个控制器一个随机前缀 + 递增序号（不必每次都取系统随机数）。
+        self._id_prefix = os.urandom(3).hex()
+        self._id_counter = itertools.count(1)
         self._registry = TaskRegistry()
         self._scheduler = SlotScheduler(
             max_parallel=effective_parallel, tag_limits=concurrency.limits, per_bucket=max_parallel_per_bucket
@@ -149,10 +161,17 @@ class Controller:
         self._wake = threading.Event()
         self._stop_loop = threading.Event()
         self._polling = False
+        # 监听器在任务锁内运行，不能回调别的任务；需要碰别的任务的后续工作（管道放行/连坐）放到这里，
+        # 由后台循环在任何锁之外按顺序执行。
+        self._deferred: collections.deque[Callable[[], None]] = collections.deque()
         self._write: WriteThrough | None = (
-            WriteThrough(store, owner=self.owner, lease_ttl=self.lease_ttl, clock=self.clock) if store is not None else None
+            WriteThrough(store, owner=self.owner, lease_ttl=self.lease_ttl, clock=self.clock)
+            if store is not None
+            else None
         )
-        self._loop = threading.Thread(target=self._background_loop, name=f"chongming-controller[{self.owner}]", daemon=True)
+        self._loop = threading.Thread(
+            target=self._background_loop, name=f"chongming-controller[{self.owner}]", daemon=True
+        )
         self._loop.start()
         if self.owned_buckets is not None and store is not None:
             # 声明了归属的节点从构造起就轮询指令：否则别人停一个排队中的任务，要等本节点第一次提交才被取走。
@@ -185,7 +204,8 @@ class Controller:
         bucket = self.bucket_policy.bucket_for(bucket_key)
         if not self.owns_bucket(bucket):
             raise ConfigurationError(
-                f"桶 {bucket}（来自 bucket_key={bucket_key!r}）不属于本节点；本节点负责 {self._owned_text()}。"
+                f"桶 {bucket}（来自 bucket_key={bucket_key!r}）不属于本节点；"
+                f"本节点负责 {self._owned_text()}。"
                 "任务若写进别人的桶，不会有任何节点执行它。"
             )
         return bucket
@@ -207,7 +227,9 @@ class Controller:
         description: str | None = None,
     ) -> TaskDefinition:
         with self._lock:
-            return self._registry.register(name, fn, tags=tags, retry=retry, timeout=timeout, description=description)
+            return self._registry.register(
+                name, fn, tags=tags, retry=retry, timeout=timeout, description=description
+            )
 
     def register_module(self, module: ModuleType) -> list[TaskDefinition]:
         with self._lock:
@@ -236,10 +258,19 @@ class Controller:
     ) -> TaskRun:
         """按名字提交（只接受登记过的名字）。返回 TaskRun 句柄；任务先排队，有额度时才执行。
 
-        ``task_id`` / ``label`` / ``tags`` / ``priority`` / ``bucket_key`` 是提交参数，其余关键字参数交给任务。
+        ``task_id`` / ``label`` / ``tags`` / ``priority`` / ``bucket_key`` 是提交参数，
+        其余关键字参数交给任务。
         """
-        return self._submit(name, args, kwargs, task_id=task_id, label=label, tags=tags, priority=priority,
-                            bucket_key=bucket_key)
+        return self._submit(
+            name,
+            args,
+            kwargs,
+            task_id=task_id,
+            label=label,
+            tags=tags,
+            priority=priority,
+            bucket_key=bucket_key,
+        )
 
     def _submit(
         self,
@@ -270,7 +301,7 @@ class Controller:
         all_tags = definition.tags | normalize_tags(tags)
         bucket = self._bucket_for_submit(bucket_key)
         if task_id is None:
-            task_id = f"{definition.name}-{os.urandom(6).hex()}"
+            task_id = f"{definition.name}-{self._id_prefix}{next(self._id_counter):06d}"
         retry = definition.retry
         machine = StateMachine.create(
             task_id,
@@ -310,7 +341,9 @@ class Controller:
             if self._closed:
                 raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
             if task_id in self._runs:
-                raise DuplicateTaskId(f"task_id {task_id!r} 已存在；停止过的任务想再跑，请换一个 task_id 提交")
+                raise DuplicateTaskId(
+                    f"task_id {task_id!r} 已存在；停止过的任务想再跑，请换一个 task_id 提交"
+                )
             if self._write is not None:
                 try:
                     self._write.create(machine)
@@ -329,9 +362,22 @@ class Controller:
         self._start_runs(to_start)
         return run
 
+    def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun:
+        """提交一条 DAG 管道。
+
+        节点是普通任务（task_id = ``<管道运行 id>:<node_id>``），list_tasks / ps 都看得到。
+        """
+        return submit_pipeline(self, pipeline)
+
+    def _registry_resolve(self, name: str) -> TaskDefinition:
+        with self._lock:
+            return self._registry.resolve(name)
+
     def _enqueue_locked(self, run: TaskRun) -> None:
         snapshot = run.machine.snapshot
-        self._scheduler.enqueue(snapshot.task_id, priority=snapshot.priority, bucket=snapshot.bucket, tags=snapshot.tags)
+        self._scheduler.enqueue(
+            snapshot.task_id, priority=snapshot.priority, bucket=snapshot.bucket, tags=snapshot.tags
+        )
         start_timeout = run.timeout.start if run.timeout is not None else None
         if start_timeout is not None and snapshot.attempt == 0:
             heapq.heappush(self._start_deadlines, (self.clock.monotonic() + start_timeout, snapshot.task_id))
@@ -382,7 +428,12 @@ class Controller:
                 self._enqueue_locked_by_snapshot(snapshot)
             elif record.from_status is TaskStatus.QUEUED and target is not TaskStatus.STARTING:
                 scheduler.discard(task_id)
-            if target not in SLOT_HOLDING_STATUSES and scheduler.release(task_id):
+            # 排队中/重试等待中被暂停的任务从未占槽（调度器可能刚为它预占了额度，还没真正启动）。
+            carrying = target in SLOT_HOLDING_STATUSES and not (
+                target is TaskStatus.PAUSED
+                and record.from_status in (TaskStatus.QUEUED, TaskStatus.RETRY_WAIT)
+            )
+            if not carrying and scheduler.release(task_id):
                 self._wake.set()
             if snapshot.is_terminal:
                 self._unfinished.discard(task_id)
@@ -390,7 +441,9 @@ class Controller:
                 self._settled.notify_all()
 
     def _enqueue_locked_by_snapshot(self, snapshot: TaskSnapshot) -> None:
-        self._scheduler.enqueue(snapshot.task_id, priority=snapshot.priority, bucket=snapshot.bucket, tags=snapshot.tags)
+        self._scheduler.enqueue(
+            snapshot.task_id, priority=snapshot.priority, bucket=snapshot.bucket, tags=snapshot.tags
+        )
         self._wake.set()
 
     # -- background loop ----------------------------------------------------------------------------
@@ -413,6 +466,7 @@ class Controller:
             if self._stop_loop.is_set():
                 break
             try:
+                self._run_deferred()
                 self._dispatch()
                 now = self.clock.monotonic()
                 self._expire_start_timeouts(now)
@@ -432,6 +486,19 @@ class Controller:
             except Exception:  # 后台循环不能死：记下来，下一轮继续
                 logger.exception("控制器后台循环出错")
                 time.sleep(0.05)
+
+    def defer(self, work: Callable[[], None]) -> None:
+        """把一件后续工作交给后台循环（在任何锁之外、按提交顺序执行）。"""
+        self._deferred.append(work)
+        self._wake.set()
+
+    def _run_deferred(self) -> None:
+        while self._deferred:
+            work = self._deferred.popleft()
+            try:
+                work()
+            except Exception:
+                logger.exception("控制器后续工作出错")
 
     def _dispatch(self) -> None:
         with self._lock:
@@ -456,7 +523,9 @@ class Controller:
             )
             with run.machine.lock:
                 if run.machine.status is TaskStatus.QUEUED and run.machine.snapshot.attempt == 0:
-                    run.machine.mark_stopped(failure=failure, trigger=TRIGGER_TIMEOUT_START, reason="start 超时")
+                    run.machine.mark_stopped(
+                        failure=failure, trigger=TRIGGER_TIMEOUT_START, reason="start 超时"
+                    )
 
     def _flush_side_channel(self, *, renew_lease: bool) -> None:
         assert self._write is not None
@@ -469,7 +538,7 @@ class Controller:
         store = self.store
         assert store is not None
         with self._lock:
-            live = [task_id for task_id in self._unfinished]
+            live = list(self._unfinished)
         partitioned = not self.owns_all_buckets
         if not partitioned and not live:
             return
@@ -494,13 +563,20 @@ class Controller:
                     else:
                         store.release_command(command.command_id, self.owner)  # 不是我们的：立刻交还
                     continue
-                self._execute_command(run, command.action, command.reason, command.issuer, dict(command.payload))
+                self._execute_command(
+                    run, command.action, command.reason, command.issuer, dict(command.payload)
+                )
                 store.complete_command(command.command_id, self.owner)
             except TaskError as exc:
                 logger.warning("处理指令 %s 失败：%s", command.command_id, exc)
 
     def _execute_command(
-        self, run: TaskRun, action: CommandAction, reason: str | None, issuer: str | None, payload: dict[str, Any]
+        self,
+        run: TaskRun,
+        action: CommandAction,
+        reason: str | None,
+        issuer: str | None,
+        payload: dict[str, Any],
     ) -> None:
         logger.info("执行来自 %s 的指令 %s（任务 %s）", issuer, action.value, run.task_id)
         if action is CommandAction.STOP:
@@ -603,7 +679,9 @@ class Controller:
 
     # -- control ------------------------------------------------------------------------------------
 
-    def _remote_command(self, task_id: str, action: CommandAction, reason: str | None, payload: dict[str, Any]) -> bool:
+    def _remote_command(
+        self, task_id: str, action: CommandAction, reason: str | None, payload: dict[str, Any]
+    ) -> bool:
         if self.store is None:
             return False
         snapshot = self.store.get(task_id)
@@ -668,7 +746,9 @@ class Controller:
             while self._unfinished:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"等待超时：还有 {len(self._unfinished)} 个任务没落终态；任务状态未改变")
+                    raise TimeoutError(
+                        f"等待超时：还有 {len(self._unfinished)} 个任务没落终态；任务状态未改变"
+                    )
                 self._settled.wait(remaining)
             runs = list(self._runs.values())
         return [Outcome.from_snapshot(run.snapshot) for run in runs]
@@ -680,7 +760,7 @@ class Controller:
         with self._lock:
             excess = len(self._terminal_order) - keep_terminal
             dropped = self._terminal_order[:excess] if excess > 0 else []
-            self._terminal_order = self._terminal_order[len(dropped):]
+            self._terminal_order = self._terminal_order[len(dropped) :]
             for task_id in dropped:
                 self._runs.pop(task_id, None)
                 if self._write is not None:
@@ -693,7 +773,9 @@ class Controller:
     def reconcile(self, *, dry_run: bool = False) -> ReconcileReport:
         """把租约过期、失去监督者的任务如实标记（见 runtime/reconcile.py 的规则表）。只看本节点的桶。"""
         if self.store is None:
-            raise ConfigurationError("reconcile() 需要持久化存储：请用 Controller(store=SqliteTaskStore(...)) 构造")
+            raise ConfigurationError(
+                "reconcile() 需要持久化存储：请用 Controller(store=SqliteTaskStore(...)) 构造"
+            )
         with self._lock:
             live = set(self._unfinished)
         return reconcile_store(
@@ -705,7 +787,9 @@ class Controller:
             dry_run=dry_run,
         )
 
-    def close(self, *, reason: str = "控制器关闭", timeout: float | None = None, close_store: bool = False) -> None:
+    def close(
+        self, *, reason: str = "控制器关闭", timeout: float | None = None, close_store: bool = False
+    ) -> None:
         """停止一切并收尾：排队中的任务不会执行任务体（直接落 stopped），在跑的走优雅停止。幂等。"""
         with self._lock:
             already = self._closed

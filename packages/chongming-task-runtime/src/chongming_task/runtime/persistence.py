@@ -107,7 +107,9 @@ class WriteThrough:
                 )
         except ConcurrencyConflict as exc:
             # 别的写者（例如另一节点的 reconcile）改写了存储：重试无济于事，如实记下，不再追写。
-            self._record(snapshot.task_id, "save", ConcurrencyConflict(f"存储中的版本已被其他写者改写：{exc}"))
+            self._record(
+                snapshot.task_id, "save", ConcurrencyConflict(f"存储中的版本已被其他写者改写：{exc}")
+            )
             with self._lock:
                 self._behind.pop(snapshot.task_id, None)
             state.persisted_version = -1
@@ -179,7 +181,7 @@ class WriteThrough:
         if not updates:
             return
         try:
-            self.store.touch_many(updates)  # type: ignore[arg-type]
+            self.store.touch_many(updates)
         except TaskError as exc:
             self._record(updates[0][0], f"touch×{len(updates)}", exc)
             return

@@ -79,8 +79,12 @@ def reconcile_store(
             report.adoptable.append(snapshot)
             continue
         machine = StateMachine(snapshot, (), clock=clock)
-        lost = machine.mark_lost(failure=lost_failure(snapshot), trigger=TRIGGER_RECONCILE, actor=actor,
-                                 reason="租约过期，载体已消失")
+        lost = machine.mark_lost(
+            failure=lost_failure(snapshot),
+            trigger=TRIGGER_RECONCILE,
+            actor=actor,
+            reason="租约过期，载体已消失",
+        )
         if dry_run:
             report.lost.append(lost)
             continue

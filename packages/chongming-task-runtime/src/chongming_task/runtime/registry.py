@@ -90,7 +90,9 @@ class TaskRegistry:
         if spec is None:
             name = getattr(fn, "__name__", None)
             if not isinstance(name, str) or name == "<lambda>":
-                raise ConfigurationError(f"{fn!r} 没有用 @task 装饰，也没有可用的函数名；请用 register(name, fn)")
+                raise ConfigurationError(
+                    f"{fn!r} 没有用 @task 装饰，也没有可用的函数名；请用 register(name, fn)"
+                )
             return self.register(name, fn)
         return self.register(spec.name, fn)
 
@@ -98,7 +100,11 @@ class TaskRegistry:
         """登记模块里所有 @task 函数（按名字排序，结果可预测）。"""
         if not isinstance(module, ModuleType):
             raise ConfigurationError(f"register_module() 需要一个模块对象，收到 {module!r}")
-        found = [value for _, value in sorted(vars(module).items()) if callable(value) and _spec_of(value) is not None]
+        found = [
+            value
+            for _, value in sorted(vars(module).items())
+            if callable(value) and _spec_of(value) is not None
+        ]
         return [self.register_decorated(fn) for fn in found]
 
     def resolve(self, name: object) -> TaskDefinition:
@@ -106,7 +112,8 @@ class TaskRegistry:
         if callable(name):
             raise ConfigurationError(
                 "submit() 只接受已登记的任务名（字符串），不接受函数或其他可调用对象："
-                "能启动任意可调用对象的入口等于远程代码执行。请先 controller.register('名字', 函数)，再按名字提交"
+                "能启动任意可调用对象的入口等于远程代码执行。"
+                "请先 controller.register('名字', 函数)，再按名字提交"
             )
         if not isinstance(name, str):
             raise ConfigurationError(f"任务名必须是字符串，收到 {name!r}")

@@ -55,7 +55,9 @@ def render_table(snapshots: Iterable[TaskSnapshot], *, clock: Clock | None = Non
     """渲染等宽文本表：TASK_ID NAME STATUS ATTEMPT ELAPSED PROGRESS BUCKET FAILURE。"""
     now = (clock or SYSTEM_CLOCK).now()
     rows = [table_row(snapshot, now) for snapshot in snapshots]
-    return _tabulate.tabulate(rows, headers=HEADERS, tablefmt="simple", disable_numparse=True, stralign="left")
+    return _tabulate.tabulate(
+        rows, headers=HEADERS, tablefmt="simple", disable_numparse=True, stralign="left"
+    )
 
 
 __all__ = ["HEADERS", "elapsed_text", "format_elapsed", "render_table", "table_row"]
