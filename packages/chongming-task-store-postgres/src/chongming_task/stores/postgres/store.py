@@ -470,7 +470,7 @@ class PostgresTaskStore(TaskStore):
                 ) from exc
             self._ensure_schema()
         except BaseException:
-            self._pool.close(timeout=0)
+            self._pool.close(timeout=2.0)
             self._closed = True
             raise
 
@@ -560,6 +560,7 @@ class PostgresTaskStore(TaskStore):
         否则并发的 CREATE TABLE IF NOT EXISTS 会在系统目录上撞唯一约束而失败。
         """
         with self._connection() as conn:
+            self._check_schema_usage(conn)
             try:
                 version = self._read_version(conn)
                 if version is None:
@@ -586,6 +587,20 @@ class PostgresTaskStore(TaskStore):
                 f"{_schema.SCHEMA_VERSION}，且没有可用的迁移路径；请联系维护者或换一个新 schema。"
             )
 
+    def _check_schema_usage(self, conn: Conn) -> None:
+        """schema 在、但本角色连 USAGE 都没有：这时表在不在都看不见，得说清楚是缺 USAGE，而不是缺表。"""
+        row = conn.execute(
+            "SELECT has_schema_privilege(n.oid, 'USAGE') FROM pg_namespace n WHERE n.nspname = %s",
+            [self._schema],
+        ).fetchone()
+        if row is None or row[0]:
+            return
+        role = conn.info.user
+        raise StoreError(
+            f"PostgreSQL 角色 {role!r} 没有 schema {self._schema!r} 的 USAGE 权限，看不到里面的表。"
+            f"请让有权限的账号执行：\n{_schema.grant_sql(self._schema, role)}"
+        )
+
     def _create_tables(self, conn: Conn) -> None:
         statements = _schema.ddl_statements(self._schema)
         exists = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s)", [self._schema])
@@ -597,24 +612,33 @@ class PostgresTaskStore(TaskStore):
 
     def _privilege_message(self, conn: Conn, exc: BaseException) -> str:
         role = database = "?"
+        schema_exists = False
         try:
             info = conn.info
             role, database = info.user, info.dbname
+            row = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s)", [self._schema]
+            ).fetchone()
+            schema_exists = bool(row and row[0])
         except psycopg.Error:
             pass
+        q_schema, q_role = _schema.quote_ident(self._schema), _schema.quote_ident(role)
+        if schema_exists:
+            missing = f"schema {self._schema!r} 上的 CREATE 权限（用于在其中建表）"
+            grant = f"GRANT CREATE ON SCHEMA {q_schema} TO {q_role};"
+        else:
+            missing = f"数据库 {database!r} 上的 CREATE 权限（schema {self._schema!r} 还不存在，要先建它）"
+            grant = f"GRANT CREATE ON DATABASE {_schema.quote_ident(database)} TO {q_role};"
         return (
             f"PostgreSQL 角色 {role!r} 没有建表权限，而 schema {self._schema!r} 里的表还不存在"
             f"（数据库报错：{str(exc).strip()}）。\n"
-            f"缺少的权限：数据库 {database!r} 上的 CREATE（用于建 schema），或 schema {self._schema!r} 上的 "
-            "CREATE（用于建表）。\n"
+            f"缺少的权限：{missing}。\n"
             "二选一：\n"
-            "  1. 让有权限的账号执行一次建表 SQL"
-            f"（也可用 PostgresTaskStore.schema_sql({self._schema!r}) 取得），"
-            "再授予本角色读写权限：\n"
+            "  1. 让有权限的账号执行一次下面的建表 SQL"
+            f"（也可用 PostgresTaskStore.schema_sql({self._schema!r}) 取得），再给本角色授权读写：\n"
             f"{_schema.schema_sql(self._schema)}\n"
-            f"{_schema.grant_sql(self._schema, role)}"
-            f"  2. 或者授予本角色建表权限：GRANT CREATE ON DATABASE {_schema.quote_ident(database)} TO "
-            f"{_schema.quote_ident(role)};"
+            f"{_schema.grant_sql(self._schema, role)}\n"
+            f"  2. 或者授予本角色建表权限，让它首次连接时自己建：{grant}"
         )
 
     # -- connection handling --------------------------------------------------------------------------
