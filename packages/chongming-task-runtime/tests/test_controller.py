@@ -1,0 +1,446 @@
+"""Controller（进程内）：白名单、调度、额度、查询、控制与收尾——全部经公开 API 验证。"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from wcwidth import wcswidth
+
+from chongming_task import (
+    BucketPolicy,
+    ConcurrencyPolicy,
+    ConfigurationError,
+    Controller,
+    FailureKind,
+    FixedBackoff,
+    RetryPolicy,
+    TaskStatus,
+    Timeout,
+    render_table,
+    task,
+)
+from chongming_task.testing import FakeClock
+
+S = TaskStatus
+
+
+class Gate:
+    """让测试精确控制任务何时结束：任务在 checkpoint 循环里等闸门打开。"""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.lock = threading.Lock()
+        self.running = 0
+        self.peak = 0
+        self.started: list[str] = []
+
+    def body(self, ctx: object, name: str = "") -> str:
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            self.started.append(name)
+        try:
+            while not self.opened.wait(0.002):
+                ctx.checkpoint()  # type: ignore[attr-defined]
+            return name
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def wait_until(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("条件在超时内没有成立")
+        time.sleep(0.002)
+
+
+@pytest.fixture
+def gate() -> Iterator[Gate]:
+    g = Gate()
+    yield g
+    g.opened.set()
+
+
+@pytest.fixture
+def controller() -> Iterator[Controller]:
+    c = Controller(max_parallel=2, graceful_stop=1.0)
+    yield c
+    c.close(timeout=5)
+
+
+# -- registry and submit guards ----------------------------------------------------------------------
+
+
+def test_submit_accepts_only_registered_names(controller: Controller) -> None:
+    def extract(ctx: object) -> int:
+        return 1
+
+    with pytest.raises(ConfigurationError, match="没有登记"):
+        controller.submit("extract")
+    with pytest.raises(ConfigurationError, match="远程代码执行"):
+        controller.submit(extract)  # type: ignore[arg-type]
+    controller.register("extract", extract)
+    assert controller.wait(controller.submit("extract").task_id, timeout=5).value == 1
+
+
+def test_duplicate_registration_is_refused(controller: Controller) -> None:
+    controller.register("a", lambda ctx: 1)
+    with pytest.raises(ConfigurationError, match="已经登记"):
+        controller.register("a", lambda ctx: 2)
+
+
+def test_duplicate_task_id_and_non_string_tags_refused(controller: Controller, gate: Gate) -> None:
+    controller.register("g", gate.body)
+    controller.submit("g", task_id="same")
+    with pytest.raises(ConfigurationError, match="已存在"):
+        controller.submit("g", task_id="same")
+    with pytest.raises(ConfigurationError, match="tags"):
+        controller.submit("g", tags=[1, 2])  # type: ignore[list-item]
+
+
+@task(tags={"io"}, retry=RetryPolicy(max_attempts=2, backoff=FixedBackoff(0)))
+def decorated_extract(ctx: object, x: int) -> int:
+    """从某处抽取数据。"""
+    return x + 1
+
+
+def test_register_all_and_module_use_task_spec(controller: Controller) -> None:
+    import sys
+
+    (definition,) = controller.register_all(decorated_extract)
+    assert definition.name == "decorated_extract"
+    assert definition.tags == frozenset({"io"})
+    assert definition.description == "从某处抽取数据。"
+    run = controller.submit("decorated_extract", 1)
+    assert run.snapshot.max_attempts == 2
+    assert "io" in run.snapshot.tags
+    assert controller.wait(run.task_id, timeout=5).value == 2
+    other = Controller()
+    try:
+        found = other.register_module(sys.modules[__name__])
+        assert [d.name for d in found] == ["decorated_extract"]
+    finally:
+        other.close()
+
+
+# -- scheduling ---------------------------------------------------------------------------------------
+
+
+def test_never_more_than_max_parallel_running(gate: Gate) -> None:
+    c = Controller(max_parallel=3)
+    c.register("g", gate.body)
+    for i in range(10):
+        c.submit("g", f"t{i}", task_id=f"t{i}")
+    wait_until(lambda: gate.running == 3)
+    assert c.active_count == 3 and c.queued_count == 7
+    queued = c.list_tasks(status=S.QUEUED)
+    assert len(queued) == 7
+    assert all(s.started_at is None for s in queued)
+    gate.opened.set()
+    outcomes = c.wait_all(timeout=10)
+    assert all(o.ok for o in outcomes)
+    assert gate.peak == 3
+    assert c.active_count == 0 and c.queued_count == 0
+    c.close()
+
+
+def test_priority_higher_first_fifo_within_equal(gate: Gate) -> None:
+    c = Controller(concurrency=ConcurrencyPolicy(max_parallel=1, priority=0))
+    c.register("g", gate.body)
+    c.submit("g", "blocker", task_id="blocker")
+    wait_until(lambda: gate.running == 1)
+    c.submit("g", "low-1")
+    c.submit("g", "high-1", priority=10)
+    c.submit("g", "low-2")
+    c.submit("g", "high-2", priority=10)
+    gate.opened.set()
+    c.wait_all(timeout=10)
+    assert gate.started == ["blocker", "high-1", "high-2", "low-1", "low-2"]
+    c.close()
+
+
+def test_full_bucket_does_not_block_other_buckets(gate: Gate) -> None:
+    c = Controller(max_parallel=10, max_parallel_per_bucket=1)
+    c.register("g", gate.body)
+    a0 = c.submit("g", "a0", bucket_key="tenant-A")
+    a1 = c.submit("g", "a1", bucket_key="tenant-A")
+    b0 = c.submit("g", "b0", bucket_key="tenant-B")
+    wait_until(lambda: gate.running == 2)
+    assert a0.status is S.RUNNING and b0.status is S.RUNNING
+    assert a1.status is S.QUEUED
+    bucket_a = BucketPolicy().bucket_for("tenant-A")
+    assert a1.snapshot.bucket == bucket_a and a1.snapshot.bucket_key == "tenant-A"
+    assert c.active_in_bucket(bucket_a) == 1
+    assert c.bucket_counts()[bucket_a] == 2
+    assert [s.task_id for s in c.list_tasks(bucket=bucket_a)] == [a0.task_id, a1.task_id]
+    gate.opened.set()
+    c.wait_all(timeout=10)
+    c.close()
+
+
+def test_named_limits_and_pause_keeps_slot_and_limit(gate: Gate) -> None:
+    c = Controller(concurrency=ConcurrencyPolicy(max_parallel=20, limits={"db": 1}))
+    c.register("g", gate.body)
+    first = c.submit("g", "db-1", tags=["db"])
+    second = c.submit("g", "db-2", tags=["db"])
+    free = c.submit("g", "free", tags=["io"])
+    wait_until(lambda: gate.running == 2)
+    assert second.status is S.QUEUED and free.status is S.RUNNING
+    assert c.pause(first.task_id, timeout=2) is True
+    assert first.status is S.PAUSED
+    time.sleep(0.05)
+    # 暂停不释放执行槽，也就不释放资源名额：第二个 db 任务仍在排队。
+    assert second.status is S.QUEUED
+    assert c.active_count == 2
+    assert c.resume(first.task_id) is True
+    gate.opened.set()
+    c.wait_all(timeout=10)
+    assert second.snapshot.status is S.SUCCEEDED
+    c.close()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.sampled_from(["ok", "raise", "stop", "retry_then_ok", "bad_result"]), min_size=1, max_size=12)
+)
+def test_slots_released_on_every_terminal_path(outcomes: list[str]) -> None:
+    c = Controller(
+        max_parallel=2,
+        concurrency=ConcurrencyPolicy(limits={"db": 1}),
+        max_parallel_per_bucket=1,
+        graceful_stop=2.0,
+    )
+    attempts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def body(ctx, kind: str, key: str):  # type: ignore[no-untyped-def]
+        with lock:
+            attempts[key] = attempts.get(key, 0) + 1
+            n = attempts[key]
+        ctx.checkpoint()
+        if kind == "raise":
+            raise RuntimeError("boom")
+        if kind == "retry_then_ok" and n == 1:
+            raise RuntimeError("first attempt fails")
+        if kind == "stop":
+            while True:
+                ctx.checkpoint()
+                time.sleep(0.001)
+        if kind == "bad_result":
+            return {1, 2}
+        return kind
+
+    c.register(
+        "body", body, retry=RetryPolicy(max_attempts=2, backoff=FixedBackoff(0), give_up_on=(RuntimeError,))
+    )
+    c.register("retrying", body, retry=RetryPolicy(max_attempts=2, backoff=FixedBackoff(0)))
+    runs = []
+    rng = random.Random(len(outcomes))
+    for i, kind in enumerate(outcomes):
+        name = "retrying" if kind == "retry_then_ok" else "body"
+        tags = ["db"] if rng.random() < 0.5 else []
+        runs.append(c.submit(name, kind, f"k{i}", tags=tags, bucket_key=f"b{rng.randint(0, 2)}"))
+    for run in runs:
+        if outcomes[runs.index(run)] == "stop":
+            wait_until(lambda r=run: r.status in (S.RUNNING, S.SUCCEEDED, S.FAILED), timeout=10)
+            c.stop(run.task_id, reason="测试停止")
+    c.wait_all(timeout=20)
+    expected = {
+        "ok": S.SUCCEEDED,
+        "raise": S.FAILED,
+        "stop": S.STOPPED,
+        "retry_then_ok": S.SUCCEEDED,
+        "bad_result": S.FAILED,
+    }
+    for kind, run in zip(outcomes, runs, strict=True):
+        assert run.status is expected[kind], (kind, run.transitions)
+    assert c.active_count == 0 and c.queued_count == 0
+    c.close()
+
+
+def test_stop_queued_task_takes_effect_at_once(gate: Gate, controller: Controller) -> None:
+    controller.register("g", gate.body)
+    controller.submit("g", task_id="a")
+    controller.submit("g", task_id="b")
+    queued = controller.submit("g", task_id="c")
+    wait_until(lambda: gate.running == 2)
+    assert controller.stop("c", reason="不要了") is True
+    assert queued.status is S.STOPPED  # 不占槽的任务：立即生效，没有 stopping
+    assert [t.to_status for t in queued.transitions] == [S.QUEUED, S.STOPPED]
+    assert controller.stop("no-such-task") is False
+    assert controller.queued_count == 0
+
+
+def test_pause_and_resume_queued_task_returns_to_queue(gate: Gate, controller: Controller) -> None:
+    controller.register("g", gate.body)
+    controller.submit("g", task_id="a")
+    controller.submit("g", task_id="b")
+    c = controller.submit("g", task_id="c")
+    wait_until(lambda: gate.running == 2)
+    assert controller.pause("c") is True
+    assert c.status is S.PAUSED and controller.queued_count == 0
+    assert controller.resume("c") is True
+    assert c.status is S.QUEUED and controller.queued_count == 1
+    gate.opened.set()
+    controller.wait_all(timeout=10)
+    assert c.status is S.SUCCEEDED
+
+
+def test_stop_all_counts_requests_and_wait_timeout_leaves_state(gate: Gate, controller: Controller) -> None:
+    controller.register("g", gate.body)
+    for i in range(3):
+        controller.submit("g", task_id=f"t{i}")
+    wait_until(lambda: gate.running == 2)
+    with pytest.raises(TimeoutError):
+        controller.wait("t0", timeout=0.05)
+    assert controller.get("t0").status is S.RUNNING  # type: ignore[union-attr]
+    assert controller.stop_all(reason="收工") == 3
+    outcomes = controller.wait_all(timeout=10)
+    assert sorted(o.status.value for o in outcomes) == ["stopped", "stopped", "stopped"]
+    assert controller.stop_all() == 0
+
+
+def test_close_stops_queued_tasks_without_running_their_body(gate: Gate) -> None:
+    c = Controller(max_parallel=1, graceful_stop=1.0)
+    c.register("g", gate.body)
+    first = c.submit("g", "first")
+    queued = [c.submit("g", f"q{i}") for i in range(3)]
+    wait_until(lambda: gate.running == 1)
+    c.close(reason="下班")
+    assert first.status is S.STOPPED
+    assert all(r.status is S.STOPPED for r in queued)
+    assert gate.started == ["first"]
+    assert all(r.snapshot.failure.kind is FailureKind.CANCELLED for r in queued)  # type: ignore[union-attr]
+    with pytest.raises(ConfigurationError, match="已关闭"):
+        c.submit("g", "late")
+    c.close()  # 幂等
+
+
+def test_context_manager_closes() -> None:
+    with Controller(max_parallel=1) as c:
+        c.register("one", lambda ctx: 1)
+        run = c.submit("one")
+        c.wait(run.task_id, timeout=5)
+    assert c.closed
+
+
+def test_start_timeout_counts_from_submit_with_fake_clock(gate: Gate) -> None:
+    clock = FakeClock()
+    c = Controller(max_parallel=1, clock=clock)
+    c.register("g", gate.body)
+    c.register("quick", lambda ctx: "ok", timeout=Timeout(start=10))
+    c.submit("g", "holder")
+    wait_until(lambda: gate.running == 1)
+    starving = c.submit("quick")
+    clock.advance(5)
+    time.sleep(0.02)
+    assert starving.status is S.QUEUED
+    clock.advance(6)
+    wait_until(lambda: starving.status.is_terminal)
+    assert starving.status is S.STOPPED
+    assert starving.snapshot.failure.kind is FailureKind.TIMEOUT_START  # type: ignore[union-attr]
+    assert c.queued_count == 0
+    gate.opened.set()
+    c.close()
+
+
+# -- queries ------------------------------------------------------------------------------------------
+
+
+def test_queries_stats_and_list_filters(controller: Controller) -> None:
+    controller.register("extract", lambda ctx, n: n, tags={"io"})
+    controller.register("load", lambda ctx, n: n)
+    for i in range(3):
+        controller.submit("extract", i, task_id=f"e{i}")
+    controller.submit("load", 9, task_id="l0", tags=["nightly"])
+    controller.wait_all(timeout=10)
+    assert [s.task_id for s in controller.list_tasks(name_prefix="ext")] == ["e0", "e1", "e2"]
+    assert [s.task_id for s in controller.list_tasks(tag="nightly")] == ["l0"]
+    assert len(controller.list_tasks(limit=2)) == 2
+    assert controller.list_tasks(status="succeeded", order="newest")[0].task_id == "l0"
+    stats = controller.stats()
+    assert stats[S.SUCCEEDED] == 4 and stats.unfinished == 0
+    assert controller.get("missing") is None
+    assert len(controller.runs()) == 4
+    assert controller.prune(keep_terminal=1) == 3
+    assert [r.task_id for r in controller.runs()] == ["l0"]
+
+
+# -- owned buckets --------------------------------------------------------------------------------------
+
+
+def test_owned_buckets_rules() -> None:
+    policy = BucketPolicy(64)
+    with pytest.raises(ConfigurationError, match="越界"):
+        Controller(owned_buckets=[0, 64])
+    node = Controller(owned_buckets=range(0, 16))
+    try:
+        node.register("sync", lambda ctx: 1)
+        assert not node.owns_all_buckets
+        with pytest.raises(ConfigurationError, match="必须给出 bucket_key"):
+            node.submit("sync")
+        foreign = next(k for k in (f"tenant-{i}" for i in range(100)) if policy.bucket_for(k) >= 16)
+        with pytest.raises(ConfigurationError) as info:
+            node.submit("sync", bucket_key=foreign)
+        message = str(info.value)
+        assert (
+            f"桶 {policy.bucket_for(foreign)}" in message
+            and foreign in message
+            and "[0, 1, ..., 15]" in message
+        )
+        own = next(k for k in (f"tenant-{i}" for i in range(100)) if policy.bucket_for(k) < 16)
+        node.wait(node.submit("sync", bucket_key=own).task_id, timeout=5)
+    finally:
+        node.close()
+    everything = Controller(owned_buckets=range(64))
+    try:
+        everything.register("sync", lambda ctx: 1)
+        assert everything.owns_all_buckets
+        everything.wait(everything.submit("sync").task_id, timeout=5)  # 覆盖全部桶不算划分
+    finally:
+        everything.close()
+
+
+# -- render_table -----------------------------------------------------------------------------------------
+
+
+def test_render_table_aligns_cjk_and_shows_dash_for_never_started(gate: Gate) -> None:
+    c = Controller(max_parallel=1)
+    c.register("transform", gate.body)
+    c.submit("transform", task_id="t0", label="转换-1")
+    c.submit("transform", task_id="t1", label="很长的中文标签名字")
+    wait_until(lambda: gate.running == 1)
+    text = render_table(c.list_tasks())
+    lines = text.splitlines()
+    assert lines[0].split() == [
+        "TASK_ID",
+        "NAME",
+        "STATUS",
+        "ATTEMPT",
+        "ELAPSED",
+        "PROGRESS",
+        "BUCKET",
+        "FAILURE",
+    ]
+    # 每一列在每一行的起始显示列都相同（按显示宽度，而不是字符数）。
+    header = lines[0]
+    starts = [wcswidth(header[: header.index(col)]) for col in lines[0].split()]
+    for line in lines[2:]:
+        cells = line.split()
+        cursor = 0
+        for col_index, cell in enumerate(cells):
+            position = line.index(cell, cursor)
+            assert wcswidth(line[:position]) == starts[col_index], (line, cell)
+            cursor = position + len(cell)
+    queued_line = next(line for line in lines if line.startswith("t1"))
+    assert queued_line.split()[4] == "-"  # 从未执行：ELAPSED 显示 -
+    gate.opened.set()
+    c.close()
