@@ -381,7 +381,7 @@ def test_owned_buckets_rules() -> None:
     policy = BucketPolicy(64)
     with pytest.raises(ConfigurationError, match="越界"):
         Controller(owned_buckets=[0, 64])
-    node = Controller(owned_buckets=range(0, 16))
+    node = Controller(owned_buckets=range(16))
     try:
         node.register("sync", lambda ctx: 1)
         assert not node.owns_all_buckets
