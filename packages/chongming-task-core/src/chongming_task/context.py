@@ -352,21 +352,25 @@ class TaskContext:
     def log(self, message: object, *, level: int = logging.INFO) -> None:
         """记日志：走标准库 logging（logger ``chongming_task.task.<task_id>``，extra 带
         task_id / task_name / attempt），同时留在 ``ctx.logs``（最近 200 条）。"""
+        self._log(message, level)
+
+    def warning(self, message: object) -> None:
+        self._log(message, logging.WARNING)
+
+    def error(self, message: object) -> None:
+        self._log(message, logging.ERROR)
+
+    def _log(self, message: object, level: int) -> None:
         if isinstance(level, bool) or not isinstance(level, int):
             raise ConfigurationError(f"level 必须是 logging 的整数级别（如 logging.INFO），收到 {level!r}")
         text = str(message)
         entry = LogEntry(self._clock.now(), level, logging.getLevelName(level), text, self._attempt)
         self._logs.append(entry)
+        # stacklevel：让 LogRecord 指向调用 ctx.log / warning / error 的那一行，而不是本文件。
         emit_task_log(
             self._logger_name, level, text, self._task_id, self._task_name, self._attempt, stacklevel=3
         )
         self._events.log(entry)
-
-    def warning(self, message: object) -> None:
-        self.log(message, level=logging.WARNING)
-
-    def error(self, message: object) -> None:
-        self.log(message, level=logging.ERROR)
 
     @property
     def logs(self) -> list[LogEntry]:
