@@ -69,8 +69,16 @@ _LAZY: dict[str, tuple[str, str, str]] = {
     "RuntimeContext": ("chongming_task.context", _CORE, "pip install chongming-task-core"),
     "task": ("chongming_task.decorators", _CORE, "pip install chongming-task-core"),
     "InMemoryTaskStore": ("chongming_task.stores.memory", _CORE, "pip install chongming-task-core"),
-    "TaskRun": ("chongming_task.run", _RUNTIME, "pip install chongming-task-runtime（或 pip install chongming-task）"),
-    "run_task": ("chongming_task.run", _RUNTIME, "pip install chongming-task-runtime（或 pip install chongming-task）"),
+    "TaskRun": (
+        "chongming_task.run",
+        _RUNTIME,
+        "pip install chongming-task-runtime（或 pip install chongming-task）",
+    ),
+    "run_task": (
+        "chongming_task.run",
+        _RUNTIME,
+        "pip install chongming-task-runtime（或 pip install chongming-task）",
+    ),
     "Controller": (
         "chongming_task.controller",
         _RUNTIME,
@@ -81,7 +89,11 @@ _LAZY: dict[str, tuple[str, str, str]] = {
         _RUNTIME,
         "pip install chongming-task-runtime（或 pip install chongming-task）",
     ),
-    "Pipeline": ("chongming_task.pipeline", _RUNTIME, "pip install chongming-task-runtime（或 pip install chongming-task）"),
+    "Pipeline": (
+        "chongming_task.pipeline",
+        _RUNTIME,
+        "pip install chongming-task-runtime（或 pip install chongming-task）",
+    ),
     "PipelineRun": (
         "chongming_task.pipeline",
         _RUNTIME,
@@ -139,7 +151,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = [
+_CORE_NAMES = [
     "TERMINAL_STATUSES",
     "TRANSITIONS",
     "AggregationPolicy",
@@ -152,48 +164,58 @@ __all__ = [
     "ConcurrencyConflict",
     "ConcurrencyPolicy",
     "ConfigurationError",
-    "Controller",
     "DependencyFailed",
     "DuplicateTaskId",
     "ExponentialBackoff",
     "Failure",
     "FailureKind",
     "FixedBackoff",
-    "InMemoryTaskStore",
-    "InlineExecutor",
     "InvalidTransition",
     "Jitter",
     "JoinMode",
     "Outcome",
-    "Pipeline",
-    "PipelineRun",
-    "PostgresTaskStore",
-    "ProcessExecutor",
     "Progress",
     "QueryOrder",
     "RetryPolicy",
-    "RuntimeContext",
-    "SqliteTaskStore",
     "StateMachine",
     "StoreError",
     "SystemClock",
     "TaskCancelled",
-    "TaskContext",
     "TaskError",
     "TaskExecutionError",
     "TaskNotFound",
     "TaskQuery",
-    "TaskRun",
     "TaskSnapshot",
     "TaskStats",
     "TaskStatus",
     "TaskStore",
     "TaskTimeout",
-    "ThreadExecutor",
     "Timeout",
     "Transition",
     "open_store",
-    "render_table",
-    "run_task",
-    "task",
 ]
+
+
+def _installed_lazy_names() -> list[str]:
+    """星号导入只带上已安装发行包的名字。
+
+    PostgresTaskStore 永远不在其中：它依赖可选的驱动，``from chongming_task import *`` 不应因为
+    没装 psycopg 而失败（要用它请显式导入，缺驱动时会得到安装提示）。
+    """
+    from importlib.util import find_spec
+
+    names = []
+    for name, (module_name, _distribution, _hint) in _LAZY.items():
+        if name == "PostgresTaskStore":
+            continue
+        # 只探测顶层模块（不触发 chongming_task.runtime 包的导入）：runtime 的执行器随 run.py 同包发布。
+        probe = "chongming_task.run" if module_name.startswith("chongming_task.runtime") else module_name
+        try:
+            if find_spec(probe) is not None:
+                names.append(name)
+        except (ImportError, ValueError):
+            continue
+    return names
+
+
+__all__ = sorted(_CORE_NAMES + _installed_lazy_names())  # pyright: ignore[reportUnsupportedDunderAll]

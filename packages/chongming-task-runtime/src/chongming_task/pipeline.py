@@ -331,6 +331,8 @@ class PipelineRun:
         child.released = True
         run = self._runs[child.spec.node_id]
         with run.machine.lock:
+            # 放行那一刻的成功上游值交给任务（TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream）。
+            run.upstream.update(child.upstream_values)
             if run.machine.status is S.BLOCKED:
                 run.machine.mark_queued(trigger="pipeline:released")
 

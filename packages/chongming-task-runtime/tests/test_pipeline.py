@@ -1,0 +1,262 @@
+"""Pipeline：blocked 不占额度、三种汇合、两种结算、skipped / cancelled / stopped 分得清。"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from chongming_task import (
+    AggregationPolicy,
+    CircularDependency,
+    ConfigurationError,
+    Controller,
+    FailureKind,
+    JoinMode,
+    Pipeline,
+    TaskStatus,
+)
+
+S = TaskStatus
+
+
+def wait_until(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("条件在超时内没有成立")
+        time.sleep(0.002)
+
+
+@pytest.fixture
+def controller() -> Iterator[Controller]:
+    c = Controller(max_parallel=4, graceful_stop=1.0)
+    seen: list[str] = []
+    c.seen = seen  # type: ignore[attr-defined]
+    lock = threading.Lock()
+
+    def fetch(ctx: Any, day: str) -> dict[str, Any]:
+        with lock:
+            seen.append("fetch")
+        return {"day": day, "rows": 30}
+
+    def transform(ctx: Any, index: int) -> int:
+        fetched = ctx.input("fetch", {})
+        with lock:
+            seen.append(f"transform{index}")
+        return int(fetched["rows"]) // 3 + index
+
+    def load(ctx: Any) -> int:
+        with lock:
+            seen.append("load")
+        return sum(v for k, v in ctx.upstream.items())
+
+    def audit(ctx: Any) -> list[str]:
+        with lock:
+            seen.append("audit")
+        return sorted(ctx.upstream)
+
+    def ok(ctx: Any, value: Any = None) -> Any:
+        return value
+
+    def boom(ctx: Any) -> None:
+        raise RuntimeError("上游炸了")
+
+    def slow(ctx: Any) -> str:
+        while True:
+            ctx.checkpoint()
+            time.sleep(0.002)
+
+    for name, fn in [
+        ("fetch", fetch),
+        ("transform", transform),
+        ("load", load),
+        ("audit", audit),
+        ("ok", ok),
+        ("boom", boom),
+        ("slow", slow),
+    ]:
+        c.register(name, fn)
+    yield c
+    c.close(timeout=5)
+
+
+def test_nightly_etl_example_end_to_end(controller: Controller) -> None:
+    pipeline = Pipeline("nightly-etl", aggregation=AggregationPolicy.all_settled())
+    fetch = pipeline.node("fetch", "2026-10-02", node_id="fetch")
+    shards = [
+        pipeline.node("transform", index, node_id=f"shard{index}", depends_on=[fetch]) for index in range(3)
+    ]
+    load = pipeline.node("load", node_id="load", depends_on=shards)
+    pipeline.node("audit", node_id="audit", depends_on=[load], join=JoinMode.ALL_SETTLED)
+    run = controller.submit_pipeline(pipeline)
+    outcome = run.wait(timeout=10)
+    assert outcome.status is S.SUCCEEDED and outcome.ok
+    assert outcome.nodes["load"].value == 10 + 11 + 12
+    assert outcome.nodes["audit"].value == ["load"]
+    seen = controller.seen  # type: ignore[attr-defined]
+    assert seen[0] == "fetch" and seen[-2:] == ["load", "audit"]
+    # 节点是普通任务：list_tasks 看得到，带 pipeline_id / node_id。
+    nodes = controller.list_tasks(pipeline_id=run.pipeline_id)
+    assert sorted(s.node_id for s in nodes) == ["audit", "fetch", "load", "shard0", "shard1", "shard2"]  # type: ignore[type-var]
+    assert all(s.task_id == f"{run.pipeline_id}:{s.node_id}" for s in nodes)
+    # 下游节点经历过 blocked，而不是 queued。
+    load_history = [t.to_status for t in run.runs["load"].transitions]
+    assert load_history[:2] == [S.BLOCKED, S.QUEUED]
+
+
+def test_blocked_nodes_hold_no_slot_and_long_chain_never_deadlocks() -> None:
+    c = Controller(max_parallel=1)
+    gate = threading.Event()
+
+    def step(ctx: Any, i: int) -> int:
+        if i == 0:
+            while not gate.wait(0.002):
+                ctx.checkpoint()
+        return i
+
+    c.register("step", step)
+    pipeline = Pipeline("chain")
+    previous = None
+    for i in range(20):
+        previous = pipeline.node("step", i, node_id=f"n{i}", depends_on=[previous] if previous else [])
+    run = c.submit_pipeline(pipeline)
+    wait_until(lambda: run.runs["n0"].status is S.RUNNING)
+    assert c.active_count == 1  # 只有根节点占额度
+    assert c.queued_count == 0  # 下游还在 blocked，不是 queued
+    assert sum(1 for s in c.list_tasks(status=S.BLOCKED)) == 19
+    gate.set()
+    assert run.wait(timeout=20).status is S.SUCCEEDED
+    c.close()
+
+
+@pytest.mark.parametrize(
+    ("join", "upstreams", "expected"),
+    [
+        (JoinMode.ALL_SUCCEEDED, ["ok", "ok"], S.SUCCEEDED),
+        (JoinMode.ALL_SUCCEEDED, ["ok", "boom"], S.SKIPPED),
+        (JoinMode.ALL_SETTLED, ["ok", "boom"], S.SUCCEEDED),
+        (JoinMode.ALL_SETTLED, ["boom", "boom"], S.SUCCEEDED),
+        (JoinMode.ANY_SUCCEEDED, ["boom", "ok"], S.SUCCEEDED),
+        (JoinMode.ANY_SUCCEEDED, ["boom", "boom"], S.SKIPPED),
+    ],
+)
+def test_join_modes(
+    controller: Controller, join: JoinMode, upstreams: list[str], expected: TaskStatus
+) -> None:
+    pipeline = Pipeline("join", aggregation=AggregationPolicy.all_settled())
+    ups = [pipeline.node(name, node_id=f"up{i}") for i, name in enumerate(upstreams)]
+    pipeline.node("audit", node_id="down", depends_on=ups, join=join)
+    outcome = controller.submit_pipeline(pipeline).wait(timeout=10)
+    down = outcome.nodes["down"]
+    assert down.status is expected
+    if expected is S.SKIPPED:
+        assert down.failure is not None and down.failure.kind is FailureKind.DEPENDENCY_FAILED
+    if expected is S.SUCCEEDED:
+        # ctx.upstream 只含成功的上游
+        assert down.value == sorted(f"up{i}" for i, name in enumerate(upstreams) if name == "ok")
+
+
+def test_skip_cascades_to_dependants(controller: Controller) -> None:
+    pipeline = Pipeline("cascade", aggregation=AggregationPolicy.all_settled())
+    bad = pipeline.node("boom", node_id="bad")
+    mid = pipeline.node("ok", node_id="mid", depends_on=[bad])
+    pipeline.node("ok", node_id="leaf", depends_on=[mid])
+    outcome = controller.submit_pipeline(pipeline).wait(timeout=10)
+    assert outcome.nodes["mid"].status is S.SKIPPED and outcome.nodes["leaf"].status is S.SKIPPED
+    assert outcome.status is S.FAILED
+    assert outcome.failed_nodes == ["bad"]
+
+
+def test_fail_fast_cancels_released_nodes_but_all_settled_lets_them_finish(controller: Controller) -> None:
+    def build(aggregation: AggregationPolicy) -> Pipeline:
+        p = Pipeline("ff", aggregation=aggregation)
+        p.node("slow", node_id="sibling")
+        p.node("boom", node_id="bad")
+        return p
+
+    run = controller.submit_pipeline(build(AggregationPolicy.fail_fast()))
+    outcome = run.wait(timeout=10)
+    assert outcome.nodes["bad"].status is S.FAILED
+    assert outcome.nodes["sibling"].status is S.CANCELLED  # 被连坐，不是 stopped
+    assert outcome.status is S.FAILED
+
+    run = controller.submit_pipeline(build(AggregationPolicy.all_settled()))
+    wait_until(lambda: run.runs["bad"].status is S.FAILED)
+    time.sleep(0.05)
+    assert run.runs["sibling"].status is S.RUNNING  # all_settled：不连坐
+    run.stop(reason="测试结束")
+    outcome = run.wait(timeout=10)
+    assert outcome.nodes["sibling"].status is S.STOPPED
+    assert outcome.status is S.FAILED
+
+
+def test_manual_stop_is_stopped_not_cancelled_or_skipped(controller: Controller) -> None:
+    pipeline = Pipeline("manual")
+    first = pipeline.node("slow", node_id="first")
+    pipeline.node("ok", node_id="after", depends_on=[first])
+    run = controller.submit_pipeline(pipeline)
+    wait_until(lambda: run.runs["first"].status is S.RUNNING)
+    assert run.status is S.RUNNING
+    assert run.stop(reason="值班手动停") == 2
+    outcome = run.wait(timeout=10)
+    assert outcome.nodes["first"].status is S.STOPPED
+    assert outcome.nodes["after"].status is S.STOPPED  # blocked → stopped 立即生效
+    assert outcome.status is S.STOPPED
+
+
+def test_node_ids_default_suffix_and_duplicates(controller: Controller) -> None:
+    p = Pipeline("ids")
+    assert p.node("ok", "after").node_id == "ok"  # "after" 是参数，不是节点名
+    assert p.node("ok").node_id == "ok#2"
+    assert p.node("ok").node_id == "ok#3"
+    with pytest.raises(ConfigurationError, match="已有节点"):
+        p.node("ok", node_id="ok#2")
+    other = Pipeline("other")
+    foreign = other.node("ok")
+    with pytest.raises(ConfigurationError, match="另一条管道"):
+        p.node("ok", depends_on=[foreign])
+
+
+def test_cycle_is_detected_and_named(controller: Controller) -> None:
+    p = Pipeline("cyclic")
+    p.node("ok", node_id="a", depends_on=["c"])
+    p.node("ok", node_id="b", depends_on=["a"])
+    p.node("ok", node_id="c", depends_on=["b"])
+    with pytest.raises(CircularDependency) as info:
+        controller.submit_pipeline(p)
+    assert set(info.value.cycle) == {"a", "b", "c"} and info.value.cycle[0] == info.value.cycle[-1]
+    assert "依赖成环" in str(info.value)
+    assert controller.list_tasks() == []  # 什么也没提交
+
+
+def test_unknown_task_name_refused_at_submit(controller: Controller) -> None:
+    p = Pipeline("unknown")
+    p.node("ok", node_id="a")
+    p.node("no-such-task", node_id="b", depends_on=["a"])
+    with pytest.raises(ConfigurationError, match="没有登记"):
+        controller.submit_pipeline(p)
+    assert controller.list_tasks() == []
+
+
+def test_quorum_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="quorum"):
+        AggregationPolicy.quorum(2)
+
+
+def test_wide_fan_out_and_long_chain_scale() -> None:
+    c = Controller(max_parallel=4)
+    c.register("ok", lambda ctx, value=None: value)
+    p = Pipeline("wide", aggregation=AggregationPolicy.all_settled())
+    root = p.node("ok", 1, node_id="root")
+    leaves = [p.node("ok", i, node_id=f"leaf{i}", depends_on=[root]) for i in range(1000)]
+    p.node("ok", node_id="sink", depends_on=leaves)
+    started = time.monotonic()
+    outcome = c.submit_pipeline(p).wait(timeout=60)
+    assert outcome.status is S.SUCCEEDED
+    assert len(outcome.nodes) == 1002
+    assert time.monotonic() - started < 60
+    c.close()
