@@ -965,3 +965,16 @@ def test_abort_pause_after_forced_pausing_without_start_is_refused() -> None:
     machine.force_transition(S.PAUSING, actor="ops", reason="测试")
     error = assert_refused(machine, lambda m: m.abort_pause(), S.RUNNING, TRIGGER_PAUSE_ABORTED)
     assert error.detail is not None and "started_at" in error.detail
+
+
+def test_snapshot_holds_slot_distinguishes_the_two_kinds_of_pause() -> None:
+    in_place = drive_to(S.PAUSED)
+    assert in_place.snapshot.holds_slot and S.PAUSED.holds_slot
+    for source in (S.QUEUED, S.RETRY_WAIT):
+        machine = drive_to(source)
+        machine.mark_paused()
+        assert not machine.snapshot.holds_slot
+    for status in TaskStatus:
+        if status is not S.PAUSED:
+            assert drive_to(status).snapshot.holds_slot == status.holds_slot
+    assert {s for s in TaskStatus if s.holds_slot} == {S.STARTING, S.RUNNING, S.PAUSING, S.PAUSED, S.STOPPING}

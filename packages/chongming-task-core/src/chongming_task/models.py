@@ -427,6 +427,15 @@ class TaskSnapshot:
     def is_terminal(self) -> bool:
         return self.status.is_terminal
 
+    @property
+    def holds_slot(self) -> bool:
+        """此刻是否真的占着执行槽。就地暂停（有 started_at）占槽；排队/重试等待中直接暂停的
+        任务没有在跑的载体（状态机在那种暂停时清空 started_at），不占槽。"""
+        status = self.status
+        if status is TaskStatus.PAUSED:
+            return self.started_at is not None
+        return status.holds_slot
+
     def evolve(self, **changes: Any) -> TaskSnapshot:
         """不经校验的快速复制，供状态机与存储内部使用（调用方保证字段合法）。
 

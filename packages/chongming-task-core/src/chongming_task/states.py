@@ -39,7 +39,8 @@ class TaskStatus(enum.StrEnum):
 
     @property
     def holds_slot(self) -> bool:
-        """是否占用执行资源（执行槽）。暂停是就地挂起，仍占槽。"""
+        """按状态粗判是否占用执行槽。paused 算占槽（就地暂停不释放槽位）——但排队/重试等待中
+        被暂停的任务从未占槽，只看状态分不出来；要精确判断用 ``TaskSnapshot.holds_slot``。"""
         return self in SLOT_HOLDING_STATUSES
 
 
