@@ -427,3 +427,24 @@ def test_policies_are_immutable() -> None:
     ):
         with pytest.raises(AttributeError):
             policy.anything = 1  # type: ignore[attr-defined]
+
+
+_BAD_CONSTRUCTIONS: list[tuple[str, Any]] = [
+    ("RetryPolicy", lambda: RetryPolicy(max_attempts=0)),
+    ("FixedBackoff", lambda: FixedBackoff(-1)),
+    ("ExponentialBackoff", lambda: ExponentialBackoff(factor=0.5)),
+    ("Timeout", lambda: Timeout(per_attempt=-5)),
+    ("ConcurrencyPolicy", lambda: ConcurrencyPolicy(limits={"db": 0})),
+    ("AggregationPolicy", lambda: AggregationPolicy.quorum(2)),
+    ("BucketPolicy", lambda: BucketPolicy(0)),
+    ("BucketPolicy.validate_buckets", lambda: BucketPolicy(4).validate_buckets([4])),
+]
+
+
+@pytest.mark.parametrize(("owner", "build"), _BAD_CONSTRUCTIONS, ids=[o for o, _ in _BAD_CONSTRUCTIONS])
+def test_every_policy_explains_bad_input_in_chinese(owner: str, build: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        build()
+    message = str(info.value)
+    assert any("\u4e00" <= ch <= "\u9fff" for ch in message), message
+    assert len(message) > 10
