@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -244,6 +245,17 @@ class StoreContract(unittest.TestCase):
             self.addCleanup(store.close)
             return store, clock.advance, FAKE_LEASE, clock
         return self.open_store(), time.sleep, REAL_LEASE, None
+
+    def run_threads(self, targets: list[Callable[[], None]], *, timeout: float = 60.0) -> None:
+        """并发跑 targets，总共最多等 timeout 秒；到点还没结束的线程算失败（死锁或停不下来的循环）。"""
+        threads = [threading.Thread(target=target, daemon=True) for target in targets]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        alive = [thread.name for thread in threads if thread.is_alive()]
+        self.assertEqual(alive, [], f"{timeout} 秒后仍有线程没结束：存储死锁了，或者某个循环停不下来")
 
     def assertSnapshotEqual(self, got: TaskSnapshot | None, want: TaskSnapshot) -> None:
         self.assertIsNotNone(got, f"存储里找不到 {want.task_id!r}")
@@ -577,11 +589,7 @@ class StoreContract(unittest.TestCase):
             except BaseException as exc:  # 线程里的任何异常都要带回主线程报告
                 results[i] = exc
 
-        threads = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
+        self.run_threads([functools.partial(writer, i) for i in range(writers)])
         self.assertEqual(results.count("won"), 1, f"第 {round_no} 轮：{results}")
         self.assertEqual(results.count("conflict"), writers - 1, f"第 {round_no} 轮：{results}")
         winner = results.index("won")
@@ -609,8 +617,11 @@ class StoreContract(unittest.TestCase):
 
         def writer(i: int) -> None:
             try:
-                done = 0
+                done, attempts = 0, 0
                 while done < per_writer:
+                    attempts += 1
+                    if attempts > 100 * per_writer * writers:
+                        raise AssertionError(f"w{i} 重试了 {attempts} 次仍未写完：save 似乎总在冲突")
                     current = store.get("chain")
                     assert current is not None
                     target = S.PAUSING if current.status is S.RUNNING else S.RUNNING
@@ -623,11 +634,7 @@ class StoreContract(unittest.TestCase):
             except BaseException as exc:
                 errors.append(exc)
 
-        threads = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        self.run_threads([functools.partial(writer, i) for i in range(writers)])
         self.assertEqual(errors, [])
         total = writers * per_writer
         got = store.get("chain")
@@ -1075,11 +1082,7 @@ class StoreContract(unittest.TestCase):
             except BaseException as exc:
                 errors.append(exc)
 
-        threads = [threading.Thread(target=saver), threading.Thread(target=toucher)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        self.run_threads([saver, toucher])
         self.assertEqual(errors, [], "touch 不能让 save 冲突，save 也不能让 touch 失败")
         got = store.get("t-race")
         assert got is not None
@@ -1296,7 +1299,8 @@ class StoreContract(unittest.TestCase):
         def claimer(i: int) -> None:
             try:
                 start.wait()
-                while True:
+                # 有上限的循环：坏掉的存储若反复交出同一批指令，用例要失败而不是永远转下去。
+                for _ in range(len(ids) + 1):
                     batch = store.claim_commands(f"claimer-{i}", lease=600, limit=3)
                     if not batch:
                         return
@@ -1304,11 +1308,7 @@ class StoreContract(unittest.TestCase):
             except BaseException as exc:
                 errors.append(exc)
 
-        threads = [threading.Thread(target=claimer, args=(i,)) for i in range(claimers)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        self.run_threads([functools.partial(claimer, i) for i in range(claimers)])
         self.assertEqual(errors, [])
         every = [c.command_id for batch in got for c in batch]
         self.assertEqual(len(every), len(set(every)), "同一条指令在租约内被两个认领者取走了")

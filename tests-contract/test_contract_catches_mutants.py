@@ -1,0 +1,224 @@
+"""契约套件自己的测试：故意做坏的存储必须被它抓住。
+
+每个变种都是 InMemoryTaskStore 的子类，只改坏一处（正是真实后端最容易写错的那几处）。我们用
+unittest 的 loader / runner 对一个动态生成的 StoreContract 子类跑完整套件，断言指定的用例失败。
+同一套路先跑一遍未改坏的内存存储，证明失败确实来自变种而不是跑法本身。
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import re
+import unittest
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from chongming_task.errors import ConcurrencyConflict
+from chongming_task.models import Progress, TaskSnapshot, Transition
+from chongming_task.storage import TaskQuery, TaskStore
+from chongming_task.stores.memory import InMemoryTaskStore
+from chongming_task.testing import FakeClock
+from chongming_task.testing.store_contract import StoreContract
+
+
+class TouchBumpsVersion(InMemoryTaskStore):
+    """touch 顺手把 status_version 加一：进度上报会与状态写入持续冲突。"""
+
+    def touch(
+        self,
+        task_id: str,
+        *,
+        progress: Progress | None = None,
+        heartbeat_at: datetime | None = None,
+        lease_owner: str | None = None,
+        lease_until: datetime | None = None,
+    ) -> bool:
+        found = super().touch(
+            task_id,
+            progress=progress,
+            heartbeat_at=heartbeat_at,
+            lease_owner=lease_owner,
+            lease_until=lease_until,
+        )
+        if found:
+            with self._lock:
+                row = self._rows[task_id]
+                row.snapshot = row.snapshot.evolve(status_version=row.snapshot.status_version + 1)
+        return found
+
+
+class WriteThenCheckSave(InMemoryTaskStore):
+    """save 先写快照与历史、后查版本：冲突时照样抛 ConcurrencyConflict，但脏数据已经落盘。"""
+
+    def save(
+        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+    ) -> None:
+        with self._lock:
+            row = self._row(snapshot.task_id)
+            before = row.snapshot
+            row.snapshot = snapshot.evolve(
+                progress=before.progress,
+                last_heartbeat_at=before.last_heartbeat_at,
+                lease_owner=before.lease_owner,
+                lease_until=before.lease_until,
+            )
+            for record in transitions:
+                row.history.setdefault(record.version, record)
+        if before.status_version != expect_version:
+            raise ConcurrencyConflict("版本不符（可惜已经写进去了）")
+
+
+class DropsTransitions(InMemoryTaskStore):
+    """save 只写快照，随附的迁移记录被丢掉：历史出现空洞。"""
+
+    def save(
+        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+    ) -> None:
+        super().save(snapshot, expect_version=expect_version, transitions=())
+
+
+def _like_regex(prefix: str) -> re.Pattern[str]:
+    parts = [".*" if ch == "%" else "." if ch == "_" else re.escape(ch) for ch in prefix]
+    return re.compile("".join(parts) + ".*", re.DOTALL)
+
+
+class WildcardPrefix(InMemoryTaskStore):
+    """name_prefix 直接拼进 LIKE 而没有转义：``%`` 与 ``_`` 变成了通配符。"""
+
+    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        if query is None or query.name_prefix is None:
+            return super().query(query)
+        pattern = _like_regex(query.name_prefix)
+        loose = dataclasses.replace(query, name_prefix=None, limit=None)
+        rows = [s for s in super().query(loose) if pattern.fullmatch(s.name)]
+        return rows if query.limit is None else rows[: query.limit]
+
+
+class SharedOutcome(InMemoryTaskStore):
+    """出库时把同一个 outcome 对象交给每个调用方：改一处，处处都变。"""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._cache: dict[str, Any] = {}
+
+    def get(self, task_id: str) -> TaskSnapshot | None:
+        snapshot = super().get(task_id)
+        if snapshot is None or not isinstance(snapshot.outcome, (dict, list)):
+            return snapshot
+        cached = self._cache.setdefault(task_id, snapshot.outcome)
+        return snapshot.evolve(outcome=cached)
+
+
+class CompletesForAnyone(InMemoryTaskStore):
+    """complete_command 不看持有者：查询客户端会把别人的指令"完成"掉。"""
+
+    def complete_command(self, command_id: str, claimant: str) -> bool:
+        with self._lock:
+            command = self._commands.get(command_id)
+            if command is None or command.claimant is None:
+                return False
+            holder = command.claimant
+        return super().complete_command(command_id, holder)
+
+
+class ClaimIgnoresLease(InMemoryTaskStore):
+    """认领时不看租约：持有中的指令又被别人取走。"""
+
+    def claim_commands(self, claimant: str, *, lease: float, limit: int = 100, **filters: Any) -> list[Any]:
+        with self._lock:
+            for command in self._pending.values():
+                command.lease_until = None
+        return super().claim_commands(claimant, lease=lease, limit=limit, **filters)
+
+
+class PruneByCreatedAt(InMemoryTaskStore):
+    """prune 按创建时间删最旧的，且不分终态与否。"""
+
+    def prune(self, keep_terminal: int) -> int:
+        with self._lock:
+            terminal = sum(1 for row in self._rows.values() if row.snapshot.is_terminal)
+            excess = max(0, terminal - keep_terminal)
+            doomed = sorted(self._rows.values(), key=lambda row: row.snapshot.created_at)[:excess]
+            for row in doomed:
+                del self._rows[row.snapshot.task_id]
+            return len(doomed)
+
+
+MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
+    TouchBumpsVersion: {
+        "test_touch_updates_side_channel_without_bumping_version",
+        "test_touch_never_conflicts_with_save",
+        "test_touch_and_save_interleaved_from_threads",
+    },
+    WriteThenCheckSave: {
+        "test_save_version_mismatch_writes_nothing",
+        "test_race_same_expect_version_exactly_one_wins",
+    },
+    DropsTransitions: {
+        "test_save_bumps_version_and_appends_transitions",
+        "test_race_retrying_writers_leave_a_gapless_history",
+    },
+    WildcardPrefix: {
+        "test_query_name_prefix_percent_is_literal",
+        "test_query_name_prefix_underscore_is_literal",
+    },
+    SharedOutcome: {"test_returned_outcome_is_a_copy"},
+    CompletesForAnyone: {"test_complete_is_idempotent_for_holder_and_false_for_others"},
+    ClaimIgnoresLease: {
+        "test_claimed_command_is_invisible_to_others_while_leased",
+        "test_concurrent_claimers_never_share_a_command",
+    },
+    PruneByCreatedAt: {
+        "test_prune_keeps_newest_terminal_tasks",
+        "test_prune_never_deletes_non_terminal_tasks",
+    },
+}
+
+
+def run_contract(store_cls: type[InMemoryTaskStore]) -> tuple[unittest.TestResult, set[str], str]:
+    """对 store_cls 跑完整契约套件，返回 (结果, 失败或出错的用例名, 报告文本)。"""
+
+    def make_store(self: StoreContract) -> TaskStore:
+        return store_cls()
+
+    def make_clocked_store(self: StoreContract, clock: FakeClock) -> TaskStore:
+        return store_cls(clock=clock)
+
+    # 动态子类只活在这个函数里，pytest 的收集看不到它。
+    suite_cls = type(
+        f"Contract_{store_cls.__name__}",
+        (StoreContract,),
+        {"make_store": make_store, "make_clocked_store": make_clocked_store},
+    )
+    suite = unittest.defaultTestLoader.loadTestsFromTestCase(suite_cls)
+    stream = io.StringIO()
+    result = unittest.TextTestRunner(stream=stream, verbosity=0).run(suite)
+    broken: set[str] = set()
+    for case, _ in [*result.failures, *result.errors]:
+        test_id = case.id()
+        # 子测试的 id 形如 "...test_x (method='get')"：只取方法名。
+        broken.add(test_id.split(" ", 1)[0].rsplit(".", 1)[-1])
+    return result, broken, stream.getvalue()
+
+
+def test_harness_passes_the_unbroken_reference_store() -> None:
+    result, broken, report = run_contract(InMemoryTaskStore)
+    assert result.testsRun >= 45
+    assert not result.skipped
+    assert broken == set(), report
+
+
+@pytest.mark.parametrize("mutant", list(MUTANTS), ids=lambda cls: cls.__name__)
+def test_contract_catches_mutant(mutant: type[InMemoryTaskStore]) -> None:
+    result, broken, report = run_contract(mutant)
+    expected = MUTANTS[mutant]
+    missing = expected - broken
+    assert not missing, f"{mutant.__name__}：这些用例本该失败却通过了：{sorted(missing)}\n{report}"
+    # 也不能"全军覆没"：那说明变种根本跑不起来，而不是被某条语义抓住。
+    assert len(broken) < result.testsRun // 2, (
+        f"{mutant.__name__} 让大半用例失败，变种本身可能坏了：{sorted(broken)}"
+    )
