@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from chongming_task.store_registry import open_store
 from chongming_task.errors import ConfigurationError
+from chongming_task.store_registry import open_store
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.testing import FakeClock
 from chongming_task.testing.store_contract import StoreContract, snap
