@@ -23,7 +23,6 @@ from chongming_task import (
     TaskCancelled,
     TaskContext,
     TaskStatus,
-    Timeout,
     task,
 )
 from chongming_task.run import RESERVED_RUN_TASK_KEYWORDS, Outcome, TaskRun, run_task
@@ -726,10 +725,10 @@ def test_concurrent_control_calls_keep_history_consistent() -> None:
     for round_index in range(10):
         run = TaskRun(loop_forever, task_id=f"race-{round_index}", graceful_stop=5)
         run.start()
-        wait_until(lambda run=run: run.status is S.RUNNING)  # type: ignore[misc]
+        wait_until(lambda: run.status is S.RUNNING)  # noqa: B023 - 在本轮循环内立即调用
         barrier = threading.Barrier(6)
 
-        def hammer(action: str, run: TaskRun = run) -> None:
+        def hammer(action: str, run: TaskRun = run, barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
             for _ in range(5):
                 if action == "pause":
