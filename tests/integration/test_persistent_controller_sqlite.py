@@ -1,0 +1,301 @@
+"""Controller(store=SqliteTaskStore)：写穿、跨进程查询与控制、租约、崩溃后的 reconcile。
+
+跨进程的用例用真实 OS 进程（node_worker.py），不是线程假装。
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chongming_task import (
+    Controller,
+    FailureKind,
+    InMemoryTaskStore,
+    SqliteTaskStore,
+    StoreError,
+    TaskStatus,
+)
+from chongming_task.testing import FakeClock
+
+S = TaskStatus
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return str(tmp_path / "tasks.db")
+
+
+def test_write_through_keeps_store_identical_to_memory(db: str) -> None:
+    store = SqliteTaskStore(db)
+    c = Controller(store=store, max_parallel=2, owner="node-a")
+
+    def work(ctx: Any, n: int) -> int:
+        ctx.progress(n, total=10, unit="行")
+        return n * 2
+
+    c.register("work", work)
+    runs = [c.submit("work", i, task_id=f"w{i}") for i in range(4)]
+    c.wait_all(timeout=10)
+    for run in runs:
+        stored = store.get(run.task_id)
+        assert stored is not None
+        assert stored.status is S.SUCCEEDED and stored.outcome == run.snapshot.outcome
+        assert stored.status_version == run.snapshot.status_version
+        assert store.history(run.task_id) == list(run.transitions)
+        assert stored.progress == run.snapshot.progress  # 终态时旁路字段也追平
+        assert stored.lease_owner == "node-a"
+    other = Controller(store=SqliteTaskStore(db), owner="console")
+    assert [s.task_id for s in other.list_tasks()] == ["w0", "w1", "w2", "w3"]
+    assert other.stats()[S.SUCCEEDED] == 4
+    other.close(close_store=True)
+    c.close(close_store=True)
+
+
+class FlakyStore(InMemoryTaskStore):
+    """故障注入：开关打开时 save / touch 一律失败。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = threading.Event()
+
+    def save(self, snapshot: Any, *, expect_version: int, transitions: Any = ()) -> None:
+        if self.broken.is_set():
+            raise StoreError("注入的故障：磁盘不可写")
+        super().save(snapshot, expect_version=expect_version, transitions=transitions)
+
+    def touch_many(self, updates: Any) -> None:
+        if self.broken.is_set():
+            raise StoreError("注入的故障：磁盘不可写")
+        super().touch_many(updates)
+
+
+def test_store_failures_never_fail_a_task_and_store_converges(wait_until: Any) -> None:
+    store = FlakyStore()
+    c = Controller(store=store, side_channel_interval=0.05)
+    gate = threading.Event()
+
+    def work(ctx: Any) -> str:
+        while not gate.wait(0.002):
+            ctx.checkpoint()
+        return "done"
+
+    c.register("work", work)
+    run = c.submit("work", task_id="job")
+    wait_until(lambda: run.status is S.RUNNING)
+    store.broken.set()
+    gate.set()
+    outcome = run.wait(timeout=5)
+    assert outcome.ok and outcome.value == "done"  # 存储坏了，任务照样成功
+    failures = c.persist_failures
+    assert failures and failures[-1].task_id == "job" and "磁盘不可写" in failures[-1].error
+    assert store.get("job").status is not S.SUCCEEDED  # type: ignore[union-attr]
+    store.broken.clear()
+    wait_until(lambda: store.get("job").status is S.SUCCEEDED)  # type: ignore[union-attr]
+    assert store.history("job") == list(run.transitions)  # 一次 save 带上缺的全部迁移记录
+    c.close()
+
+
+def test_persist_failures_keep_at_most_twenty_newest() -> None:
+    store = FlakyStore()
+    c = Controller(store=store, side_channel_interval=10)
+    c.register("quick", lambda ctx: 1)
+    store.broken.set()
+    for i in range(15):
+        c.submit("quick", task_id=f"q{i}")
+    c.wait_all(timeout=10)
+    failures = c.persist_failures
+    assert len(failures) == 20
+    assert failures[-1].task_id == "q14"
+    store.broken.clear()
+    c.close()
+
+
+def test_cross_process_list_pause_resume_stop(db: str, spawn_worker: Any, wait_until: Any) -> None:
+    worker = spawn_worker(f"sqlite:///{db}", "worker-1", "orders-worker", "resident")
+    console = Controller(store=SqliteTaskStore(db), owner="ops-console")
+    snapshot = wait_until(lambda: console.get("orders-worker"))
+    assert snapshot.owner == "worker-1"
+    wait_until(lambda: console.get("orders-worker").status is S.RUNNING)
+    assert [s.task_id for s in console.list_tasks(status=S.RUNNING)] == ["orders-worker"]
+    assert console.pause("orders-worker", timeout=2) is False  # 跨进程：未确认
+    wait_until(lambda: console.get("orders-worker").status is S.PAUSED)
+    paused_progress = console.get("orders-worker").progress
+    assert console.resume("orders-worker") is True  # 请求已受理
+    wait_until(lambda: console.get("orders-worker").status is S.RUNNING)
+    wait_until(lambda: console.get("orders-worker").progress != paused_progress)  # 进度经 touch 回写
+    assert console.stop("orders-worker", reason="发布窗口") is True
+    status, value = worker.final()
+    assert status == "succeeded" and isinstance(value, int) and value > 0  # 优雅收尾，返回值保留
+    final = console.wait("orders-worker", timeout=10)
+    assert final.status is S.SUCCEEDED
+    triggers = [t.trigger for t in console.store.history("orders-worker")]  # type: ignore[union-attr]
+    assert "control:stop" in triggers
+    # 三条指令都已由 worker 执行完毕（没有残留可认领的）；控制台这个纯查询客户端从不认领。
+    assert console.store.claim_commands("probe", lease=1.0) == []  # type: ignore[union-attr]
+    console.close(close_store=True)
+
+
+def test_cross_process_stop_of_queued_task_reaches_partitioned_node(db: str, wait_until: Any) -> None:
+    """声明了 owned_buckets 的节点从构造起就轮询：停止一个还在排队的任务无需等它再提交。"""
+    clock_free = Controller(
+        store=SqliteTaskStore(db),
+        owner="node-a",
+        owned_buckets=range(64),
+        max_parallel=1,
+        command_poll_interval=0.05,
+    )
+    gate = threading.Event()
+
+    def hold(ctx: Any) -> None:
+        while not gate.wait(0.002):
+            ctx.checkpoint()
+
+    clock_free.register("hold", hold)
+    clock_free.submit("hold", task_id="busy", bucket_key="k1")
+    queued = clock_free.submit("hold", task_id="waiting", bucket_key="k2")
+    console = Controller(store=SqliteTaskStore(db), owner="console")
+    assert console.stop("waiting", reason="不等了") is True
+    wait_until(lambda: queued.status is S.STOPPED)
+    wait_until(lambda: console.get("waiting").status is S.STOPPED)
+    gate.set()
+    console.close(close_store=True)
+    clock_free.close(close_store=True)
+
+
+def test_kill_nine_then_reconcile_marks_lost_only_after_lease_expiry(
+    db: str, spawn_worker: Any, wait_until: Any
+) -> None:
+    worker = spawn_worker(f"sqlite:///{db}", "worker-dead", "doomed", "stubborn", "--lease-ttl", "1.5")
+    survivor_store = SqliteTaskStore(db)
+    survivor = Controller(
+        store=survivor_store, owner="worker-alive", lease_ttl=1.5, side_channel_interval=0.1
+    )
+    gate = threading.Event()
+
+    def alive(ctx: Any) -> None:
+        while not gate.wait(0.005):
+            ctx.checkpoint()
+
+    survivor.register("alive", alive)
+    survivor.submit("alive", task_id="healthy")
+    wait_until(lambda: survivor_store.get("doomed") and survivor_store.get("doomed").status is S.RUNNING)
+    worker.kill()
+    killed_at = time.monotonic()
+
+    fresh = Controller(store=SqliteTaskStore(db), owner="worker-2")
+    early = fresh.reconcile()
+    if time.monotonic() - killed_at < 1.0:
+        assert early.lost == []  # 租约未过期：有人在管（或者说我们还不知道它死了），一动不动
+    time.sleep(1.7)
+    preview = fresh.reconcile(dry_run=True)
+    assert [s.task_id for s in preview.lost] == ["doomed"]
+    assert fresh.get("doomed").status is S.RUNNING  # dry_run 不写任何状态
+    report = fresh.reconcile()
+    assert [s.task_id for s in report.lost] == ["doomed"]
+    lost = fresh.get("doomed")
+    assert lost.status is S.LOST
+    assert lost.failure.kind is FailureKind.LOST and "worker-dead" in lost.failure.message
+    history = fresh.store.history("doomed")  # type: ignore[union-attr]
+    assert [t.version for t in history] == list(range(1, len(history) + 1))
+    assert history[-1].to_status is S.LOST and history[-1].actor == "worker-2"
+    # 活着的监督者在续租：它的任务从不被碰。
+    assert fresh.get("healthy").status is S.RUNNING
+    assert all(s.task_id != "healthy" for s in report.lost + report.adoptable)
+    gate.set()
+    survivor.wait("healthy", timeout=5)
+    fresh.close(close_store=True)
+    survivor.close(close_store=True)
+
+
+def test_reconcile_reports_adoptable_and_skips_conflicts(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = SqliteTaskStore(str(tmp_path / "r.db"), clock=clock)
+    from chongming_task import StateMachine
+
+    def put(task_id: str, *actions: str) -> None:
+        machine = StateMachine.create(
+            task_id, "job", clock=clock, lease_owner="dead", lease_until=clock.now()
+        )
+        for action in actions:
+            getattr(machine, action)()
+        store.create(machine.snapshot, machine.transitions)
+
+    put("queued-one", "mark_queued")
+    put("running-one", "mark_queued", "mark_starting", "mark_running")
+    clock.advance(60)
+    c = Controller(store=store, clock=clock, owner="recover")
+    report = c.reconcile()
+    assert [s.task_id for s in report.adoptable] == ["queued-one"]
+    assert [s.task_id for s in report.lost] == ["running-one"]
+    assert store.get("queued-one").status is S.QUEUED  # type: ignore[union-attr]
+    c.close(close_store=True)
+
+
+def test_reconcile_only_touches_own_buckets(tmp_path: Path) -> None:
+    from chongming_task import BucketPolicy, StateMachine
+
+    clock = FakeClock()
+    store = SqliteTaskStore(str(tmp_path / "b.db"), clock=clock)
+    policy = BucketPolicy(8)
+    mine = next(k for k in (f"k{i}" for i in range(100)) if policy.bucket_for(k) < 4)
+    theirs = next(k for k in (f"k{i}" for i in range(100)) if policy.bucket_for(k) >= 4)
+    for task_id, key in (("mine", mine), ("theirs", theirs)):
+        machine = StateMachine.create(
+            task_id, "job", clock=clock, bucket=policy.bucket_for(key), bucket_key=key
+        )
+        machine.mark_queued()
+        machine.mark_starting()
+        machine.mark_running()
+        store.create(machine.snapshot, machine.transitions)
+    clock.advance(100)
+    node = Controller(store=store, clock=clock, owned_buckets=range(4), num_buckets=8)
+    report = node.reconcile()
+    assert [s.task_id for s in report.lost] == ["mine"]
+    assert store.get("theirs").status is S.RUNNING  # type: ignore[union-attr]
+    node.close(close_store=True)
+
+
+def test_close_store_flag(db: str) -> None:
+    store = SqliteTaskStore(db)
+    c = Controller(store=store)
+    c.close()
+    assert store.get("x") is None  # 未要求时不关存储
+    c.close(close_store=True)
+    with pytest.raises(StoreError):
+        store.get("x")
+
+
+def test_command_claimed_by_a_non_holder_is_released_not_completed(db: str, wait_until: Any) -> None:
+    """两个节点轮询同一组桶：取到不属于自己的指令的那个必须立刻交还，真正的持有者才能收到。"""
+    from chongming_task import BucketPolicy
+
+    policy = BucketPolicy(64)
+    key = next(k for k in (f"t{i}" for i in range(200)) if policy.bucket_for(k) < 32)
+    holder = Controller(
+        store=SqliteTaskStore(db), owner="holder", owned_buckets=range(32), command_poll_interval=0.02
+    )
+    bystander = Controller(
+        store=SqliteTaskStore(db), owner="bystander", owned_buckets=range(32), command_poll_interval=0.01
+    )
+    gate = threading.Event()
+
+    def hold(ctx: Any) -> None:
+        while not gate.wait(0.002):
+            ctx.checkpoint()
+
+    holder.register("hold", hold)
+    runs = [holder.submit("hold", task_id=f"h{i}", bucket_key=key) for i in range(5)]
+    wait_until(lambda: all(r.status is S.RUNNING for r in runs))
+    console = Controller(store=SqliteTaskStore(db), owner="console")
+    for run in runs:
+        assert console.stop(run.task_id, reason="收工") is True
+    for run in runs:
+        wait_until(lambda r=run: r.status is S.STOPPED)
+    gate.set()
+    for c in (console, bystander, holder):
+        c.close(close_store=True)
