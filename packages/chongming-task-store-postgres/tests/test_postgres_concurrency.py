@@ -25,7 +25,9 @@ pytestmark = pytest.mark.postgres
 def _run_together(commands: list[list[str]], timeout: float = 120.0) -> list[dict[str, Any]]:
     """启动全部子进程，等它们都 ready 后同时放行，收集每个进程最后一行 JSON。"""
     procs = [
-        subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for cmd in commands
     ]
     try:
@@ -90,7 +92,9 @@ def test_eight_threads_times_two_processes_claim_every_command_exactly_once(
         check.close()
 
 
-def test_threads_in_one_process_share_the_pool_without_double_delivery(postgres_dsn: str, schema: str) -> None:
+def test_threads_in_one_process_share_the_pool_without_double_delivery(
+    postgres_dsn: str, schema: str
+) -> None:
     """同一进程内 8 个线程共用一个连接池（max_size 小于线程数，逼出借连接的等待）。"""
     store = PostgresTaskStore(postgres_dsn, schema=schema, max_size=3)
     try:

@@ -66,7 +66,9 @@ def test_role_without_ddl_rights_on_empty_schema_gets_a_clear_error(
 ) -> None:
     role, role_dsn = limited_role
     admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    admin.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), sql.Identifier(role)))
+    admin.execute(
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), sql.Identifier(role))
+    )
 
     with pytest.raises(StoreError) as caught:
         PostgresTaskStore(role_dsn, schema=schema)

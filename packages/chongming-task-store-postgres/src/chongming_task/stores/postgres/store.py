@@ -162,17 +162,22 @@ def _socket_readable(fd: int) -> bool:
     return bool(readable)
 
 
-def _check_connection(conn: Conn) -> None:
+def _is_healthy(conn: Conn) -> bool:
     """借出连接前的检查：空闲连接上本不该有任何可读数据。
 
     服务器重启或 pg_terminate_backend 之后，空闲连接的套接字上躺着 FATAL 消息或 EOF。只有在
     这种时候才花一次往返做真正的检查（``ConnectionPool.check_connection``）；健康连接零开销，
-    不拖慢 save 这条热路径。检查失败时连接池丢弃这条连接、换一条新的。
+    不拖慢 save 这条热路径。
     """
     if conn.closed or conn.pgconn.status != psycopg.pq.ConnStatus.OK:
-        raise psycopg.OperationalError("连接已断开")
-    if _socket_readable(conn.pgconn.socket):
+        return False
+    if not _socket_readable(conn.pgconn.socket):
+        return True
+    try:
         ConnectionPool.check_connection(conn)
+    except psycopg.Error:
+        return False
+    return True
 
 
 def _data_error(exc: BaseException) -> ConfigurationError:
@@ -402,6 +407,8 @@ class PostgresTaskStore(TaskStore):
     * ``min_size`` / ``max_size``：连接池大小。
     * ``pool_timeout``：借不到连接（数据库宕机、池已耗尽）时最多等多久，之后抛 StoreError。
     * ``connect_timeout``：建立单条连接的超时。
+    * ``reconnect_timeout``：连接池一轮重连退避的上限（见构造函数里的说明）。
+    * ``application_name``：出现在 pg_stat_activity 里的名字（监听连接另加 ``:listen`` 后缀）。
     * ``clock``：写进指令与租约的"现在"（测试注入 FakeClock）。
     """
 
@@ -415,6 +422,7 @@ class PostgresTaskStore(TaskStore):
         clock: Clock | None = None,
         connect_timeout: float = 5.0,
         pool_timeout: float = 5.0,
+        reconnect_timeout: float = 10.0,
         application_name: str = "chongming-task",
         connect_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
@@ -427,6 +435,7 @@ class PostgresTaskStore(TaskStore):
         max_size = _positive_int("max_size", max_size, minimum=max(1, min_size))
         self._connect_timeout = _positive_seconds("connect_timeout", connect_timeout)
         self._pool_timeout = _positive_seconds("pool_timeout", pool_timeout)
+        reconnect_timeout = _positive_seconds("reconnect_timeout", reconnect_timeout)
         self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
         self._dsn = dsn
         self._display = redact(dsn)
@@ -454,21 +463,26 @@ class PostgresTaskStore(TaskStore):
                 max_size=max_size,
                 kwargs=pool_kwargs,
                 open=False,
-                check=_check_connection,
                 timeout=self._pool_timeout,
+                # 连接池重连的退避是 1、2、4、8……秒，直到 reconnect_timeout 才放弃这一轮；放弃之后下一个
+                # 借连接的请求会立刻发起新一轮。默认的 5 分钟意味着数据库恢复后最多还要再等一两分钟
+                # 才重连上；这里收短，让"数据库回来了 → 存储恢复"在几秒内发生。
+                reconnect_timeout=reconnect_timeout,
                 name=f"chongming-task:{self._schema}",
             )
         except psycopg.Error as exc:
             raise ConfigurationError(f"无法解析 PostgreSQL 连接串 {self._display}：{exc}") from exc
         try:
+            # 先用一条独立连接检查/建表：连不上时立刻拿到驱动的真实原因（拒绝连接、认证失败、库不存在），
+            # 而不是等连接池在退避重试里耗满超时、只报一句"超时"。
+            self._ensure_schema()
             try:
                 self._pool.open(wait=min_size > 0, timeout=self._connect_timeout + 1)
             except PoolTimeout as exc:
                 raise StoreError(
-                    f"连不上 PostgreSQL（{self._display}）：{self._connect_timeout:g} 秒内没能建立连接。"
-                    f"{self._diagnose()}请确认数据库在运行、地址端口与账号正确、网络可达。"
+                    f"连不上 PostgreSQL（{self._display}）：{self._connect_timeout:g} 秒内没能建立连接池。"
+                    "请确认数据库在运行、连接数没有耗尽。"
                 ) from exc
-            self._ensure_schema()
         except BaseException:
             self._pool.close(timeout=2.0)
             self._closed = True
@@ -536,14 +550,6 @@ class PostgresTaskStore(TaskStore):
         state = "closed" if self._closed else "open"
         return f"PostgresTaskStore({self._display!r}, schema={self._schema!r}, {state})"
 
-    def _diagnose(self) -> str:
-        """连接池只报"超时"；单独连一次，把驱动的真实原因（拒绝连接、认证失败、库不存在……）带进报错。"""
-        try:
-            psycopg.connect(self._dsn, **self._connect_kwargs).close()
-        except psycopg.Error as exc:
-            return f"驱动报告：{str(exc).strip()}。"
-        return ""
-
     # -- schema ---------------------------------------------------------------------------------------
 
     def _read_version(self, conn: Conn) -> int | None:
@@ -559,8 +565,20 @@ class PostgresTaskStore(TaskStore):
         建表在事务级咨询锁之下进行：两个节点同时启动时，后到的一方等前者提交，再看到表已存在；
         否则并发的 CREATE TABLE IF NOT EXISTS 会在系统目录上撞唯一约束而失败。
         """
-        with self._connection() as conn:
-            self._check_schema_usage(conn)
+        try:
+            conn = psycopg.connect(self._dsn, autocommit=True, **self._connect_kwargs)
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"连不上 PostgreSQL（{self._display}）：{str(exc).strip()}。"
+                "请确认数据库在运行、地址端口与账号正确、网络可达。"
+            ) from exc
+        with conn:
+            try:
+                self._check_schema_usage(conn)
+            except psycopg.Error as exc:
+                raise StoreError(
+                    f"读取 PostgreSQL 系统目录失败（{self._display}）：{str(exc).strip()}"
+                ) from exc
             try:
                 version = self._read_version(conn)
                 if version is None:
@@ -575,6 +593,11 @@ class PostgresTaskStore(TaskStore):
                             version = _schema.SCHEMA_VERSION
             except pg_errors.InsufficientPrivilege as exc:
                 raise StoreError(self._privilege_message(conn, exc)) from exc
+            except psycopg.Error as exc:
+                raise StoreError(
+                    f"检查/创建 schema {self._schema!r} 的表时 PostgreSQL 报错（{self._display}）："
+                    f"{str(exc).strip()}"
+                ) from exc
         if version > _schema.SCHEMA_VERSION:
             raise StoreError(
                 f"PostgreSQL schema {self._schema!r} 的表结构版本是 {version}，高于本程序支持的 "
@@ -652,8 +675,12 @@ class PostgresTaskStore(TaskStore):
         """借一条连接；驱动与连接池的异常一律翻译成本库的异常（带中文说明）。"""
         self._check_open()
         try:
-            with self._pool.connection() as conn:
-                yield conn
+            conn = self._acquire()
+            try:
+                with conn:  # 出错回滚；连接属于池，退出时不会被关闭
+                    yield conn
+            finally:
+                self._pool.putconn(conn)
         except PoolTimeout as exc:
             raise StoreError(
                 f"{self._pool_timeout:g} 秒内没能从连接池拿到可用的 PostgreSQL 连接（{self._display}）："
@@ -676,13 +703,32 @@ class PostgresTaskStore(TaskStore):
         except psycopg.Error as exc:
             raise StoreError(f"PostgreSQL 操作失败（{self._display}）：{str(exc).strip()}") from exc
 
+    def _acquire(self) -> Conn:
+        """从池里借一条健康的连接。
+
+        不用连接池自带的 ``check=`` 回调：它每发现一条坏连接就按 1、2、4 秒退避重试，服务器重启
+        之后池里的空闲连接全是坏的，第一次调用会被拖上好几秒。这里发现一条坏连接就让池一次性
+        清掉所有坏的空闲连接（``pool.check()``），再借一条——通常是刚建好的新连接，毫秒级。
+        """
+        deadline = time.monotonic() + self._pool_timeout
+        conn = self._pool.getconn(timeout=self._pool_timeout)
+        for _ in range(3):
+            if _is_healthy(conn):
+                return conn
+            self._pool.putconn(conn)  # 坏连接：池丢弃它并在后台补一条新的
+            self._pool.check()
+            conn = self._pool.getconn(timeout=max(0.001, deadline - time.monotonic()))
+        return conn  # 仍不健康就让语句自己失败，翻译成 StoreError
+
     def _read(self, fn: Callable[[Conn], T]) -> T:
         """只读操作：遇到连接级故障重试一次（读是幂等的，重放安全）。"""
         try:
             with self._connection() as conn:
                 return fn(conn)
         except StoreError as exc:
-            if not isinstance(exc.__cause__, _CONNECTION_ERRORS) or self._closed:
+            cause = exc.__cause__
+            # PoolTimeout 也是 OperationalError，但它意味着已经等满了超时：再等一轮只会让调用方挂得更久。
+            if not isinstance(cause, _CONNECTION_ERRORS) or isinstance(cause, PoolTimeout) or self._closed:
                 raise
         logger.info("PostgreSQL 连接中断，重试一次只读操作")
         with self._connection() as conn:
@@ -1013,7 +1059,9 @@ class PostgresTaskStore(TaskStore):
         self._check_open()
         with self._listener_lock:
             if self._listener is None:
-                self._listener = CommandListener(self._dsn, dict(self._connect_kwargs), self._channel)
+                kwargs = dict(self._connect_kwargs)
+                kwargs["application_name"] = f"{kwargs.get('application_name', 'chongming-task')}:listen"
+                self._listener = CommandListener(self._dsn, kwargs, self._channel)
             return self._listener
 
     def listen(self, target: NoticeCallback | threading.Event) -> Callable[[], None]:
