@@ -1,0 +1,418 @@
+"""JsonFileTaskStore：把全部任务、历史与指令存进一个 JSON 文件的第三方后端范例。
+
+它演示一个后端最少要做的几件事，刻意写得短：
+
+* 继承 ``TaskStore``，实现 14 个方法；语义不靠猜，靠跑 ``StoreContract``（见 tests/）。
+* 序列化只用核心提供的 ``to_dict()`` / ``from_dict()``：它们保证逐字段精确往返
+  （带时区的时间到微秒、frozenset 标签、嵌套的 failure / progress）。每次读取都重新反序列化，
+  所以调用方拿到的永远是副本，改它不会改到存储。
+* 一把锁护住"检查版本 + 写入"，save 因此是原子的；每次修改都整份重写文件（先写临时文件再
+  ``os.replace``），进程崩溃也不会留下半截文件。
+* 时间（指令创建与租约）取自注入的 ``clock``，测试可以用 FakeClock。
+* 通过入口点 ``chongming_task.stores`` 登记 scheme ``jsonfile``：``open_store("jsonfile:///路径.json")``。
+
+适用范围：单进程。它没有跨进程文件锁——两个进程同时打开同一个文件会互相覆盖。要跨进程请用
+SQLite / Postgres 后端；要写自己的跨进程后端，请读 docs/store-guide.md 的"原子性与并发"一节。
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    DuplicateTaskId,
+    StoreError,
+    TaskNotFound,
+)
+from chongming_task.models import Progress, TaskSnapshot, Transition
+from chongming_task.storage import (
+    Command,
+    CommandAction,
+    TaskQuery,
+    TaskStats,
+    TaskStore,
+    check_json_value,
+    validate_lease,
+    validate_save,
+)
+
+FORMAT_VERSION = 1
+_SIDE_CHANNEL_KEYS = ("progress", "last_heartbeat_at", "lease_owner", "lease_until")
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+def _time_text(value: datetime) -> str:
+    return value.isoformat(timespec="microseconds")
+
+
+def _snapshot_dict(snapshot: TaskSnapshot) -> dict[str, Any]:
+    if not isinstance(snapshot, TaskSnapshot):
+        raise ConfigurationError(f"存储只接受 TaskSnapshot，收到 {type(snapshot).__name__}")
+    data = snapshot.to_dict()
+    # to_dict 不复制 outcome：经一次 JSON 往返既校验可序列化，又切断与调用方对象的联系。
+    data["outcome"] = json.loads(check_json_value(snapshot.outcome))
+    return data
+
+
+def _copy_json(value: Any) -> Any:
+    """JSON 值的深拷贝。from_dict 会原样引用字典里的 outcome / payload，不拷贝就等于把存储交了出去。"""
+    return json.loads(json.dumps(value)) if isinstance(value, (dict, list)) else value
+
+
+def _thaw(data: dict[str, Any]) -> TaskSnapshot:
+    return TaskSnapshot.from_dict({**data, "outcome": _copy_json(data["outcome"])})
+
+
+def _thaw_command(data: dict[str, Any]) -> Command:
+    return Command.from_dict({**data, "payload": _copy_json(data["payload"])})
+
+
+def _check_aware(name: str, value: object) -> None:
+    if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
+        raise ConfigurationError(f"{name} 必须是带时区的 datetime，收到 {value!r}")
+
+
+class JsonFileTaskStore(TaskStore):
+    """单文件 JSON 存储。``path`` 不存在时新建；存在时载入。"""
+
+    def __init__(self, path: str | os.PathLike[str], *, clock: Clock | None = None) -> None:
+        self._path = Path(path)
+        self._clock: Clock = clock or SYSTEM_CLOCK
+        self._lock = threading.RLock()
+        self._closed = False
+        self._tasks: dict[str, dict[str, Any]] = {}
+        self._history: dict[str, dict[str, dict[str, Any]]] = {}
+        self._commands: dict[str, dict[str, Any]] = {}
+        self._next_command = 1
+        if self._path.exists():
+            self._load()
+        else:
+            if not self._path.parent.is_dir():
+                raise StoreError(
+                    f"目录 {self._path.parent} 不存在：请先创建它，JsonFileTaskStore 只负责文件本身"
+                )
+            self._flush()
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> JsonFileTaskStore:
+        """``jsonfile:///绝对路径.json`` 或 ``jsonfile:相对路径.json``。"""
+        scheme, sep, rest = url.partition(":")
+        if scheme.lower() != "jsonfile" or not sep:
+            raise ConfigurationError(f"连接串必须以 jsonfile: 开头，收到 {url!r}")
+        path = rest[2:] if rest.startswith("//") else rest
+        if not path:
+            raise ConfigurationError("jsonfile 连接串缺少文件路径，例如 jsonfile:///var/lib/app/tasks.json")
+        return cls(path, **kwargs)
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def __repr__(self) -> str:
+        return f"JsonFileTaskStore({str(self._path)!r})"
+
+    # -- file I/O (lock held) -----------------------------------------------------------------------
+
+    def _load(self) -> None:
+        try:
+            document = json.loads(self._path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"读不了存储文件 {self._path}：{exc}") from exc
+        if document.get("format") != FORMAT_VERSION:
+            raise StoreError(
+                f"{self._path} 的格式版本是 {document.get('format')!r}，本程序只认 {FORMAT_VERSION}"
+            )
+        self._tasks = document["tasks"]
+        self._history = document["history"]
+        self._commands = document["commands"]
+        self._next_command = document["next_command"]
+
+    def _flush(self) -> None:
+        document = {
+            "format": FORMAT_VERSION,
+            "tasks": self._tasks,
+            "history": self._history,
+            "commands": self._commands,
+            "next_command": self._next_command,
+        }
+        temp = self._path.with_name(self._path.name + ".tmp")
+        try:
+            temp.write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
+            # 先写临时文件再原子替换：崩溃时要么是旧文件，要么是新文件，不会是半截。
+            # 范例为了简单没有 fsync；生产后端要在替换前 fsync 文件、替换后 fsync 目录。
+            os.replace(temp, self._path)
+        except OSError as exc:
+            raise StoreError(f"写不了存储文件 {self._path}：{exc}") from exc
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"存储 {self._path} 已关闭：close() 之后不能再读写")
+
+    def _require(self, task_id: str) -> dict[str, Any]:
+        data = self._tasks.get(task_id)
+        if data is None:
+            raise TaskNotFound(f"存储里没有任务 {task_id!r}")
+        return data
+
+    def _matching(self, query: TaskQuery | None) -> list[TaskSnapshot]:
+        snapshots = [_thaw(data) for data in self._tasks.values()]
+        return snapshots if query is None else [s for s in snapshots if query.matches(s)]
+
+    # -- snapshots ----------------------------------------------------------------------------------
+
+    def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
+        data = _snapshot_dict(snapshot)
+        records = list(transitions)
+        for record in records:
+            if record.task_id != snapshot.task_id:
+                raise ConfigurationError(f"迁移记录属于任务 {record.task_id!r}，不属于 {snapshot.task_id!r}")
+        with self._lock:
+            self._check_open()
+            if snapshot.task_id in self._tasks:
+                raise DuplicateTaskId(f"task_id {snapshot.task_id!r} 已存在：想重跑请换一个 task_id 提交")
+            self._tasks[snapshot.task_id] = data
+            history = self._history.setdefault(snapshot.task_id, {})
+            for record in records:
+                history.setdefault(str(record.version), record.to_dict())
+            self._flush()
+
+    def save(
+        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+    ) -> None:
+        validate_save(snapshot, expect_version, transitions)
+        data = _snapshot_dict(snapshot)
+        with self._lock:
+            self._check_open()
+            current = self._require(snapshot.task_id)
+            if current["status_version"] != expect_version:
+                raise ConcurrencyConflict(
+                    f"任务 {snapshot.task_id!r} 的版本已是 {current['status_version']}，"
+                    f"不是期望的 {expect_version}"
+                )
+            for key in _SIDE_CHANNEL_KEYS:  # 旁路字段只归 touch 管
+                data[key] = current[key]
+            self._tasks[snapshot.task_id] = data
+            history = self._history.setdefault(snapshot.task_id, {})
+            for record in transitions:
+                history.setdefault(str(record.version), record.to_dict())
+            self._flush()
+
+    def get(self, task_id: str) -> TaskSnapshot | None:
+        with self._lock:
+            self._check_open()
+            data = self._tasks.get(task_id)
+            return None if data is None else _thaw(data)
+
+    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        query = query or TaskQuery()
+        with self._lock:
+            self._check_open()
+            return query.apply(self._matching(None))
+
+    def stats(self, query: TaskQuery | None = None) -> TaskStats:
+        with self._lock:
+            self._check_open()
+            selected = self._matching(query)
+        counts: dict[Any, int] = {}
+        for snapshot in selected:
+            counts[snapshot.status] = counts.get(snapshot.status, 0) + 1
+        return TaskStats(counts)
+
+    def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
+        with self._lock:
+            self._check_open()
+            selected = self._matching(query)
+        counts: dict[int, int] = {}
+        for snapshot in selected:
+            if snapshot.bucket is not None:
+                counts[snapshot.bucket] = counts.get(snapshot.bucket, 0) + 1
+        return counts
+
+    # -- history ------------------------------------------------------------------------------------
+
+    def append(self, transitions: Sequence[Transition]) -> None:
+        records = list(transitions)
+        with self._lock:
+            self._check_open()
+            for record in records:
+                self._require(record.task_id)  # 先全部检查：有未知任务就整批不写
+            for record in records:
+                self._history.setdefault(record.task_id, {}).setdefault(str(record.version), record.to_dict())
+            self._flush()
+
+    def history(self, task_id: str) -> list[Transition]:
+        with self._lock:
+            self._check_open()
+            records = [Transition.from_dict(data) for data in self._history.get(task_id, {}).values()]
+        return sorted(records, key=lambda record: record.version)
+
+    # -- side channel -------------------------------------------------------------------------------
+
+    def touch(
+        self,
+        task_id: str,
+        *,
+        progress: Progress | None = None,
+        heartbeat_at: datetime | None = None,
+        lease_owner: str | None = None,
+        lease_until: datetime | None = None,
+    ) -> bool:
+        if progress is not None and not isinstance(progress, Progress):
+            raise ConfigurationError(f"progress 必须是 Progress，收到 {type(progress).__name__}")
+        _check_aware("heartbeat_at", heartbeat_at)
+        _check_aware("lease_until", lease_until)
+        with self._lock:
+            self._check_open()
+            data = self._tasks.get(task_id)
+            if data is None:
+                return False
+            # 只改这四个键，绝不碰 status_version：进度上报不该与状态写入冲突。
+            if progress is not None:
+                data["progress"] = progress.to_dict()
+            if heartbeat_at is not None:
+                data["last_heartbeat_at"] = _time_text(heartbeat_at)
+            if lease_owner is not None:
+                data["lease_owner"] = lease_owner
+            if lease_until is not None:
+                data["lease_until"] = _time_text(lease_until)
+            self._flush()
+            return True
+
+    # -- commands -----------------------------------------------------------------------------------
+
+    def submit_command(
+        self,
+        task_id: str,
+        action: CommandAction | str,
+        *,
+        issuer: str | None = None,
+        reason: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> Command:
+        try:
+            action = CommandAction(action)
+        except ValueError:
+            raise ConfigurationError(f"未知的指令动作 {action!r}；可选：stop, pause, resume") from None
+        if payload is not None and not isinstance(payload, Mapping):
+            raise ConfigurationError(f"指令 payload 必须是 dict，收到 {type(payload).__name__}")
+        body = json.loads(check_json_value(dict(payload or {}), what="指令 payload"))
+        with self._lock:
+            self._check_open()
+            task = self._require(task_id)
+            command = Command(
+                command_id=f"cmd-{self._next_command:09d}",  # 顺序号即先后：同一时刻提交的也有序
+                task_id=task_id,
+                action=action,
+                issuer=issuer,
+                reason=reason,
+                payload=body,
+                created_at=self._clock.now(),
+                bucket=task["bucket"],
+            )
+            self._next_command += 1
+            self._commands[command.command_id] = command.to_dict()
+            self._flush()
+            return _thaw_command(self._commands[command.command_id])
+
+    def claim_commands(
+        self,
+        claimant: str,
+        *,
+        lease: float,
+        limit: int = 100,
+        task_ids: Iterable[str] | None = None,
+        buckets: Iterable[int] | None = None,
+    ) -> list[Command]:
+        if not isinstance(claimant, str) or not claimant:
+            raise ConfigurationError(f"claimant 必须是非空字符串，收到 {claimant!r}")
+        validate_lease(lease)
+        if limit < 0:
+            raise ConfigurationError(f"limit 必须是非负整数，收到 {limit!r}")
+        wanted_tasks = None if task_ids is None else set(task_ids)
+        wanted_buckets = None if buckets is None else set(buckets)
+        claimed: list[Command] = []
+        with self._lock:
+            self._check_open()
+            now = self._clock.now()
+            for data in self._commands.values():  # dict 保持插入顺序 = 提交顺序
+                if len(claimed) >= limit:
+                    break
+                if data["completed_at"] is not None:
+                    continue
+                held_until = _parse_time(data["lease_until"])
+                if held_until is not None and held_until > now:
+                    continue
+                if wanted_tasks is not None and data["task_id"] not in wanted_tasks:
+                    continue
+                if wanted_buckets is not None and data["bucket"] not in wanted_buckets:
+                    continue
+                data["claimant"] = claimant
+                data["lease_until"] = _time_text(now + timedelta(seconds=lease))
+                data["deliveries"] += 1
+                claimed.append(_thaw_command(data))
+            if claimed:
+                self._flush()
+        return claimed
+
+    def complete_command(self, command_id: str, claimant: str) -> bool:
+        with self._lock:
+            self._check_open()
+            data = self._commands.get(command_id)
+            if data is None or data["claimant"] != claimant:
+                return False
+            if data["completed_at"] is None:
+                data["completed_at"] = _time_text(self._clock.now())
+                data["lease_until"] = None
+                self._flush()
+            return True
+
+    def release_command(self, command_id: str, claimant: str) -> bool:
+        with self._lock:
+            self._check_open()
+            data = self._commands.get(command_id)
+            if data is None or data["claimant"] != claimant or data["completed_at"] is not None:
+                return False
+            data["claimant"] = None
+            data["lease_until"] = None
+            self._flush()
+            return True
+
+    # -- upkeep -------------------------------------------------------------------------------------
+
+    def prune(self, keep_terminal: int) -> int:
+        if keep_terminal < 0:
+            raise ConfigurationError(f"keep_terminal 必须是非负整数，收到 {keep_terminal!r}")
+        with self._lock:
+            self._check_open()
+            terminal = [s for s in self._matching(None) if s.is_terminal]
+            excess = len(terminal) - keep_terminal
+            if excess <= 0:
+                return 0
+            # 最旧的在前：按 finished_at；没有 finished_at 的终态记录视为最旧。
+            terminal.sort(key=lambda s: (s.finished_at is not None, s.finished_at or s.created_at, s.task_id))
+            doomed = {s.task_id for s in terminal[:excess]}
+            for task_id in doomed:
+                del self._tasks[task_id]
+                self._history.pop(task_id, None)
+            self._commands = {cid: c for cid, c in self._commands.items() if c["task_id"] not in doomed}
+            self._flush()
+            return len(doomed)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+
+__all__ = ["JsonFileTaskStore"]
