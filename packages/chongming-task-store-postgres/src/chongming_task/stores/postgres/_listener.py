@@ -96,6 +96,10 @@ class CommandListener:
         return self._ready.wait(ready_timeout)
 
     @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    @property
     def listening(self) -> bool:
         return self._ready.is_set()
 

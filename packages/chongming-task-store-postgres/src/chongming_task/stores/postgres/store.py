@@ -1088,7 +1088,8 @@ class PostgresTaskStore(TaskStore):
 
         按线程记账：本线程上次调用之后到达的通知不会丢——"取指令 → wait_for_commands → 取指令"
         的循环里，取指令期间到达的通知会让下一次等待立刻返回。超时按真实时间计（这是网络等待）。
-        首次调用会建立监听连接；数据库连不上时等满 timeout 返回 False（轮询兜底）。
+        首次调用会先建立监听连接（最多等 connect_timeout，之后才开始计 timeout）；数据库连不上时
+        等满 timeout 返回 False（轮询兜底）。
         """
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
@@ -1096,7 +1097,12 @@ class PostgresTaskStore(TaskStore):
             raise ConfigurationError(f"timeout 必须是非负秒数或 None，收到 {timeout!r}")
         listener = self._get_listener()
         started = time.monotonic()
-        listener.start(self._connect_timeout if timeout is None else min(timeout, self._connect_timeout))
+        if not listener.started:
+            # 第一次调用：等监听真正生效再返回，否则紧接着提交的指令的通知会落空。
+            listener.start(self._connect_timeout)
+            started = time.monotonic()
+        else:
+            listener.start(0 if timeout is None else min(timeout, self._connect_timeout))
         remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         return listener.wait(remaining)
 
