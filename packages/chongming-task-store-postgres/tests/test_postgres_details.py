@@ -1,0 +1,281 @@
+"""PostgresTaskStore 独有的细节：PostgreSQL 存不下的输入、表结构版本、建表 SQL、连接串、惰性导入、
+单次往返的 save。"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from chongming_task.errors import ConcurrencyConflict, ConfigurationError, StoreError
+from chongming_task.models import Failure, FailureKind, Progress
+from chongming_task.states import TaskStatus
+from chongming_task.storage import TaskQuery
+from chongming_task.stores.postgres import SCHEMA_VERSION, PostgresTaskStore
+from chongming_task.stores.postgres._codec import json_text
+from chongming_task.stores.postgres.store import redact
+from chongming_task.testing import FakeClock
+from chongming_task.testing.store_contract import snap, step, walk
+
+# -- 不需要数据库的部分 ------------------------------------------------------------------------------
+
+
+def test_json_nul_detection_is_exact() -> None:
+    with pytest.raises(ConfigurationError, match="NUL"):
+        json_text({"k": "a\x00b"}, "outcome")
+    with pytest.raises(ConfigurationError, match="NUL"):
+        json_text({"a\x00": 1}, "outcome")
+    with pytest.raises(ConfigurationError, match="NUL"):
+        json_text(["\\\x00"], "outcome")  # 反斜杠后紧跟 NUL
+    # 字面的 "\u0000" 六个字符不是 NUL：json 里它是 "\\u0000"，jsonb 能存。
+    assert json_text({"k": "\\u0000"}, "outcome") == '{"k":"\\\\u0000"}'
+    assert json_text({"k": "\\\\u0000"}, "outcome")
+
+
+def test_bad_constructor_arguments_are_configuration_errors() -> None:
+    for kwargs in (
+        {"schema": ""},
+        {"schema": "pg_catalog"},
+        {"schema": "x" * 64},
+        {"schema": "a\x00b"},
+        {"min_size": -1},
+        {"max_size": 0},
+        {"min_size": 4, "max_size": 2},
+        {"pool_timeout": 0},
+        {"connect_timeout": float("nan")},
+    ):
+        with pytest.raises(ConfigurationError):
+            PostgresTaskStore("postgresql://nobody@127.0.0.1:1/none", **kwargs)
+    with pytest.raises(ConfigurationError, match="连接串"):
+        PostgresTaskStore("")
+
+
+def test_schema_sql_is_complete_and_quoted() -> None:
+    text = PostgresTaskStore.schema_sql('weird "name"')
+    assert text.startswith("BEGIN;") and text.rstrip().endswith("COMMIT;")
+    assert 'CREATE SCHEMA IF NOT EXISTS "weird ""name"""' in text
+    for table in ("schema_version", "tasks", "transitions", "commands"):
+        assert f'"weird ""name""".{table}' in text
+    assert "USING gin (tags)" in text
+    assert "SEQUENCE" not in text.upper() and "SERIAL" not in text.upper(), "只读写角色用不了序列"
+    with pytest.raises(ConfigurationError):
+        PostgresTaskStore.schema_sql("pg_nope")
+
+
+def test_importing_without_the_driver_gives_the_install_command() -> None:
+    """没有 psycopg 时：import chongming_task 照常；取 PostgresTaskStore 才报错，且带安装命令。"""
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["psycopg"] = None  # 模拟没装驱动
+        sys.modules["psycopg_pool"] = None
+        import chongming_task
+        print("core-ok")
+        for attempt in ("facade", "module"):
+            try:
+                if attempt == "facade":
+                    chongming_task.PostgresTaskStore
+                else:
+                    import chongming_task.stores.postgres
+            except ImportError as exc:
+                assert 'pip install "chongming-task[postgres]"' in str(exc), str(exc)
+                assert isinstance(exc.__cause__, ImportError), "要用 from 链上真实的导入错误"
+                print(attempt + "-hint")
+            else:
+                raise SystemExit(attempt + ": 应当抛 ImportError")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["core-ok", "facade-hint", "module-hint"]
+
+
+# -- 需要数据库的部分 --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def store(postgres_dsn: str, schema: str) -> Any:
+    opened = PostgresTaskStore(postgres_dsn, schema=schema)
+    yield opened
+    opened.close()
+
+
+@pytest.mark.postgres
+def test_nul_characters_are_rejected_without_writing(store: PostgresTaskStore) -> None:
+    bad_snapshots = [
+        snap("nul-label", label="a\x00b"),
+        snap("nul-desc", description="x\x00"),
+        snap("nul-owner", owner="node\x00a"),
+        snap("nul-outcome", outcome={"text": "before\x00after"}),
+        snap("nul-key", outcome={"k\x00": 1}),
+        snap("nul-progress", progress=Progress(done=1, message="p\x00")),
+        snap("nul-failure", failure=Failure(kind=FailureKind.EXCEPTION, message="boom\x00")),
+    ]
+    for bad in bad_snapshots:
+        with pytest.raises(ConfigurationError, match="NUL"):
+            store.create(bad)
+        assert store.get(bad.task_id) is None, f"{bad.task_id} 被拒绝了却留下了一行"
+
+    base = snap("nul-save")
+    store.create(base)
+    nxt, record = step(base, TaskStatus.QUEUED, reason="原因\x00")
+    with pytest.raises(ConfigurationError, match="NUL"):
+        store.save(nxt, expect_version=0, transitions=[record])
+    nxt, record = step(base, TaskStatus.QUEUED, outcome=["\x00"])
+    with pytest.raises(ConfigurationError, match="NUL"):
+        store.save(nxt, expect_version=0, transitions=[record])
+    with pytest.raises(ConfigurationError, match="NUL"):
+        store.touch("nul-save", progress=Progress(done=1, unit="\x00"))
+    with pytest.raises(ConfigurationError, match="NUL"):
+        store.submit_command("nul-save", "stop", reason="r\x00")
+    with pytest.raises(ConfigurationError, match="NUL"):
+        store.submit_command("nul-save", "stop", payload={"x": "\x00"})
+    got = store.get("nul-save")
+    assert got is not None and got.status_version == 0 and got.progress is None
+    assert store.history("nul-save") == []
+    assert store.claim_commands("w", lease=10) == []
+    # 查询条件里的 NUL 同样是用法错误，而不是数据库报错。
+    with pytest.raises(ConfigurationError):
+        store.query(TaskQuery(owner="a\x00"))
+    assert store.get("a\x00") is None
+
+
+@pytest.mark.postgres
+def test_integers_out_of_range_are_configuration_errors(store: PostgresTaskStore) -> None:
+    with pytest.raises(ConfigurationError, match="范围"):
+        store.create(snap("huge-priority", priority=2**63))
+    with pytest.raises(ConfigurationError, match="范围"):
+        store.create(snap("huge-bucket", bucket=2**31))
+    assert store.query() == []
+    # jsonb 里的大整数没有位宽限制：原样往返。
+    store.create(snap("big-json", outcome=[2**80, -(2**70)]))
+    got = store.get("big-json")
+    assert got is not None and got.outcome == [2**80, -(2**70)]
+
+
+@pytest.mark.postgres
+def test_time_offsets_round_trip_including_odd_ones(store: PostgresTaskStore) -> None:
+    odd = timezone(timedelta(hours=5, minutes=45))  # 尼泊尔
+    west = timezone(timedelta(hours=-9, minutes=-30))
+    created = datetime(2026, 7, 1, 12, 0, 0, 999999, tzinfo=odd)
+    base = snap("tz", at=created, lease_until=datetime(2026, 7, 1, 0, 0, tzinfo=west))
+    store.create(base)
+    got = store.get("tz")
+    assert got is not None
+    assert got.to_dict() == base.to_dict()
+    assert got.created_at.utcoffset() == timedelta(hours=5, minutes=45)
+    assert store.touch("tz", heartbeat_at=datetime(2026, 7, 1, 1, 2, 3, 4, tzinfo=west))
+    got = store.get("tz")
+    assert got is not None and got.last_heartbeat_at is not None
+    assert got.last_heartbeat_at.isoformat() == "2026-07-01T01:02:03.000004-09:30"
+
+
+@pytest.mark.postgres
+def test_save_is_a_single_round_trip(store: PostgresTaskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """热路径：快照 + 迁移记录在一条语句里（一次往返），不是 BEGIN/UPDATE/INSERT/COMMIT 四次。"""
+    base = snap("rt")
+    store.create(base)
+    executed: list[str] = []
+    original = psycopg.Connection.execute
+
+    def counting(self: psycopg.Connection[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        executed.append(str(query)[:40])
+        return original(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counting)
+    current, records = walk(base, TaskStatus.QUEUED, TaskStatus.STARTING, TaskStatus.RUNNING)
+    store.save(current, expect_version=0, transitions=records)
+    assert len(executed) == 1, executed
+    executed.clear()
+    with pytest.raises(ConcurrencyConflict, match="期望 status_version=0，存储中为 3"):
+        store.save(current, expect_version=0, transitions=records)
+    monkeypatch.undo()
+    assert store.history("rt") == records
+
+
+@pytest.mark.postgres
+def test_newer_schema_version_is_refused(postgres_dsn: str, schema: str, admin: Any) -> None:
+    PostgresTaskStore(postgres_dsn, schema=schema).close()
+    admin.execute(f'UPDATE "{schema}".schema_version SET version = {SCHEMA_VERSION + 1}')
+    with pytest.raises(StoreError, match="高于本程序支持的"):
+        PostgresTaskStore(postgres_dsn, schema=schema)
+
+
+@pytest.mark.postgres
+def test_schema_sql_applied_by_hand_is_accepted(postgres_dsn: str, schema: str, admin: Any) -> None:
+    admin.execute(PostgresTaskStore.schema_sql(schema))
+    store = PostgresTaskStore(postgres_dsn, schema=schema)
+    try:
+        store.create(snap("by-hand"))
+        assert store.get("by-hand") is not None
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_from_url_strips_our_parameters_and_redacts_the_password(postgres_dsn: str, schema: str) -> None:
+    sep = "&" if "?" in postgres_dsn else "?"
+    url = f"{postgres_dsn}{sep}schema={schema}&max_size=2&pool_timeout=3&application_name=from-url-test"
+    store = PostgresTaskStore.from_url(url, min_size=0)
+    try:
+        assert store.schema == schema
+        assert store.pool.max_size == 2
+        store.create(snap("u"))
+        assert store.get("u") is not None
+    finally:
+        store.close()
+    with pytest.raises(ConfigurationError, match="max_size"):
+        PostgresTaskStore.from_url(f"{postgres_dsn}{sep}max_size=lots")
+    assert "hunter2" not in redact("postgresql://u:hunter2@db.internal:5432/x")
+    assert "***" in redact("host=db password=hunter2 dbname=x")
+    # 服务器是 trust 认证时口令被忽略，正好用来确认 repr 不泄露它。
+    with_password = PostgresTaskStore(make_conninfo(postgres_dsn, password="hunter2"), schema=schema)
+    try:
+        assert "hunter2" not in repr(with_password) and schema in repr(with_password)
+    finally:
+        with_password.close()
+    assert "closed" in repr(with_password)
+
+
+@pytest.mark.postgres
+def test_claim_uses_the_injected_clock(postgres_dsn: str, schema: str) -> None:
+    clock = FakeClock(start=datetime(2030, 1, 1, tzinfo=UTC))
+    store = PostgresTaskStore(postgres_dsn, schema=schema, clock=clock)
+    try:
+        store.create(snap("clocked"))
+        command = store.submit_command("clocked", "stop")
+        assert command.created_at == clock.now()
+        (claimed,) = store.claim_commands("a", lease=10)
+        assert claimed.lease_until == clock.now() + timedelta(seconds=10)
+        clock.advance(9.999)
+        assert store.claim_commands("b", lease=10) == []
+        clock.advance(0.001)  # lease_until <= now 即过期
+        (again,) = store.claim_commands("b", lease=10)
+        assert again.deliveries == 2
+        assert store.claim_commands("c", lease=10, buckets=[2**40]) == []
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_touch_many_is_one_transaction(store: PostgresTaskStore) -> None:
+    for i in range(3):
+        store.create(snap(f"tm-{i}"))
+    until = datetime(2026, 5, 1, tzinfo=UTC)
+    store.touch_many(
+        [(f"tm-{i}", {"lease_owner": "node-z", "lease_until": until}) for i in range(3)]
+        + [("tm-missing", {"lease_owner": "node-z"})]
+    )
+    assert [s.lease_owner for s in store.query(TaskQuery(order="oldest"))] == ["node-z"] * 3
+    with pytest.raises(ConfigurationError, match="NUL"):
+        store.touch_many([("tm-0", {"lease_owner": "x"}), ("tm-1", {"lease_owner": "bad\x00"})])
+    got = store.get("tm-0")
+    assert got is not None and got.lease_owner == "node-z", "校验失败的批次一条也不能写"
+    with pytest.raises(ConfigurationError, match="未知字段"):
+        store.touch_many([("tm-0", {"status": "running"})])
