@@ -1,0 +1,201 @@
+"""ProcessExecutor（用户指南 §7.4）：真的停得住、崩溃隔离、提交时拒绝不可 pickle 的东西。
+
+任务函数来自 ``chongming_runtime_test_tasks``（模块级，子进程能按名字 import；见 conftest.py）。
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import chongming_runtime_test_tasks as tasks
+import pytest
+
+from chongming_task import ConfigurationError, FailureKind, TaskContext, TaskStatus, Timeout
+from chongming_task.run import TaskRun, run_task
+from chongming_task.runtime.executors import ProcessExecutor
+
+S = TaskStatus
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="这些用例按 POSIX 信号语义断言")
+
+
+@pytest.fixture(scope="module")
+def executor() -> ProcessExecutor:
+    return ProcessExecutor()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("条件在限定时间内没有成立")
+        time.sleep(0.002)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def statuses(run: TaskRun) -> list[str]:
+    return [t.to_status.value for t in run.transitions]
+
+
+def test_runs_in_a_child_process_and_records_its_pid(executor: ProcessExecutor) -> None:
+    outcome = run_task(tasks.add, 2, b=3, executor=executor)
+    assert outcome.ok
+    assert outcome.value["sum"] == 5
+    child = outcome.value["pid"]
+    assert child != os.getpid()
+    assert outcome.snapshot.pid == child
+    assert outcome.snapshot.executor == "process"
+    assert not pid_alive(child)
+
+
+def test_default_start_method_is_never_fork(executor: ProcessExecutor) -> None:
+    assert executor.start_method in ("forkserver", "spawn")
+    with pytest.raises(ConfigurationError, match="fork"):
+        ProcessExecutor(start_method="fork")
+
+
+def test_cooperative_task_is_stopped(executor: ProcessExecutor) -> None:
+    run = TaskRun(tasks.cooperative_loop, executor=executor)
+    run.start()
+    wait_until(lambda: run.status is S.RUNNING)
+    pid = run.snapshot.pid
+    assert pid is not None and pid != os.getpid()
+    run.stop(reason="发布窗口")
+    outcome = run.wait(10)
+    assert outcome.status is S.STOPPED
+    assert outcome.failure is not None and outcome.failure.kind is FailureKind.CANCELLED
+    assert statuses(run)[-2:] == ["stopping", "stopped"]
+    assert not pid_alive(pid)
+
+
+def test_graceful_return_is_succeeded_with_value_and_progress_logs_are_forwarded(
+    executor: ProcessExecutor, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="chongming_task.task"):
+        run = TaskRun(tasks.graceful_worker, task_id="proc-worker", executor=executor)
+        run.start()
+        wait_until(lambda: run.snapshot.progress is not None)
+        run.stop()
+        outcome = run.wait(10)
+    assert outcome.ok and isinstance(outcome.value, int) and outcome.value >= 1
+    assert statuses(run)[-2:] == ["stopping", "succeeded"]
+    assert outcome.snapshot.progress is not None and outcome.snapshot.progress.unit == "batch"
+    records = [r for r in caplog.records if r.name == "chongming_task.task.proc-worker"]
+    assert len(records) == 1 and "收到停止请求" in records[0].getMessage()
+    assert (records[0].__dict__["task_id"], records[0].__dict__["attempt"]) == ("proc-worker", 1)
+    assert [e.message for e in run.logs] == [records[0].getMessage()]
+
+
+def test_non_cooperative_process_is_killed_and_recorded_stopped(executor: ProcessExecutor) -> None:
+    run = TaskRun(tasks.stubborn, executor=executor, graceful_stop=0.2)
+    run.start()
+    wait_until(lambda: run.status is S.RUNNING)
+    pid = run.snapshot.pid
+    assert pid is not None
+    run.stop(reason="发布窗口")
+    outcome = run.wait(10)
+    assert outcome.status is S.STOPPED  # 不是 lost：子进程真的被终止了
+    assert outcome.failure is not None and outcome.failure.kind is FailureKind.CANCELLED
+    assert "SIGTERM" in outcome.failure.message
+    assert outcome.snapshot.pid == pid
+    assert not pid_alive(pid)
+
+
+def test_timeout_kills_a_non_cooperative_child_and_records_timeout(executor: ProcessExecutor) -> None:
+    outcome = run_task(tasks.stubborn, executor=executor, timeout=Timeout(per_attempt=0.3), graceful_stop=0.1)
+    assert outcome.status is S.FAILED
+    assert outcome.failure is not None and outcome.failure.kind is FailureKind.TIMEOUT_ATTEMPT
+    assert "子进程已被终止" in outcome.failure.message
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "kind", "fragment"),
+    [
+        (tasks.abort_now, (), FailureKind.EXCEPTION, "SIGABRT"),
+        (tasks.segfault, (), FailureKind.EXCEPTION, "SIGSEGV"),
+        (tasks.exit_code, (3,), FailureKind.NONZERO_EXIT, "退出码 3"),
+    ],
+)
+def test_crashes_are_isolated_and_reported(
+    executor: ProcessExecutor,
+    fn: Callable[..., object],
+    args: tuple[object, ...],
+    kind: FailureKind,
+    fragment: str,
+) -> None:
+    outcome = run_task(fn, *args, executor=executor)
+    assert outcome.status is S.FAILED
+    assert outcome.failure is not None
+    assert outcome.failure.kind is kind
+    assert fragment in outcome.failure.message
+    # 监督进程毫发无损：还能接着跑任务
+    assert run_task(tasks.add, 1, executor=executor).value["sum"] == 1
+
+
+def test_exceptions_and_invalid_results_cross_the_boundary(executor: ProcessExecutor) -> None:
+    raised = run_task(tasks.raise_value_error, executor=executor)
+    assert raised.failure is not None
+    assert raised.failure.kind is FailureKind.EXCEPTION
+    assert raised.failure.exc_type == "ValueError"
+    assert "坏数据" in raised.failure.message
+    assert raised.failure.traceback is not None and "raise_value_error" in raised.failure.traceback
+
+    invalid = run_task(tasks.return_set, executor=executor)
+    assert invalid.failure is not None and invalid.failure.kind is FailureKind.RESULT_INVALID
+
+
+def test_pause_and_resume_cross_the_process_boundary(executor: ProcessExecutor) -> None:
+    run = TaskRun(tasks.cooperative_loop, executor=executor)
+    run.start()
+    wait_until(lambda: run.status is S.RUNNING)
+    assert run.pause(timeout=5) is True
+    assert run.status is S.PAUSED
+    assert run.resume() is True
+    run.stop()
+    assert run.wait(10).status is S.STOPPED
+    assert statuses(run)[3:] == ["pausing", "paused", "running", "stopping", "stopped"]
+
+
+def test_pause_of_a_child_that_never_checkpoints_is_rolled_back(executor: ProcessExecutor) -> None:
+    run = TaskRun(tasks.stubborn, executor=executor, graceful_stop=0.1)
+    run.start()
+    wait_until(lambda: run.status is S.RUNNING)
+    assert run.pause(timeout=0.1) is False
+    assert run.status is S.RUNNING
+    assert run.transitions[-1].trigger == "runtime:pause_aborted"
+    run.stop()
+    assert run.wait(10).status is S.STOPPED
+
+
+def test_upstream_reaches_the_child(executor: ProcessExecutor) -> None:
+    run = TaskRun(tasks.report, executor=executor, upstream={"up": "从上游来"})
+    run.start()
+    outcome = run.wait(10)
+    assert outcome.value == "从上游来"
+    assert outcome.snapshot.progress is not None and outcome.snapshot.progress.describe() == "3/10 rows"
+    assert [e.level_name for e in run.logs] == ["INFO", "WARNING"]
+
+
+def test_unpicklable_callables_and_arguments_are_refused_at_submit(executor: ProcessExecutor) -> None:
+    with pytest.raises(ConfigurationError, match="模块级函数"):
+        TaskRun(lambda ctx: None, executor=executor)
+
+    def local_task(ctx: TaskContext) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="__main__"):
+        TaskRun(local_task, executor=executor)
+    with pytest.raises(ConfigurationError, match="pickle"):
+        TaskRun(tasks.add, (threading.Lock(),), executor=executor)
+    with pytest.raises(ConfigurationError, match="pickle"):
+        TaskRun(tasks.report, executor=executor, upstream={"up": threading.Lock()})
