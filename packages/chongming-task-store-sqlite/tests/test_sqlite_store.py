@@ -473,7 +473,7 @@ def test_large_id_filters_use_a_single_json_parameter() -> None:
     [
         (TaskQuery(statuses=frozenset({TaskStatus.RUNNING}), limit=50), "tasks_by_status"),
         (TaskQuery(name_prefix="sync"), "tasks_by_name"),
-        (TaskQuery(tag="io"), "task_tags"),
+        (TaskQuery(tag="io", limit=50), "SEARCH g USING PRIMARY KEY"),
         (TaskQuery(bucket=3), "tasks_by_bucket"),
         (TaskQuery(owner="worker-1"), "tasks_by_owner"),
         (TaskQuery(pipeline_id="p1"), "tasks_by_pipeline"),
@@ -483,7 +483,7 @@ def test_large_id_filters_use_a_single_json_parameter() -> None:
     ],
 )
 def test_every_query_filter_is_indexed(db: Path, query: TaskQuery, index: str) -> None:
-    from chongming_task.stores.sqlite import _TASK_SELECT, _where
+    from chongming_task.stores.sqlite import _TASK_COLUMNS_T, _select_from
 
     store = SqliteTaskStore(db)
 
@@ -494,17 +494,18 @@ def test_every_query_filter_is_indexed(db: Path, query: TaskQuery, index: str) -
         return " | ".join(str(row[-1]) for row in rows)
 
     try:
-        where, params = _where(query)
-        ordered = f"{_TASK_SELECT}{where} ORDER BY created_key DESC, task_id DESC"
+        source, params, alias = _select_from(query)
+        unordered = f"SELECT {_TASK_COLUMNS_T}{source}"
+        ordered = f"{unordered} ORDER BY {alias}.created_key DESC, {alias}.task_id DESC"
         if query.limit is not None:
             ordered += f" LIMIT {query.limit}"
         # 空表没有统计信息时，规划器可能宁可沿排序索引扫描（有 LIMIT 时这往往也对）；那就至少要证明
         # 过滤条件自己的索引可用：去掉排序再看一次。
-        plans = [plan(ordered, params), plan(f"{_TASK_SELECT}{where}", params)]
+        plans = [plan(ordered, params), plan(unordered, params)]
         assert any(index in p for p in plans), plans
         # 带排序的查询绝不做不走索引的全表扫描。
         assert "SCAN tasks" not in plans[0] or "USING" in plans[0], plans[0]
-        if query.statuses is not None or query.bucket is not None or query.owner is not None:
+        if query.statuses is not None or query.bucket is not None or query.owner is not None or query.tag:
             # 看板最常用的"某状态 / 某桶 / 某节点最新 N 条"：沿索引有序读，不做临时排序。
             assert "TEMP B-TREE" not in plans[0], plans[0]
     finally:
@@ -522,3 +523,25 @@ def test_pool_reuses_connections_and_close_closes_them(db: Path) -> None:
     with pytest.raises(StoreError, match="已关闭"):
         store.get("x")
     assert "closed" in repr(store)
+
+
+def test_tag_rows_follow_saves_that_change_tags_or_created_at() -> None:
+    with SqliteTaskStore(":memory:") as store:
+        first = snap("a", tags=frozenset({"io"}))
+        store.create(first)
+        store.create(snap("b", tags=frozenset({"io"}), created_at=T0 + timedelta(hours=1)))
+        assert [s.task_id for s in store.query(TaskQuery(tag="io"))] == ["b", "a"]
+        moved = first.evolve(status_version=1, status=TaskStatus.QUEUED, created_at=T0 + timedelta(hours=2))
+        record = Transition("a", TaskStatus.PENDING, TaskStatus.QUEUED, "submit", None, None, 1, T0)
+        store.save(moved, expect_version=0, transitions=[record])
+        assert [s.task_id for s in store.query(TaskQuery(tag="io"))] == ["a", "b"]
+        assert [
+            s.task_id for s in store.query(TaskQuery(tag="io", created_after=T0 + timedelta(hours=1)))
+        ] == ["a"]
+        retagged = moved.evolve(status_version=2, status=TaskStatus.PAUSED, tags=frozenset({"cpu"}))
+        record = Transition("a", TaskStatus.QUEUED, TaskStatus.PAUSED, "pause", None, None, 2, T0)
+        store.save(retagged, expect_version=1, transitions=[record])
+        assert [s.task_id for s in store.query(TaskQuery(tag="io"))] == ["b"]
+        assert [s.task_id for s in store.query(TaskQuery(tag="cpu"))] == ["a"]
+        assert store.stats(TaskQuery(tag="cpu"))[TaskStatus.PAUSED] == 1
+        assert store.bucket_counts(TaskQuery(tag="cpu")) == {}

@@ -85,6 +85,8 @@ _MAX_INLINE_PARAMS = 256
 _RETURNING_SUPPORTED = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 _TASK_SELECT = f"SELECT {', '.join(schema.TASK_COLUMNS)} FROM tasks"
+_TASK_COLUMNS_T = ", ".join(f"t.{c}" for c in schema.TASK_COLUMNS)
+_INSERT_TAG = "INSERT OR IGNORE INTO task_tags (tag, created_key, task_id) VALUES (?, ?, ?)"
 _INSERT_TASK = (
     f"INSERT INTO tasks ({', '.join(schema.TASK_COLUMNS)}) "
     f"VALUES ({', '.join(':' + c for c in schema.TASK_COLUMNS)})"
@@ -161,50 +163,57 @@ def _in_clause(column: str, values: frozenset[Any], params: list[Any]) -> str:
     return f"{column} IN (SELECT value FROM json_each(?))"
 
 
-def _where(query: TaskQuery) -> tuple[str, list[Any]]:
-    """TaskQuery → WHERE 子句。逐条对应 ``TaskQuery.matches``（参照语义）。"""
-    clauses: list[str] = []
+def _select_from(query: TaskQuery, *extra: str) -> tuple[str, list[Any], str]:
+    """TaskQuery → (``FROM ... WHERE ...``, 参数, 排序键所在的表别名)。逐条对应 ``TaskQuery.matches``。
+
+    任务表的别名总是 ``t``。给了 tag 时从标签旁表 ``g`` 出发联到 ``t``，并按 ``g`` 上的排序键排序
+    （与 t 上的值相同），这样带 LIMIT 的标签查询沿旁表主键有序读取。
+    """
+    clauses: list[str] = list(extra)
     params: list[Any] = []
+    source = "tasks AS t"
+    order_alias = "t"
+    if query.tag is not None:
+        source = "task_tags AS g JOIN tasks AS t ON t.task_id = g.task_id"
+        order_alias = "g"
+        clauses.append("g.tag = ?")
+        params.append(query.tag)
     if query.statuses is not None:
         if not query.statuses:
-            return " WHERE 0", []
-        clauses.append(_in_clause("status", frozenset(s.value for s in query.statuses), params))
+            return " FROM tasks AS t WHERE 0", [], "t"
+        clauses.append(_in_clause("t.status", frozenset(s.value for s in query.statuses), params))
     if query.name_prefix:
         # 区间比较而不是 LIKE：LIKE 对 ASCII 不分大小写，而 startswith 区分；区间还能走索引。
-        clauses.append("name >= ?")
+        clauses.append("t.name >= ?")
         params.append(query.name_prefix)
         upper = codec.prefix_upper_bound(query.name_prefix)
         if upper is not None:
-            clauses.append("name < ?")
+            clauses.append("t.name < ?")
             params.append(upper)
-    if query.tag is not None:
-        clauses.append("task_id IN (SELECT task_id FROM task_tags WHERE tag = ?)")
-        params.append(query.tag)
     if query.bucket is not None:
-        clauses.append("bucket = ?")
+        clauses.append("t.bucket = ?")
         params.append(query.bucket)
     if query.buckets is not None:
         if not query.buckets:
-            return " WHERE 0", []
-        clauses.append(_in_clause("bucket", query.buckets, params))
+            return " FROM tasks AS t WHERE 0", [], "t"
+        clauses.append(_in_clause("t.bucket", query.buckets, params))
     if query.owner is not None:
-        clauses.append("owner = ?")
+        clauses.append("t.owner = ?")
         params.append(query.owner)
     if query.pipeline_id is not None:
-        clauses.append("pipeline_id = ?")
+        clauses.append("t.pipeline_id = ?")
         params.append(query.pipeline_id)
     if query.created_after is not None:
-        clauses.append("created_key > ?")
+        clauses.append(f"{order_alias}.created_key > ?")
         params.append(codec.dt_key(query.created_after))
     if query.created_before is not None:
-        clauses.append("created_key < ?")
+        clauses.append(f"{order_alias}.created_key < ?")
         params.append(codec.dt_key(query.created_before))
     if query.lease_expired_before is not None:
-        clauses.append("(lease_key IS NULL OR lease_key < ?)")
+        clauses.append("(t.lease_key IS NULL OR t.lease_key < ?)")
         params.append(codec.dt_key(query.lease_expired_before))
-    if not clauses:
-        return "", params
-    return " WHERE " + " AND ".join(clauses), params
+    where = " WHERE " + " AND ".join(clauses) if clauses else ""
+    return f" FROM {source}{where}", params, order_alias
 
 
 class _Pool:
@@ -448,7 +457,7 @@ class SqliteTaskStore(TaskStore):
         codec.check_transitions(snapshot.task_id, transitions)
         row = codec.snapshot_row(snapshot)
         history = [codec.transition_row(t) for t in transitions]
-        tags = [(tag, snapshot.task_id) for tag in snapshot.tags]
+        tags = [(tag, row["created_key"], snapshot.task_id) for tag in snapshot.tags]
 
         def tx(conn: sqlite3.Connection) -> None:
             try:
@@ -461,7 +470,7 @@ class SqliteTaskStore(TaskStore):
                     ) from None
                 raise
             if tags:
-                conn.executemany("INSERT OR IGNORE INTO task_tags (tag, task_id) VALUES (?, ?)", tags)
+                conn.executemany(_INSERT_TAG, tags)
             if history:
                 conn.executemany(_INSERT_TRANSITION, history)
 
@@ -482,7 +491,7 @@ class SqliteTaskStore(TaskStore):
 
         def tx(conn: sqlite3.Connection) -> None:
             current = conn.execute(
-                "SELECT status_version, tags FROM tasks WHERE task_id = ?", (task_id,)
+                "SELECT status_version, tags, created_key FROM tasks WHERE task_id = ?", (task_id,)
             ).fetchone()
             if current is None:
                 raise TaskNotFound(f"存储里没有任务 {task_id!r}")
@@ -492,12 +501,10 @@ class SqliteTaskStore(TaskStore):
                     "有别的写者抢先了，请重新读取后再决定"
                 )
             conn.execute(_SAVE_TASK, params)
-            if current[1] != row["tags"]:
+            # 标签行带着排序键：标签或 created_at 变了都要重写（两者几乎从不变，平常是零开销）。
+            if current[1] != row["tags"] or current[2] != row["created_key"]:
                 conn.execute("DELETE FROM task_tags WHERE task_id = ?", (task_id,))
-                conn.executemany(
-                    "INSERT INTO task_tags (tag, task_id) VALUES (?, ?)",
-                    [(tag, task_id) for tag in snapshot.tags],
-                )
+                conn.executemany(_INSERT_TAG, [(tag, row["created_key"], task_id) for tag in snapshot.tags])
             if history:
                 conn.executemany(_INSERT_TRANSITION, history)
 
@@ -517,9 +524,10 @@ class SqliteTaskStore(TaskStore):
         if query.limit == 0:
             self._check_open()
             return []
-        where, params = _where(query)
+        source, params, alias = _select_from(query)
         direction = "DESC" if query.order is QueryOrder.NEWEST_FIRST else "ASC"
-        sql = f"{_TASK_SELECT}{where} ORDER BY created_key {direction}, task_id {direction}"
+        order = f"{alias}.created_key {direction}, {alias}.task_id {direction}"
+        sql = f"SELECT {_TASK_COLUMNS_T}{source} ORDER BY {order}"
         if query.limit is not None:
             sql += " LIMIT ?"
             params.append(query.limit)
@@ -531,15 +539,14 @@ class SqliteTaskStore(TaskStore):
         return [codec.snapshot_from_row(r) for r in rows]
 
     def stats(self, query: TaskQuery | None = None) -> TaskStats:
-        where, params = _where(query or TaskQuery())
-        sql = f"SELECT status, count(*) FROM tasks{where} GROUP BY status"
+        source, params, _ = _select_from(query or TaskQuery())
+        sql = f"SELECT t.status, count(*){source} GROUP BY t.status"
         rows = self._run("stats", lambda conn: conn.execute(sql, params).fetchall(), "none")
         return TaskStats({TaskStatus(status): int(count) for status, count in rows})
 
     def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
-        where, params = _where(query or TaskQuery())
-        where = f"{where} AND bucket IS NOT NULL" if where else " WHERE bucket IS NOT NULL"
-        sql = f"SELECT bucket, count(*) FROM tasks{where} GROUP BY bucket"
+        source, params, _ = _select_from(query or TaskQuery(), "t.bucket IS NOT NULL")
+        sql = f"SELECT t.bucket, count(*){source} GROUP BY t.bucket"
         rows = self._run("bucket_counts", lambda conn: conn.execute(sql, params).fetchall(), "none")
         return {int(bucket): int(count) for bucket, count in rows}
 

@@ -136,12 +136,15 @@ _DDL_V1: tuple[str, ...] = (
     "CREATE INDEX IF NOT EXISTS tasks_by_pipeline ON tasks (pipeline_id, created_key, task_id)",
     "CREATE INDEX IF NOT EXISTS tasks_by_lease ON tasks (lease_key)",
     "CREATE INDEX IF NOT EXISTS tasks_by_finished ON tasks (finished_key)",
-    # 标签放进旁表，tag= 查询走 (tag, task_id) 主键；快照里另存一份排序后的 JSON 列表，读快照不必联表。
+    # 标签放进旁表，tag= 查询从这里出发再联到 tasks。旁表带上任务的排序键：主键
+    # (tag, created_key, task_id) 本身就是有序的，"带某标签的最新 50 条"沿主键走 50 步即止，
+    # 而不是取出该标签的全部任务再排序。快照里另存一份排序后的 JSON 列表，读快照不必联表。
     """
     CREATE TABLE IF NOT EXISTS task_tags (
-        tag     TEXT NOT NULL,
-        task_id TEXT NOT NULL,
-        PRIMARY KEY (tag, task_id)
+        tag         TEXT NOT NULL,
+        created_key INTEGER NOT NULL,
+        task_id     TEXT NOT NULL,
+        PRIMARY KEY (tag, created_key, task_id)
     ) WITHOUT ROWID
     """,
     "CREATE INDEX IF NOT EXISTS task_tags_by_task ON task_tags (task_id)",
