@@ -22,15 +22,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.clock import SYSTEM_CLOCK, Clock, SystemClock
 from chongming_task.errors import ConfigurationError, TaskCancelled
 from chongming_task.models import Progress, validate_task_id
 
@@ -160,7 +161,10 @@ class TaskContext:
         self._task_name = name or task_id
         self._attempt = attempt
         self._clock: Clock = clock or SYSTEM_CLOCK
-        self._monotonic = self._clock.monotonic
+        # 快路径每次都要读时钟：真实时钟直接用 C 实现的 time.monotonic，省掉一层 Python 方法调用。
+        self._monotonic: Callable[[], float] = (
+            time.monotonic if type(self._clock) is SystemClock else self._clock.monotonic
+        )
         self._upstream: Mapping[str, Any] = MappingProxyType(dict(upstream or {}))
         self._artifact_root = None if artifact_root is None else Path(artifact_root)
         self._artifact_dir: Path | None = None
@@ -174,8 +178,9 @@ class TaskContext:
         self._stop_reason: str | None = None
         self._parked = False
         self._control_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._parked_event = threading.Event()
+        # 两个 Event 只在真的挂起（或测试在等挂起）时才造：每次尝试都建一个上下文，省下的是启动开销。
+        self._wake: threading.Event | None = None
+        self._parked_event: threading.Event | None = None
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._beat = self._monotonic()
         self.heartbeat = Heartbeat(self)
@@ -202,8 +207,10 @@ class TaskContext:
         if not self._enter_park():
             return
         try:
+            wake = self._wake
+            assert wake is not None
             while True:
-                self._wake.wait()
+                wake.wait()
                 if self._leave_park_if_released():
                     return
         finally:
@@ -217,7 +224,7 @@ class TaskContext:
             while True:
                 future: asyncio.Future[None] = loop.create_future()
                 with self._control_lock:
-                    if self._wake.is_set():
+                    if self._wake is not None and self._wake.is_set():
                         future.set_result(None)
                     else:
                         self._async_waiters.append((loop, future))
@@ -235,28 +242,33 @@ class TaskContext:
             if not self._pause:
                 return False
             self._parked = True
-            self._wake.clear()
-            self._parked_event.set()
+            if self._wake is None:
+                self._wake = threading.Event()
+            else:
+                self._wake.clear()
+            if self._parked_event is not None:
+                self._parked_event.set()
         self._events.parked()
         return True
 
     def _leave_park_if_released(self) -> bool:
         with self._control_lock:
-            if self._stop:
+            if self._stop or not self._pause:
                 self._parked = False
-                self._parked_event.clear()
-                raise TaskCancelled(self._stop_reason)
-            if not self._pause:
-                self._parked = False
-                self._parked_event.clear()
+                if self._parked_event is not None:
+                    self._parked_event.clear()
+                if self._stop:
+                    raise TaskCancelled(self._stop_reason)
                 return True
-            self._wake.clear()
+            if self._wake is not None:
+                self._wake.clear()
             return False
 
     # -- the control side (used by executors and by the test handle) -------------------------------
 
     def _wake_all_locked(self) -> None:
-        self._wake.set()
+        if self._wake is not None:
+            self._wake.set()
         waiters, self._async_waiters = self._async_waiters, []
         for loop, future in waiters:
             loop.call_soon_threadsafe(_resolve, future)
@@ -486,7 +498,14 @@ class ContextHandle:
 
     def wait_parked(self, timeout: float | None = None) -> bool:
         """（真实时间）等到任务在检查点里挂起；返回是否已挂起。"""
-        return self._ctx._parked_event.wait(timeout)
+        ctx = self._ctx
+        with ctx._control_lock:
+            if ctx._parked:
+                return True
+            if ctx._parked_event is None:
+                ctx._parked_event = threading.Event()
+            event = ctx._parked_event
+        return event.wait(timeout)
 
     @property
     def heartbeat(self) -> float:

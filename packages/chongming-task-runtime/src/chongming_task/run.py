@@ -88,7 +88,7 @@ class _Attempt:
         "handle",
         "killed",
         "number",
-        "pause_signal",
+        "_pause_signal",
         "running",
         "settled",
         "stop_reason",
@@ -111,8 +111,20 @@ class _Attempt:
         self.timers: dict[str, Timer] = {}
         self.attempt_deadline: float | None = None
         self.attempt_remaining: float | None = None
-        self.pause_signal = threading.Event()
+        self._pause_signal: threading.Event | None = None
         self.synced_beat: float | None = None
+
+    def pause_signal(self, *, fresh: bool) -> threading.Event:
+        """等暂停确认的信号（惰性创建：绝大多数尝试从不暂停）。在 TaskRun 的锁下调用。"""
+        if fresh or self._pause_signal is None:
+            self._pause_signal = threading.Event()
+        return self._pause_signal
+
+    def wake_pauser(self) -> None:
+        """唤醒等暂停确认的一方（已挂起、已结束、被停止、被撤销……让它重新判定）。"""
+        signal = self._pause_signal
+        if signal is not None:
+            signal.set()
 
     def cancel_timer(self, name: str) -> None:
         timer = self.timers.pop(name, None)
@@ -141,7 +153,7 @@ class _Events(AttemptEvents):
         self._run._on_progress(self._attempt, progress)
 
     def parked(self) -> None:
-        self._attempt.pause_signal.set()
+        self._attempt.wake_pauser()
 
     def finished(self, result: AttemptResult) -> None:
         self._run._settle(self._attempt, result)
@@ -251,7 +263,7 @@ class TaskRun:
         self._attempt: _Attempt | None = None
         self._retry_timer: Timer | None = None
         self._retry_deadline: float | None = None
-        self._retry_wake = threading.Event()
+        self._retry_wake: threading.Event | None = None  # 只有 InlineExecutor 的重试等待用得到
         machine.add_listener(self._on_transition)
         if machine.snapshot.is_terminal:
             self._done.set()
@@ -381,7 +393,7 @@ class TaskRun:
             if status is S.PAUSED:
                 # paused 没有到 stopping 的边：先唤醒（回到 running），任务在检查点里立刻响应停止。
                 machine.mark_running(trigger=TRIGGER_STOP, reason="恢复被暂停的任务，让它在检查点里响应停止")
-            attempt.pause_signal.set()
+            attempt.wake_pauser()
             machine.mark_stopping(reason=reason)
             self._request_stop_locked(attempt, reason)
             return True
@@ -413,7 +425,7 @@ class TaskRun:
                 )
             elif status is S.PAUSING:
                 machine.abort_pause(reason="任务被取消，暂停作废")
-            attempt.pause_signal.set()
+            attempt.wake_pauser()
             self._request_stop_locked(attempt, attempt.cancel_reason)
             return True
 
@@ -441,10 +453,11 @@ class TaskRun:
                 return False
             assert attempt.handle is not None
             if status is S.RUNNING:
-                attempt.pause_signal.clear()
+                signal = attempt.pause_signal(fresh=True)
                 machine.mark_pausing()
                 attempt.handle.request_pause()
-            signal = attempt.pause_signal
+            else:
+                signal = attempt.pause_signal(fresh=False)
         self.clock.wait(signal, window)
         with self._lock:
             machine = self.machine
@@ -479,7 +492,7 @@ class TaskRun:
                 assert attempt is not None and attempt.handle is not None
                 attempt.handle.request_resume()
                 machine.mark_running(trigger=TRIGGER_RESUME, reason="暂停尚未生效即被撤销")
-                attempt.pause_signal.set()
+                attempt.wake_pauser()
                 return True
             if status is not S.PAUSED:
                 return False
@@ -545,8 +558,11 @@ class TaskRun:
                 if remaining <= 0:
                     self._retry_deadline = None
                     next_attempt = self._begin_attempt_locked()
+                elif self._retry_wake is None:
+                    self._retry_wake = threading.Event()
                 else:
                     self._retry_wake.clear()
+                wake = self._retry_wake
             if next_attempt is not None:
                 assert next_attempt.handle is not None
                 try:
@@ -555,7 +571,8 @@ class TaskRun:
                     failure = Failure.from_exception(exc, retryable=True)
                     self._settle(next_attempt, AttemptResult(ResultKind.RAISED, failure=failure))
             else:
-                self.clock.wait(self._retry_wake, remaining)
+                assert wake is not None
+                self.clock.wait(wake, remaining)
 
     def _on_running(self, attempt: _Attempt, pid: int | None) -> None:
         with self._lock:
@@ -592,7 +609,7 @@ class TaskRun:
             attempt.cancel_timers()
             if attempt.running:
                 self._sync_heartbeat_locked(attempt)
-            attempt.pause_signal.set()
+            attempt.wake_pauser()
             machine = self.machine
             status = machine.status
             if status.is_terminal:  # 控制器等外部写者已经给了终态
@@ -692,7 +709,8 @@ class TaskRun:
             self._retry_timer.cancel()
             self._retry_timer = None
         self._retry_deadline = None
-        self._retry_wake.set()
+        if self._retry_wake is not None:
+            self._retry_wake.set()
 
     # -- stop, timeouts, grace windows --------------------------------------------------------------
 
@@ -720,7 +738,7 @@ class TaskRun:
             attempt.cancel_timers()
             if attempt.running:
                 self._sync_heartbeat_locked(attempt)
-            attempt.pause_signal.set()
+            attempt.wake_pauser()
             machine = self.machine
             if machine.status.is_terminal:
                 return
@@ -771,7 +789,7 @@ class TaskRun:
             attempt.timeout_failure = Failure(kind, message, retryable=True)
             if machine.status is S.PAUSING:
                 machine.abort_pause(reason="超时到期，暂停作废")
-                attempt.pause_signal.set()
+                attempt.wake_pauser()
             self._request_stop_locked(attempt, message)
 
     def _suspend_timers_locked(self, attempt: _Attempt) -> None:
@@ -812,7 +830,8 @@ class TaskRun:
                 self._retry_timer.cancel()
                 self._retry_timer = None
             self._retry_deadline = None
-            self._retry_wake.set()
+            if self._retry_wake is not None:
+                self._retry_wake.set()
             self._done.set()
         elif self._done.is_set():  # retry() / reset() 把终态任务复活了
             self._done.clear()
