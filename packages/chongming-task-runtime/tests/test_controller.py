@@ -248,10 +248,16 @@ def test_slots_released_on_every_terminal_path(outcomes: list[str]) -> None:
         name = "retrying" if kind == "retry_then_ok" else "body"
         tags = ["db"] if rng.random() < 0.5 else []
         runs.append(c.submit(name, kind, f"k{i}", tags=tags, bucket_key=f"b{rng.randint(0, 2)}"))
-    for run in runs:
-        if outcomes[runs.index(run)] == "stop":
-            wait_until(lambda r=run: r.status in (S.RUNNING, S.SUCCEEDED, S.FAILED), timeout=10)
-            c.stop(run.task_id, reason="测试停止")
+    # 停止类任务一跑起来就停掉（它们可能要排队等额度，所以轮询着停，而不是按顺序死等）。
+    pending_stops = {run.task_id: run for kind, run in zip(outcomes, runs, strict=True) if kind == "stop"}
+    deadline = time.monotonic() + 20
+    while pending_stops:
+        assert time.monotonic() < deadline, "停止类任务迟迟没有开始运行"
+        for task_id, run in list(pending_stops.items()):
+            if run.status is S.RUNNING:
+                c.stop(task_id, reason="测试停止")
+                del pending_stops[task_id]
+        time.sleep(0.002)
     c.wait_all(timeout=20)
     expected = {
         "ok": S.SUCCEEDED,

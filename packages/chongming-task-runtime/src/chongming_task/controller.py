@@ -161,6 +161,8 @@ class Controller:
         self._wake = threading.Event()
         self._stop_loop = threading.Event()
         self._polling = False
+        self._poll_now = threading.Event()
+        self._unlisten: Callable[[], None] | None = None
         # 监听器在任务锁内运行，不能回调别的任务；需要碰别的任务的后续工作（管道放行/连坐）放到这里，
         # 由后台循环在任何锁之外按顺序执行。
         self._deferred: collections.deque[Callable[[], None]] = collections.deque()
@@ -175,7 +177,7 @@ class Controller:
         self._loop.start()
         if self.owned_buckets is not None and store is not None:
             # 声明了归属的节点从构造起就轮询指令：否则别人停一个排队中的任务，要等本节点第一次提交才被取走。
-            self._polling = True
+            self._enable_polling()
 
     # -- buckets ------------------------------------------------------------------------------------
 
@@ -356,11 +358,31 @@ class Controller:
             machine.add_listener(self._make_listener(run))
             if not blocked:
                 self._enqueue_locked(run)
-            if self.store is not None:
-                self._polling = True
+            enable_polling = self.store is not None and not self._polling
             to_start = self._scheduler.take_runnable()
+        if enable_polling:
+            self._enable_polling()
         self._start_runs(to_start)
         return run
+
+    def _enable_polling(self) -> None:
+        """开始认领指令。存储若支持即时通知（Postgres 的 LISTEN/NOTIFY），指令一提交就来取；
+        轮询始终保留为兜底（通知丢了最多多等一个轮询间隔）。"""
+        with self._lock:
+            if self._polling:
+                return
+            self._polling = True
+        listen = getattr(self.store, "listen", None)
+        if callable(listen):
+            try:
+                self._unlisten = listen(self._on_command_notice)
+            except TaskError as exc:
+                logger.warning("无法订阅指令通知，改为纯轮询：%s", exc)
+        self._wake.set()
+
+    def _on_command_notice(self, notice: object) -> None:
+        self._poll_now.set()
+        self._wake.set()
 
     def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun:
         """提交一条 DAG 管道。
@@ -480,7 +502,8 @@ class Controller:
                         next_side = now + self.side_channel_interval
                     if self._write.behind_count:
                         self._write.catch_up()
-                if self._polling and self.store is not None and now >= next_poll:
+                if self._polling and self.store is not None and (now >= next_poll or self._poll_now.is_set()):
+                    self._poll_now.clear()
                     self._poll_commands()
                     next_poll = self.clock.monotonic() + self.command_poll_interval
             except Exception:  # 后台循环不能死：记下来，下一轮继续
@@ -803,6 +826,9 @@ class Controller:
             wait_for = timeout if timeout is not None else self.graceful_stop + 2.0
             with contextlib.suppress(TimeoutError):
                 self.wait_all(timeout=wait_for)
+            if self._unlisten is not None:
+                with contextlib.suppress(Exception):
+                    self._unlisten()
             self._stop_loop.set()
             self._wake.set()
             if self._loop is not threading.current_thread():
