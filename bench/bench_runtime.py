@@ -96,9 +96,8 @@ def bench_thread_launch(quick: bool) -> None:
     throughput = count / (time.perf_counter() - started)
     print("2. 无操作任务：ThreadExecutor（中位数）")
     print(f"   裸 Thread start+join   {bare_s * 1e6:8.1f} µs")
-    print(
-        f"   run_task               {ours_s * 1e6:8.1f} µs   比值 {ratio:.2f}×  目标 ≤ 3×  [{_ok(ratio <= 3)}]"
-    )
+    verdict = _ok(ratio <= 3)
+    print(f"   run_task               {ours_s * 1e6:8.1f} µs   比值 {ratio:.2f}×  目标 ≤ 3×  [{verdict}]")
     print(f"   串行吞吐               {throughput:8.0f} 个/秒")
 
 
@@ -131,9 +130,8 @@ def bench_process_launch(quick: bool) -> None:
     ratio = ours_s / bare_s
     print(f"3. 无操作任务：ProcessExecutor（{executor.start_method}，中位数）")
     print(f"   裸 Process start+join  {bare_s * 1e3:8.2f} ms")
-    print(
-        f"   run_task               {ours_s * 1e3:8.2f} ms   比值 {ratio:.2f}×  目标 ≤ 1.3×  [{_ok(ratio <= 1.3)}]"
-    )
+    verdict = _ok(ratio <= 1.3)
+    print(f"   run_task               {ours_s * 1e3:8.2f} ms   比值 {ratio:.2f}×  目标 ≤ 1.3×  [{verdict}]")
 
 
 def _stop_latency(executor: Any, rounds: int) -> list[float]:

@@ -82,13 +82,13 @@ class _Attempt:
     """一次尝试的监督状态（只在 TaskRun 的锁下读写）。"""
 
     __slots__ = (
+        "_pause_signal",
         "attempt_deadline",
         "attempt_remaining",
         "cancel_reason",
         "handle",
         "killed",
         "number",
-        "_pause_signal",
         "running",
         "settled",
         "stop_reason",
