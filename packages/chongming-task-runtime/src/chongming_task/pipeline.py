@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -148,10 +149,11 @@ class Pipeline:
         for spec in self._nodes.values():
             for dep in spec.depends_on:
                 downstream[dep].append(spec.node_id)
-        ready = [node_id for node_id, n in indegree.items() if n == 0]
+        # 先进先出：同层节点保持定义顺序（建任务的先后也就是 list_tasks 的显示顺序）。
+        ready = collections.deque(node_id for node_id, n in indegree.items() if n == 0)
         order: list[str] = []
         while ready:
-            current = ready.pop()
+            current = ready.popleft()
             order.append(current)
             for child in downstream[current]:
                 indegree[child] -= 1
