@@ -91,9 +91,10 @@ _INSERT_TASK = (
     f"INSERT INTO tasks ({', '.join(schema.TASK_COLUMNS)}) "
     f"VALUES ({', '.join(':' + c for c in schema.TASK_COLUMNS)})"
 )
-_SAVE_TASK = (
-    f"UPDATE tasks SET {', '.join(f'{c} = :{c}' for c in schema.SAVE_COLUMNS)} WHERE task_id = :task_id"
-)
+_SAVE_SELECT = f"SELECT {', '.join(schema.SAVE_COLUMNS)} FROM tasks WHERE task_id = ?"
+_SAVE_VERSION_INDEX = schema.SAVE_COLUMNS.index("status_version")
+_SAVE_TAGS_INDEX = schema.SAVE_COLUMNS.index("tags")
+_SAVE_CREATED_INDEX = schema.SAVE_COLUMNS.index("created_key")
 _INSERT_TRANSITION = (
     f"INSERT OR IGNORE INTO transitions ({', '.join(schema.TRANSITION_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in schema.TRANSITION_COLUMNS)})"
@@ -484,25 +485,35 @@ class SqliteTaskStore(TaskStore):
         codec.check_transitions(snapshot.task_id, transitions)
         validate_save(snapshot, expect_version, transitions)
         row = codec.snapshot_row(snapshot)
-        params = {column: row[column] for column in schema.SAVE_COLUMNS}
-        params["task_id"] = snapshot.task_id
+        new_values = [row[column] for column in schema.SAVE_COLUMNS]
         history = [codec.transition_row(t) for t in transitions]
         task_id = snapshot.task_id
 
         def tx(conn: sqlite3.Connection) -> None:
-            current = conn.execute(
-                "SELECT status_version, tags, created_key FROM tasks WHERE task_id = ?", (task_id,)
-            ).fetchone()
+            current = conn.execute(_SAVE_SELECT, (task_id,)).fetchone()
             if current is None:
                 raise TaskNotFound(f"存储里没有任务 {task_id!r}")
-            if current[0] != expect_version:
+            stored_version = current[_SAVE_VERSION_INDEX]
+            if stored_version != expect_version:
                 raise ConcurrencyConflict(
-                    f"任务 {task_id!r} 的版本已是 {current[0]}，不是期望的 {expect_version}："
+                    f"任务 {task_id!r} 的版本已是 {stored_version}，不是期望的 {expect_version}："
                     "有别的写者抢先了，请重新读取后再决定"
                 )
-            conn.execute(_SAVE_TASK, params)
+            # 只 SET 真正变了的列：SQLite 会为 SET 里出现的每个被索引的列维护索引（哪怕值没变），
+            # 而一次状态迁移通常只改 status / status_version 和一两个时间戳，不碰 name、owner、桶号。
+            changed = [
+                (column, new)
+                for column, old, new in zip(schema.SAVE_COLUMNS, current, new_values, strict=True)
+                if old != new or type(old) is not type(new)
+            ]
+            if changed:
+                assignments = ", ".join(f"{column} = ?" for column, _ in changed)
+                conn.execute(
+                    f"UPDATE tasks SET {assignments} WHERE task_id = ?",
+                    [*(new for _, new in changed), task_id],
+                )
             # 标签行带着排序键：标签或 created_at 变了都要重写（两者几乎从不变，平常是零开销）。
-            if current[1] != row["tags"] or current[2] != row["created_key"]:
+            if current[_SAVE_TAGS_INDEX] != row["tags"] or current[_SAVE_CREATED_INDEX] != row["created_key"]:
                 conn.execute("DELETE FROM task_tags WHERE task_id = ?", (task_id,))
                 conn.executemany(_INSERT_TAG, [(tag, row["created_key"], task_id) for tag in snapshot.tags])
             if history:
