@@ -116,9 +116,8 @@ def main(db: str) -> int:
         print(render_table(node.list_tasks()))
         print()
     etl_outcome = etl.wait(timeout=30)
-    print(
-        f"== 管道 {etl.pipeline_id} 结束：{etl_outcome.status.value}，装载 {etl_outcome.nodes['load'].value} 行 ==\n"
-    )
+    loaded_rows = etl_outcome.nodes["load"].value
+    print(f"== 管道 {etl.pipeline_id} 结束：{etl_outcome.status.value}，装载 {loaded_rows} 行 ==\n")
 
     print("== 另一个进程（运维控制台）通过同一个 SQLite 文件控制 worker ==")
     subprocess.run([sys.executable, __file__, "--console", db], check=True)
