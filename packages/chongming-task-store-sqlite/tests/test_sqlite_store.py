@@ -159,6 +159,11 @@ def test_from_url_opens_the_file_and_passes_options(tmp_path: Path, monkeypatch:
         assert store.get("rel") is not None
 
 
+def test_from_url_rejects_unknown_options() -> None:
+    with pytest.raises(ConfigurationError, match="busy_timeout"):
+        SqliteTaskStore.from_url("sqlite:///:memory:", timeout=3)
+
+
 def test_memory_urls_give_independent_stores() -> None:
     first = SqliteTaskStore.from_url("sqlite:///:memory:")
     second = SqliteTaskStore.from_url("sqlite://:memory:")

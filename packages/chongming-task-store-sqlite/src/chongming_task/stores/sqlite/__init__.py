@@ -62,6 +62,7 @@ _Mode = Literal["write", "read", "none"]
 MEMORY = ":memory:"
 
 _SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+_URL_OPTIONS = frozenset({"clock", "busy_timeout", "synchronous"})
 _TOUCH_FIELDS = frozenset({"progress", "heartbeat_at", "lease_owner", "lease_until"})
 
 # SQLite 主错误码（扩展码的低 8 位）。
@@ -360,6 +361,12 @@ class SqliteTaskStore(TaskStore):
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> SqliteTaskStore:
         """``sqlite:///绝对路径``、``sqlite:相对路径.db``、``sqlite:///:memory:`` / ``sqlite://:memory:``。"""
+        unknown = set(kwargs) - _URL_OPTIONS
+        if unknown:
+            raise ConfigurationError(
+                f"SqliteTaskStore 只接受 {', '.join(sorted(_URL_OPTIONS))} 参数，"
+                f"收到多余的：{sorted(unknown)}"
+            )
         return cls(parse_url(url), **kwargs)
 
     # -- plumbing -----------------------------------------------------------------------------------
