@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chongming_task.errors import ConcurrencyConflict, ConfigurationError, StoreError
@@ -272,6 +272,7 @@ def test_timestamps_keep_offset_and_microseconds_and_sort_by_instant() -> None:
 # -- name prefix ----------------------------------------------------------------------------------
 
 
+@settings(deadline=None)
 @given(prefix=st.text(max_size=4), name=st.text(min_size=1, max_size=6))
 def test_prefix_upper_bound_range_equals_startswith(prefix: str, name: str) -> None:
     upper = prefix_upper_bound(prefix)
@@ -550,3 +551,72 @@ def test_tag_rows_follow_saves_that_change_tags_or_created_at() -> None:
         assert [s.task_id for s in store.query(TaskQuery(tag="cpu"))] == ["a"]
         assert store.stats(TaskQuery(tag="cpu"))[TaskStatus.PAUSED] == 1
         assert store.bucket_counts(TaskQuery(tag="cpu")) == {}
+
+
+# -- differential: SQL == TaskQuery.apply ---------------------------------------------------------
+
+_OFFSETS = [UTC, timezone(timedelta(hours=8)), timezone(timedelta(hours=-3, minutes=-30))]
+_instants = st.integers(min_value=0, max_value=40).map(lambda m: T0 + timedelta(minutes=m))
+_aware_times = st.builds(lambda at, tz: at.astimezone(tz), _instants, st.sampled_from(_OFFSETS))
+_names = st.sampled_from(["a", "A", "ab", "a_b", "a%b", "a\\b", "b", "作业", "作业2", "a\U0010ffff"])
+_tags = st.frozensets(st.sampled_from(["io", "IO", "cpu", "i"]), max_size=3)
+
+_snapshots = st.builds(
+    lambda name, status, tags, bucket, owner, pipeline, created, lease: {
+        "name": name,
+        "status": status,
+        "tags": tags,
+        "bucket": bucket,
+        "owner": owner,
+        "pipeline_id": pipeline,
+        "created_at": created,
+        "lease_until": lease,
+    },
+    _names,
+    st.sampled_from(list(TaskStatus)),
+    _tags,
+    st.none() | st.integers(0, 3),
+    st.none() | st.sampled_from(["w1", "w2"]),
+    st.none() | st.sampled_from(["p1", "p2"]),
+    _aware_times,
+    st.none() | _aware_times,
+)
+
+_queries = st.builds(
+    TaskQuery,
+    statuses=st.none() | st.frozensets(st.sampled_from(list(TaskStatus)), max_size=3),
+    name_prefix=st.none() | st.sampled_from(["", "a", "A", "a_", "a%", "a\\", "作", "作业", "a\U0010ffff"]),
+    tag=st.none() | st.sampled_from(["io", "IO", "i"]),
+    bucket=st.none() | st.integers(0, 3),
+    buckets=st.none() | st.frozensets(st.integers(0, 3), max_size=3),
+    owner=st.none() | st.sampled_from(["w1", "w2"]),
+    pipeline_id=st.none() | st.sampled_from(["p1", "p2"]),
+    created_after=st.none() | _aware_times,
+    created_before=st.none() | _aware_times,
+    lease_expired_before=st.none() | _aware_times,
+    limit=st.none() | st.integers(0, 6),
+    order=st.sampled_from(["newest", "oldest"]),
+)
+
+
+@settings(deadline=None, max_examples=60)  # 每个例子建一个库；机器繁忙时别因耗时抖动误报
+@given(rows=st.lists(_snapshots, max_size=14), queries=st.lists(_queries, min_size=1, max_size=5))
+def test_sql_queries_agree_with_the_reference_semantics(
+    rows: list[dict[str, object]], queries: list[TaskQuery]
+) -> None:
+    snapshots = [snap(f"t{i:02d}", **fields) for i, fields in enumerate(rows)]
+    with SqliteTaskStore(":memory:") as store:
+        for snapshot in snapshots:
+            store.create(snapshot)
+        for query in queries:
+            expected = query.apply(snapshots)
+            assert [s.task_id for s in store.query(query)] == [s.task_id for s in expected], query
+            matching = [s for s in snapshots if query.matches(s)]
+            counts = store.stats(query)
+            for status in TaskStatus:
+                assert counts[status] == sum(1 for s in matching if s.status is status)
+            buckets: dict[int, int] = {}
+            for s in matching:
+                if s.bucket is not None:
+                    buckets[s.bucket] = buckets.get(s.bucket, 0) + 1
+            assert store.bucket_counts(query) == buckets
