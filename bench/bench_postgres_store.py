@@ -1,0 +1,231 @@
+"""PostgresTaskStore 基准：save 的往返时延与吞吐、指令认领吞吐、NOTIFY 唤醒时延。
+
+    CHONGMING_TEST_POSTGRES=postgresql://postgres@127.0.0.1:5432/test python bench/bench_postgres_store.py
+
+同一次运行里量基线再量我们，打印比值：
+
+* 往返基线：``SELECT 1``（一次网络往返的下限）。单语句 save 应接近它。
+* 写法基线：同样的写入用"朴素"的多语句事务（BEGIN / 带版本校验的 UPDATE / 逐条 INSERT 迁移记录 /
+  COMMIT）完成。这正是 save 用一条 CTE 语句想省掉的往返。
+
+每次运行用一个临时 schema，结束时删除。只打印数字，不判对错。
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import statistics
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from psycopg import sql
+
+from chongming_task.models import TaskSnapshot, Transition
+from chongming_task.states import TaskStatus
+from chongming_task.stores.postgres import PostgresTaskStore
+from chongming_task.stores.postgres._codec import task_params
+from chongming_task.stores.postgres.store import _transition_params, _transitions_insert
+
+S = TaskStatus
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+LIFECYCLE = [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
+
+
+def _percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+def _step(snapshot: TaskSnapshot, status: TaskStatus) -> tuple[TaskSnapshot, Transition]:
+    version = snapshot.status_version + 1
+    at = T0 + timedelta(seconds=version)
+    record = Transition(
+        snapshot.task_id, snapshot.status, status, f"bench:{status.value}", "bench", None, version, at
+    )
+    return snapshot.evolve(status=status, status_version=version), record
+
+
+def bench_latency(store: PostgresTaskStore, dsn: str, schema: str) -> None:
+    """四种写法轮流各做一次、重复 n 轮：共享机器上的噪声对它们一视同仁。"""
+    n = 300
+    ours_task = TaskSnapshot(task_id="lat", name="bench", created_at=T0, status=S.RUNNING)
+    naive_task = TaskSnapshot(task_id="naive", name="bench", created_at=T0, status=S.RUNNING)
+    store.create(ours_task)
+    store.create(naive_task)
+    # 朴素写法：与 save 完全相同的 UPDATE（全部列、jsonb、版本校验）与迁移记录 INSERT，但分成
+    # BEGIN / UPDATE / INSERT / COMMIT 四次往返。直接借用存储内部渲染好的语句，保证写入内容一致。
+    update_sql = store._sql.save_no_history
+    insert_sql = _transitions_insert(store._sql.s, "")
+    bump = sql.SQL("UPDATE {}.tasks SET attempt = attempt + 1 WHERE task_id = 'naive'").format(
+        sql.Identifier(schema)
+    )
+    samples: dict[str, list[float]] = {k: [] for k in ("select1", "durable", "naive", "ours", "get")}
+    state = {"ours": ours_task, "naive": naive_task}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(n):
+            started = time.perf_counter()
+            conn.execute("SELECT 1").fetchone()
+            samples["select1"].append(time.perf_counter() - started)
+
+            started = time.perf_counter()
+            conn.execute(bump)
+            samples["durable"].append(time.perf_counter() - started)
+
+            nxt, record = _step(state["naive"], S.RUNNING)
+            started = time.perf_counter()
+            params = task_params(nxt)
+            params["expect_version"] = state["naive"].status_version
+            with conn.transaction():
+                row = conn.execute(update_sql, params).fetchone()
+                assert row is not None and row[0] == 1
+                conn.execute(insert_sql, _transition_params([record]))
+            samples["naive"].append(time.perf_counter() - started)
+            state["naive"] = nxt
+
+            nxt, record = _step(state["ours"], S.RUNNING)
+            started = time.perf_counter()
+            store.save(nxt, expect_version=state["ours"].status_version, transitions=[record])
+            samples["ours"].append(time.perf_counter() - started)
+            state["ours"] = nxt
+
+            started = time.perf_counter()
+            store.get("lat")
+            samples["get"].append(time.perf_counter() - started)
+
+    p = {k: _percentiles(v) for k, v in samples.items()}
+    print("== 单次 save 时延（带 1 条迁移记录），毫秒；四种写法逐轮交替测量 ==")
+    labels = {
+        "select1": "SELECT 1（一次往返）  ",
+        "durable": "单行 UPDATE 自动提交  ",
+        "naive": "同样写入·多语句事务  ",
+        "ours": "PostgresTaskStore.save",
+        "get": "PostgresTaskStore.get ",
+    }
+    for key, label in labels.items():
+        p50, p99 = p[key]
+        print(f"  {label} p50 {p50 * 1e3:6.3f}  p99 {p99 * 1e3:7.3f}")
+    ours50, naive50, dur50 = p["ours"][0], p["naive"][0], p["durable"][0]
+    print(f"  多语句事务 / save = {naive50 / ours50:.2f}x（越大越好：一条语句省下的往返）")
+    print(f"  save / 最小持久写 = {ours50 / dur50:.2f}x（越接近 1 越好：提交时的 WAL fsync 是下限）")
+
+
+def bench_throughput(store: PostgresTaskStore, threads: int, tasks_per_thread: int) -> float:
+    """每个任务：create + 4 次 save（排队→启动→运行→成功，各带一条迁移记录）。"""
+    barrier = threading.Barrier(threads + 1)
+
+    def run(worker: int) -> None:
+        barrier.wait()
+        for i in range(tasks_per_thread):
+            current = TaskSnapshot(task_id=f"tp-{threads}-{worker}-{i}", name="bench", created_at=T0)
+            store.create(current)
+            for status in LIFECYCLE:
+                nxt, record = _step(current, status)
+                store.save(nxt, expect_version=current.status_version, transitions=[record])
+                current = nxt
+
+    pool = [threading.Thread(target=run, args=(w,)) for w in range(threads)]
+    for t in pool:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in pool:
+        t.join()
+    elapsed = time.perf_counter() - started
+    return threads * tasks_per_thread / elapsed
+
+
+def bench_claims(store: PostgresTaskStore, threads: int, commands: int) -> float:
+    target = f"claim-target-{threads}"
+    store.create(TaskSnapshot(task_id=target, name="bench", created_at=T0))
+    for _ in range(commands):
+        store.submit_command(target, "stop")
+    barrier = threading.Barrier(threads + 1)
+    taken: list[int] = []
+    lock = threading.Lock()
+
+    def run(worker: int) -> None:
+        barrier.wait()
+        count = 0
+        while batch := store.claim_commands(f"c{worker}", lease=60, limit=10):
+            for command in batch:
+                store.complete_command(command.command_id, f"c{worker}")
+            count += len(batch)
+        with lock:
+            taken.append(count)
+
+    pool = [threading.Thread(target=run, args=(w,)) for w in range(threads)]
+    for t in pool:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in pool:
+        t.join()
+    elapsed = time.perf_counter() - started
+    assert sum(taken) == commands, (sum(taken), commands)
+    return commands / elapsed
+
+
+def bench_notify(dsn: str, schema: str, rounds: int = 30) -> list[float]:
+    holder = PostgresTaskStore(dsn, schema=schema)
+    console = PostgresTaskStore(dsn, schema=schema)
+    try:
+        holder.create(TaskSnapshot(task_id="notify", name="bench", created_at=T0))
+        holder.wait_for_commands(0)
+        woke = threading.Event()
+        stamp: list[float] = []
+        holder.listen(lambda _: (stamp.append(time.perf_counter()), woke.set()))
+        latencies = []
+        for _ in range(rounds):
+            woke.clear()
+            stamp.clear()
+            sent = time.perf_counter()
+            console.submit_command("notify", "stop")
+            if not woke.wait(5):
+                raise RuntimeError("通知 5 秒没到")
+            latencies.append(stamp[0] - sent)
+            time.sleep(0.01)
+        return latencies
+    finally:
+        console.close()
+        holder.close()
+
+
+def main() -> None:
+    dsn = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("CHONGMING_TEST_POSTGRES", "")
+    if not dsn:
+        raise SystemExit("请给出 DSN：参数或环境变量 CHONGMING_TEST_POSTGRES")
+    schema = f"ct_bench_{secrets.token_hex(4)}"
+    store = PostgresTaskStore(dsn, schema=schema, max_size=8)
+    try:
+        bench_latency(store, dsn, schema)
+        print("== 吞吐：每个任务 create + 4 次 save（全历史） ==")
+        single = bench_throughput(store, 1, 300)
+        print(f"  1 线程  {single:8.0f} 任务/秒  ({single * 5:8.0f} 次写/秒)")
+        for threads in (4, 8):
+            rate = bench_throughput(store, threads, 150)
+            print(f"  {threads} 线程  {rate:8.0f} 任务/秒  ({rate * 5:8.0f} 次写/秒)", end="")
+            print(f"  相对 1 线程 {rate / single:.2f}x")
+        print("== 指令认领：claim(limit=10) + complete，SKIP LOCKED ==")
+        one = bench_claims(store, 1, 300)
+        print(f"  1 认领者  {one:8.0f} 条/秒")
+        four = bench_claims(store, 4, 600)
+        print(f"  4 认领者  {four:8.0f} 条/秒  相对 1 认领者 {four / one:.2f}x")
+    finally:
+        store.close()
+    try:
+        latencies = bench_notify(dsn, schema)
+        p50, p99 = _percentiles(latencies)
+        print("== NOTIFY：另一个存储实例 submit_command → 监听回调 ==")
+        print(f"  p50 {p50 * 1e3:.2f} ms   p99 {p99 * 1e3:.2f} ms", end="")
+        print("   （目标 p50 ≤ 50 ms；对比：1 秒轮询的平均等待 500 ms）")
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+if __name__ == "__main__":
+    main()
