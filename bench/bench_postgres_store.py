@@ -177,7 +177,12 @@ def bench_notify(dsn: str, schema: str, rounds: int = 30) -> list[float]:
         holder.wait_for_commands(0)
         woke = threading.Event()
         stamp: list[float] = []
-        holder.listen(lambda _: (stamp.append(time.perf_counter()), woke.set()))
+
+        def on_notice(_: object) -> None:
+            stamp.append(time.perf_counter())
+            woke.set()
+
+        holder.listen(on_notice)
         latencies = []
         for _ in range(rounds):
             woke.clear()
