@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,20 +47,26 @@ from chongming_task.storage import (
     validate_save,
 )
 
-_SCALARS = (str, int, float, bool)
 _TOUCH_FIELDS = frozenset({"progress", "heartbeat_at", "lease_owner", "lease_until"})
 
 
 def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
     """把 JSON 值拆成 (可共享的不可变部分, 容器的 JSON 文本)。
 
-    None 与内置标量本身不可变，直接存放；其余一律经 JSON 往返规范化（元组变列表、str 子类变 str），
-    容器只保留文本，出库时再解析，保证出入库都是拷贝。
+    None 与内置标量本身不可变，直接存放（热路径：运行中的任务 outcome 都是 None，不做任何序列化）；
+    dict / list 只保留文本，出库时再解析，保证出入库都是拷贝；其余类型（元组、str 子类、枚举……）
+    经一次 JSON 往返规范化成 SQL 后端会交回的样子。
     """
-    if value is None or type(value) in _SCALARS:
-        check_json_value(value, what=what)  # 仍要拒绝 NaN / inf
+    kind = type(value)
+    if value is None or kind is str or kind is int or kind is bool:
+        return value, None
+    if kind is float:
+        if not math.isfinite(value):
+            check_json_value(value, what=what)  # 抛出统一措辞的 ConfigurationError
         return value, None
     text = check_json_value(value, what=what)
+    if kind is dict or kind is list:
+        return None, text
     parsed = json.loads(text)
     if isinstance(parsed, (dict, list)):
         return None, text
@@ -357,19 +364,20 @@ class InMemoryTaskStore(TaskStore):
         lease_owner: str | None,
         lease_until: datetime | None,
     ) -> dict[str, Any]:
-        if progress is not None and not isinstance(progress, Progress):
-            raise ConfigurationError(f"progress 必须是 Progress，收到 {type(progress).__name__}")
-        _check_aware("heartbeat_at", heartbeat_at)
-        _check_aware("lease_until", lease_until)
-        _check_optional_text("lease_owner", lease_owner)
+        # 每个运行中的任务每几秒 touch 一次：只校验真正给出的字段。
         changes: dict[str, Any] = {}
         if progress is not None:
+            if not isinstance(progress, Progress):
+                raise ConfigurationError(f"progress 必须是 Progress，收到 {type(progress).__name__}")
             changes["progress"] = progress
         if heartbeat_at is not None:
+            _check_aware("heartbeat_at", heartbeat_at)
             changes["last_heartbeat_at"] = heartbeat_at
         if lease_owner is not None:
+            _check_optional_text("lease_owner", lease_owner)
             changes["lease_owner"] = lease_owner
         if lease_until is not None:
+            _check_aware("lease_until", lease_until)
             changes["lease_until"] = lease_until
         return changes
 
