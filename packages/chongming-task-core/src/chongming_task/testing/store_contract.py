@@ -650,6 +650,45 @@ class StoreContract(unittest.TestCase):
             counts[record.actor or ""] += 1
         self.assertEqual(set(counts.values()), {per_writer})
 
+    def test_reads_never_see_a_torn_snapshot(self) -> None:
+        store = self.open_store()
+        store.create(snap("torn", status=S.RUNNING, label="v0", outcome={"v": 0}))
+        saves = 60
+        errors: list[BaseException] = []
+        done = threading.Event()
+
+        def writer() -> None:
+            try:
+                for n in range(1, saves + 1):
+                    current = store.get("torn")
+                    assert current is not None
+                    target = S.PAUSING if current.status is S.RUNNING else S.RUNNING
+                    nxt, record = step(current, target, label=f"v{n}", outcome={"v": n, "pad": [n] * 50})
+                    store.save(nxt, expect_version=current.status_version, transitions=[record])
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                done.set()
+
+        def reader() -> None:
+            try:
+                while not done.is_set():
+                    for got in [store.get("torn"), *store.query(TaskQuery(name_prefix="contract"))]:
+                        assert got is not None
+                        if got.label != f"v{got.outcome['v']}":
+                            raise AssertionError(
+                                f"读到了半新半旧的快照：label={got.label} outcome={got.outcome}"
+                            )
+                        if got.status_version != got.outcome["v"]:
+                            raise AssertionError(
+                                f"版本 {got.status_version} 与 outcome {got.outcome} 不属于同一次写入"
+                            )
+            except BaseException as exc:
+                errors.append(exc)
+
+        self.run_threads([writer, reader, reader])
+        self.assertEqual(errors, [])
+
     # ===============================================================================================
     # query
     # ===============================================================================================

@@ -83,11 +83,6 @@ class _Row:
         self.outcome_text = outcome_text
         self.history: dict[int, Transition] = {}
 
-    def export(self) -> TaskSnapshot:
-        if self.outcome_text is None:
-            return self.snapshot
-        return self.snapshot.evolve(outcome=json.loads(self.outcome_text))
-
 
 class _CommandRow:
     __slots__ = (
@@ -304,13 +299,17 @@ class InMemoryTaskStore(TaskStore):
         query = query or TaskQuery()
         with self._lock:
             self._check_open()
-            rows = [row for row in self._rows.values() if query.matches(row.snapshot)]
-        rows.sort(
-            key=lambda row: query.sort_key(row.snapshot), reverse=query.order is QueryOrder.NEWEST_FIRST
-        )
+            # 快照与 outcome 文本必须在锁内成对取出：锁外再分别读 row 的两个属性，中间可能插进一次 save。
+            pairs = [
+                (row.snapshot, row.outcome_text) for row in self._rows.values() if query.matches(row.snapshot)
+            ]
+        pairs.sort(key=lambda pair: query.sort_key(pair[0]), reverse=query.order is QueryOrder.NEWEST_FIRST)
         if query.limit is not None:
-            rows = rows[: query.limit]
-        return [row.export() for row in rows]
+            pairs = pairs[: query.limit]
+        return [
+            snapshot if text is None else snapshot.evolve(outcome=json.loads(text))
+            for snapshot, text in pairs
+        ]
 
     def stats(self, query: TaskQuery | None = None) -> TaskStats:
         with self._lock:
