@@ -129,4 +129,4 @@ def test_dispatch_cost_does_not_depend_on_queue_length() -> None:
         s.enqueue(f"free-{i}", priority=0, bucket=1 + i, tags=())
         started = s.take_runnable()
         assert started == [f"free-{i}"]
-        assert len(s._ready) == 0  # noqa: SLF001 - 白盒：挡住的条目不在就绪堆里
+        assert len(s._ready) == 0  # 白盒：挡住的条目不在就绪堆里

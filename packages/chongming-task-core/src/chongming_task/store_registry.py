@@ -25,7 +25,7 @@ _BUILTIN: dict[str, str] = {
 }
 
 _INSTALL_HINTS: dict[str, str] = {
-    "sqlite": 'pip install chongming-task-store-sqlite（或 pip install chongming-task）',
+    "sqlite": "pip install chongming-task-store-sqlite（或 pip install chongming-task）",
     "postgresql": 'pip install "chongming-task[postgres]"',
     "postgres": 'pip install "chongming-task[postgres]"',
 }
@@ -60,7 +60,9 @@ def _load(target: str, scheme: str) -> type[TaskStore]:
 def split_url(url: str) -> tuple[str, str]:
     """返回 (scheme, url)。没有 scheme 的字符串视为 SQLite 文件路径。"""
     if not isinstance(url, str) or not url.strip():
-        raise ConfigurationError(f"存储连接串必须是非空字符串，例如 sqlite:///tmp/tasks.db 或 memory://，收到 {url!r}")
+        raise ConfigurationError(
+            f"存储连接串必须是非空字符串，例如 sqlite:///tmp/tasks.db 或 memory://，收到 {url!r}"
+        )
     match = _SCHEME.match(url)
     if match is None:
         return "sqlite", f"sqlite:{url}"
@@ -68,8 +70,11 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 def open_store(url: str, **kwargs: Any) -> TaskStore:
-    """按连接串打开存储：``memory://``、``sqlite:///绝对路径``、``sqlite:相对路径.db``、裸文件路径、
-    ``postgresql://...``，以及任何第三方包在入口点里登记的 scheme。"""
+    """按连接串打开存储。
+
+    支持 ``memory://``、``sqlite:///绝对路径``、``sqlite:相对路径.db``、裸文件路径、``postgresql://...``，
+    以及任何第三方包在入口点里登记的 scheme。
+    """
     scheme, url = split_url(url)
     schemes = available_schemes()
     target = schemes.get(scheme)
@@ -78,10 +83,7 @@ def open_store(url: str, **kwargs: Any) -> TaskStore:
         raise ConfigurationError(f"未知的存储 scheme '{scheme}'；已安装的有：{known}")
     cls = _load(target, scheme)
     from_url = getattr(cls, "from_url", None)
-    if callable(from_url):
-        store = from_url(url, **kwargs)
-    else:
-        store = cls(url, **kwargs)  # type: ignore[call-arg]
+    store = from_url(url, **kwargs) if callable(from_url) else cls(url, **kwargs)  # type: ignore[call-arg]
     if not isinstance(store, TaskStore):
         raise ConfigurationError(f"{target}.from_url() 没有返回 TaskStore")
     return store

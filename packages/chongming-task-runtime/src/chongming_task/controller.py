@@ -116,6 +116,12 @@ class Controller:
         ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigurationError(f"{name} 必须是正的秒数，收到 {value!r}")
+        if executor is not None and getattr(executor, "blocking", False):
+            raise ConfigurationError(
+                "Controller 不能使用 InlineExecutor：它在调用线程里同步跑完任务，会把调度器本身卡住，"
+                "也无法被暂停。请用 ThreadExecutor()（默认）或 ProcessExecutor()；"
+                "需要同步、确定性的单个执行时直接用 run_task(..., executor=InlineExecutor())"
+            )
         if store is not None and not isinstance(store, TaskStore):
             raise ConfigurationError(
                 f"store 必须是 TaskStore 的实例（如 SqliteTaskStore(...)），收到 {store!r}"
@@ -455,12 +461,19 @@ class Controller:
                 target is TaskStatus.PAUSED
                 and record.from_status in (TaskStatus.QUEUED, TaskStatus.RETRY_WAIT)
             )
+            to_start: list[str] = []
             if not carrying and scheduler.release(task_id):
-                self._wake.set()
+                # 空出的额度就地交给下一个排队任务，不必唤醒后台线程再转一手（吞吐的关键路径）。
+                to_start = scheduler.take_runnable()
             if snapshot.is_terminal:
                 self._unfinished.discard(task_id)
                 self._terminal_order.append(task_id)
                 self._settled.notify_all()
+        if to_start:
+            # 这里仍持有本任务的锁，去启动别的任务（拿它们的锁）不会成环：被启动的只可能是刚从
+            # 就绪队列取出的排队任务，而持有排队任务锁的线程（停止/暂停它）从不去拿正在让出额度
+            # 的任务的锁——它只会从就绪队列里另取新的任务。
+            self._start_runs(to_start)
 
     def _enqueue_locked_by_snapshot(self, snapshot: TaskSnapshot) -> None:
         self._scheduler.enqueue(
