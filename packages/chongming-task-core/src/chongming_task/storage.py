@@ -33,7 +33,7 @@ SIDE_CHANNEL_FIELDS = frozenset({"progress", "last_heartbeat_at", "lease_owner",
 """只由 touch（及 create 的初值）写入的字段；save 从不改写它们。"""
 
 
-class QueryOrder(str, enum.Enum):
+class QueryOrder(enum.StrEnum):
     """查询结果的顺序：按 (created_at, task_id) 排序。"""
 
     NEWEST_FIRST = "newest"
@@ -157,7 +157,7 @@ def escape_like(prefix: str, escape: str = "\\") -> str:
     return escaped + "%"
 
 
-class CommandAction(str, enum.Enum):
+class CommandAction(enum.StrEnum):
     """跨进程控制动作。"""
 
     STOP = "stop"
