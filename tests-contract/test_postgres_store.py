@@ -53,17 +53,20 @@ class _PostgresMixin(unittest.TestCase):
     dsn: str
     _free: list[str]
     _all: list[str]
+    _admin: psycopg.Connection[tuple[object, ...]]
 
     @classmethod
     def setUpClass(cls) -> None:
         cls.dsn = _dsn()
         cls._free = []
         cls._all = []
+        cls._admin = psycopg.connect(cls.dsn, autocommit=True)  # 清空 schema 用，整个类共用一条
         super().setUpClass()
 
     @classmethod
     def tearDownClass(cls) -> None:
         super().tearDownClass()
+        cls._admin.close()
         for schema in cls._all:
             _drop_schema(cls.dsn, schema)
 
@@ -80,11 +83,14 @@ class _PostgresMixin(unittest.TestCase):
 
     def _recycle(self, schema: str) -> None:
         s = psycopg.sql.Identifier(schema)
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{schema}".tasks']).fetchone()
-            if not (exists and exists[0]):
-                return  # 构造失败的存储没建成表：不复用，类结束时删掉
-            conn.execute(psycopg.sql.SQL("TRUNCATE {s}.tasks, {s}.transitions, {s}.commands").format(s=s))
+        admin = type(self)._admin
+        exists = admin.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{schema}".tasks']).fetchone()
+        if not (exists and exists[0]):
+            return  # 构造失败的存储没建成表：不复用，类结束时删掉
+        # 小表上 DELETE 比 TRUNCATE 快（TRUNCATE 要换新的数据文件）；一个事务里清三张表。
+        with admin.transaction():
+            for table in ("transitions", "commands", "tasks"):
+                admin.execute(psycopg.sql.SQL("DELETE FROM {}.{}").format(s, psycopg.sql.Identifier(table)))
         type(self)._free.append(schema)
 
 
