@@ -133,8 +133,11 @@ def test_cross_process_list_pause_resume_stop(db: str, spawn_worker: Any, wait_u
     assert status == "succeeded" and isinstance(value, int) and value > 0  # 优雅收尾，返回值保留
     final = console.wait("orders-worker", timeout=10)
     assert final.status is S.SUCCEEDED
-    triggers = [t.trigger for t in console.store.history("orders-worker")]  # type: ignore[union-attr]
-    assert "control:stop" in triggers
+    history = console.store.history("orders-worker")  # type: ignore[union-attr]
+    stop_record = next(t for t in history if t.trigger == "control:stop")
+    assert stop_record.actor == "ops-console" and stop_record.reason == "发布窗口"  # 谁按的停止，事后可追溯
+    pause_record = next(t for t in history if t.to_status is S.PAUSING)
+    assert pause_record.actor == "ops-console"
     # 三条指令都已由 worker 执行完毕（没有残留可认领的）；控制台这个纯查询客户端从不认领。
     assert console.store.claim_commands("probe", lease=1.0) == []  # type: ignore[union-attr]
     console.close(close_store=True)

@@ -616,15 +616,18 @@ class Controller:
     ) -> None:
         logger.info("执行来自 %s 的指令 %s（任务 %s）", issuer, action.value, run.task_id)
         if action is CommandAction.STOP:
-            run.stop(reason=reason or f"来自 {issuer} 的停止指令")
+            run.stop(reason=reason or f"来自 {issuer} 的停止指令", actor=issuer)
         elif action is CommandAction.RESUME:
-            run.resume()
+            run.resume(actor=issuer)
         elif action is CommandAction.PAUSE:
             timeout = payload.get("timeout")
             pause_timeout = float(timeout) if isinstance(timeout, (int, float)) else None
             # pause 会阻塞到确认或窗口用尽；放到独立线程里，别卡住后台循环。
             threading.Thread(
-                target=run.pause, kwargs={"timeout": pause_timeout}, name=f"pause[{run.task_id}]", daemon=True
+                target=run.pause,
+                kwargs={"timeout": pause_timeout, "actor": issuer},
+                name=f"pause[{run.task_id}]",
+                daemon=True,
             ).start()
 
     # -- queries ------------------------------------------------------------------------------------

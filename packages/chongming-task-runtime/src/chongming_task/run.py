@@ -370,8 +370,10 @@ class TaskRun:
         assert outcome is not None
         return outcome
 
-    def stop(self, reason: str | None = None) -> bool:
+    def stop(self, reason: str | None = None, *, actor: str | None = None) -> bool:
         """请求停止，不阻塞。返回请求是否被受理（已落终态时为 False）。
+
+        ``actor`` 记进迁移历史（谁按的停止），例如跨进程指令的发起者。
 
         没占执行槽的任务立即落 stopped；在跑的任务进入 stopping，在优雅窗口内响应 checkpoint() 则落
         stopped（正常返回则 succeeded），窗口用尽：线程记 lost，子进程被终止后记 stopped。
@@ -387,14 +389,16 @@ class TaskRun:
             active = attempt is not None and not attempt.settled
             if status in _NOT_STARTED or (status is S.PAUSED and not active):
                 self._cancel_retry_locked()
-                machine.mark_stopped(reason=reason)
+                machine.mark_stopped(reason=reason, actor=actor, trigger=TRIGGER_STOP)
                 return True
             assert attempt is not None
             if status is S.PAUSED:
                 # paused 没有到 stopping 的边：先唤醒（回到 running），任务在检查点里立刻响应停止。
-                machine.mark_running(trigger=TRIGGER_STOP, reason="恢复被暂停的任务，让它在检查点里响应停止")
+                machine.mark_running(
+                    trigger=TRIGGER_STOP, actor=actor, reason="恢复被暂停的任务，让它在检查点里响应停止"
+                )
             attempt.wake_pauser()
-            machine.mark_stopping(reason=reason)
+            machine.mark_stopping(reason=reason, actor=actor)
             self._request_stop_locked(attempt, reason)
             return True
 
@@ -429,7 +433,7 @@ class TaskRun:
             self._request_stop_locked(attempt, attempt.cancel_reason)
             return True
 
-    def pause(self, timeout: float | None = None) -> bool:
+    def pause(self, timeout: float | None = None, *, actor: str | None = None) -> bool:
         """请求暂停并等待确认。True：任务确实在检查点挂起了（或它根本还没启动，直接记 paused）。
 
         False 不是错误，是"暂停没生效"：窗口内任务没到检查点，状态回滚为 running，并留下一条
@@ -444,7 +448,7 @@ class TaskRun:
                 return True
             if status in (S.QUEUED, S.RETRY_WAIT):
                 self._cancel_retry_locked()
-                machine.mark_paused(trigger="control:pause", reason="未启动的任务直接暂停")
+                machine.mark_paused(trigger="control:pause", actor=actor, reason="未启动的任务直接暂停")
                 return True
             attempt = self._attempt
             if status not in (S.RUNNING, S.PAUSING) or attempt is None or attempt.settled:
@@ -454,7 +458,7 @@ class TaskRun:
             assert attempt.handle is not None
             if status is S.RUNNING:
                 signal = attempt.pause_signal(fresh=True)
-                machine.mark_pausing()
+                machine.mark_pausing(actor=actor)
                 attempt.handle.request_pause()
             else:
                 signal = attempt.pause_signal(fresh=False)
@@ -474,7 +478,7 @@ class TaskRun:
             machine.abort_pause(reason=f"暂停窗口（{window:g} 秒）内任务没有到达检查点，状态回滚为 running")
             return False
 
-    def resume(self) -> bool:
+    def resume(self, *, actor: str | None = None) -> bool:
         """撤销暂停。就地暂停的回到 running；排队/重试等待中暂停的回到 queued（§4.3）。"""
         relaunch: _Attempt | None = None
         with self._lock:
@@ -484,19 +488,19 @@ class TaskRun:
             active = attempt is not None and not attempt.settled
             if status is S.PAUSED and active:
                 assert attempt is not None and attempt.handle is not None
-                machine.mark_running(trigger=TRIGGER_RESUME)
+                machine.mark_running(trigger=TRIGGER_RESUME, actor=actor)
                 attempt.handle.request_resume()
                 self._resume_timers_locked(attempt)
                 return True
             if status is S.PAUSING and active:
                 assert attempt is not None and attempt.handle is not None
                 attempt.handle.request_resume()
-                machine.mark_running(trigger=TRIGGER_RESUME, reason="暂停尚未生效即被撤销")
+                machine.mark_running(trigger=TRIGGER_RESUME, actor=actor, reason="暂停尚未生效即被撤销")
                 attempt.wake_pauser()
                 return True
             if status is not S.PAUSED:
                 return False
-            machine.mark_queued(trigger=TRIGGER_RESUME, reason="暂停时尚未启动，回到排队")
+            machine.mark_queued(trigger=TRIGGER_RESUME, actor=actor, reason="暂停时尚未启动，回到排队")
             if self._on_requeue is None and self._started:
                 relaunch = self._begin_attempt_locked()
         if relaunch is not None:
