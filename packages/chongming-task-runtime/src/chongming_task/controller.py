@@ -489,13 +489,15 @@ class Controller:
         next_poll = self.clock.monotonic()
         while not self._stop_loop.is_set():
             now = self.clock.monotonic()
-            deadlines = [next_side, next_lease]
+            # 没有存储时不回写旁路字段、不续租：只等唤醒、启动超时与指令轮询（否则这两个期限到点后
+            # 不再推进，循环会空转）。
+            deadlines = [next_side, next_lease] if self._write is not None else []
             if self._polling:
                 deadlines.append(next_poll)
             with self._lock:
                 if self._start_deadlines:
                     deadlines.append(self._start_deadlines[0][0])
-            timeout = max(0.0, min(deadlines) - now)
+            timeout = max(0.0, min(deadlines) - now) if deadlines else None
             self.clock.wait(self._wake, timeout)
             self._wake.clear()
             if self._stop_loop.is_set():
