@@ -105,8 +105,8 @@ def test_listen_callback_and_event_receive_notices(postgres_dsn: str, schema: st
 
         unsubscribe()
         got.clear()
-        console.submit_command("n-3", "stop")
         event.clear()
+        console.submit_command("n-3", "stop")
         assert event.wait(WAKE_LIMIT * 5)
         assert not got.is_set(), "取消订阅之后回调不应再被调用"
     finally:
