@@ -255,10 +255,16 @@ class TaskStats:
         return {status.value: n for status, n in self.counts.items()}
 
 
+# 非默认参数的 json.dumps 每次都要新建一个编码器；复用一个（JSONEncoder.encode 无状态，线程安全）。
+_STRICT_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def check_json_value(value: Any, *, what: str = "outcome") -> str:
     """把值序列化为严格 JSON 文本；不可序列化（或含 NaN/inf）时抛 ConfigurationError 说明原因。"""
+    if value is None:
+        return "null"  # 最常见的返回值：不必为它走一遍编码器
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return _STRICT_JSON.encode(value)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(
             f"{what} 必须可 JSON 序列化（dict / list / str / 数字 / bool / None）：{exc}"
