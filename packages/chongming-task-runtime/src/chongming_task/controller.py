@@ -468,7 +468,8 @@ class Controller:
             if snapshot.is_terminal:
                 self._unfinished.discard(task_id)
                 self._terminal_order.append(task_id)
-                self._settled.notify_all()
+                if not self._unfinished:  # wait_all 只等"全部落地"这一刻：别为每个任务都叫醒它
+                    self._settled.notify_all()
         if to_start:
             # 这里仍持有本任务的锁，去启动别的任务（拿它们的锁）不会成环：被启动的只可能是刚从
             # 就绪队列取出的排队任务，而持有排队任务锁的线程（停止/暂停它）从不去拿正在让出额度
