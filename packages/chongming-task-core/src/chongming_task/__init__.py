@@ -44,7 +44,15 @@ from chongming_task.policies import (
     Timeout,
 )
 from chongming_task.states import TERMINAL_STATUSES, TRANSITIONS, TaskStatus
-from chongming_task.storage import Command, CommandAction, QueryOrder, TaskQuery, TaskStats, TaskStore
+from chongming_task.storage import (
+    Command,
+    CommandAction,
+    NodeRecord,
+    QueryOrder,
+    TaskQuery,
+    TaskStats,
+    TaskStore,
+)
 from chongming_task.store_registry import open_store
 
 __version__ = "0.1.0"
@@ -173,6 +181,7 @@ _CORE_NAMES = [
     "InvalidTransition",
     "Jitter",
     "JoinMode",
+    "NodeRecord",
     "Outcome",
     "Progress",
     "QueryOrder",
@@ -218,4 +227,65 @@ def _installed_lazy_names() -> list[str]:
     return names
 
 
-__all__ = sorted(_CORE_NAMES + _installed_lazy_names())  # pyright: ignore[reportUnsupportedDunderAll]
+if TYPE_CHECKING:
+    # 类型检查器看到完整的静态名单（mypy --strict 据此判断哪些名字是显式导出的）。
+    __all__ = [
+        "TERMINAL_STATUSES",
+        "TRANSITIONS",
+        "AggregationPolicy",
+        "AttemptsExhausted",
+        "BucketPolicy",
+        "CircularDependency",
+        "Clock",
+        "Command",
+        "CommandAction",
+        "ConcurrencyConflict",
+        "ConcurrencyPolicy",
+        "ConfigurationError",
+        "Controller",
+        "DependencyFailed",
+        "DuplicateTaskId",
+        "ExponentialBackoff",
+        "Failure",
+        "FailureKind",
+        "FixedBackoff",
+        "InMemoryTaskStore",
+        "InlineExecutor",
+        "InvalidTransition",
+        "Jitter",
+        "JoinMode",
+        "Outcome",
+        "Pipeline",
+        "PipelineRun",
+        "PostgresTaskStore",
+        "ProcessExecutor",
+        "Progress",
+        "QueryOrder",
+        "RetryPolicy",
+        "RuntimeContext",
+        "SqliteTaskStore",
+        "StateMachine",
+        "StoreError",
+        "SystemClock",
+        "TaskCancelled",
+        "TaskContext",
+        "TaskError",
+        "TaskExecutionError",
+        "TaskNotFound",
+        "TaskQuery",
+        "TaskRun",
+        "TaskSnapshot",
+        "TaskStats",
+        "TaskStatus",
+        "TaskStore",
+        "TaskTimeout",
+        "ThreadExecutor",
+        "Timeout",
+        "Transition",
+        "open_store",
+        "render_table",
+        "run_task",
+        "task",
+    ]
+else:
+    __all__ = sorted(_CORE_NAMES + _installed_lazy_names())

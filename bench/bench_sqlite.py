@@ -1,0 +1,212 @@
+"""Controller + SqliteTaskStore 端到端基准（同一次运行里测对照，打印比值）。
+
+1. 吞吐：空任务经 Controller(max_parallel=2) + SqliteTaskStore（完整历史、WAL、synchronous=NORMAL），
+   对照 Huey 的 SqliteHuey + 2 个线程 worker（huey 只装在基准环境里：pip install huey）。目标 ≥ 1.5×。
+2. reconcile()：10 万个任务（其中 1,000 个失去监督者的 running、1,000 个排队）≤ 2 s。
+3. 跨进程停止时延：另一个进程 stop() → 任务在存储里落终态，p50 ≤ 300 ms。
+（100 万行上的 list 查询见 bench_sqlite_store.py。）
+
+运行：python bench/bench_sqlite.py [--quick]
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from chongming_task import Controller, SqliteTaskStore, TaskSnapshot, TaskStatus
+from chongming_task.stores.sqlite import codec, schema
+
+S = TaskStatus
+
+
+def noop(ctx: Any) -> None:
+    return None
+
+
+def ours(n: int, workdir: Path) -> float:
+    store = SqliteTaskStore(str(workdir / "ours.db"))
+    c = Controller(max_parallel=2, store=store)
+    c.register("noop", noop)
+    started = time.perf_counter()
+    for _ in range(n):
+        c.submit("noop")
+    c.wait_all(timeout=600)
+    rate = n / (time.perf_counter() - started)
+    c.close(close_store=True)
+    return rate
+
+
+HUEY_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    from huey import SqliteHuey
+    huey = SqliteHuey(filename=sys.argv[1], results=False)
+    n = int(sys.argv[2])
+    done = [0]
+    lock = threading.Lock()
+
+    @huey.task()
+    def noop():
+        with lock:
+            done[0] += 1
+            if done[0] == n:
+                print(f"{n / (time.perf_counter() - started):.1f}", flush=True)
+                os._exit(0)
+
+    started = time.perf_counter()
+    for _ in range(n):
+        noop()
+    consumer = huey.create_consumer(workers=2, worker_type="thread", periodic=False,
+                                    initial_delay=0.001, max_delay=0.01, backoff=1.05)
+    consumer.run()
+    """
+)
+
+
+def huey_rate(n: int, workdir: Path) -> float | None:
+    try:
+        import huey  # type: ignore[import-untyped]  # noqa: F401
+    except ImportError:
+        return None
+    script = workdir / "huey_bench.py"
+    script.write_text(HUEY_SCRIPT, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, str(script), str(workdir / "huey.db"), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    if result.returncode != 0 or not lines:
+        raise RuntimeError(f"Huey 基准失败：{result.stderr[-2000:]}")
+    return float(lines[-1])
+
+
+def build_reconcile_file(path: Path, rows: int, orphans: int, queued: int) -> None:
+    """批量灌入：orphans 个租约早已过期的 running、queued 个排队、其余终态。"""
+    SqliteTaskStore(str(path)).close()
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    template = codec.snapshot_row(TaskSnapshot(task_id="x", name="x", created_at=t0))
+    columns = ", ".join(schema.TASK_COLUMNS)
+    marks = ", ".join("?" for _ in schema.TASK_COLUMNS)
+    insert = f"INSERT INTO tasks ({columns}) VALUES ({marks})"
+    task_rows = []
+    for index in range(rows):
+        created = t0 + timedelta(seconds=index)
+        status = S.RUNNING if index < orphans else S.QUEUED if index < orphans + queued else S.SUCCEEDED
+        row = dict(template)
+        row.update(
+            task_id=f"t{index:07d}",
+            name="sync",
+            status=status.value,
+            status_version=0,
+            created_at=codec.dt_text(created),
+            created_key=codec.dt_key(created),
+            owner="dead-node",
+            lease_owner="dead-node",
+            lease_until=codec.dt_text(t0),
+            lease_key=codec.dt_key(t0),
+        )
+        if status is S.RUNNING:
+            row.update(started_at=codec.dt_text(created))
+        if status.is_terminal:
+            row.update(finished_at=codec.dt_text(created), finished_key=codec.dt_key(created))
+        task_rows.append([row.get(c) for c in schema.TASK_COLUMNS])
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    conn.executemany(insert, task_rows)
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def reconcile_seconds(workdir: Path, rows: int) -> tuple[float, int, int]:
+    path = workdir / "reconcile.db"
+    build_reconcile_file(path, rows, orphans=1_000, queued=1_000)
+    c = Controller(store=SqliteTaskStore(str(path)), owner="heir")
+    started = time.perf_counter()
+    report = c.reconcile()
+    elapsed = time.perf_counter() - started
+    c.close(close_store=True)
+    return elapsed, len(report.lost), len(report.adoptable)
+
+
+WORKER_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from chongming_task import Controller, SqliteTaskStore
+
+    def resident(ctx):
+        while True:
+            ctx.checkpoint()
+            time.sleep(0.005)
+
+    c = Controller(store=SqliteTaskStore(sys.argv[1]), owner="bench-worker")
+    c.register("resident", resident)
+    runs = [c.submit("resident", task_id=f"r{i}") for i in range(int(sys.argv[2]))]
+    print("READY", flush=True)
+    for run in runs:
+        run.wait(timeout=120)
+    c.close(close_store=True)
+    """
+)
+
+
+def stop_latencies(workdir: Path, trials: int) -> list[float]:
+    db = workdir / "stop.db"
+    script = workdir / "stop_worker.py"
+    script.write_text(WORKER_SCRIPT, encoding="utf-8")
+    worker = subprocess.Popen(
+        [sys.executable, str(script), str(db), str(trials)], stdout=subprocess.PIPE, text=True
+    )
+    assert worker.stdout is not None and worker.stdout.readline().startswith("READY")
+    console = Controller(store=SqliteTaskStore(str(db)), owner="bench-console")
+    latencies = []
+    for i in range(trials):
+        task_id = f"r{i}"
+        while (snap := console.get(task_id)) is None or snap.status is not S.RUNNING:
+            time.sleep(0.005)
+        started = time.perf_counter()
+        console.stop(task_id, reason="bench")
+        while not console.get(task_id).status.is_terminal:  # type: ignore[union-attr]
+            time.sleep(0.002)
+        latencies.append(time.perf_counter() - started)
+    worker.wait(timeout=60)
+    console.close(close_store=True)
+    return latencies
+
+
+def main() -> int:
+    quick = "--quick" in sys.argv
+    n = 1_000 if quick else 5_000
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        our_rate = ours(n, workdir)
+        huey = huey_rate(n, workdir)
+        print(f"吞吐（{n:,} 个空任务，2 个并行，完整历史）")
+        print(f"  Controller + SqliteTaskStore   {our_rate:8,.0f} 任务/秒")
+        if huey is None:
+            print("  SqliteHuey（2 线程 worker）    未安装 huey，跳过对照（pip install huey）")
+        else:
+            ratio = our_rate / huey
+            print(f"  SqliteHuey（2 线程 worker）    {huey:8,.0f} 任务/秒   比值 {ratio:.2f}×（目标 ≥ 1.5×）")
+        rows = 20_000 if quick else 100_000
+        elapsed, lost, adoptable = reconcile_seconds(workdir, rows)
+        found = f"判 LOST {lost}、adoptable {adoptable}"
+        print(f"reconcile()：{rows:,} 个任务（{found}）用时 {elapsed:.2f} s（目标 ≤ 2 s）")
+        latencies = stop_latencies(workdir, 5 if quick else 15)
+        p50 = statistics.median(latencies) * 1000
+        print(f"跨进程停止时延：p50 {p50:.0f} ms，最大 {max(latencies) * 1000:.0f} ms（目标 p50 ≤ 300 ms）")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
