@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chongming_task import ConcurrencyConflict, Progress, StateMachine, TaskQuery, TaskStatus, open_store
@@ -122,7 +122,7 @@ def worker(
                     conflicts += 1
             elif roll < 0.70:
                 task_id = rng.choice(shared + list(own)[-20:])
-                lease_until = datetime.now(timezone.utc) + timedelta(seconds=30)
+                lease_until = datetime.now(UTC) + timedelta(seconds=30)
                 ok = timed(
                     "touch",
                     store.touch,

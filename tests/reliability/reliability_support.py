@@ -75,17 +75,17 @@ def peek_commands(url: str) -> list[CommandRow]:
         finally:
             conn.close()
     else:
-        import psycopg
         from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+        import psycopg
 
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query))
         schema = query.pop("schema")
         dsn = urlunsplit(parts._replace(query=urlencode(query)))
         with psycopg.connect(dsn, autocommit=True) as conn:
-            rows = conn.execute(
-                f'SELECT command_id, task_id, claimant, deliveries, completed_at IS NOT NULL FROM "{schema}".commands'
-            ).fetchall()
+            columns = "command_id, task_id, claimant, deliveries, completed_at IS NOT NULL"
+            rows = conn.execute(f'SELECT {columns} FROM "{schema}".commands').fetchall()
     return [CommandRow(str(r[0]), str(r[1]), r[2], int(r[3]), bool(r[4])) for r in rows]
 
 

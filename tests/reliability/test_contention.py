@@ -104,7 +104,8 @@ def run_contention(url: str, kind: str, workdir: Path, figures_dir: Path) -> dic
             successes = sum(r["shared_ok"][task_id] for r in results)
             snapshot, history = check_history(store, task_id)
             assert snapshot.status_version == initial[task_id] + successes, (
-                f"{task_id}: 存储版本 {snapshot.status_version}，应为 {initial[task_id]} + {successes}（丢了更新）"
+                f"{task_id}: 存储版本 {snapshot.status_version}，"
+                f"应为 {initial[task_id]} + {successes}（丢了更新）"
             )
             shared_saves += successes
 
