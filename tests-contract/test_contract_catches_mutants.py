@@ -12,14 +12,14 @@ import io
 import re
 import unittest
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from chongming_task.errors import ConcurrencyConflict
 from chongming_task.models import Progress, TaskSnapshot, Transition
-from chongming_task.storage import TaskQuery, TaskStore
+from chongming_task.storage import NodeRecord, TaskQuery, TaskStore
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.testing import FakeClock
 from chongming_task.testing.store_contract import StoreContract
@@ -148,6 +148,34 @@ class PruneByCreatedAt(InMemoryTaskStore):
             return len(doomed)
 
 
+class PublishKeepsFirst(InMemoryTaskStore):
+    """publish_node 写成 INSERT OR IGNORE：节点的第一次发布之后，心跳再也更新不了记录。"""
+
+    def publish_node(self, record: NodeRecord) -> None:
+        with self._lock:
+            if record.owner in self._nodes:
+                return
+        super().publish_node(record)
+
+
+class ListHidesExpired(InMemoryTaskStore):
+    """list_nodes 按真实时钟把过期记录藏起来：崩溃的节点从检查里"消失"，它的桶的空洞也就看不见了。"""
+
+    def list_nodes(self) -> list[NodeRecord]:
+        now = datetime.now(UTC)
+        return [record for record in super().list_nodes() if record.alive(now)]
+
+
+class NodeBucketsNoneBecomesEmpty(InMemoryTaskStore):
+    """把 buckets 存成"空值即空集合"的列：不限定桶（None）读回来变成一个桶也不负责。"""
+
+    def list_nodes(self) -> list[NodeRecord]:
+        return [
+            dataclasses.replace(record, buckets=record.buckets or frozenset())
+            for record in super().list_nodes()
+        ]
+
+
 MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
     TouchBumpsVersion: {
         "test_touch_updates_side_channel_without_bumping_version",
@@ -176,6 +204,12 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
         "test_prune_keeps_newest_terminal_tasks",
         "test_prune_never_deletes_non_terminal_tasks",
     },
+    PublishKeepsFirst: {
+        "test_publish_node_same_owner_replaces_last_writer_wins",
+        "test_concurrent_publishers_from_threads",
+    },
+    ListHidesExpired: {"test_list_nodes_includes_expired_records"},
+    NodeBucketsNoneBecomesEmpty: {"test_node_buckets_none_and_empty_set_are_distinct"},
 }
 
 

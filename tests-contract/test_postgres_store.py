@@ -87,9 +87,9 @@ class _PostgresMixin(unittest.TestCase):
         exists = admin.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{schema}".tasks']).fetchone()
         if not (exists and exists[0]):
             return  # 构造失败的存储没建成表：不复用，类结束时删掉
-        # 小表上 DELETE 比 TRUNCATE 快（TRUNCATE 要换新的数据文件）；一个事务里清三张表。
+        # 小表上 DELETE 比 TRUNCATE 快（TRUNCATE 要换新的数据文件）；一个事务里清空全部数据表。
         with admin.transaction():
-            for table in ("transitions", "commands", "tasks"):
+            for table in ("transitions", "commands", "tasks", "nodes"):
                 admin.execute(psycopg.sql.SQL("DELETE FROM {}.{}").format(s, psycopg.sql.Identifier(table)))
         type(self)._free.append(schema)
 

@@ -2,7 +2,7 @@
 
 它演示一个后端最少要做的几件事，刻意写得短：
 
-* 继承 ``TaskStore``，实现 14 个方法；语义不靠猜，靠跑 ``StoreContract``（见 tests/）。
+* 继承 ``TaskStore``，实现 17 个方法；语义不靠猜，靠跑 ``StoreContract``（见 tests/）。
 * 序列化只用核心提供的 ``to_dict()`` / ``from_dict()``：它们保证逐字段精确往返
   （带时区的时间到微秒、frozenset 标签、嵌套的 failure / progress）。每次读取都重新反序列化，
   所以调用方拿到的永远是副本，改它不会改到存储。
@@ -37,10 +37,13 @@ from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.storage import (
     Command,
     CommandAction,
+    NodeRecord,
     TaskQuery,
     TaskStats,
     TaskStore,
     check_json_value,
+    check_node_owner,
+    check_node_record,
     validate_lease,
     validate_save,
 )
@@ -95,6 +98,7 @@ class JsonFileTaskStore(TaskStore):
         self._tasks: dict[str, dict[str, Any]] = {}
         self._history: dict[str, dict[str, dict[str, Any]]] = {}
         self._commands: dict[str, dict[str, Any]] = {}
+        self._nodes: dict[str, dict[str, Any]] = {}
         self._next_command = 1
         if self._path.exists():
             self._load()
@@ -138,6 +142,8 @@ class JsonFileTaskStore(TaskStore):
         self._history = document["history"]
         self._commands = document["commands"]
         self._next_command = document["next_command"]
+        # 节点记录是后加的：旧文件里没有这个键，当作还没有节点发布过。
+        self._nodes = document.get("nodes", {})
 
     def _flush(self) -> None:
         document = {
@@ -146,6 +152,7 @@ class JsonFileTaskStore(TaskStore):
             "history": self._history,
             "commands": self._commands,
             "next_command": self._next_command,
+            "nodes": self._nodes,
         }
         temp = self._path.with_name(self._path.name + ".tmp")
         try:
@@ -386,6 +393,30 @@ class JsonFileTaskStore(TaskStore):
                 return False
             data["claimant"] = None
             data["lease_until"] = None
+            self._flush()
+            return True
+
+    # -- membership ---------------------------------------------------------------------------------
+
+    def publish_node(self, record: NodeRecord) -> None:
+        data = check_node_record(record).to_dict()  # 纯 JSON 的副本：之后改 record.info 碰不到存储
+        with self._lock:
+            self._check_open()
+            self._nodes[record.owner] = data  # 按 owner 整条覆盖：后写者为准
+            self._flush()
+
+    def list_nodes(self) -> list[NodeRecord]:
+        with self._lock:
+            self._check_open()
+            # from_dict 会重新规范 info（一次 JSON 往返），返回的永远是副本；过期的记录也照样列出。
+            return [NodeRecord.from_dict(self._nodes[owner]) for owner in sorted(self._nodes)]
+
+    def remove_node(self, owner: str) -> bool:
+        check_node_owner(owner)
+        with self._lock:
+            self._check_open()
+            if self._nodes.pop(owner, None) is None:
+                return False
             self._flush()
             return True
 

@@ -254,6 +254,7 @@ if TYPE_CHECKING:
         "InvalidTransition",
         "Jitter",
         "JoinMode",
+        "NodeRecord",
         "Outcome",
         "Pipeline",
         "PipelineRun",

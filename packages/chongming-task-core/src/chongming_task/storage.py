@@ -1,6 +1,6 @@
-"""持久层契约：TaskStore、TaskQuery、Command、TaskStats。
+"""持久层契约：TaskStore、TaskQuery、Command、TaskStats、NodeRecord。
 
-四类流量刻意分开，因为写入频次与一致性要求不同：
+五类流量刻意分开，因为写入频次与一致性要求不同：
 
 * 快照（create / save / get / query / stats / bucket_counts）：参与乐观并发（status_version）。
 * 审计轨迹（append / history）：只追加，按 (task_id, version) 幂等。
@@ -8,6 +8,8 @@
   字段，它们只由 create（初值）与 touch 写入。否则进度上报会与状态写入持续冲突。
 * 控制指令（submit_command / claim_commands / complete_command / release_command）：跨进程控制的
   媒介。取走指令带租约：持有者崩溃后租约到期，指令可被重新取走。
+* 节点成员（publish_node / list_nodes / remove_node）：每个节点定期发布"我是谁、负责哪些桶、
+  活到什么时候"。它是运维检查（桶重复 / 空洞、孤儿任务）的权威来源，与任务数据互不影响。
 
 每个后端都必须通过 ``chongming_task.testing.store_contract.StoreContract``。逐条语义见
 docs/store-guide.md（持久层实现指南）。
@@ -259,6 +261,114 @@ class TaskStats:
 _STRICT_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
+def check_node_owner(owner: object) -> str:
+    """节点名：非空字符串、不含 NUL（PostgreSQL 的 text 存不下 NUL）。"""
+    if not isinstance(owner, str) or not owner:
+        raise ConfigurationError(f"节点名 owner 必须是非空字符串（例如 'node-a'），收到 {owner!r}")
+    if "\x00" in owner:
+        raise ConfigurationError("节点名 owner 不能包含 NUL 字符（\\x00）")
+    return owner
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """一个节点的成员记录：谁、负责哪些桶、最近一次心跳、活到什么时候。
+
+    * ``buckets`` 为 None 表示不限定桶（未划分，对应 ``Controller(owned_buckets=None)``）；空集合表示
+      "一个桶也不负责"（例如正在下线），两者不同，后端必须原样区分。
+    * ``num_buckets`` 是节点自己的桶数：它与检查者的桶数不同时，节点算出的桶号与别人的不可比。
+    * ``expires_at`` 之前节点算活着（``alive(now)``）。记录过期后不会自动删除：``list_nodes`` 照样
+      列出，运维检查据此报告"心跳已过期的节点"。
+    * ``info`` 是任意 JSON 对象（主机名、pid、版本……）。构造时经一次 JSON 往返规范化（元组变列表、
+      键变字符串），所以任何后端读回的都与这里相等。
+    """
+
+    owner: str
+    buckets: frozenset[int] | None
+    num_buckets: int
+    heartbeat_at: datetime
+    expires_at: datetime
+    info: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        check_node_owner(self.owner)
+        num_buckets: object = self.num_buckets
+        if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets <= 0:
+            raise ConfigurationError(f"NodeRecord.num_buckets 必须是正整数，收到 {num_buckets!r}")
+        if self.buckets is not None:
+            raw: object = self.buckets
+            if isinstance(raw, (str, bytes, int)) or not isinstance(raw, Iterable):
+                raise ConfigurationError(
+                    f"NodeRecord.buckets 必须是桶号的集合（例如 range(0, 16)）或 None，收到 {raw!r}"
+                )
+            buckets = frozenset(raw)
+            for bucket in buckets:
+                if isinstance(bucket, bool) or not isinstance(bucket, int):
+                    raise ConfigurationError(f"NodeRecord.buckets 里只能放整数桶号，收到 {bucket!r}")
+                if not 0 <= bucket < num_buckets:
+                    raise ConfigurationError(
+                        f"节点 {self.owner!r} 声明的桶号 {bucket} 越界：桶数为 {num_buckets}，"
+                        f"合法范围是 0..{num_buckets - 1}"
+                    )
+            object.__setattr__(self, "buckets", buckets)
+        for name in ("heartbeat_at", "expires_at"):
+            value = getattr(self, name)
+            if not isinstance(value, datetime) or value.utcoffset() is None:
+                raise ConfigurationError(f"NodeRecord.{name} 必须是带时区的 datetime，收到 {value!r}")
+        if not self.expires_at > self.heartbeat_at:
+            raise ConfigurationError(
+                f"NodeRecord.expires_at（{self.expires_at.isoformat()}）必须晚于 heartbeat_at"
+                f"（{self.heartbeat_at.isoformat()}）：存活期限要在心跳之后"
+            )
+        if not isinstance(self.info, Mapping):
+            raise ConfigurationError(
+                f"NodeRecord.info 必须是 dict（JSON 对象），收到 {type(self.info).__name__}"
+            )
+        text = check_json_value(dict(self.info), what="NodeRecord.info")
+        object.__setattr__(self, "info", json.loads(text))
+
+    def alive(self, now: datetime) -> bool:
+        """``now`` 时节点是否还活着：严格早于 ``expires_at``（与指令租约"到点即过期"一致）。"""
+        if not isinstance(now, datetime) or now.utcoffset() is None:
+            raise ConfigurationError(f"alive() 需要带时区的 datetime，收到 {now!r}")
+        return now < self.expires_at
+
+    @property
+    def partitioned(self) -> bool:
+        """是否声明了桶（``buckets`` 不是 None）。"""
+        return self.buckets is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "owner": self.owner,
+            "buckets": None if self.buckets is None else sorted(self.buckets),
+            "num_buckets": self.num_buckets,
+            "heartbeat_at": self.heartbeat_at.isoformat(timespec="microseconds"),
+            "expires_at": self.expires_at.isoformat(timespec="microseconds"),
+            "info": json.loads(json.dumps(dict(self.info))),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeRecord:
+        """``to_dict()`` 的逆运算（给以 JSON 保存节点记录的后端用）。"""
+        buckets = data.get("buckets")
+        return cls(
+            owner=data["owner"],
+            buckets=None if buckets is None else frozenset(buckets),
+            num_buckets=data["num_buckets"],
+            heartbeat_at=datetime.fromisoformat(data["heartbeat_at"]),
+            expires_at=datetime.fromisoformat(data["expires_at"]),
+            info=dict(data.get("info") or {}),
+        )
+
+
+def check_node_record(record: object) -> NodeRecord:
+    """publish_node 的参数检查：只接受 NodeRecord（字段已在构造时校验过）。"""
+    if not isinstance(record, NodeRecord):
+        raise ConfigurationError(f"publish_node 只接受 NodeRecord，收到 {type(record).__name__}")
+    return record
+
+
 def check_json_value(value: Any, *, what: str = "outcome") -> str:
     """把值序列化为严格 JSON 文本；不可序列化（或含 NaN/inf）时抛 ConfigurationError 说明原因。"""
     if value is None:
@@ -305,7 +415,7 @@ def validate_lease(lease: float) -> None:
 
 
 class TaskStore(ABC):
-    """持久层契约（14 个方法，四类流量）。实现必须线程安全；多进程共享同一存储时语义不变。"""
+    """持久层契约（17 个方法，五类流量）。实现必须线程安全；多进程共享同一存储时语义不变。"""
 
     # -- snapshots ----------------------------------------------------------------------------------
 
@@ -423,6 +533,30 @@ class TaskStore(ABC):
         取到不属于自己的指令时必须交还，而不是完成——完成会让真正的持有者永远收不到它。
         """
 
+    # -- membership ---------------------------------------------------------------------------------
+
+    @abstractmethod
+    def publish_node(self, record: NodeRecord) -> None:
+        """写入（或整体替换）``record.owner`` 的成员记录：按 owner 覆盖，后写者为准。
+
+        节点按固定节奏调用它作为心跳。不是 NodeRecord → ConfigurationError，什么也不写。
+        ``buckets`` 的 None 与空集合、时间的原始时区偏移与微秒、info 里的任意 JSON 都必须原样往返。
+        """
+
+    @abstractmethod
+    def list_nodes(self) -> list[NodeRecord]:
+        """全部成员记录（包括已过期的），按 owner 升序（码点序，与 Python 的 str 比较一致）。
+
+        存储不判断死活、也不自动清理过期记录：那是检查者拿自己的"现在"去判断的事。
+        """
+
+    @abstractmethod
+    def remove_node(self, owner: str) -> bool:
+        """删除某节点的记录（节点正常退出时调用）。删掉了返回 True，本来就没有返回 False。
+
+        owner 不是非空字符串 → ConfigurationError。
+        """
+
     # -- upkeep -------------------------------------------------------------------------------------
 
     @abstractmethod
@@ -452,11 +586,14 @@ __all__ = [
     "SIDE_CHANNEL_FIELDS",
     "Command",
     "CommandAction",
+    "NodeRecord",
     "QueryOrder",
     "TaskQuery",
     "TaskStats",
     "TaskStore",
     "check_json_value",
+    "check_node_owner",
+    "check_node_record",
     "escape_like",
     "validate_lease",
     "validate_save",

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -38,11 +39,14 @@ from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.storage import (
     Command,
     CommandAction,
+    NodeRecord,
     QueryOrder,
     TaskQuery,
     TaskStats,
     TaskStore,
     check_json_value,
+    check_node_owner,
+    check_node_record,
     validate_lease,
     validate_save,
 )
@@ -199,6 +203,8 @@ class InMemoryTaskStore(TaskStore):
         self._commands: dict[str, _CommandRow] = {}
         self._pending: dict[str, _CommandRow] = {}
         self._sequence = itertools.count(1)
+        # 成员记录：owner → (记录, info 的 JSON 文本)。info 是可变的 dict，出入库都经文本拷贝。
+        self._nodes: dict[str, tuple[NodeRecord, str]] = {}
         self._closed = False
 
     @classmethod
@@ -523,6 +529,28 @@ class InMemoryTaskStore(TaskStore):
             command.lease_until = None
             return True
 
+    # -- membership ---------------------------------------------------------------------------------
+
+    def publish_node(self, record: NodeRecord) -> None:
+        record = check_node_record(record)
+        text = check_json_value(dict(record.info), what="NodeRecord.info")
+        stored = dataclasses.replace(record, info=json.loads(text))
+        with self._lock:
+            self._check_open()
+            self._nodes[record.owner] = (stored, text)
+
+    def list_nodes(self) -> list[NodeRecord]:
+        with self._lock:
+            self._check_open()
+            pairs = sorted(self._nodes.values(), key=lambda pair: pair[0].owner)
+        return [dataclasses.replace(record, info=json.loads(text)) for record, text in pairs]
+
+    def remove_node(self, owner: str) -> bool:
+        check_node_owner(owner)
+        with self._lock:
+            self._check_open()
+            return self._nodes.pop(owner, None) is not None
+
     # -- upkeep -------------------------------------------------------------------------------------
 
     def prune(self, keep_terminal: int) -> int:
@@ -550,6 +578,7 @@ class InMemoryTaskStore(TaskStore):
             self._rows.clear()
             self._commands.clear()
             self._pending.clear()
+            self._nodes.clear()
 
 
 def _prune_key(snapshot: TaskSnapshot) -> tuple[int, datetime, str]:

@@ -14,7 +14,7 @@ from typing import Any
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import Failure, Progress, TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
-from chongming_task.storage import Command, CommandAction, check_json_value
+from chongming_task.storage import Command, CommandAction, NodeRecord, check_json_value
 
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -360,9 +360,55 @@ def command_from_row(row: Sequence[Any]) -> Command:
     )
 
 
+# -- nodes -------------------------------------------------------------------------------------------
+
+NODE_COLUMNS = (
+    "owner",
+    "buckets",
+    "num_buckets",
+    "heartbeat_at",
+    "heartbeat_at_off",
+    "expires_at",
+    "expires_at_off",
+    "info",
+)
+
+
+def node_params(record: NodeRecord) -> dict[str, Any]:
+    """节点记录 → 列值。buckets 升序的 bigint[]；None 存 NULL（与空数组 '{}' 不同）。"""
+    heartbeat_at, heartbeat_off = split_dt(record.heartbeat_at)
+    expires_at, expires_off = split_dt(record.expires_at)
+    return {
+        "owner": check_text(record.owner, "节点名 owner"),
+        "buckets": None if record.buckets is None else sorted(record.buckets),
+        "num_buckets": record.num_buckets,
+        "heartbeat_at": heartbeat_at,
+        "heartbeat_at_off": heartbeat_off,
+        "expires_at": expires_at,
+        "expires_at_off": expires_off,
+        "info": json_text(dict(record.info), "NodeRecord.info"),
+    }
+
+
+def node_from_row(row: Sequence[Any]) -> NodeRecord:
+    owner, buckets, num_buckets, heartbeat_at, heartbeat_off, expires_at, expires_off, info = row
+    heartbeat = join_dt(heartbeat_at, heartbeat_off)
+    expires = join_dt(expires_at, expires_off)
+    assert heartbeat is not None and expires is not None
+    return NodeRecord(
+        owner=owner,
+        buckets=None if buckets is None else frozenset(int(b) for b in buckets),
+        num_buckets=int(num_buckets),
+        heartbeat_at=heartbeat,
+        expires_at=expires,
+        info=dict(info) if isinstance(info, Mapping) else {},
+    )
+
+
 __all__ = [
     "COMMAND_COLUMNS",
     "JSONB_COLUMNS",
+    "NODE_COLUMNS",
     "SAVE_COLUMNS",
     "TASK_COLUMNS",
     "TRANSITION_COLUMNS",
@@ -370,6 +416,8 @@ __all__ = [
     "command_from_row",
     "join_dt",
     "json_text",
+    "node_from_row",
+    "node_params",
     "snapshot_from_row",
     "split_dt",
     "task_params",

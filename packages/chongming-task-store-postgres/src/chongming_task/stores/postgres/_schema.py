@@ -40,6 +40,27 @@ def _in_list(values: list[str]) -> str:
     return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
 
 
+def node_ddl_statements(schema: str) -> list[str]:
+    """节点成员表。它在第 1 版发布之前补进来：第 1 版的旧 schema 里可能没有，打开时补建（幂等）。
+
+    owner 是主键（发布即按 owner 覆盖），``COLLATE "C"`` 让 ``ORDER BY owner`` 与 Python 的 str 排序一致。
+    buckets 为 NULL 表示不限定桶，空数组表示一个也不负责。时间同样带 ``*_off`` 偏移列。
+    """
+    s = quote_ident(schema)
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {s}.nodes (
+    owner text COLLATE "C" PRIMARY KEY,
+    buckets bigint[],
+    num_buckets bigint NOT NULL CHECK (num_buckets > 0),
+    heartbeat_at timestamptz NOT NULL,
+    heartbeat_at_off bigint NOT NULL,
+    expires_at timestamptz NOT NULL,
+    expires_at_off bigint NOT NULL,
+    info jsonb NOT NULL DEFAULT '{{}}'
+)""",
+    ]
+
+
 def ddl_statements(schema: str) -> list[str]:
     """建表语句，按执行顺序。全部幂等（IF NOT EXISTS），在同一事务里执行。"""
     s = quote_ident(schema)
@@ -134,6 +155,7 @@ def ddl_statements(schema: str) -> list[str]:
         f"""CREATE INDEX IF NOT EXISTS commands_open_idx ON {s}.commands (enqueued_at, command_id)
     WHERE completed_at IS NULL""",
         f"CREATE INDEX IF NOT EXISTS commands_task_idx ON {s}.commands (task_id)",
+        *node_ddl_statements(schema),
         f"""INSERT INTO {s}.schema_version (singleton, version) VALUES (true, {SCHEMA_VERSION})
     ON CONFLICT (singleton) DO NOTHING""",
     ]
@@ -161,6 +183,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "ddl_statements",
     "grant_sql",
+    "node_ddl_statements",
     "quote_ident",
     "schema_sql",
 ]

@@ -34,10 +34,13 @@ from chongming_task.states import TERMINAL_STATUSES, TaskStatus
 from chongming_task.storage import (
     Command,
     CommandAction,
+    NodeRecord,
     QueryOrder,
     TaskQuery,
     TaskStats,
     TaskStore,
+    check_node_owner,
+    check_node_record,
     escape_like,
     validate_lease,
     validate_save,
@@ -46,12 +49,15 @@ from chongming_task.stores.postgres import _schema
 from chongming_task.stores.postgres._codec import (
     COMMAND_COLUMNS,
     JSONB_COLUMNS,
+    NODE_COLUMNS,
     SAVE_COLUMNS,
     TASK_COLUMNS,
     TRANSITION_COLUMNS,
     check_text,
     command_from_row,
     json_text,
+    node_from_row,
+    node_params,
     snapshot_from_row,
     split_dt,
     task_params,
@@ -305,6 +311,18 @@ class _Sql:
             f"dt AS (DELETE FROM {s}.tasks WHERE task_id IN (SELECT task_id FROM victims) RETURNING 1) "
             "SELECT count(*) FROM dt"
         )
+        node_cols = _cols(NODE_COLUMNS)
+        node_values = ", ".join(
+            "%(buckets)s::bigint[]" if c == "buckets" else "%(info)s::jsonb" if c == "info" else f"%({c})s"
+            for c in NODE_COLUMNS
+        )
+        # ON CONFLICT DO UPDATE 在并发下也不会撞唯一约束：同一 owner 的并发发布按提交先后覆盖。
+        self.publish_node = (
+            f"INSERT INTO {s}.nodes ({node_cols}) VALUES ({node_values}) ON CONFLICT (owner) DO UPDATE SET "
+            + ", ".join(f"{c} = EXCLUDED.{c}" for c in NODE_COLUMNS if c != "owner")
+        )
+        self.list_nodes = f"SELECT {node_cols} FROM {s}.nodes ORDER BY owner"
+        self.remove_node = f"DELETE FROM {s}.nodes WHERE owner = %s RETURNING 1"
         self._claim: dict[tuple[bool, bool], str] = {}
         self._touch: dict[tuple[bool, bool, bool, bool], str] = {}
 
@@ -591,6 +609,8 @@ class PostgresTaskStore(TaskStore):
                         if version is None:
                             self._create_tables(conn)
                             version = _schema.SCHEMA_VERSION
+                if version == _schema.SCHEMA_VERSION and not self._has_nodes_table(conn):
+                    self._add_nodes_table(conn)
             except pg_errors.InsufficientPrivilege as exc:
                 raise StoreError(self._privilege_message(conn, exc)) from exc
             except psycopg.Error as exc:
@@ -609,6 +629,45 @@ class PostgresTaskStore(TaskStore):
                 f"PostgreSQL schema {self._schema!r} 的表结构版本是 {version}，低于本程序的 "
                 f"{_schema.SCHEMA_VERSION}，且没有可用的迁移路径；请联系维护者或换一个新 schema。"
             )
+
+    def _has_nodes_table(self, conn: Conn) -> bool:
+        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [f"{self._sql.s}.nodes"]).fetchone()
+        return bool(row and row[0])
+
+    def _add_nodes_table(self, conn: Conn) -> None:
+        """给节点表加入之前建的第 1 版 schema 补建节点表（同样在咨询锁下，两个节点同时补建不撞车）。
+
+        没有建表权限时不让构造失败：任务、历史与指令照常可用（那是已有部署赖以运行的部分），只有
+        成员方法会报错并附上要执行的 SQL。
+        """
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    ["chongming_task.ddl:" + self._schema],
+                )
+                if not self._has_nodes_table(conn):
+                    for statement in _schema.node_ddl_statements(self._schema):
+                        conn.execute(statement)
+        except pg_errors.InsufficientPrivilege:
+            logger.warning(
+                "schema %r 里没有节点表 nodes，而角色 %r 没有建表权限：任务读写照常，"
+                "publish_node / list_nodes / remove_node 不可用，直到有权限的账号补建它",
+                self._schema,
+                conn.info.user,
+            )
+
+    def _membership_error(self, exc: StoreError) -> StoreError:
+        """节点表缺失时的报错：说清楚是旧 schema 缺表，并给出补建与授权的 SQL。"""
+        if not isinstance(exc.__cause__, pg_errors.UndefinedTable):
+            return exc
+        ddl = ";\n".join(_schema.node_ddl_statements(self._schema))
+        q_schema = _schema.quote_ident(self._schema)
+        return StoreError(
+            f"schema {self._schema!r} 里没有节点成员表 nodes（它是在这套表建好之后才加入的，而当前角色没有"
+            "建表权限，没能自动补建）。请让有权限的账号执行：\n"
+            f"{ddl};\nGRANT SELECT, INSERT, UPDATE, DELETE ON {q_schema}.nodes TO <运行节点的角色>;"
+        )
 
     def _check_schema_usage(self, conn: Conn) -> None:
         """schema 在、但本角色连 USAGE 都没有：这时表在不在都看不见，得说清楚是缺 USAGE，而不是缺表。"""
@@ -1111,6 +1170,33 @@ class PostgresTaskStore(TaskStore):
         """指令监听当前是否生效。"""
         listener = self._listener
         return listener is not None and listener.listening
+
+    # -- membership -----------------------------------------------------------------------------------
+
+    def publish_node(self, record: NodeRecord) -> None:
+        params = node_params(check_node_record(record))
+        try:
+            with self._connection() as conn:
+                conn.execute(self._sql.publish_node, params)
+        except StoreError as exc:
+            raise self._membership_error(exc) from exc.__cause__
+
+    def list_nodes(self) -> list[NodeRecord]:
+        def run(conn: Conn) -> list[NodeRecord]:
+            return [node_from_row(row) for row in conn.execute(self._sql.list_nodes).fetchall()]
+
+        try:
+            return self._read(run)
+        except StoreError as exc:
+            raise self._membership_error(exc) from exc.__cause__
+
+    def remove_node(self, owner: str) -> bool:
+        check_node_owner(owner)
+        try:
+            with self._connection() as conn:
+                return conn.execute(self._sql.remove_node, [owner]).fetchone() is not None
+        except StoreError as exc:
+            raise self._membership_error(exc) from exc.__cause__
 
     # -- upkeep ---------------------------------------------------------------------------------------
 

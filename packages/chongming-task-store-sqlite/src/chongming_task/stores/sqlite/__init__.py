@@ -47,10 +47,13 @@ from chongming_task.states import TERMINAL_STATUSES, TaskStatus
 from chongming_task.storage import (
     Command,
     CommandAction,
+    NodeRecord,
     QueryOrder,
     TaskQuery,
     TaskStats,
     TaskStore,
+    check_node_owner,
+    check_node_record,
     validate_lease,
     validate_save,
 )
@@ -101,6 +104,13 @@ _INSERT_TRANSITION = (
     f"VALUES ({', '.join('?' for _ in schema.TRANSITION_COLUMNS)})"
 )
 _COMMAND_SELECT = f"SELECT {', '.join(schema.COMMAND_COLUMNS)} FROM commands"
+# 整行覆盖（last writer wins）。INSERT OR REPLACE 而不是 UPSERT：节点表没有外键与触发器，"先删后插"与
+# 原地更新结果相同，而且不挑 SQLite 版本（UPSERT 要 3.24+）。
+_UPSERT_NODE = (
+    f"INSERT OR REPLACE INTO nodes ({', '.join(schema.NODE_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in schema.NODE_COLUMNS)})"
+)
+_SELECT_NODES = f"SELECT {', '.join(schema.NODE_COLUMNS)} FROM nodes ORDER BY owner"
 _TERMINAL_VALUES = tuple(sorted(s.value for s in TERMINAL_STATUSES))
 _TERMINAL_IN = f"status IN ({', '.join('?' for _ in _TERMINAL_VALUES)})"
 
@@ -406,7 +416,7 @@ class SqliteTaskStore(TaskStore):
                 conn.execute("PRAGMA journal_mode = WAL").fetchone()
         version = schema.read_version(conn)
         schema.check_not_newer(version, self._path)
-        if version == schema.SCHEMA_VERSION:
+        if version == schema.SCHEMA_VERSION and not schema.missing_tables(conn):
             return
         _execute(conn, lambda c: schema.create_or_migrate(c, self._path), "write")
 
@@ -819,6 +829,25 @@ class SqliteTaskStore(TaskStore):
         )
         return self._run(
             "release_command", lambda conn: conn.execute(sql, (command_id, claimant)).rowcount > 0, "none"
+        )
+
+    # -- membership ---------------------------------------------------------------------------------
+
+    def publish_node(self, record: NodeRecord) -> None:
+        row = codec.node_row(check_node_record(record))
+        # 单条语句在自动提交模式下本身就是原子的写事务。
+        self._run("publish_node", lambda conn: conn.execute(_UPSERT_NODE, row), "none")
+
+    def list_nodes(self) -> list[NodeRecord]:
+        rows = self._run("list_nodes", lambda conn: conn.execute(_SELECT_NODES).fetchall(), "none")
+        return [codec.node_from_row(row) for row in rows]
+
+    def remove_node(self, owner: str) -> bool:
+        check_node_owner(owner)
+        return self._run(
+            "remove_node",
+            lambda conn: conn.execute("DELETE FROM nodes WHERE owner = ?", (owner,)).rowcount > 0,
+            "none",
         )
 
     # -- upkeep -------------------------------------------------------------------------------------

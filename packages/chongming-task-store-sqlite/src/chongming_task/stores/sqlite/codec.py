@@ -15,7 +15,7 @@ from typing import Any
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import Failure, Progress, TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
-from chongming_task.storage import Command, CommandAction, check_json_value
+from chongming_task.storage import Command, CommandAction, NodeRecord, check_json_value
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -254,6 +254,33 @@ def command_from_row(row: Sequence[Any]) -> Command:
     )
 
 
+def node_row(record: NodeRecord) -> tuple[Any, ...]:
+    """节点记录 → ``NODE_COLUMNS`` 顺序的一行。buckets：升序 JSON 数组，None 存 NULL（与空数组不同）。"""
+    return (
+        record.owner,
+        None if record.buckets is None else json.dumps(sorted(record.buckets), separators=(",", ":")),
+        record.num_buckets,
+        dt_text(record.heartbeat_at),
+        dt_text(record.expires_at),
+        json_text(dict(record.info), what="NodeRecord.info"),
+    )
+
+
+def node_from_row(row: Sequence[Any]) -> NodeRecord:
+    owner, buckets, num_buckets, heartbeat_at, expires_at, info = row
+    heartbeat = dt_parse(heartbeat_at)
+    expires = dt_parse(expires_at)
+    assert heartbeat is not None and expires is not None
+    return NodeRecord(
+        owner=owner,
+        buckets=None if buckets is None else frozenset(json.loads(buckets)),
+        num_buckets=num_buckets,
+        heartbeat_at=heartbeat,
+        expires_at=expires,
+        info=json.loads(info),
+    )
+
+
 __all__ = [
     "check_transitions",
     "command_from_row",
@@ -261,6 +288,8 @@ __all__ = [
     "dt_parse",
     "dt_text",
     "json_text",
+    "node_from_row",
+    "node_row",
     "prefix_upper_bound",
     "progress_text",
     "snapshot_from_row",

@@ -3,7 +3,8 @@
 版本号记在 ``schema_version`` 表里（单行）。打开文件时：
 
 * 表不存在 → 新库，建表并写入 ``SCHEMA_VERSION``；
-* 版本等于 ``SCHEMA_VERSION`` → 直接用（只读检查，不抢写锁，多进程同时打开不互相阻塞）；
+* 版本等于 ``SCHEMA_VERSION`` 且表都在 → 直接用（只读检查，不抢写锁，多进程同时打开不互相阻塞）；
+  版本相同但缺表（节点表加入之前建的文件）→ 在写事务里补建缺的表；
 * 版本更高 → 文件是更新的包写的，拒绝打开并提示升级——旧代码按旧结构写入会悄悄损坏新数据；
 * 版本更低 → 依次执行 ``MIGRATIONS``（目前只有第 1 版，尚无迁移）。
 
@@ -88,6 +89,27 @@ COMMAND_COLUMNS: tuple[str, ...] = (
     "deliveries",
     "completed_at",
 )
+
+NODE_COLUMNS: tuple[str, ...] = ("owner", "buckets", "num_buckets", "heartbeat_at", "expires_at", "info")
+
+# 节点成员表是在第 1 版发布之前补进来的：第 1 版的旧文件里可能没有它。它只用 CREATE ... IF NOT EXISTS，
+# 打开文件时发现缺表就补建（见 ``missing_tables``），不必为此升版本号。
+# owner 是主键：发布即按 owner 覆盖。TEXT 的默认排序（BINARY）按 UTF-8 字节比较，也就是按码点，
+# 与 Python 的 str 排序一致。buckets 是升序的 JSON 数组；NULL 表示不限定桶，'[]' 表示一个也不负责。
+_DDL_NODES: tuple[str, ...] = (
+    """
+    CREATE TABLE IF NOT EXISTS nodes (
+        owner        TEXT PRIMARY KEY NOT NULL,
+        buckets      TEXT,
+        num_buckets  INTEGER NOT NULL,
+        heartbeat_at TEXT NOT NULL,
+        expires_at   TEXT NOT NULL,
+        info         TEXT NOT NULL
+    ) WITHOUT ROWID
+    """,
+)
+
+_REQUIRED_TABLES = frozenset({"schema_version", "tasks", "task_tags", "transitions", "commands", "nodes"})
 
 _DDL_V1: tuple[str, ...] = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
@@ -184,6 +206,7 @@ _DDL_V1: tuple[str, ...] = (
     # 部分索引只收未完成的指令：已完成的越积越多，也不拖慢轮询。
     "CREATE INDEX IF NOT EXISTS commands_pending ON commands (seq) WHERE completed_at IS NULL",
     "CREATE INDEX IF NOT EXISTS commands_by_task ON commands (task_id)",
+    *_DDL_NODES,
 )
 
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
@@ -201,6 +224,12 @@ def read_version(conn: sqlite3.Connection) -> int | None:
     if version is None or version[0] is None:
         return None
     return int(version[0])
+
+
+def missing_tables(conn: sqlite3.Connection) -> bool:
+    """当前版本的文件是否缺表（例如节点表加入之前建的第 1 版文件）。"""
+    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    return not {row[0] for row in rows} >= _REQUIRED_TABLES
 
 
 def check_not_newer(version: int | None, where: str) -> None:
@@ -225,10 +254,14 @@ def create_or_migrate(conn: sqlite3.Connection, where: str) -> None:
         MIGRATIONS[version](conn)
         version += 1
         conn.execute("UPDATE schema_version SET version = ?", (version,))
+    # 同一版本内后补的表（全是 IF NOT EXISTS，已有就是空操作）。
+    for statement in _DDL_NODES:
+        conn.execute(statement)
 
 
 __all__ = [
     "COMMAND_COLUMNS",
+    "NODE_COLUMNS",
     "SAVE_COLUMNS",
     "SCHEMA_VERSION",
     "SIDE_CHANNEL_COLUMNS",
@@ -236,5 +269,6 @@ __all__ = [
     "TRANSITION_COLUMNS",
     "check_not_newer",
     "create_or_migrate",
+    "missing_tables",
     "read_version",
 ]
