@@ -401,3 +401,40 @@ def test_two_processes_on_one_sqlite_file(tmp_path: Path, clock: FakeClock) -> N
         reopened.close()
     assert later.nodes == () and [r.owner for r in later.stale_nodes] == ["node-a", "node-b"]
     assert later.holes == tuple(range(N))
+
+
+# -- Postgres: two stores (two pools) on one schema --------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_two_nodes_on_postgres(postgres_dsn: str, clock: FakeClock) -> None:
+    pytest.importorskip("psycopg", reason='需要 psycopg 3（pip install "chongming-task[postgres]"）')
+    import secrets
+
+    import psycopg
+
+    from chongming_task.stores.postgres import PostgresTaskStore
+
+    schema = f"ct_cluster_{secrets.token_hex(4)}"
+    stores = [PostgresTaskStore(postgres_dsn, schema=schema, max_size=2, clock=clock) for _ in range(2)]
+    try:
+        for i, store in enumerate(stores):
+            store.publish_node(
+                node_record(f"node-{i}", range(i * 32, (i + 1) * 32), num_buckets=N, ttl=TTL, clock=clock)
+            )
+        task(stores[0], clock, "crashed", bucket=40, status=S.RUNNING, lease_owner="node-9", lease_for=1)
+        task(stores[1], clock, "alive", bucket=41, status=S.RUNNING, lease_owner="node-1", lease_for=600)
+        clock.advance(2)
+        report = check_cluster(stores[1], num_buckets=N, clock=clock)
+        assert [r.owner for r in report.nodes] == ["node-0", "node-1"]
+        assert report.duplicates == {} and report.holes == ()
+        assert [s.task_id for s in report.orphans] == ["crashed"]
+        assert stores[0].remove_node("node-1") is True
+        after = check_cluster(stores[0], num_buckets=N, clock=clock)
+        assert after.holes == tuple(range(32, 64))
+        assert [s.task_id for s in after.orphans] == ["crashed", "alive"]
+    finally:
+        for store in stores:
+            store.close()
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

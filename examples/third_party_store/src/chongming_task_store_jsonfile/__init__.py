@@ -2,7 +2,7 @@
 
 它演示一个后端最少要做的几件事，刻意写得短：
 
-* 继承 ``TaskStore``，实现 17 个方法；语义不靠猜，靠跑 ``StoreContract``（见 tests/）。
+* 继承 ``TaskStore``，实现 18 个抽象方法；语义不靠猜，靠跑 ``StoreContract``（见 tests/）。
 * 序列化只用核心提供的 ``to_dict()`` / ``from_dict()``：它们保证逐字段精确往返
   （带时区的时间到微秒、frozenset 标签、嵌套的 failure / progress）。每次读取都重新反序列化，
   所以调用方拿到的永远是副本，改它不会改到存储。
