@@ -82,7 +82,7 @@ def main() -> None:
     controller.submit("transform", 200, task_id="t1", label="转换-2")  # 额度只有 2：排队
     assert first.wait(timeout=5).value == {"source": "s3://bucket/a", "rows": 3}
 
-    wait_until(lambda: controller.active_count == 2)
+    wait_until(lambda: len(controller.list_tasks(status=S.RUNNING)) == 2)  # 占了槽不等于已在 running
     print(render_table(controller.list_tasks()))
 
     # 查询

@@ -55,7 +55,7 @@ def main() -> None:
     controller.register("hold", hold)
     for index in range(4):
         controller.submit("hold", gate, task_id=f"t{index}", label=f"转换-{index}")
-    wait_until(lambda: controller.active_count == 2)
+    wait_until(lambda: status(controller, "t0") is S.RUNNING and status(controller, "t1") is S.RUNNING)
     print(render_table(controller.list_tasks()))
     assert controller.queued_count == 2
     assert status(controller, "t2") is S.QUEUED and controller.get("t2").started_at is None  # type: ignore[union-attr]
@@ -79,10 +79,9 @@ def main() -> None:
     controller.submit("hold", gate, task_id="db-A", tags=["db"])
     controller.submit("hold", gate, task_id="db-B", tags=["db", "io"])
     controller.submit("hold", gate, task_id="io-C", tags=["io"])
-    wait_until(lambda: controller.active_count == 2)
+    wait_until(lambda: status(controller, "db-A") is S.RUNNING and status(controller, "io-C") is S.RUNNING)
     time.sleep(0.05)
     assert status(controller, "db-B") is S.QUEUED  # 等 db 名额
-    assert status(controller, "io-C") is S.RUNNING
     gate.set()
     controller.wait_all(timeout=5)
     controller.close()
@@ -116,8 +115,8 @@ def main() -> None:
     controller.submit("hold", gate, task_id="a0", bucket_key="tenant-A")
     controller.submit("hold", gate, task_id="a1", bucket_key="tenant-A")
     controller.submit("hold", gate, task_id="b0", bucket_key="tenant-B")
-    wait_until(lambda: controller.active_count == 2)
-    assert status(controller, "a1") is S.QUEUED and status(controller, "b0") is S.RUNNING
+    wait_until(lambda: status(controller, "a0") is S.RUNNING and status(controller, "b0") is S.RUNNING)
+    assert status(controller, "a1") is S.QUEUED
     assert controller.active_in_bucket(bucket_a) == 1
     snap = controller.get("a0")
     assert snap is not None and snap.bucket == bucket_a and snap.bucket_key == "tenant-A"
