@@ -302,3 +302,15 @@ def test_command_claimed_by_a_non_holder_is_released_not_completed(db: str, wait
     gate.set()
     for c in (console, bystander, holder):
         c.close(close_store=True)
+
+
+def test_remote_stop_of_a_finished_task_writes_no_command(db: str) -> None:
+    worker = Controller(store=SqliteTaskStore(db), owner="w")
+    worker.register("quick", lambda ctx: 1)
+    worker.wait(worker.submit("quick", task_id="done").task_id, timeout=5)
+    console = Controller(store=SqliteTaskStore(db), owner="console")
+    assert console.stop("done") is True  # 找到了
+    assert console.stop("missing") is False
+    assert console.store.claim_commands("probe", lease=1.0) == []  # type: ignore[union-attr]
+    console.close(close_store=True)
+    worker.close(close_store=True)

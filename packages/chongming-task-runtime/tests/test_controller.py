@@ -450,3 +450,27 @@ def test_render_table_aligns_cjk_and_shows_dash_for_never_started(gate: Gate) ->
     assert queued_line.split()[4] == "-"  # 从未执行：ELAPSED 显示 -
     gate.opened.set()
     c.close()
+
+
+def test_stop_all_does_not_count_tasks_already_stopping() -> None:
+    c = Controller(max_parallel=2, graceful_stop=5.0)
+    release = threading.Event()
+
+    def slow_to_stop(ctx: object) -> None:
+        try:
+            while True:
+                ctx.checkpoint()  # type: ignore[attr-defined]
+                time.sleep(0.002)
+        finally:
+            release.wait(5)  # 收尾很慢：任务在 stopping 里停留一会儿
+
+    c.register("slow", slow_to_stop)
+    run = c.submit("slow")
+    wait_until(lambda: run.status is S.RUNNING)
+    assert c.stop_all(reason="第一轮") == 1
+    wait_until(lambda: run.status is S.STOPPING)
+    assert c.stop_all(reason="第二轮") == 0  # 请求已在途，不重复计数
+    release.set()
+    c.wait_all(timeout=10)
+    assert run.status is S.STOPPED
+    c.close()

@@ -729,6 +729,8 @@ class Controller:
         snapshot = self.store.get(task_id)
         if snapshot is None:
             return False
+        if snapshot.is_terminal:
+            return True  # 找到了，但已落终态：没有可执行的动作，不写一条永远没人执行的指令
         self.store.submit_command(task_id, action, issuer=self.owner, reason=reason, payload=payload)
         return True
 
@@ -759,8 +761,8 @@ class Controller:
         """对本进程持有的全部未终结任务发出停止请求；返回本轮**发出**的请求数（不是"已停止"数）。"""
         issued = 0
         for run in self.runs():
-            if run.machine.can_stop:
-                run.stop(reason=reason)
+            # 已在 stopping 的任务本轮不再发请求，不计数。
+            if run.machine.can_stop and run.status is not TaskStatus.STOPPING and run.stop(reason=reason):
                 issued += 1
         return issued
 
