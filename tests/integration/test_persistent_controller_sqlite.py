@@ -314,3 +314,22 @@ def test_remote_stop_of_a_finished_task_writes_no_command(db: str) -> None:
     assert console.store.claim_commands("probe", lease=1.0) == []  # type: ignore[union-attr]
     console.close(close_store=True)
     worker.close(close_store=True)
+
+
+def test_check_cluster_sees_published_nodes_duplicates_and_holes(db: str) -> None:
+    a = Controller(store=SqliteTaskStore(db), owner="node-a", owned_buckets=range(0, 40), num_buckets=64)
+    b = Controller(store=SqliteTaskStore(db), owner="node-b", owned_buckets=range(32, 60), num_buckets=64)
+    console = Controller(store=SqliteTaskStore(db), owner="console", num_buckets=64)
+    report = console.check_cluster()
+    assert set(report.alive_owners) == {"node-a", "node-b"}
+    assert sorted(report.duplicates) == list(range(32, 40))
+    assert report.holes == tuple(range(60, 64))
+    assert not report.healthy and report.problems()
+    b.close(close_store=True)  # 正常下线：登记立刻撤销
+    after = console.check_cluster()
+    assert set(after.alive_owners) == {"node-a"}
+    assert after.duplicates == {} and after.holes == tuple(range(40, 64))
+    # 纯查询的控制台从不登记自己。
+    assert all(n.owner != "console" for n in console.store.list_nodes())  # type: ignore[union-attr]
+    a.close(close_store=True)
+    console.close(close_store=True)

@@ -36,6 +36,7 @@ from chongming_task.models import Failure, FailureKind, Outcome, TaskSnapshot, T
 from chongming_task.pipeline import Pipeline, PipelineRun, submit_pipeline
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ConcurrencyPolicy, RetryPolicy, Timeout
 from chongming_task.run import TaskRun
+from chongming_task.runtime.cluster import DEFAULT_ORPHAN_LIMIT, ClusterReport, check_cluster, node_record
 from chongming_task.runtime.persistence import PersistFailure, WriteThrough
 from chongming_task.runtime.reconcile import ReconcileReport, reconcile_store
 from chongming_task.runtime.registry import TaskDefinition, TaskRegistry
@@ -378,6 +379,7 @@ class Controller:
             if self._polling:
                 return
             self._polling = True
+        self._publish_node()
         listen = getattr(self.store, "listen", None)
         if callable(listen):
             try:
@@ -385,6 +387,38 @@ class Controller:
             except TaskError as exc:
                 logger.warning("无法订阅指令通知，改为纯轮询：%s", exc)
         self._wake.set()
+
+    def _publish_node(self) -> None:
+        """在存储里登记本节点负责的桶（带心跳与过期时间），供 check_cluster / doctor 发现重复与空洞。
+
+        只有持有任务的控制器才登记（与认领指令同一条件）：纯查询的控制台登记了，会被当成一个
+        不限定桶的节点，掩盖"没有活节点"这类真问题。
+        """
+        if self.store is None or self._write is None:
+            return
+        record = node_record(
+            self.owner,
+            self.owned_buckets,
+            num_buckets=self.bucket_policy.num_buckets,
+            ttl=self.lease_ttl,
+            clock=self.clock,
+            info={"hostname": socket.gethostname(), "pid": os.getpid()},
+        )
+        try:
+            self.store.publish_node(record)
+        except TaskError as exc:
+            self._write.record(self.owner, "publish_node", exc)
+
+    def check_cluster(self, *, orphan_limit: int = DEFAULT_ORPHAN_LIMIT) -> ClusterReport:
+        """运维体检：各节点登记的桶有没有重复、空洞，有没有落在无人负责的桶里（或失去监督者）的任务。"""
+        if self.store is None:
+            raise ConfigurationError("check_cluster() 需要共享存储：请用 Controller(store=...) 构造")
+        return check_cluster(
+            self.store,
+            num_buckets=self.bucket_policy.num_buckets,
+            clock=self.clock,
+            orphan_limit=orphan_limit,
+        )
 
     def _on_command_notice(self, notice: object) -> None:
         self._poll_now.set()
@@ -511,6 +545,8 @@ class Controller:
                 if self._write is not None:
                     if now >= next_lease:
                         self._flush_side_channel(renew_lease=True)
+                        if self._polling:
+                            self._publish_node()
                         next_lease = now + self.lease_ttl / 3
                         next_side = now + self.side_channel_interval
                     elif now >= next_side:
@@ -857,6 +893,11 @@ class Controller:
             if self._write is not None:
                 self._write.catch_up()
                 self._flush_side_channel(renew_lease=False)
+                if self._polling and self.store is not None:
+                    try:
+                        self.store.remove_node(self.owner)  # 正常下线：不等过期，立刻让出登记的桶
+                    except TaskError as exc:
+                        self._write.record(self.owner, "remove_node", exc)
         if close_store and self.store is not None:
             self.store.close()
 

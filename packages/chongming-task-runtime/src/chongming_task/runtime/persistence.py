@@ -56,7 +56,8 @@ class WriteThrough:
         self._behind: dict[str, StateMachine] = {}
         self._lock = threading.Lock()
 
-    def _record(self, task_id: str, operation: str, exc: BaseException) -> None:
+    def record(self, task_id: str, operation: str, exc: BaseException) -> None:
+        """记一次写存储失败（最多保留最新 20 条）并打日志。"""
         failure = PersistFailure(self.clock.now(), task_id, operation, f"{type(exc).__name__}: {exc}")
         with self._lock:
             self.failures.append(failure)
@@ -76,7 +77,7 @@ class WriteThrough:
             raise
         except TaskError as exc:
             self._tasks[snapshot.task_id] = _TaskState(persisted_version=None)
-            self._record(snapshot.task_id, "create", exc)
+            self.record(snapshot.task_id, "create", exc)
             with self._lock:
                 self._behind[snapshot.task_id] = machine
             return
@@ -107,15 +108,13 @@ class WriteThrough:
                 )
         except ConcurrencyConflict as exc:
             # 别的写者（例如另一节点的 reconcile）改写了存储：重试无济于事，如实记下，不再追写。
-            self._record(
-                snapshot.task_id, "save", ConcurrencyConflict(f"存储中的版本已被其他写者改写：{exc}")
-            )
+            self.record(snapshot.task_id, "save", ConcurrencyConflict(f"存储中的版本已被其他写者改写：{exc}"))
             with self._lock:
                 self._behind.pop(snapshot.task_id, None)
             state.persisted_version = -1
             return False
         except TaskError as exc:
-            self._record(snapshot.task_id, "create" if state.persisted_version is None else "save", exc)
+            self.record(snapshot.task_id, "create" if state.persisted_version is None else "save", exc)
             with self._lock:
                 self._behind[snapshot.task_id] = machine
             return False
@@ -153,7 +152,7 @@ class WriteThrough:
         try:
             self.store.touch(snapshot.task_id, **fields)  # type: ignore[arg-type]
         except TaskError as exc:
-            self._record(snapshot.task_id, "touch", exc)
+            self.record(snapshot.task_id, "touch", exc)
             return
         state.last_progress = snapshot.progress
         state.last_heartbeat = snapshot.last_heartbeat_at
@@ -183,7 +182,7 @@ class WriteThrough:
         try:
             self.store.touch_many(updates)
         except TaskError as exc:
-            self._record(updates[0][0], f"touch×{len(updates)}", exc)
+            self.record(updates[0][0], f"touch×{len(updates)}", exc)
             return
         for state, snapshot in touched:
             state.last_progress = snapshot.progress
