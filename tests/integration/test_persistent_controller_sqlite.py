@@ -317,7 +317,7 @@ def test_remote_stop_of_a_finished_task_writes_no_command(db: str) -> None:
 
 
 def test_check_cluster_sees_published_nodes_duplicates_and_holes(db: str) -> None:
-    a = Controller(store=SqliteTaskStore(db), owner="node-a", owned_buckets=range(0, 40), num_buckets=64)
+    a = Controller(store=SqliteTaskStore(db), owner="node-a", owned_buckets=range(40), num_buckets=64)
     b = Controller(store=SqliteTaskStore(db), owner="node-b", owned_buckets=range(32, 60), num_buckets=64)
     console = Controller(store=SqliteTaskStore(db), owner="console", num_buckets=64)
     report = console.check_cluster()
