@@ -1,0 +1,165 @@
+"""控制命令：stop、pause、resume，以及运维用的 reconcile、prune。
+
+本进程不持有这些任务，所以 stop / pause / resume 都是写进存储的指令，由持有者轮询取走执行
+（用户指南 §8.9）：stop / resume 的"成功"是"请求已受理"，跨进程的 pause 如实报"未确认"。
+"""
+
+from __future__ import annotations
+
+import click
+
+from chongming_task.cli.app import cli, json_option, pass_state
+from chongming_task.cli.errors import EXIT_OK, CliError
+from chongming_task.cli.output import echo_json, fmt_time, table
+from chongming_task.cli.params import NON_NEGATIVE_INT, SECONDS
+from chongming_task.cli.state import AppState
+from chongming_task.controller import Controller
+from chongming_task.models import TaskSnapshot
+
+
+def _target(state: AppState, task_id: str) -> tuple[Controller, TaskSnapshot]:
+    controller = state.controller(state.open_store())
+    snapshot = controller.get(task_id)
+    if snapshot is None:
+        raise CliError(f"找不到任务 {task_id!r}（存储 {state.store_display}）：请用 ps 查看已有的任务 id")
+    return controller, snapshot
+
+
+def _holder(snapshot: TaskSnapshot) -> str:
+    return snapshot.lease_owner or snapshot.owner or "（未知）"
+
+
+@cli.command("stop")
+@click.argument("task_id")
+@click.option("--reason", metavar="TEXT", help="停止原因，写进迁移历史。")
+@click.option(
+    "--wait", "wait_seconds", type=SECONDS, metavar="SECONDS", help="等任务落终态再返回，最多等这么久。"
+)
+@json_option
+@pass_state
+def stop_command(state: AppState, task_id: str, reason: str | None, wait_seconds: float | None) -> int:
+    """请求停止任务（写成指令，由持有它的进程执行）。"""
+    controller, snapshot = _target(state, task_id)
+    if snapshot.is_terminal:
+        if state.json:
+            echo_json(
+                {"task_id": task_id, "action": "stop", "accepted": False, "status": snapshot.status.value}
+            )
+        else:
+            click.echo(f"任务 {task_id} 已经结束（{snapshot.status.value}），无需停止")
+        return EXIT_OK
+    accepted = controller.stop(task_id, reason=reason)
+    final = _wait(controller, task_id, wait_seconds) if wait_seconds is not None else None
+    if state.json:
+        result: dict[str, object] = {"task_id": task_id, "action": "stop", "accepted": accepted}
+        if final is not None:
+            result["snapshot"] = final.to_dict()
+        echo_json(result)
+    else:
+        click.echo(f"已受理：停止请求已写入存储，由持有者 {_holder(snapshot)} 执行")
+        if final is not None:
+            click.echo(f"任务 {task_id} 已落终态：{final.status.value}")
+        else:
+            click.echo(f"用 status {task_id} 查看结果")
+    return EXIT_OK
+
+
+def _wait(controller: Controller, task_id: str, seconds: float) -> TaskSnapshot:
+    try:
+        return controller.wait(task_id, timeout=seconds).snapshot
+    except TimeoutError:
+        current = controller.get(task_id)
+        status = current.status.value if current is not None else "未知"
+        raise CliError(
+            f"等了 {seconds:g} 秒，任务 {task_id} 仍未落终态（当前 {status}）；"
+            "停止请求仍然有效，稍后再用 status 查看"
+        ) from None
+
+
+@cli.command("pause")
+@click.argument("task_id")
+@click.option("--timeout", type=SECONDS, metavar="SECONDS", help="持有者等待任务挂起的最长时间。")
+@json_option
+@pass_state
+def pause_command(state: AppState, task_id: str, timeout: float | None) -> int:
+    """请求暂停任务。跨进程没有回执通道，只能报"未确认"（退出码仍是 0）。"""
+    controller, snapshot = _target(state, task_id)
+    if snapshot.is_terminal:
+        raise CliError(f"任务 {task_id} 已经结束（{snapshot.status.value}），无法暂停")
+    confirmed = controller.pause(task_id, timeout=timeout)
+    if state.json:
+        echo_json({"task_id": task_id, "action": "pause", "confirmed": confirmed})
+    elif confirmed:
+        click.echo(f"任务 {task_id} 已暂停")
+    else:
+        click.echo(
+            f"已发出暂停请求，未确认：跨进程没有回执通道，由持有者 {_holder(snapshot)} 执行；"
+            f"用 status {task_id} 查看是否已经 paused"
+        )
+    return EXIT_OK
+
+
+@cli.command("resume")
+@click.argument("task_id")
+@json_option
+@pass_state
+def resume_command(state: AppState, task_id: str) -> int:
+    """请求恢复一个暂停的任务。"""
+    controller, snapshot = _target(state, task_id)
+    if snapshot.is_terminal:
+        raise CliError(f"任务 {task_id} 已经结束（{snapshot.status.value}），无法恢复")
+    accepted = controller.resume(task_id)
+    if state.json:
+        echo_json({"task_id": task_id, "action": "resume", "accepted": accepted})
+    else:
+        click.echo(
+            f"已受理：恢复请求已写入存储，由持有者 {_holder(snapshot)} 执行；用 status {task_id} 查看结果"
+        )
+    return EXIT_OK
+
+
+@cli.command("reconcile")
+@click.option("--dry-run", is_flag=True, help="只报告，不写任何状态。")
+@json_option
+@pass_state
+def reconcile_command(state: AppState, dry_run: bool) -> int:
+    """把租约过期、失去监督者的任务如实标记为 lost（只看 --owned-buckets 负责的桶）。"""
+    controller = state.controller(state.open_store(), claim_buckets=True)
+    report = controller.reconcile(dry_run=dry_run)
+    groups = (("lost", report.lost), ("adoptable", report.adoptable), ("skipped", report.skipped))
+    if state.json:
+        echo_json({"dry_run": dry_run, **{name: [s.to_dict() for s in items] for name, items in groups}})
+        return EXIT_OK
+    verb = {
+        "lost": "会被判为 lost" if dry_run else "已判为 lost",
+        "adoptable": "无人接手（需重新提交）",
+        "skipped": "有人正在写，已跳过",
+    }
+    rows = [
+        (s.task_id, s.name, s.status.value, verb[name], s.lease_owner, fmt_time(s.lease_until))
+        for name, items in groups
+        for s in items
+    ]
+    if not rows:
+        click.echo(f"没有失去监督者的任务（本节点负责的桶：{state.owned_display}）")
+        return EXIT_OK
+    click.echo(table(rows, ("TASK_ID", "NAME", "STATUS", "处置", "LEASE_OWNER", "LEASE_UNTIL")))
+    summary = f"\nlost {len(report.lost)}，adoptable {len(report.adoptable)}，skipped {len(report.skipped)}"
+    click.echo(summary + ("（dry-run：没有写入任何状态）" if dry_run else ""))
+    return EXIT_OK
+
+
+@cli.command("prune")
+@click.option(
+    "--keep-terminal", type=NON_NEGATIVE_INT, required=True, metavar="N", help="保留最新的 N 条终态记录。"
+)
+@json_option
+@pass_state
+def prune_command(state: AppState, keep_terminal: int) -> int:
+    """丢弃最旧的终态记录，只保留最新 N 条（未结束的任务不受影响）。"""
+    removed = state.controller(state.open_store()).prune(keep_terminal)
+    if state.json:
+        echo_json({"removed": removed, "keep_terminal": keep_terminal})
+    else:
+        click.echo(f"已清理 {removed} 条终态记录（保留最新 {keep_terminal} 条）")
+    return EXIT_OK

@@ -1,0 +1,336 @@
+"""run：提交一个任务并在前台执行到落终态。
+
+这个进程就是任务的持有者：它的 Controller 带着 --owner / --owned-buckets 与存储，于是别的终端
+写下的 stop / pause / resume 指令会被它取走执行。它退出时任务就没人管了（§4.5），所以
+Ctrl-C / SIGTERM 一律走 controller.close()：在跑的任务走优雅停止，落下一个诚实的终态再退出。
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from types import FrameType
+from typing import Any
+
+import click
+
+from chongming_task.cli.app import cli, json_option, pass_state
+from chongming_task.cli.buckets import format_bucket_spec
+from chongming_task.cli.errors import EXIT_OK, EXIT_TASK_NOT_SUCCEEDED, CliError
+from chongming_task.cli.output import LiveDisplay, echo_json, fmt_time, fmt_value, progress_bar
+from chongming_task.cli.params import EXECUTOR, INT, SECONDS, parse_task_argument
+from chongming_task.cli.state import ENV_MODULE, AppState, load_task_module, register_tasks
+from chongming_task.controller import SUBMIT_KEYWORDS, Controller
+from chongming_task.errors import TaskError
+from chongming_task.models import Progress, TaskSnapshot
+from chongming_task.run import TaskRun
+from chongming_task.runtime.executors import ProcessExecutor, ThreadExecutor
+from chongming_task.runtime.table import elapsed_text
+from chongming_task.states import TaskStatus
+
+# 提交参数对应的 run 选项：--arg 撞名时告诉用户该用哪个选项。
+_SUBMIT_OPTIONS = {
+    "task_id": "--task-id",
+    "label": "--label",
+    "tags": "--tag",
+    "priority": "--priority",
+    "bucket_key": "--bucket-key",
+}
+
+
+class SignalStop(BaseException):
+    """SIGTERM 到达：和 Ctrl-C 一样走 close()。继承 BaseException，任务代码里的 except Exception 接不住它。"""
+
+    def __init__(self, signame: str) -> None:
+        super().__init__(signame)
+        self.signame = signame
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM（systemd stop、kill）→ 在主线程里抛 SignalStop；Ctrl-C 本来就是 KeyboardInterrupt。"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SignalStop(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _parse_arguments(raw_args: tuple[str, ...]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for text in raw_args:
+        try:
+            key, value = parse_task_argument(text)
+        except click.BadParameter as exc:
+            raise CliError(f"--arg {exc.message}") from None
+        if key in SUBMIT_KEYWORDS:
+            raise CliError(f"--arg {key}=... 与提交参数同名：请用 {_SUBMIT_OPTIONS.get(key, key)} 选项")
+        if key in kwargs:
+            raise CliError(f"--arg {key} 给了两次：每个参数只能给一个值")
+        kwargs[key] = value
+    return kwargs
+
+
+def _check_signature(controller: Controller, name: str, kwargs: dict[str, Any]) -> None:
+    """参数对不上就在提交前说清楚（退出码 1），而不是让任务跑起来再以 TypeError 失败（退出码 3）。"""
+    definition = next(d for d in controller.definitions() if d.name == name)
+    try:
+        signature = inspect.signature(definition.fn)
+    except (TypeError, ValueError):
+        return  # 拿不到签名（C 实现的可调用对象）：交给运行时去报
+    try:
+        signature.bind(None, **kwargs)  # 第一个位置参数是 ctx
+    except TypeError as exc:
+        params = list(signature.parameters)[1:]
+        expected = "、".join(params) if params else "（无参数）"
+        raise CliError(f"任务 {name} 的参数与 --arg 对不上：{exc}；它接受的参数是：{expected}") from None
+
+
+def _resolve_name(controller: Controller, module_name: str, name: str) -> None:
+    """只接受登记过的名字（§8.5）。点号路径、冒号路径一律当作"想启动任意可调用对象"拒绝。"""
+    known = sorted(d.name for d in controller.definitions())
+    if name in known:
+        return
+    known_text = ", ".join(known) if known else "（没有登记任何任务）"
+    if "." in name or ":" in name:
+        raise CliError(
+            f"拒绝运行 {name!r}：CLI 只接受模块 {module_name} 的 register(controller) 登记过的任务名，"
+            f"不接受模块路径或可调用对象——能启动任意可调用对象的入口等于任意代码执行。已登记的有：{known_text}"
+        )
+    raise CliError(f"任务名 {name!r} 没有登记：模块 {module_name} 登记的有：{known_text}")
+
+
+@cli.command("run")
+@click.argument("task_name", metavar="TASK")
+@click.option(
+    "--tasks",
+    "module_name",
+    metavar="MODULE",
+    envvar=ENV_MODULE,
+    show_envvar=True,
+    help="任务模块（如 myapp.tasks），只有它的 register(controller) 登记过的名字能跑。",
+)
+@click.option(
+    "--arg", "raw_args", multiple=True, metavar="K=V", help="任务参数，可重复；值能按 JSON 解析就解析。"
+)
+@click.option("--task-id", metavar="ID", help="任务 id（默认自动生成）；停止过的任务再跑要换 id。")
+@click.option("--bucket-key", metavar="KEY", help="业务键；限定了 --owned-buckets 时必需。")
+@click.option("--label", metavar="TEXT", help="给人看的名字（ps 的 NAME 列）。")
+@click.option("--tag", "tags", multiple=True, metavar="TAG", help="附加标签，可重复。")
+@click.option("--priority", type=INT, help="优先级，越大越先执行。")
+@click.option(
+    "--executor", "executor_name", type=EXECUTOR, default="thread", show_default=True, help="执行器。"
+)
+@click.option(
+    "--progress-interval",
+    type=SECONDS,
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="不是终端时，进度行最多每隔几秒打印一次。",
+)
+@json_option
+@pass_state
+def run_command(
+    state: AppState,
+    task_name: str,
+    module_name: str | None,
+    raw_args: tuple[str, ...],
+    task_id: str | None,
+    bucket_key: str | None,
+    label: str | None,
+    tags: tuple[str, ...],
+    priority: int | None,
+    executor_name: str,
+    progress_interval: float,
+) -> int:
+    """提交一个任务并在前台执行到落终态（Ctrl-C / SIGTERM 会把它停干净）。
+
+    \b
+    退出码：0 任务 succeeded；3 任务落在别的终态（failed / stopped / lost ...）；1 命令本身失败。
+    """
+    module = load_task_module(module_name)
+    kwargs = _parse_arguments(raw_args)
+    owned = state.owned_buckets
+    if bucket_key is None and owned is not None and len(owned) < state.num_buckets:
+        # 与 Controller 的规则相同（§8.14），只是在碰存储之前、用命令行的说法讲出来。
+        raise CliError(
+            f"限定了 --owned-buckets {format_bucket_spec(owned)}（共 {state.num_buckets} 个桶）时必须给出 "
+            "--bucket-key：没有归属桶的任务不会有任何节点认领它，只会永远排队"
+        )
+    store = state.open_store(create=True) if state.has_store() else None
+    executor = ProcessExecutor() if executor_name == "process" else ThreadExecutor()
+    controller = state.controller(store, claim_buckets=True, executor=executor)
+    register_tasks(controller, module)
+    _resolve_name(controller, module.__name__, task_name)
+    _check_signature(controller, task_name, kwargs)
+    try:
+        run = controller.submit(
+            task_name,
+            task_id=task_id,
+            label=label,
+            tags=tags,
+            priority=priority,
+            bucket_key=bucket_key,
+            **kwargs,
+        )
+    except TaskError as exc:
+        raise CliError(f"提交被拒绝：{state.mask(str(exc))}") from exc
+    display = LiveDisplay()
+    snapshot = run.snapshot
+    bucket = "-" if snapshot.bucket is None else str(snapshot.bucket)
+    display.line(
+        f"已提交 {run.task_id}（任务 {task_name}，桶 {bucket}，持有者 {controller.owner}，"
+        f"存储 {state.store_display if store is not None else '无（仅本进程内存）'}）"
+    )
+    interrupted: str | None = None
+    with _sigterm_as_interrupt():
+        watcher = _Watcher(run, display, progress_interval)
+        try:
+            watcher.follow()
+        except (KeyboardInterrupt, SignalStop) as exc:
+            interrupted = exc.signame if isinstance(exc, SignalStop) else "SIGINT"
+            if not _close_after_interrupt(controller, watcher, display, interrupted):
+                return EXIT_TASK_NOT_SUCCEEDED
+        watcher.render(final=True)
+        display.finish()
+    return _report(state, run.snapshot, interrupted)
+
+
+def _close_after_interrupt(
+    controller: Controller, watcher: _Watcher, display: LiveDisplay, signame: str
+) -> bool:
+    """Ctrl-C / SIGTERM：controller.close() 停掉任务并追平存储。再来一次中断就不再等。"""
+    display.line(
+        f"收到 {signame}：正在停止任务 {watcher.run.task_id}（最多等 {controller.graceful_stop + 2:g} 秒）…"
+    )
+    try:
+        controller.close(reason=f"命令行收到 {signame}", close_store=True)
+    except (KeyboardInterrupt, SignalStop):
+        display.finish()
+        click.echo(
+            f"再次中断：不再等待收尾。任务 {watcher.run.task_id} 可能停在 {watcher.run.status.value}，"
+            "租约过期后可用 reconcile 把它如实标记",
+            err=True,
+        )
+        return False
+    return True
+
+
+class _Watcher:
+    """把 TaskRun 的状态迁移、日志和进度渲染到 LiveDisplay。只读快照，不碰状态机。"""
+
+    def __init__(self, run: TaskRun, display: LiveDisplay, progress_interval: float) -> None:
+        self.run = run
+        self.display = display
+        self.progress_interval = progress_interval
+        self._seen_transitions = 0
+        self._last_log: object = None
+        self._printed_progress: Progress | None = None
+        self._last_progress_line = 0.0
+
+    def follow(self) -> None:
+        while not self.run.done:
+            self.render(final=False)
+            self.run.done_event.wait(0.1)
+
+    def render(self, *, final: bool) -> None:
+        run = self.run
+        snapshot = run.snapshot
+        prefix = f"[{time.strftime('%H:%M:%S')}] {run.task_id}"
+        # 迁移与日志按发生时间合并：任务收尾时写的日志排在"→ succeeded"之前。
+        lines: list[tuple[datetime, str]] = []
+        transitions = run.transitions
+        for record in transitions[self._seen_transitions :]:
+            reason = f"（{record.reason}）" if record.reason else ""
+            text = f"{record.from_status.value} → {record.to_status.value}{reason}"
+            lines.append((record.at, f"[{fmt_time(record.at, date=False)[:8]}] {run.task_id} {text}"))
+        self._seen_transitions = len(transitions)
+        lines.extend(self._new_logs())
+        progress_line = self._progress_line(snapshot, prefix, final)
+        if progress_line is not None:
+            # 进度没有自己的时间戳：按"现在"排；任务已落终态时排在终态迁移之前，读起来顺。
+            at = datetime.now(UTC)
+            if snapshot.finished_at is not None:
+                at = min(at, snapshot.finished_at - timedelta(microseconds=1))
+            lines.append((at, progress_line))
+        for _, text in sorted(lines, key=lambda item: item[0]):
+            self.display.line(text)
+
+    def _progress_line(self, snapshot: TaskSnapshot, prefix: str, final: bool) -> str | None:
+        """终端上就地刷新底部那一行（返回 None）；否则按节奏返回一行普通的进度文字。"""
+        progress = snapshot.progress
+        if self.display.tty:
+            if not final:
+                self.display.status(_status_line(snapshot, progress))
+            return None
+        now = time.monotonic()
+        due = final or now - self._last_progress_line >= self.progress_interval
+        if progress is None or progress == self._printed_progress or not due:
+            return None
+        self._printed_progress = progress
+        self._last_progress_line = now
+        message = f" {progress.message}" if progress.message else ""
+        return f"{prefix} 进度 {progress.describe()}{message}"
+
+    def _new_logs(self) -> list[tuple[datetime, str]]:
+        logs = self.run.logs
+        start = 0
+        if self._last_log is not None:
+            # 日志只保留最近 200 条：按对象身份找上次看到的位置；找不到（已被挤出）就全部算新的。
+            for index in range(len(logs) - 1, -1, -1):
+                if logs[index] is self._last_log:
+                    start = index + 1
+                    break
+        if logs:
+            self._last_log = logs[-1]
+        result = []
+        for entry in logs[start:]:
+            level = "" if entry.level < logging.WARNING else f"{entry.level_name} "
+            stamp = fmt_time(entry.at, date=False)[:8]
+            result.append((entry.at, f"[{stamp}] {self.run.task_id} 日志 {level}{entry.message}"))
+        return result
+
+
+def _status_line(snapshot: TaskSnapshot, progress: Progress | None) -> str:
+    elapsed = elapsed_text(snapshot, datetime.now(UTC))
+    parts = [snapshot.task_id, snapshot.status.value, elapsed]
+    if progress is not None:
+        if progress.fraction is not None:
+            parts.append(progress_bar(progress.fraction))
+        parts.append(progress.describe())
+        if progress.message:
+            parts.append(progress.message)
+    return "  ".join(parts)
+
+
+def _report(state: AppState, snapshot: TaskSnapshot, interrupted: str | None) -> int:
+    succeeded = snapshot.status is TaskStatus.SUCCEEDED
+    if state.json:
+        echo_json(snapshot.to_dict())
+    elif succeeded:
+        elapsed = elapsed_text(snapshot, snapshot.finished_at or snapshot.created_at)
+        click.echo(
+            f"任务 {snapshot.task_id} 成功（succeeded），用时 {elapsed}，"
+            f"返回值：{fmt_value(snapshot.outcome)}"
+        )
+        if interrupted:
+            click.echo(f"（收到 {interrupted} 后，任务按停止请求优雅收尾并正常返回，所以是 succeeded）")
+    else:
+        failure = snapshot.failure
+        detail = f"：{failure.kind.value}，{failure.message}" if failure is not None else ""
+        click.echo(f"任务 {snapshot.task_id} 没有成功，终态 {snapshot.status.value}{detail}")
+    return EXIT_OK if succeeded else EXIT_TASK_NOT_SUCCEEDED

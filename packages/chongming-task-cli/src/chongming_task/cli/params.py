@@ -1,0 +1,120 @@
+"""参数类型：校验失败时给中文说明（click 内置类型的报错是英文）。"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from chongming_task.states import TaskStatus
+
+if TYPE_CHECKING:
+    # click 8.5 起 ParamType 是泛型；运行时不下标，老版本 click（>= 8.1）照样能用。
+    _ParamType = click.ParamType[Any, Any]
+else:
+    _ParamType = click.ParamType
+
+
+class IntType(_ParamType):
+    """整数，可带下限。"""
+
+    name = "整数"
+
+    def __init__(self, minimum: int | None = None) -> None:
+        self.minimum = minimum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            try:
+                number = int(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} 不是整数", param, ctx)
+        if self.minimum is not None and number < self.minimum:
+            self.fail(f"必须 >= {self.minimum}，收到 {number}", param, ctx)
+        return number
+
+
+class SecondsType(_ParamType):
+    """正的秒数（可带小数）。"""
+
+    name = "秒数"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} 不是秒数（例如 2 或 0.5）", param, ctx)
+        if not seconds > 0 or seconds == float("inf"):
+            self.fail(f"必须是正的秒数，收到 {value!r}", param, ctx)
+        return seconds
+
+
+class ChoiceType(_ParamType):
+    """从固定集合里选一个；报错时列出全部可选值。"""
+
+    name = "选项"
+
+    def __init__(self, choices: list[str]) -> None:
+        self.choices = choices
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "[" + "|".join(self.choices) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value).strip().lower()
+        if text not in self.choices:
+            self.fail(f"{value!r} 不是可选值；可选：{', '.join(self.choices)}", param, ctx)
+        return text
+
+
+class StatusType(ChoiceType):
+    """任务状态名（TaskStatus 的值）。"""
+
+    name = "状态"
+
+    def __init__(self) -> None:
+        super().__init__([status.value for status in TaskStatus])
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "STATUS"
+
+
+def parse_task_argument(text: str) -> tuple[str, Any]:
+    """``--arg k=v``：值能按 JSON 解析就用解析结果（数字、布尔、列表、对象），否则按原样字符串。
+
+    想传字面量字符串 "3" 时写 ``--arg n='"3"'``。
+    """
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise click.BadParameter(f"{text!r} 应写成 名字=值，例如 --arg source=kafka://orders")
+    if not key.isidentifier():
+        raise click.BadParameter(f"参数名 {key!r} 不是合法的 Python 参数名")
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key, value
+
+
+INT = IntType()
+NON_NEGATIVE_INT = IntType(minimum=0)
+POSITIVE_INT = IntType(minimum=1)
+SECONDS = SecondsType()
+STATUS = StatusType()
+EXECUTOR = ChoiceType(["thread", "process"])
+ORDER = ChoiceType(["oldest", "newest"])
+
+__all__ = [
+    "EXECUTOR",
+    "INT",
+    "NON_NEGATIVE_INT",
+    "ORDER",
+    "POSITIVE_INT",
+    "SECONDS",
+    "STATUS",
+    "parse_task_argument",
+]
