@@ -333,3 +333,16 @@ def test_check_cluster_sees_published_nodes_duplicates_and_holes(db: str) -> Non
     assert all(n.owner != "console" for n in console.store.list_nodes())  # type: ignore[union-attr]
     a.close(close_store=True)
     console.close(close_store=True)
+
+
+def test_wait_returns_only_after_the_terminal_state_is_in_the_store(db: str) -> None:
+    """wait() 叫醒调用方的那一刻，终态必须已经写穿：否则别的进程紧接着读到的还是旧状态。"""
+    store = SqliteTaskStore(db)
+    c = Controller(store=store, max_parallel=4)
+    c.register("quick", lambda ctx, i: i)
+    for i in range(100):
+        run = c.submit("quick", i)
+        assert run.wait(timeout=5).value == i
+        stored = store.get(run.task_id)
+        assert stored is not None and stored.status is S.SUCCEEDED and stored.outcome == i
+    c.close(close_store=True)

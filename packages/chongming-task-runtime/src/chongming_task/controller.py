@@ -332,6 +332,9 @@ class Controller:
             machine.mark_blocked()
         else:
             machine.mark_queued()
+        # 控制器的监听器必须排在 TaskRun 自己的监听器之前：TaskRun 在终态时叫醒 wait() 的调用方，
+        # 到那一刻存储必须已经写穿（否则 wait() 返回后别的进程还读到旧状态）。
+        machine.add_listener(self._make_listener(machine))
         run = TaskRun(
             definition.fn,
             args,
@@ -362,7 +365,6 @@ class Controller:
                     ) from None
             self._runs[task_id] = run
             self._unfinished.add(task_id)
-            machine.add_listener(self._make_listener(run))
             if not blocked:
                 self._enqueue_locked(run)
             enable_polling = self.store is not None and not self._polling
@@ -468,9 +470,7 @@ class Controller:
 
     # -- state-machine listener ----------------------------------------------------------------------
 
-    def _make_listener(self, run: TaskRun) -> Callable[[TaskSnapshot, Transition], None]:
-        machine = run.machine
-
+    def _make_listener(self, machine: StateMachine) -> Callable[[TaskSnapshot, Transition], None]:
         def listener(snapshot: TaskSnapshot, record: Transition) -> None:
             try:
                 self._on_transition(machine, snapshot, record)
