@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -119,7 +120,9 @@ def _fail(message: str, exc: BaseException, debug: bool, secrets: list[str], cod
     if debug:
         text = "".join(traceback.format_exception(exc))
         click.echo(mask_secrets(text, secrets), err=True, nl=False)
-    click.echo("错误：" + mask_secrets(message, secrets), err=True)
+    # 一行：驱动的报错常带换行与缩进（psycopg 的 "\tIs the server running..."），压成一行再输出。
+    one_line = re.sub(r"\s*\n\s*", " ", message.strip())
+    click.echo("错误：" + mask_secrets(one_line, secrets), err=True)
     return code
 
 

@@ -72,7 +72,7 @@ def describe_click_error(error: click.ClickException) -> str:
             message += f"；你是不是想用 {' / '.join(sorted(error.possibilities))}"
     elif isinstance(error, click.MissingParameter):
         hint = _param_hint(error)
-        what = {"argument": "参数", "option": "选项"}.get(error.param_type or "", "参数")
+        what = "选项" if isinstance(error.param, click.Option) else "参数"
         message = f"缺少{what} {hint}" if hint else f"缺少{what}"
     elif isinstance(error, click.BadParameter):
         hint = _param_hint(error)
@@ -91,6 +91,8 @@ def _param_hint(error: click.MissingParameter | click.BadParameter) -> str:
         hint = error.param_hint
         return " / ".join(hint) if not isinstance(hint, str) else hint
     if error.param is not None:
+        if isinstance(error.param, click.Argument):
+            return error.param.human_readable_name  # TASK_ID，与 --help 里的写法一致
         return " / ".join(error.param.opts) or (error.param.name or "")
     return ""
 
