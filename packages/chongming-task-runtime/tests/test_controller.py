@@ -474,3 +474,33 @@ def test_stop_all_does_not_count_tasks_already_stopping() -> None:
     c.wait_all(timeout=10)
     assert run.status is S.STOPPED
     c.close()
+
+
+def test_concurrent_submits_of_one_task_id_admit_exactly_one() -> None:
+    from chongming_task import DuplicateTaskId, InMemoryTaskStore
+
+    c = Controller(max_parallel=2, store=InMemoryTaskStore())
+    c.register("quick", lambda ctx: 1)
+    barrier = threading.Barrier(8)
+    results: list[str] = []
+    lock = threading.Lock()
+
+    def racer() -> None:
+        barrier.wait()
+        try:
+            c.submit("quick", task_id="contested")
+            outcome = "ok"
+        except DuplicateTaskId:
+            outcome = "duplicate"
+        with lock:
+            results.append(outcome)
+
+    threads = [threading.Thread(target=racer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert sorted(results) == ["duplicate"] * 7 + ["ok"]
+    c.wait_all(timeout=5)
+    assert len(c.store.history("contested")) == 4  # type: ignore[union-attr]
+    c.close()

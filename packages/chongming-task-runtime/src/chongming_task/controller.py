@@ -161,6 +161,7 @@ class Controller:
         self._lock = threading.Lock()
         self._settled = threading.Condition(self._lock)
         self._runs: dict[str, TaskRun] = {}
+        self._reserved_ids: set[str] = set()
         self._unfinished: set[str] = set()
         self._terminal_order: list[str] = []
         self._start_deadlines: list[tuple[float, str]] = []
@@ -352,10 +353,12 @@ class Controller:
         with self._lock:
             if self._closed:
                 raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
-            if task_id in self._runs:
+            if task_id in self._runs or task_id in self._reserved_ids:
                 raise DuplicateTaskId(
                     f"task_id {task_id!r} 已存在；停止过的任务想再跑，请换一个 task_id 提交"
                 )
+            self._reserved_ids.add(task_id)  # 先占住 id，落库（可能较慢）在锁外做
+        try:
             if self._write is not None:
                 try:
                     self._write.create(machine)
@@ -363,12 +366,24 @@ class Controller:
                     raise DuplicateTaskId(
                         f"task_id {task_id!r} 已存在于存储中；停止过的任务想再跑，请换一个 task_id 提交"
                     ) from None
-            self._runs[task_id] = run
-            self._unfinished.add(task_id)
-            if not blocked:
-                self._enqueue_locked(run)
-            enable_polling = self.store is not None and not self._polling
+        finally:
+            with self._lock:
+                self._reserved_ids.discard(task_id)
+        with self._lock:
+            if self._closed:
+                closed_meanwhile = True
+            else:
+                closed_meanwhile = False
+                self._runs[task_id] = run
+                self._unfinished.add(task_id)
+                if not blocked:
+                    self._enqueue_locked(run)
+            enable_polling = self.store is not None and not self._polling and not closed_meanwhile
             to_start = self._scheduler.take_runnable()
+        if closed_meanwhile:
+            # 落库期间控制器被关闭：任务已写进存储，如实落 stopped（写穿），而不是留一个没人管的排队任务。
+            run.stop(reason="控制器已关闭，任务未执行")
+            raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
         if enable_polling:
             self._enable_polling()
         self._start_runs(to_start)
