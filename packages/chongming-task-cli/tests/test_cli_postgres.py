@@ -1,4 +1,7 @@
-"""--store postgresql://...：同一套命令换一个连接串。需要真实数据库（CHONGMING_TEST_POSTGRES），CI 上跳过即失败。"""
+"""--store postgresql://...：同一套命令换一个连接串。
+
+需要真实数据库（CHONGMING_TEST_POSTGRES），CI 上跳过即失败。
+"""
 
 from __future__ import annotations
 

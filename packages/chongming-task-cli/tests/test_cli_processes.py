@@ -27,8 +27,8 @@ def test_two_terminals_run_then_stop_from_another(
     snapshot = json.loads(status.stdout)
     assert (snapshot["status"], snapshot["bucket"], snapshot["owner"]) == ("running", 13, "node-a")
     stop = run_cli(
-        "--db", db, "--owned-buckets", "0-15", "--owner", "ops", "stop", "orders-worker", "--reason", "发布窗口",
-        cwd=tmp_path,
+        "--db", db, "--owned-buckets", "0-15", "--owner", "ops",
+        "stop", "orders-worker", "--reason", "发布窗口", cwd=tmp_path,
     )  # fmt: skip
     assert stop.returncode == 0, stop.stderr
     assert "已受理" in stop.stdout
