@@ -46,6 +46,15 @@ def worker(ctx: Any, source: str) -> int:
     return processed
 
 
+@task
+def hold(ctx: Any, seconds: float = 3600) -> None:
+    """占着执行槽等待，只响应停止（演示 Ctrl-C → stopped）。"""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        ctx.checkpoint()  # 停止请求在这里变成 TaskCancelled → stopped
+        time.sleep(0.05)
+
+
 @task(retry=RetryPolicy(max_attempts=2, backoff=FixedBackoff(0.1)), timeout=Timeout(per_attempt=30))
 def flaky(ctx: Any, fail_times: int = 5) -> str:
     """前 fail_times 次尝试失败（演示重试与退出码 3）。"""
@@ -56,7 +65,7 @@ def flaky(ctx: Any, fail_times: int = 5) -> str:
 
 def register(controller: Controller) -> None:
     """CLI 调用的登记入口：只有这里登记的名字能被 run。"""
-    controller.register_all(count, worker, flaky)
+    controller.register_all(count, worker, hold, flaky)
 
 
 def main() -> int:

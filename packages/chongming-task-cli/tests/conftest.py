@@ -42,6 +42,12 @@ def cli_argv(*args: str) -> list[str]:
     return [sys.executable, "-c", _ENTRY, *args]
 
 
+@pytest.fixture
+def cli_process_tools() -> tuple[Callable[..., list[str]], Callable[..., dict[str, str]]]:
+    """(cli_argv, cli_env)：自己起子进程的测试用（文档走查）。"""
+    return cli_argv, cli_env
+
+
 class Invoke:
     """在本进程里用 CliRunner 跑一条命令（看到的就是用户看到的：退出码、stdout、stderr）。"""
 

@@ -250,6 +250,8 @@ class _Watcher:
     def render(self, *, final: bool) -> None:
         run = self.run
         snapshot = run.snapshot
+        # 已落终态就按收尾渲染：最后一行进度要排在终态迁移之前，不能等到循环外的那次 render。
+        final = final or snapshot.is_terminal
         prefix = f"[{time.strftime('%H:%M:%S')}] {run.task_id}"
         # 迁移与日志按发生时间合并：任务收尾时写的日志排在"→ succeeded"之前。
         lines: list[tuple[datetime, str]] = []
