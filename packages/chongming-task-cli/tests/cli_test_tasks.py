@@ -40,6 +40,12 @@ def spin(ctx: Any) -> None:
         time.sleep(0.01)
 
 
+@task
+def deaf(ctx: Any, seconds: float = 30) -> None:
+    """从不 checkpoint：停不掉（优雅窗口用尽后只能报 lost）。"""
+    time.sleep(seconds)
+
+
 @task(retry=RetryPolicy(max_attempts=2, backoff=FixedBackoff(0.01)), timeout=Timeout(per_attempt=30, idle=10))
 def boom(ctx: Any) -> None:
     """总是失败。"""
@@ -59,4 +65,4 @@ def needs(ctx: Any, source: str, limit: int = 1) -> str:
 
 
 def register(controller: Any) -> None:
-    controller.register_all(count, resident, spin, boom, echo_args, needs)
+    controller.register_all(count, resident, spin, deaf, boom, echo_args, needs)

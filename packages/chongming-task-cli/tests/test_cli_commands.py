@@ -200,7 +200,7 @@ def test_tasks_lists_definitions(invoke: Any) -> None:
 def test_tasks_json(invoke: Any) -> None:
     result = invoke("--json", "tasks", "--tasks", TASKS)
     data = {d["name"]: d for d in json.loads(result.stdout)}
-    assert set(data) == {"boom", "count", "echo", "needs", "resident", "spin"}
+    assert set(data) == {"boom", "count", "deaf", "echo", "needs", "resident", "spin"}
     assert data["boom"]["max_attempts"] == 2
     assert data["boom"]["timeout"] == {"start": None, "per_attempt": 30, "idle": 10}
     assert data["count"]["tags"] == ["demo"] and data["count"]["timeout"] is None
@@ -329,7 +329,7 @@ def test_run_refuses_bad_arguments_and_unregistered_names(
 
 def test_run_unregistered_name_lists_what_is_registered(invoke: Any, db: str) -> None:
     result = invoke("--db", db, "run", "--tasks", TASKS, "os.system")
-    assert "已登记的有：boom, count, echo, needs, resident, spin" in result.stderr
+    assert "已登记的有：boom, count, deaf, echo, needs, resident, spin" in result.stderr
 
 
 def test_run_failed_task_exits_3(invoke: Any, db: str) -> None:

@@ -124,3 +124,17 @@ def test_process_executor(tmp_path: Path, run_cli: Any) -> None:
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert (data["status"], data["outcome"], data["executor"]) == ("succeeded", 2, "process")
+
+
+def test_second_interrupt_stops_waiting(tmp_path: Path, spawn_cli: Any) -> None:
+    """任务停不掉（从不 checkpoint）时，收尾要等优雅窗口；再按一次 Ctrl-C 就不再等，退出码仍是 3。"""
+    db = str(tmp_path / "tasks.db")
+    node = spawn_cli("--db", db, "run", "--tasks", TASKS, "deaf", "--task-id", "deaf")
+    node.wait_for_stderr("starting → running")
+    node.signal(signal.SIGINT)
+    node.wait_for_stderr("收到 SIGINT：正在停止任务 deaf")
+    node.signal(signal.SIGINT)
+    code, _out, err = node.finish(timeout=10)
+    assert code == 3, err
+    assert "再次中断：不再等待收尾。任务 deaf 可能停在 " in err  # running 或 stopping，取决于第二下来得多快
+    assert "Traceback" not in err

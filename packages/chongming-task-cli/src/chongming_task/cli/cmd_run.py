@@ -52,9 +52,15 @@ class SignalStop(BaseException):
         self.signame = signame
 
 
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM（systemd stop、kill）→ 在主线程里抛 SignalStop；Ctrl-C 本来就是 KeyboardInterrupt。"""
+def _interrupts_as_exceptions() -> Iterator[None]:
+    """SIGTERM（systemd stop、kill）→ 在主线程里抛 SignalStop；Ctrl-C 本来就是 KeyboardInterrupt。
+
+    退出时恢复两个信号原来的处理（CliRunner 在同一个进程里跑很多条命令）。
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -62,11 +68,20 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         raise SignalStop(signal.Signals(signum).name)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {signum: signal.getsignal(signum) for signum in _INTERRUPTS}
+    signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def _ignore_interrupts() -> None:
+    """收尾已经完成，剩下的只是打印结果：这时再来的中断不该把退出码从 3 变成 1。"""
+    if threading.current_thread() is threading.main_thread():
+        for signum in _INTERRUPTS:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def _parse_arguments(raw_args: tuple[str, ...]) -> dict[str, Any]:
@@ -197,7 +212,7 @@ def run_command(
         f"存储 {state.store_display if store is not None else '无（仅本进程内存）'}）"
     )
     interrupted: str | None = None
-    with _sigterm_as_interrupt():
+    with _interrupts_as_exceptions():
         watcher = _Watcher(run, display, progress_interval)
         try:
             watcher.follow()
@@ -205,19 +220,22 @@ def run_command(
             interrupted = exc.signame if isinstance(exc, SignalStop) else "SIGINT"
             if not _close_after_interrupt(controller, watcher, display, interrupted):
                 return EXIT_TASK_NOT_SUCCEEDED
+            _ignore_interrupts()
         watcher.render(final=True)
         display.finish()
-    return _report(state, run.snapshot, interrupted)
+        return _report(state, run.snapshot, interrupted)
 
 
 def _close_after_interrupt(
     controller: Controller, watcher: _Watcher, display: LiveDisplay, signame: str
 ) -> bool:
-    """Ctrl-C / SIGTERM：controller.close() 停掉任务并追平存储。再来一次中断就不再等。"""
-    display.line(
-        f"收到 {signame}：正在停止任务 {watcher.run.task_id}（最多等 {controller.graceful_stop + 2:g} 秒）…"
-    )
+    """Ctrl-C / SIGTERM：controller.close() 停掉任务并追平存储。再来一次中断就不再等。
+
+    整个函数体都在 try 里（包括第一行提示）：第二次中断可能紧跟着第一次到达。
+    """
     try:
+        wait = controller.graceful_stop + 2
+        display.line(f"收到 {signame}：正在停止任务 {watcher.run.task_id}（最多等 {wait:g} 秒）…")
         controller.close(reason=f"命令行收到 {signame}", close_store=True)
     except (KeyboardInterrupt, SignalStop):
         display.finish()
