@@ -305,6 +305,11 @@ class BucketPolicy:
 
     def validate_buckets(self, buckets: Iterable[int]) -> frozenset[int]:
         """校验桶号都在 [0, num_buckets) 内；越界立刻报错（放过去的症状是任务永远排队）。"""
+        checked: object = buckets
+        if isinstance(checked, (str, bytes)) or not isinstance(checked, Iterable):
+            raise ConfigurationError(
+                f"桶号必须以集合给出（例如 range(0, 16) 或 [0, 1, 2]），收到 {buckets!r}"
+            )
         result: set[int] = set()
         for bucket in buckets:
             if isinstance(bucket, bool) or not isinstance(bucket, int):

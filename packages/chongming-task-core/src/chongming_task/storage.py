@@ -80,6 +80,11 @@ class TaskQuery:
                 raise ConfigurationError(
                     "TaskQuery.statuses 必须是状态的集合，例如 frozenset({TaskStatus.RUNNING})"
                 )
+            if not isinstance(self.statuses, Iterable):
+                raise ConfigurationError(
+                    "TaskQuery.statuses 必须是状态的集合，例如 frozenset({TaskStatus.RUNNING})，"
+                    f"收到 {self.statuses!r}"
+                )
             try:
                 statuses = frozenset(TaskStatus(s) for s in self.statuses)
             except ValueError as exc:
@@ -87,8 +92,10 @@ class TaskQuery:
                 raise ConfigurationError(f"TaskQuery.statuses 里有未知状态（{exc}）；可选：{known}") from None
             object.__setattr__(self, "statuses", statuses)
         if self.buckets is not None:
-            if isinstance(self.buckets, int):
-                raise ConfigurationError("TaskQuery.buckets 必须是桶号的集合；单个桶请用 bucket=")
+            if isinstance(self.buckets, (int, str, bytes)) or not isinstance(self.buckets, Iterable):
+                raise ConfigurationError(
+                    f"TaskQuery.buckets 必须是桶号的集合（单个桶请用 bucket=），收到 {self.buckets!r}"
+                )
             object.__setattr__(self, "buckets", frozenset(self.buckets))
             for bucket in self.buckets:
                 if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
@@ -151,6 +158,18 @@ class TaskQuery:
         if self.limit is not None:
             selected = selected[: self.limit]
         return selected
+
+
+def as_query(query: object) -> TaskQuery:
+    """查询方法的参数：None 表示不限；别的类型（来自无类型代码、CLI、配置）给出清楚的 ConfigurationError，
+    而不是在后端深处变成 AttributeError。"""
+    if query is None:
+        return TaskQuery()
+    if not isinstance(query, TaskQuery):
+        raise ConfigurationError(
+            f"查询条件必须是 TaskQuery(...) 或 None，收到 {type(query).__name__}：{query!r}"
+        )
+    return query
 
 
 def escape_like(prefix: str, escape: str = "\\") -> str:
@@ -404,6 +423,9 @@ def validate_save(snapshot: TaskSnapshot, expect_version: int, transitions: Sequ
             raise ConfigurationError("最后一条迁移记录的目标状态必须等于快照状态")
 
 
+MAX_LEASE_SECONDS = 10 * 365 * 24 * 3600
+
+
 def validate_lease(lease: float) -> None:
     if (
         isinstance(lease, bool)
@@ -412,6 +434,9 @@ def validate_lease(lease: float) -> None:
         or lease <= 0
     ):
         raise ConfigurationError(f"指令租约必须是正的秒数，收到 {lease!r}")
+    if lease > MAX_LEASE_SECONDS:
+        # 否则 now + lease 越过 datetime 的上限，在后端深处变成 OverflowError。
+        raise ConfigurationError(f"指令租约过长（{lease!r} 秒）：上限是 {MAX_LEASE_SECONDS} 秒（10 年）")
 
 
 class TaskStore(ABC):
@@ -591,6 +616,7 @@ __all__ = [
     "TaskQuery",
     "TaskStats",
     "TaskStore",
+    "as_query",
     "check_json_value",
     "check_node_owner",
     "check_node_record",

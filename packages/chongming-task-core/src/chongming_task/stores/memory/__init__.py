@@ -44,6 +44,7 @@ from chongming_task.storage import (
     TaskQuery,
     TaskStats,
     TaskStore,
+    as_query,
     check_json_value,
     check_node_owner,
     check_node_record,
@@ -175,6 +176,12 @@ def _check_count(name: str, value: object) -> None:
         raise ConfigurationError(f"{name} 必须是非负整数，收到 {value!r}")
 
 
+def _check_key(name: str, value: object) -> None:
+    # 键来自无类型代码（CLI、配置）时，列表之类的值会在 dict 查找里变成 TypeError：在入口处说清楚。
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{name} 必须是字符串，收到 {value!r}")
+
+
 def _check_claimant(value: object) -> None:
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"认领者 claimant 必须是非空字符串，收到 {value!r}")
@@ -242,7 +249,8 @@ class InMemoryTaskStore(TaskStore):
         """满足条件（不含 limit 与顺序）的内部快照。调用方不得把含容器 outcome 的它们直接交出去。"""
         if query is None:
             return [row.snapshot for row in self._rows.values()]
-        return [row.snapshot for row in self._rows.values() if query.matches(row.snapshot)]
+        checked = as_query(query)
+        return [row.snapshot for row in self._rows.values() if checked.matches(row.snapshot)]
 
     # -- snapshots ----------------------------------------------------------------------------------
 
@@ -292,6 +300,7 @@ class InMemoryTaskStore(TaskStore):
                 row.history.setdefault(record.version, record)
 
     def get(self, task_id: str) -> TaskSnapshot | None:
+        _check_key("task_id", task_id)
         with self._lock:
             self._check_open()
             row = self._rows.get(task_id)
@@ -302,7 +311,7 @@ class InMemoryTaskStore(TaskStore):
         return snapshot if text is None else snapshot.evolve(outcome=json.loads(text))
 
     def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
-        query = query or TaskQuery()
+        query = as_query(query)
         with self._lock:
             self._check_open()
             # 快照与 outcome 文本必须在锁内成对取出：锁外再分别读 row 的两个属性，中间可能插进一次 save。
@@ -351,6 +360,7 @@ class InMemoryTaskStore(TaskStore):
                 row.history.setdefault(record.version, record)
 
     def history(self, task_id: str) -> list[Transition]:
+        _check_key("task_id", task_id)
         with self._lock:
             self._check_open()
             row = self._rows.get(task_id)
@@ -395,6 +405,7 @@ class InMemoryTaskStore(TaskStore):
         lease_owner: str | None = None,
         lease_until: datetime | None = None,
     ) -> bool:
+        _check_key("task_id", task_id)
         changes = self._touch_changes(progress, heartbeat_at, lease_owner, lease_until)
         with self._lock:
             self._check_open()
@@ -508,6 +519,7 @@ class InMemoryTaskStore(TaskStore):
         return claimed
 
     def complete_command(self, command_id: str, claimant: str) -> bool:
+        _check_key("command_id", command_id)
         with self._lock:
             self._check_open()
             command = self._commands.get(command_id)
@@ -520,6 +532,7 @@ class InMemoryTaskStore(TaskStore):
             return True
 
     def release_command(self, command_id: str, claimant: str) -> bool:
+        _check_key("command_id", command_id)
         with self._lock:
             self._check_open()
             command = self._pending.get(command_id)

@@ -6,9 +6,11 @@ PostgreSQL 存不下、而 Python 里合法的输入（text 里的 NUL、jsonb �
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from decimal import Decimal
 from typing import Any
 
 from chongming_task.errors import ConfigurationError
@@ -58,7 +60,46 @@ def json_text(value: Any, what: str) -> str:
         raise ConfigurationError(
             f"{what} 里的字符串不能包含 NUL 字符（\\x00）：PostgreSQL 的 jsonb 无法保存它，请先去掉或转义"
         )
+    if ("e" in text or "E" in text) and _has_exponent_float(value):
+        return _plain_json(value)
     return text
+
+
+def _has_exponent_float(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if "e" in repr(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
+
+
+def _plain_json(value: Any) -> str:
+    """与 json.dumps 相同，只是浮点数一律写成带小数点的定点形式。
+
+    为什么：jsonb 把数字存成 numeric，``1e+17`` 读回来是整数 100000000000000000，
+    ``1.0629773069210299e+17`` 读回来是与原浮点数不相等的整数——类型与值都变了。定点写法
+    （``106297730692102990.0``）带着小数点，numeric 保留它，读回时 json.loads 给出的正是原来的浮点数
+    （repr 是最短的可往返十进制串，它的定点展开表示同一个值）。
+    """
+    if isinstance(value, float):
+        plain = format(Decimal(repr(value)), "f")
+        return plain if "." in plain else plain + ".0"
+    if isinstance(value, dict):
+        items = []
+        for key, item in value.items():
+            # 非字符串键按 json.dumps 的规则变成字符串（1.5 → "1.5"、True → "true"）。
+            key_text = key if isinstance(key, str) else json.dumps({key: None})[2:-8]
+            items.append(json.dumps(key_text, ensure_ascii=False) + ":" + _plain_json(item))
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_plain_json(item) for item in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
 
 
 def optional_json(value: Any, what: str) -> str | None:

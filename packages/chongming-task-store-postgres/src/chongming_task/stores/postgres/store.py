@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -39,6 +39,7 @@ from chongming_task.storage import (
     TaskQuery,
     TaskStats,
     TaskStore,
+    as_query,
     check_node_owner,
     check_node_record,
     escape_like,
@@ -536,7 +537,9 @@ class PostgresTaskStore(TaskStore):
                     raise ConfigurationError(f"连接串参数 {key}={value!r} 不合法") from None
             else:
                 rest.append((key, value))
-        dsn = urlunsplit(parts._replace(query=urlencode(rest)))
+        # quote 而不是默认的 quote_plus：libpq 只做百分号解码，不把 + 当空格——options=-c%20x=1
+        # 被重新编码成 -c+x=1 后，服务器会报 unrecognized configuration parameter "+x"。
+        dsn = urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote)))
         ours.update(kwargs)
         return cls(dsn, **ours)
 
@@ -846,9 +849,7 @@ class PostgresTaskStore(TaskStore):
         return self._read(run)
 
     def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
-        query = query if query is not None else TaskQuery()
-        if not isinstance(query, TaskQuery):
-            raise ConfigurationError(f"query() 需要 TaskQuery，收到 {type(query).__name__}")
+        query = as_query(query)
         if query.limit == 0:
             return []
         where, params = _where(query)
@@ -867,7 +868,7 @@ class PostgresTaskStore(TaskStore):
         return self._read(run)
 
     def stats(self, query: TaskQuery | None = None) -> TaskStats:
-        query = query if query is not None else TaskQuery()
+        query = as_query(query)
         where, params = _where(query)
         text = f"SELECT status, count(*) FROM {self._sql.s}.tasks{where} GROUP BY status"
 
@@ -878,7 +879,7 @@ class PostgresTaskStore(TaskStore):
         return self._read(run)
 
     def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
-        query = query if query is not None else TaskQuery()
+        query = as_query(query)
         where, params = _where(query)
         where = f"{where} AND bucket IS NOT NULL" if where else " WHERE bucket IS NOT NULL"
         text = f"SELECT bucket, count(*) FROM {self._sql.s}.tasks{where} GROUP BY bucket ORDER BY bucket"

@@ -52,6 +52,7 @@ from chongming_task.storage import (
     TaskQuery,
     TaskStats,
     TaskStore,
+    as_query,
     check_node_owner,
     check_node_record,
     validate_lease,
@@ -548,7 +549,7 @@ class SqliteTaskStore(TaskStore):
         return self._run("get", read, "none")
 
     def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
-        query = query or TaskQuery()
+        query = as_query(query)
         if query.limit == 0:
             self._check_open()
             return []
@@ -567,13 +568,13 @@ class SqliteTaskStore(TaskStore):
         return [codec.snapshot_from_row(r) for r in rows]
 
     def stats(self, query: TaskQuery | None = None) -> TaskStats:
-        source, params, _ = _select_from(query or TaskQuery())
+        source, params, _ = _select_from(as_query(query))
         sql = f"SELECT t.status, count(*){source} GROUP BY t.status"
         rows = self._run("stats", lambda conn: conn.execute(sql, params).fetchall(), "none")
         return TaskStats({TaskStatus(status): int(count) for status, count in rows})
 
     def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
-        source, params, _ = _select_from(query or TaskQuery(), "t.bucket IS NOT NULL")
+        source, params, _ = _select_from(as_query(query), "t.bucket IS NOT NULL")
         sql = f"SELECT t.bucket, count(*){source} GROUP BY t.bucket"
         rows = self._run("bucket_counts", lambda conn: conn.execute(sql, params).fetchall(), "none")
         return {int(bucket): int(count) for bucket, count in rows}
