@@ -620,15 +620,20 @@ def test_stop_is_accepted_and_reaches_the_holder(invoke: Any, db: str, holder: A
 def test_stop_json_and_wait_timeout(invoke: Any, db: str, tmp_path: Path) -> None:
     # 没有持有者的排队任务：指令写下了，但没人执行，--wait 到时如实报错
     store = SqliteTaskStore(db)
-    machine = StateMachine.create("orphan", "job", lease_owner="gone")
+    machine = StateMachine.create(
+        "orphan", "job", lease_owner="gone", lease_until=FakeClock().now() - timedelta(minutes=1)
+    )
     machine.mark_queued()
     store.create(machine.snapshot, machine.transitions)
     store.close()
-    data = json.loads(invoke("--json", "--db", db, "stop", "orphan").stdout)
-    assert data == {"task_id": "orphan", "action": "stop", "accepted": True}
+    stopped = invoke("--json", "--db", db, "stop", "orphan")
+    assert json.loads(stopped.stdout) == {"task_id": "orphan", "action": "stop", "accepted": True}
+    assert "租约已在" in stopped.stderr  # 提醒走 stderr，不污染 JSON
     result = invoke("--db", db, "stop", "orphan", "--wait", "0.2")
     assert result.exit_code == 1
-    assert "仍未落终态（当前 queued）" in one_error_line(result.stderr)
+    warning, error = result.stderr.strip().splitlines()
+    assert warning.startswith("注意：持有者 gone 的租约已在") and "reconcile" in warning
+    assert "仍未落终态（当前 queued）" in one_error_line(error)
     missing = invoke("--db", db, "stop", "nope")
     assert missing.exit_code == 1 and "找不到任务 'nope'" in missing.stderr
 

@@ -29,6 +29,17 @@ def _holder(snapshot: TaskSnapshot) -> str:
     return snapshot.lease_owner or snapshot.owner or "（未知）"
 
 
+def _warn_if_unattended(controller: Controller, snapshot: TaskSnapshot) -> None:
+    """指令要靠持有者取走。持有者的租约已过期，多半没有进程会执行它：如实提醒，而不是让人干等。"""
+    lease_until = snapshot.lease_until
+    if lease_until is not None and lease_until < controller.clock.now():
+        click.echo(
+            f"注意：持有者 {_holder(snapshot)} 的租约已在 {fmt_time(lease_until)} 过期，"
+            "可能没有进程会执行这条指令；确认持有进程已经不在后，可用 reconcile 把任务如实标记",
+            err=True,
+        )
+
+
 @cli.command("stop")
 @click.argument("task_id")
 @click.option("--reason", metavar="TEXT", help="停止原因，写进迁移历史。")
@@ -48,6 +59,7 @@ def stop_command(state: AppState, task_id: str, reason: str | None, wait_seconds
         else:
             click.echo(f"任务 {task_id} 已经结束（{snapshot.status.value}），无需停止")
         return EXIT_OK
+    _warn_if_unattended(controller, snapshot)
     accepted = controller.stop(task_id, reason=reason)
     final = _wait(controller, task_id, wait_seconds) if wait_seconds is not None else None
     if state.json:
@@ -86,6 +98,7 @@ def pause_command(state: AppState, task_id: str, timeout: float | None) -> int:
     controller, snapshot = _target(state, task_id)
     if snapshot.is_terminal:
         raise CliError(f"任务 {task_id} 已经结束（{snapshot.status.value}），无法暂停")
+    _warn_if_unattended(controller, snapshot)
     confirmed = controller.pause(task_id, timeout=timeout)
     if state.json:
         echo_json({"task_id": task_id, "action": "pause", "confirmed": confirmed})
@@ -108,6 +121,7 @@ def resume_command(state: AppState, task_id: str) -> int:
     controller, snapshot = _target(state, task_id)
     if snapshot.is_terminal:
         raise CliError(f"任务 {task_id} 已经结束（{snapshot.status.value}），无法恢复")
+    _warn_if_unattended(controller, snapshot)
     accepted = controller.resume(task_id)
     if state.json:
         echo_json({"task_id": task_id, "action": "resume", "accepted": accepted})

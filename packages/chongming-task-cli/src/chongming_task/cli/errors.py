@@ -11,6 +11,7 @@ click 自带的用法错误退出码是 2、消息是英文；这里统一翻成
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -44,15 +45,14 @@ def secrets_in(url: str | None) -> list[str]:
     if not url:
         return []
     found: list[str] = []
-    try:
+    # 解析不了的连接串（urlsplit 抛 ValueError）：mask_secrets 的正则仍会按模式遮盖。
+    with contextlib.suppress(ValueError):
         parts = urlsplit(url)
         if parts.password:
             found.extend({parts.password, unquote(parts.password)})
         for key, value in parse_qsl(parts.query, keep_blank_values=False):
             if key.lower() == "password" and value:
                 found.append(value)
-    except ValueError:
-        pass  # 解析不了的连接串：下面的正则仍会按模式遮盖
     return [secret for secret in found if secret]
 
 
