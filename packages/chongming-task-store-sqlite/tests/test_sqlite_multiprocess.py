@@ -131,13 +131,14 @@ def test_two_processes_claiming_never_get_the_same_command(tmp_path: Path) -> No
         for n in range(20):
             store.create(TaskSnapshot(task_id=f"t{n}", name="target", created_at=T0))
         submitted = {store.submit_command(f"t{n % 20}", "stop").command_id for n in range(1500)}
-    start = CTX.Event()
+    # 两个认领者都就绪（高负载下 spawn 一个进程可能要好几秒）之后才一起开始：用屏障而不是父进程的事件，
+    # 否则先起来的那个可能在另一个还在导入模块时就把 1500 条全取完，测试就没测到并发。
+    start = CTX.Barrier(2)
     results = [tmp_path / "claimer-a.json", tmp_path / "claimer-b.json"]
     processes = [
         _spawn("claim", db=db, name=f"claimer-{tag}", start=start, result_path=str(result), seed=n)
         for n, (tag, result) in enumerate(zip("ab", results, strict=True))
     ]
-    start.set()
     _join_all(processes, timeout=120)
     reports = [json.loads(result.read_text(encoding="utf-8")) for result in results]
     for report in reports:
