@@ -15,7 +15,7 @@ def test_doctor_reports_duplicates_and_holes_then_healthy(invoke: Any, db: str) 
     assert empty.exit_code == 3
     assert "没有活着的节点" in empty.output
 
-    a = Controller(store=SqliteTaskStore(db), owner="node-a", owned_buckets=range(0, 5), num_buckets=8)
+    a = Controller(store=SqliteTaskStore(db), owner="node-a", owned_buckets=range(5), num_buckets=8)
     b = Controller(store=SqliteTaskStore(db), owner="node-b", owned_buckets=range(4, 7), num_buckets=8)
     try:
         bad = invoke("--db", db, "--num-buckets", "8", "doctor")
