@@ -619,3 +619,14 @@ def test_errors_are_task_errors_with_chinese_text() -> None:
         assert isinstance(exc, TaskError)
         assert any("\u4e00" <= ch <= "\u9fff" for ch in str(exc)), str(exc)
     json.dumps([str(e) for e in samples], ensure_ascii=False)
+
+
+def test_sqlite_url_query_is_refused_not_turned_into_a_file_name(tmp_path: Path) -> None:
+    """回归：sqlite:///x.db?busy_timeout=5 曾静默打开一个名为 "x.db?busy_timeout=5" 的新文件。"""
+    with pytest.raises(ConfigurationError, match="关键字参数"):
+        open_store(f"sqlite:///{tmp_path}/x.db?busy_timeout=5")
+    with pytest.raises(ConfigurationError):
+        open_store("sqlite:///:memory:?unknown=1")
+    assert list(tmp_path.iterdir()) == []
+    store = open_store(f"sqlite:///{tmp_path}/x.db", busy_timeout=5)  # 选项的正确写法
+    store.close()

@@ -894,6 +894,13 @@ def parse_url(url: str) -> str:
         )
     if rest in (MEMORY, "//" + MEMORY, "///" + MEMORY):
         return MEMORY
+    if rest.startswith("//") and "?" in rest:
+        # 否则 sqlite:///tasks.db?busy_timeout=5（SQLAlchemy 式写法）会静默打开一个名为
+        # "tasks.db?busy_timeout=5" 的新文件。选项走关键字参数；文件名真含 ? 时用 SqliteTaskStore(路径)。
+        raise ConfigurationError(
+            f"SQLite 连接串 {url!r} 不接受 ?参数：busy_timeout / synchronous 请作为关键字参数传入，"
+            "例如 open_store('sqlite:///tmp/tasks.db', busy_timeout=5)"
+        )
     if rest.startswith("///"):
         path = rest[2:]
     elif rest.startswith("//"):
