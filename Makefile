@@ -84,7 +84,9 @@ build: install
 	done
 	@ls -1 dist
 
+# 对照组（huey、procrastinate）只在跑基准时装进 .venv，不是任何发行包的依赖。
 bench: install
+	$(PY) -m pip install --quiet -r requirements-bench.txt
 	@shopt -s nullglob; files=(bench/bench_*.py); \
 	if [ $${#files[@]} -eq 0 ]; then echo "bench/ 里还没有 bench_*.py"; exit 0; fi; \
 	for f in "$${files[@]}"; do echo ">>> $$f"; $(PY) "$$f"; done
