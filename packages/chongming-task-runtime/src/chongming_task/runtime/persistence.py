@@ -142,13 +142,16 @@ class WriteThrough:
             return len(self._behind)
 
     def _flush_one(self, snapshot: TaskSnapshot, state: _TaskState) -> None:
-        fields: dict[str, object] = {}
-        if snapshot.progress is not None and snapshot.progress != state.last_progress:
-            fields["progress"] = snapshot.progress
+        """终态时补写最后的进度（看板上"最终推进到哪了"）。
+
+        只有进度变了才写：已结束任务的心跳没有用途（idle 判定与 reconcile 都不看终态任务），为它单独多一次
+        写事务不值得——这条路径每个任务都要走一次。进度要写时顺带写上心跳，不多花一次往返。
+        """
+        if snapshot.progress is None or snapshot.progress == state.last_progress:
+            return
+        fields: dict[str, object] = {"progress": snapshot.progress}
         if snapshot.last_heartbeat_at is not None and snapshot.last_heartbeat_at != state.last_heartbeat:
             fields["heartbeat_at"] = snapshot.last_heartbeat_at
-        if not fields:
-            return
         try:
             self.store.touch(snapshot.task_id, **fields)  # type: ignore[arg-type]
         except TaskError as exc:
