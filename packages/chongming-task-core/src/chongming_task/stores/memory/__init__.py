@@ -51,6 +51,16 @@ from chongming_task.storage import (
     validate_lease,
     validate_save,
 )
+from chongming_task.store_checks import (
+    check_aware,
+    check_claimant,
+    check_count,
+    check_optional_text,
+    check_snapshot,
+    check_transitions,
+    command_args,
+    id_set,
+)
 
 _TOUCH_FIELDS = frozenset({"progress", "heartbeat_at", "lease_owner", "lease_until"})
 
@@ -146,57 +156,10 @@ class _CommandRow:
         )
 
 
-def _check_snapshot(snapshot: object) -> TaskSnapshot:
-    if not isinstance(snapshot, TaskSnapshot):
-        raise ConfigurationError(f"存储只接受 TaskSnapshot，收到 {type(snapshot).__name__}")
-    return snapshot
-
-
-def _check_transitions(task_id: str, transitions: Sequence[Transition]) -> None:
-    for record in transitions:
-        if not isinstance(record, Transition):
-            raise ConfigurationError(f"迁移记录必须是 Transition，收到 {type(record).__name__}")
-        if record.task_id != task_id:
-            raise ConfigurationError(f"迁移记录属于任务 {record.task_id!r}，不属于 {task_id!r}")
-
-
-def _check_aware(name: str, value: object) -> None:
-    if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
-        raise ConfigurationError(f"{name} 必须是带时区的 datetime，收到 {value!r}")
-
-
-def _check_optional_text(name: str, value: object) -> None:
-    if value is not None and not isinstance(value, str):
-        raise ConfigurationError(f"{name} 必须是字符串或 None，收到 {value!r}")
-
-
-def _check_count(name: str, value: object) -> None:
-    # 参数类型标注的是 int，但调用方可能来自无类型代码（CLI、配置文件）：运行期仍要拦住 True / -1 / "5"。
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigurationError(f"{name} 必须是非负整数，收到 {value!r}")
-
-
 def _check_key(name: str, value: object) -> None:
     # 键来自无类型代码（CLI、配置）时，列表之类的值会在 dict 查找里变成 TypeError：在入口处说清楚。
     if not isinstance(value, str):
         raise ConfigurationError(f"{name} 必须是字符串，收到 {value!r}")
-
-
-def _check_claimant(value: object) -> None:
-    if not isinstance(value, str) or not value:
-        raise ConfigurationError(f"认领者 claimant 必须是非空字符串，收到 {value!r}")
-
-
-def _id_set(name: str, values: Iterable[Any] | None, kind: type) -> frozenset[Any] | None:
-    if values is None:
-        return None
-    if isinstance(values, (str, int)):
-        raise ConfigurationError(f"{name} 必须是集合（例如 [{values!r}]），不能是单个值")
-    result = frozenset(values)
-    for item in result:
-        if isinstance(item, bool) or not isinstance(item, kind):
-            raise ConfigurationError(f"{name} 里只能放 {kind.__name__}，收到 {item!r}")
-    return result
 
 
 class InMemoryTaskStore(TaskStore):
@@ -255,9 +218,9 @@ class InMemoryTaskStore(TaskStore):
     # -- snapshots ----------------------------------------------------------------------------------
 
     def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
-        snapshot = _check_snapshot(snapshot)
+        snapshot = check_snapshot(snapshot)
         transitions = tuple(transitions)
-        _check_transitions(snapshot.task_id, transitions)
+        check_transitions(snapshot.task_id, transitions)
         scalar, text = _encode_json(snapshot.outcome, what="outcome")
         stored = snapshot if scalar is snapshot.outcome else snapshot.evolve(outcome=scalar)
         with self._lock:
@@ -274,7 +237,7 @@ class InMemoryTaskStore(TaskStore):
     def save(
         self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
     ) -> None:
-        snapshot = _check_snapshot(snapshot)
+        snapshot = check_snapshot(snapshot)
         transitions = tuple(transitions)
         validate_save(snapshot, expect_version, transitions)
         scalar, text = _encode_json(snapshot.outcome, what="outcome")
@@ -386,13 +349,13 @@ class InMemoryTaskStore(TaskStore):
                 raise ConfigurationError(f"progress 必须是 Progress，收到 {type(progress).__name__}")
             changes["progress"] = progress
         if heartbeat_at is not None:
-            _check_aware("heartbeat_at", heartbeat_at)
+            check_aware("heartbeat_at", heartbeat_at)
             changes["last_heartbeat_at"] = heartbeat_at
         if lease_owner is not None:
-            _check_optional_text("lease_owner", lease_owner)
+            check_optional_text("lease_owner", lease_owner)
             changes["lease_owner"] = lease_owner
         if lease_until is not None:
-            _check_aware("lease_until", lease_until)
+            check_aware("lease_until", lease_until)
             changes["lease_until"] = lease_until
         return changes
 
@@ -454,18 +417,8 @@ class InMemoryTaskStore(TaskStore):
         reason: str | None = None,
         payload: Mapping[str, Any] | None = None,
     ) -> Command:
-        try:
-            action = CommandAction(action)
-        except ValueError:
-            known = ", ".join(a.value for a in CommandAction)
-            raise ConfigurationError(f"未知的指令动作 {action!r}；可选：{known}") from None
-        _check_optional_text("issuer", issuer)
-        _check_optional_text("reason", reason)
-        if payload is None:
-            payload = {}
-        if not isinstance(payload, Mapping):
-            raise ConfigurationError(f"指令 payload 必须是 dict（JSON 对象），收到 {type(payload).__name__}")
-        payload_text = check_json_value(dict(payload), what="指令 payload")
+        action, body = command_args(action, issuer, reason, payload)
+        payload_text = check_json_value(body, what="指令 payload")
         with self._lock:
             self._check_open()
             row = self._row(task_id)
@@ -493,11 +446,11 @@ class InMemoryTaskStore(TaskStore):
         task_ids: Iterable[str] | None = None,
         buckets: Iterable[int] | None = None,
     ) -> list[Command]:
-        _check_claimant(claimant)
+        check_claimant(claimant)
         validate_lease(lease)
-        _check_count("limit", limit)
-        wanted_tasks = _id_set("task_ids", task_ids, str)
-        wanted_buckets = _id_set("buckets", buckets, int)
+        check_count("limit", limit)
+        wanted_tasks = id_set("task_ids", task_ids, str)
+        wanted_buckets = id_set("buckets", buckets, int)
         claimed: list[Command] = []
         with self._lock:
             self._check_open()
@@ -567,7 +520,7 @@ class InMemoryTaskStore(TaskStore):
     # -- upkeep -------------------------------------------------------------------------------------
 
     def prune(self, keep_terminal: int) -> int:
-        _check_count("keep_terminal", keep_terminal)
+        check_count("keep_terminal", keep_terminal)
         with self._lock:
             self._check_open()
             terminal = [row.snapshot for row in self._rows.values() if row.snapshot.is_terminal]

@@ -58,6 +58,14 @@ from chongming_task.storage import (
     validate_lease,
     validate_save,
 )
+from chongming_task.store_checks import (
+    check_aware,
+    check_count,
+    check_optional_text,
+    check_snapshot,
+    command_args,
+    id_set,
+)
 from chongming_task.stores.sqlite import codec, schema
 
 T = TypeVar("T")
@@ -131,40 +139,6 @@ def _error_code(exc: sqlite3.Error) -> int:
 
 def _is_busy(exc: sqlite3.Error) -> bool:
     return _error_code(exc) & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
-
-
-def _check_aware(name: str, value: object) -> None:
-    if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
-        raise ConfigurationError(f"{name} 必须是带时区的 datetime，收到 {value!r}")
-
-
-def _check_optional_text(name: str, value: object) -> None:
-    if value is not None and not isinstance(value, str):
-        raise ConfigurationError(f"{name} 必须是字符串或 None，收到 {value!r}")
-
-
-def _check_count(name: str, value: object) -> None:
-    # 类型标注是 int，但调用方可能来自无类型代码（CLI、配置文件）：运行期仍要拦住 True / -1 / "5"。
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigurationError(f"{name} 必须是非负整数，收到 {value!r}")
-
-
-def _check_snapshot(snapshot: object) -> TaskSnapshot:
-    if not isinstance(snapshot, TaskSnapshot):
-        raise ConfigurationError(f"存储只接受 TaskSnapshot，收到 {type(snapshot).__name__}")
-    return snapshot
-
-
-def _id_set(name: str, values: Iterable[Any] | None, kind: type) -> frozenset[Any] | None:
-    if values is None:
-        return None
-    if isinstance(values, (str, int)):
-        raise ConfigurationError(f"{name} 必须是集合（例如 [{values!r}]），不能是单个值")
-    result = frozenset(values)
-    for item in result:
-        if isinstance(item, bool) or not isinstance(item, kind):
-            raise ConfigurationError(f"{name} 里只能放 {kind.__name__}，收到 {item!r}")
-    return result
 
 
 def _in_clause(column: str, values: frozenset[Any], params: list[Any]) -> str:
@@ -471,7 +445,7 @@ class SqliteTaskStore(TaskStore):
     # -- snapshots ----------------------------------------------------------------------------------
 
     def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
-        snapshot = _check_snapshot(snapshot)
+        snapshot = check_snapshot(snapshot)
         transitions = tuple(transitions)
         codec.check_transitions(snapshot.task_id, transitions)
         row = codec.snapshot_row(snapshot)
@@ -498,7 +472,7 @@ class SqliteTaskStore(TaskStore):
     def save(
         self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
     ) -> None:
-        snapshot = _check_snapshot(snapshot)
+        snapshot = check_snapshot(snapshot)
         transitions = tuple(transitions)
         codec.check_transitions(snapshot.task_id, transitions)
         validate_save(snapshot, expect_version, transitions)
@@ -620,9 +594,9 @@ class SqliteTaskStore(TaskStore):
     ) -> tuple[str, list[Any]]:
         if progress is not None and not isinstance(progress, Progress):
             raise ConfigurationError(f"progress 必须是 Progress，收到 {type(progress).__name__}")
-        _check_aware("heartbeat_at", heartbeat_at)
-        _check_aware("lease_until", lease_until)
-        _check_optional_text("lease_owner", lease_owner)
+        check_aware("heartbeat_at", heartbeat_at)
+        check_aware("lease_until", lease_until)
+        check_optional_text("lease_owner", lease_owner)
         sets: list[str] = []
         params: list[Any] = []
         if progress is not None:
@@ -700,18 +674,8 @@ class SqliteTaskStore(TaskStore):
         reason: str | None = None,
         payload: Mapping[str, Any] | None = None,
     ) -> Command:
-        try:
-            action = CommandAction(action)
-        except ValueError:
-            known = ", ".join(a.value for a in CommandAction)
-            raise ConfigurationError(f"未知的指令动作 {action!r}；可选：{known}") from None
-        _check_optional_text("issuer", issuer)
-        _check_optional_text("reason", reason)
-        if payload is None:
-            payload = {}
-        if not isinstance(payload, Mapping):
-            raise ConfigurationError(f"指令 payload 必须是 dict（JSON 对象），收到 {type(payload).__name__}")
-        payload_text = codec.json_text(dict(payload), what="指令 payload")
+        action, body = command_args(action, issuer, reason, payload)
+        payload_text = codec.json_text(body, what="指令 payload")
         command_id = uuid.uuid4().hex
         verb = action
 
@@ -760,9 +724,9 @@ class SqliteTaskStore(TaskStore):
         if not isinstance(claimant, str) or not claimant:
             raise ConfigurationError(f"认领者 claimant 必须是非空字符串，收到 {claimant!r}")
         validate_lease(lease)
-        _check_count("limit", limit)
-        wanted_tasks = _id_set("task_ids", task_ids, str)
-        wanted_buckets = _id_set("buckets", buckets, int)
+        check_count("limit", limit)
+        wanted_tasks = id_set("task_ids", task_ids, str)
+        wanted_buckets = id_set("buckets", buckets, int)
         if limit == 0 or wanted_tasks == frozenset() or wanted_buckets == frozenset():
             self._check_open()
             return []
@@ -854,7 +818,7 @@ class SqliteTaskStore(TaskStore):
     # -- upkeep -------------------------------------------------------------------------------------
 
     def prune(self, keep_terminal: int) -> int:
-        _check_count("keep_terminal", keep_terminal)
+        check_count("keep_terminal", keep_terminal)
 
         def tx(conn: sqlite3.Connection) -> int:
             total = conn.execute(
