@@ -172,3 +172,40 @@ def test_backend_connections_killed_mid_run_task_survives_and_store_converges(
     )
     assert store.history("survivor") == list(run.transitions)
     c.close(close_store=True)
+
+
+def test_locked_task_table_never_hangs_stop_or_get(pg_url: str, postgres_dsn: str, wait_until: Any) -> None:
+    """任务表被锁住（或服务器挂住）时：写穿受 statement_timeout 约束，stop()/get() 有界返回，事后存储追平。"""
+    psycopg = pytest.importorskip("psycopg")
+    store = open_store(pg_url, statement_timeout=1.0)
+    c = Controller(store=store, owner="probe", side_channel_interval=0.05)
+    stopped = threading.Event()
+
+    def work(ctx: Any) -> None:
+        while True:
+            ctx.checkpoint()
+            time.sleep(0.005)
+
+    c.register("w", work)
+    run = c.submit("w", task_id="t1")
+    wait_until(lambda: run.status is S.RUNNING)
+    schema = pg_url.rsplit("schema=", 1)[1]
+    admin = psycopg.connect(postgres_dsn)
+    try:
+        admin.execute(f'LOCK TABLE "{schema}".tasks IN ACCESS EXCLUSIVE MODE')
+        started = time.monotonic()
+        threading.Thread(
+            target=lambda: (c.stop("t1", reason="锁表期间停止"), stopped.set()), daemon=True
+        ).start()
+        assert stopped.wait(10), "stop() 在表被锁时卡住了"
+        snapshot = c.get("t1")
+        assert snapshot is not None
+        assert time.monotonic() - started < 10
+        wait_until(lambda: run.status is S.STOPPED, timeout=15)
+        assert c.persist_failures  # 写不进去的那几次如实记下
+    finally:
+        admin.rollback()
+        admin.close()
+    wait_until(lambda: store.get("t1") is not None and store.get("t1").status is S.STOPPED, timeout=20)
+    assert store.history("t1") == list(run.transitions)
+    c.close(close_store=True)

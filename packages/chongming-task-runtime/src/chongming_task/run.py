@@ -286,9 +286,18 @@ class TaskRun:
     def snapshot(self) -> TaskSnapshot:
         """当前快照（运行期可安全读取）。读取时顺带把任务的心跳同步进快照。"""
         attempt = self._attempt
-        if attempt is not None and attempt.running and not attempt.settled:
-            with self._lock:
+        # 只在拿得到锁时顺手同步心跳：锁可能正被一次慢的写穿（存储卡住）占着，读快照绝不能因此阻塞——
+        # 此时返回的快照心跳稍旧，但状态与版本是准确的。
+        if (
+            attempt is not None
+            and attempt.running
+            and not attempt.settled
+            and self._lock.acquire(blocking=False)
+        ):
+            try:
                 self._sync_heartbeat_locked(attempt)
+            finally:
+                self._lock.release()
         return self.machine.snapshot
 
     def sync_heartbeat(self) -> TaskSnapshot:

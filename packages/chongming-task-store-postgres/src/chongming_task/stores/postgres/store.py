@@ -428,6 +428,9 @@ class PostgresTaskStore(TaskStore):
     * ``connect_timeout``：建立单条连接的超时。
     * ``reconnect_timeout``：连接池一轮重连退避的上限（见构造函数里的说明）。
     * ``application_name``：出现在 pg_stat_activity 里的名字（监听连接另加 ``:listen`` 后缀）。
+    * ``statement_timeout``：单条语句（含等锁）最多执行多久，超时抛 StoreError；None 表示不限。
+      默认 10 秒：Controller 在任务自己的锁内写穿，一张被锁住的表或挂住的服务器不能让 stop() / get()
+      永远卡住——写入失败会进 persist_failures，任务照常，恢复后存储自动追平。
     * ``clock``：写进指令与租约的"现在"（测试注入 FakeClock）。
     """
 
@@ -443,6 +446,7 @@ class PostgresTaskStore(TaskStore):
         pool_timeout: float = 5.0,
         reconnect_timeout: float = 10.0,
         application_name: str = "chongming-task",
+        statement_timeout: float | None = 10.0,
         connect_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(dsn, str) or not dsn.strip():
@@ -455,6 +459,11 @@ class PostgresTaskStore(TaskStore):
         self._connect_timeout = _positive_seconds("connect_timeout", connect_timeout)
         self._pool_timeout = _positive_seconds("pool_timeout", pool_timeout)
         reconnect_timeout = _positive_seconds("reconnect_timeout", reconnect_timeout)
+        statement_ms = (
+            None
+            if statement_timeout is None
+            else math.ceil(1000 * _positive_seconds("statement_timeout", statement_timeout))
+        )
         self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
         self._dsn = dsn
         self._display = redact(dsn)
@@ -475,6 +484,9 @@ class PostgresTaskStore(TaskStore):
         # autocommit：每个方法都是一条自成事务的语句，省掉 BEGIN / COMMIT 两次往返；
         # 需要多条语句原子执行的地方显式 conn.transaction()。
         pool_kwargs["autocommit"] = True
+        if statement_ms is not None and "options" not in dsn and "options" not in pool_kwargs:
+            # 连接串或 connect_kwargs 里已有 options（例如 -c statement_timeout=…）就尊重它，不覆盖。
+            pool_kwargs["options"] = f"-c statement_timeout={statement_ms}"
         try:
             self._pool: ConnectionPool[Conn] = ConnectionPool(
                 dsn,
@@ -528,6 +540,7 @@ class PostgresTaskStore(TaskStore):
             "max_size": int,
             "pool_timeout": float,
             "connect_timeout": float,
+            "statement_timeout": float,
         }
         for key, value in parse_qsl(parts.query, keep_blank_values=True):
             if key in converters:
