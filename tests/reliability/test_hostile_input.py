@@ -9,6 +9,7 @@ name_prefix 的字面匹配；巨大的 outcome；不可 JSON 的结果；坏的
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -283,9 +284,11 @@ def test_bad_bucket_keys(key: Any) -> None:
     )
 )
 def test_open_store_bad_urls(url: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
-    ok, store = clear_or_ok(lambda: open_store(url))
-    if ok:
-        store.close()
+    # 没有 scheme 的字符串按 SQLite 文件路径处理：在临时目录里打开，别把随机名字的数据库文件留在仓库里。
+    with contextlib.chdir(tmp_path_factory.mktemp("urls")):
+        ok, store = clear_or_ok(lambda: open_store(url))
+        if ok:
+            store.close()
 
 
 SECRET = "s3cr3t-Pa55"
