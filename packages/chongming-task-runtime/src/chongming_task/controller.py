@@ -26,7 +26,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
@@ -39,6 +39,7 @@ from chongming_task.pipeline import Pipeline, PipelineRun, submit_pipeline
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ConcurrencyPolicy, RetryPolicy, Timeout
 from chongming_task.run import TaskRun
 from chongming_task.runtime.cluster import DEFAULT_ORPHAN_LIMIT, ClusterReport, check_cluster, node_record
+from chongming_task.runtime.commands import poll_commands, remote_payload
 from chongming_task.runtime.persistence import PersistFailure, WriteThrough
 from chongming_task.runtime.reconcile import ReconcileReport, reconcile_store
 from chongming_task.runtime.registry import TaskDefinition, TaskRegistry
@@ -627,64 +628,20 @@ class Controller:
         self._write.flush_side_channel(snapshots, renew_lease=renew_lease)
 
     def _poll_commands(self) -> None:
-        store = self.store
-        assert store is not None
+        assert self.store is not None
         with self._lock:
             live = list(self._unfinished)
         partitioned = not self.owns_all_buckets
         if not partitioned and not live:
             return
-        try:
-            commands = store.claim_commands(
-                self.owner,
-                lease=max(self.lease_ttl, 1.0),
-                limit=100,
-                task_ids=None if partitioned else live,
-                buckets=self.owned_buckets if partitioned else None,
-            )
-        except TaskError as exc:
-            logger.warning("轮询指令失败：%s", exc)
-            return
-        for command in commands:
-            run = self._runs.get(command.task_id)
-            try:
-                if run is None:
-                    snapshot = store.get(command.task_id)
-                    if snapshot is None or snapshot.is_terminal:
-                        store.complete_command(command.command_id, self.owner)  # 任务已落终态：指令作废
-                    else:
-                        store.release_command(command.command_id, self.owner)  # 不是我们的：立刻交还
-                    continue
-                self._execute_command(
-                    run, command.action, command.reason, command.issuer, dict(command.payload)
-                )
-                store.complete_command(command.command_id, self.owner)
-            except TaskError as exc:
-                logger.warning("处理指令 %s 失败：%s", command.command_id, exc)
-
-    def _execute_command(
-        self,
-        run: TaskRun,
-        action: CommandAction,
-        reason: str | None,
-        issuer: str | None,
-        payload: dict[str, Any],
-    ) -> None:
-        logger.info("执行来自 %s 的指令 %s（任务 %s）", issuer, action.value, run.task_id)
-        if action is CommandAction.STOP:
-            run.stop(reason=reason or f"来自 {issuer} 的停止指令", actor=issuer)
-        elif action is CommandAction.RESUME:
-            run.resume(actor=issuer)
-        elif action is CommandAction.PAUSE:
-            timeout = payload.get("timeout")
-            pause_timeout = float(timeout) if isinstance(timeout, (int, float)) else None
-            # pause 会阻塞到确认或窗口用尽；放到独立线程里，别卡住后台循环。
-            threading.Thread(
-                target=run.pause,
-                kwargs={"timeout": pause_timeout, "actor": issuer},
-                name=f"pause[{run.task_id}]",
-                daemon=True,
-            ).start()
+        poll_commands(
+            self.store,
+            self.owner,
+            lease=max(self.lease_ttl, 1.0),
+            task_ids=None if partitioned else live,
+            buckets=self.owned_buckets if partitioned else None,
+            local_run=self._runs.get,
+        )
 
     # -- queries ------------------------------------------------------------------------------------
 
@@ -775,7 +732,7 @@ class Controller:
     # -- control ------------------------------------------------------------------------------------
 
     def _remote_command(
-        self, task_id: str, action: CommandAction, reason: str | None, payload: dict[str, Any]
+        self, task_id: str, action: CommandAction, reason: str | None, payload: Mapping[str, Any]
     ) -> bool:
         if self.store is None:
             return False
@@ -800,8 +757,7 @@ class Controller:
         run = self._runs.get(task_id)
         if run is not None:
             return bool(run.pause(timeout=timeout))
-        payload: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-        self._remote_command(task_id, CommandAction.PAUSE, None, payload)
+        self._remote_command(task_id, CommandAction.PAUSE, None, remote_payload(timeout))
         return False  # 跨进程没有回执通道：如实报"未确认"，请轮询 get()
 
     def resume(self, task_id: str) -> bool:

@@ -1,0 +1,89 @@
+"""跨进程控制指令的处理：持有者取走指令、执行、完成；不是自己的立刻交还。
+
+规则（用户指南 §8.9）：
+
+* 只有持有任务的控制器才认领：分区节点按自己的桶认领，不分区的按自己手里的 task_id 认领；
+  纯查询的控制台从不认领，免得抢走别人的指令。
+* 取到的指令若属于本进程持有的任务：执行并 complete。
+* 不属于本进程：任务已落终态 → complete（指令作废，没有可执行的动作）；否则 → release，立即交还给
+  真正的持有者。绝不 complete 别人的指令（那会让持有者永远收不到）。
+* 执行出错：既不 complete 也不 release，租约到期后指令会被重新投递。
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any
+
+from chongming_task.errors import TaskError
+from chongming_task.storage import Command, CommandAction, TaskStore
+
+if TYPE_CHECKING:
+    from chongming_task.run import TaskRun
+
+logger = logging.getLogger("chongming_task.controller")
+
+CLAIM_BATCH = 100
+
+
+def execute_command(run: TaskRun, command: Command) -> None:
+    """在本进程持有的任务上执行一条指令；发起者记进迁移历史的 actor。"""
+    issuer = command.issuer
+    logger.info("执行来自 %s 的指令 %s（任务 %s）", issuer, command.action.value, run.task_id)
+    if command.action is CommandAction.STOP:
+        run.stop(reason=command.reason or f"来自 {issuer} 的停止指令", actor=issuer)
+    elif command.action is CommandAction.RESUME:
+        run.resume(actor=issuer)
+    elif command.action is CommandAction.PAUSE:
+        timeout = command.payload.get("timeout")
+        pause_timeout = float(timeout) if isinstance(timeout, (int, float)) else None
+        # pause 会阻塞到确认或窗口用尽；放到独立线程里，别卡住轮询它的后台循环。
+        threading.Thread(
+            target=run.pause,
+            kwargs={"timeout": pause_timeout, "actor": issuer},
+            name=f"pause[{run.task_id}]",
+            daemon=True,
+        ).start()
+
+
+def poll_commands(
+    store: TaskStore,
+    owner: str,
+    *,
+    lease: float,
+    task_ids: Collection[str] | None,
+    buckets: Collection[int] | None,
+    local_run: Callable[[str], TaskRun | None],
+) -> int:
+    """认领一批指令并逐条处理。返回本轮取到的指令数。"""
+    try:
+        commands = store.claim_commands(
+            owner, lease=lease, limit=CLAIM_BATCH, task_ids=task_ids, buckets=buckets
+        )
+    except TaskError as exc:
+        logger.warning("轮询指令失败：%s", exc)
+        return 0
+    for command in commands:
+        try:
+            run = local_run(command.task_id)
+            if run is not None:
+                execute_command(run, command)
+                store.complete_command(command.command_id, owner)
+                continue
+            snapshot = store.get(command.task_id)
+            if snapshot is None or snapshot.is_terminal:
+                store.complete_command(command.command_id, owner)
+            else:
+                store.release_command(command.command_id, owner)
+        except TaskError as exc:
+            logger.warning("处理指令 %s 失败（租约到期后会重新投递）：%s", command.command_id, exc)
+    return len(commands)
+
+
+def remote_payload(timeout: float | None) -> Mapping[str, Any]:
+    return {} if timeout is None else {"timeout": timeout}
+
+
+__all__ = ["CLAIM_BATCH", "execute_command", "poll_commands", "remote_payload"]
