@@ -346,3 +346,40 @@ def test_wait_returns_only_after_the_terminal_state_is_in_the_store(db: str) -> 
         stored = store.get(run.task_id)
         assert stored is not None and stored.status is S.SUCCEEDED and stored.outcome == i
     c.close(close_store=True)
+
+
+def test_pipeline_nodes_are_visible_to_another_process(db: str) -> None:
+    """管道节点是普通任务：写穿到 SQLite 后，另一个 OS 进程的 list_tasks 看得到它们（带 pipeline_id / node_id）。"""
+    import json
+    import subprocess
+    import sys
+
+    from chongming_task import Pipeline
+
+    c = Controller(store=SqliteTaskStore(db), max_parallel=2, owner="etl-node")
+    c.register("step", lambda ctx, n=0: n)
+    p = Pipeline("nightly")
+    first = p.node("step", 1, node_id="extract")
+    p.node("step", 2, node_id="load", depends_on=[first])
+    run = c.submit_pipeline(p)
+    assert run.wait(timeout=10).ok
+    script = (
+        "import json, sys\n"
+        "from chongming_task import Controller, SqliteTaskStore\n"
+        "c = Controller(store=SqliteTaskStore(sys.argv[1]), owner='viewer')\n"
+        "print(json.dumps([[s.node_id, s.status.value, s.pipeline_id] for s in c.list_tasks(pipeline_id=sys.argv[2])]))\n"
+        "c.close(close_store=True)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, db, run.pipeline_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    rows = json.loads(result.stdout)
+    assert sorted(rows) == [
+        ["extract", "succeeded", run.pipeline_id],
+        ["load", "succeeded", run.pipeline_id],
+    ]
+    c.close(close_store=True)
