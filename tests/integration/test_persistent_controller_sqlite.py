@@ -349,7 +349,7 @@ def test_wait_returns_only_after_the_terminal_state_is_in_the_store(db: str) -> 
 
 
 def test_pipeline_nodes_are_visible_to_another_process(db: str) -> None:
-    """管道节点是普通任务：写穿到 SQLite 后，另一个 OS 进程的 list_tasks 看得到它们（带 pipeline_id / node_id）。"""
+    """管道节点是普通任务：写穿到 SQLite 后，另一个 OS 进程的 list_tasks 看得到它们。"""
     import json
     import subprocess
     import sys
@@ -367,7 +367,8 @@ def test_pipeline_nodes_are_visible_to_another_process(db: str) -> None:
         "import json, sys\n"
         "from chongming_task import Controller, SqliteTaskStore\n"
         "c = Controller(store=SqliteTaskStore(sys.argv[1]), owner='viewer')\n"
-        "print(json.dumps([[s.node_id, s.status.value, s.pipeline_id] for s in c.list_tasks(pipeline_id=sys.argv[2])]))\n"
+        "rows = c.list_tasks(pipeline_id=sys.argv[2])\n"
+        "print(json.dumps([[s.node_id, s.status.value, s.pipeline_id] for s in rows]))\n"
         "c.close(close_store=True)\n"
     )
     result = subprocess.run(
