@@ -504,3 +504,52 @@ def test_concurrent_submits_of_one_task_id_admit_exactly_one() -> None:
     c.wait_all(timeout=5)
     assert len(c.store.history("contested")) == 4  # type: ignore[union-attr]
     c.close()
+
+
+def test_finished_worker_thread_relays_the_next_queued_task() -> None:
+    """让出额度的那条线程直接接着跑下一个排队任务：不为每个任务新建线程，也不经任何线程交接。"""
+    c = Controller(max_parallel=1)
+    gate = threading.Event()
+    idents: list[int] = []
+
+    def step(ctx: object, i: int) -> int:
+        if i == 0:
+            gate.wait(5)
+        idents.append(threading.get_ident())
+        return i
+
+    c.register("step", step)
+    runs = [c.submit("step", i) for i in range(20)]
+    wait_until(lambda: runs[0].status is S.RUNNING)
+    gate.set()
+    outcomes = c.wait_all(timeout=10)
+    assert [o.value for o in outcomes] == list(range(20))
+    assert len(set(idents)) == 1  # 一条线程接力跑完了整条队列
+    c.close()
+
+
+def test_abandoned_thread_is_never_reused() -> None:
+    """不响应停止的任务被判 lost、线程被放弃；它之后的任务照常在别的线程里跑。"""
+    c = Controller(max_parallel=1, graceful_stop=0.2)
+    release = threading.Event()
+    idents: dict[str, int] = {}
+
+    def stubborn(ctx: object) -> None:
+        idents["stubborn"] = threading.get_ident()
+        release.wait(10)  # 从不调 checkpoint：停不下来
+
+    def after(ctx: object) -> str:
+        idents["after"] = threading.get_ident()
+        return "ok"
+
+    c.register("stubborn", stubborn)
+    c.register("after", after)
+    stuck = c.submit("stubborn")
+    follow = c.submit("after")
+    wait_until(lambda: stuck.status is S.RUNNING)
+    c.stop(stuck.task_id)
+    assert c.wait(follow.task_id, timeout=10).value == "ok"
+    assert stuck.status is S.LOST
+    assert idents["after"] != idents["stubborn"]
+    release.set()
+    c.close()
