@@ -71,6 +71,23 @@ def _status_set(status: object) -> frozenset[TaskStatus] | None:
     raise ConfigurationError(f"status 必须是 TaskStatus、状态名或它们的集合，收到 {status!r}")
 
 
+class _TransitionListener:
+    """挂在每个任务状态机上的监听器（一个带 __slots__ 的小对象，而不是闭包：在管任务成千上万时，
+    每个任务少几个被循环 GC 追踪的对象）。监听器绝不能把任务搞坏：出错只记日志，任务照常。"""
+
+    __slots__ = ("controller", "machine")
+
+    def __init__(self, controller: Controller, machine: StateMachine) -> None:
+        self.controller = controller
+        self.machine = machine
+
+    def __call__(self, snapshot: TaskSnapshot, record: Transition) -> None:
+        try:
+            self.controller._on_transition(self.machine, snapshot, record)
+        except Exception:
+            logger.exception("处理任务 %s 的状态迁移时出错", snapshot.task_id)
+
+
 class Controller:
     """管理一批任务：登记、提交、调度、查询、控制、持久化与重启恢复。"""
 
@@ -311,7 +328,8 @@ class Controller:
             priority = self.concurrency.priority
         elif isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigurationError(f"priority 必须是整数（越大越先执行），收到 {priority!r}")
-        all_tags = definition.tags | normalize_tags(tags)
+        extra_tags = normalize_tags(tags)
+        all_tags = definition.tags | extra_tags if extra_tags else definition.tags
         bucket = self._bucket_for_submit(bucket_key)
         if task_id is None:
             task_id = f"{definition.name}-{self._id_prefix}{next(self._id_counter):06d}"
@@ -489,13 +507,7 @@ class Controller:
     # -- state-machine listener ----------------------------------------------------------------------
 
     def _make_listener(self, machine: StateMachine) -> Callable[[TaskSnapshot, Transition], None]:
-        def listener(snapshot: TaskSnapshot, record: Transition) -> None:
-            try:
-                self._on_transition(machine, snapshot, record)
-            except Exception:  # 监听器绝不能把任务搞坏：记下来，任务照常
-                logger.exception("处理任务 %s 的状态迁移时出错", snapshot.task_id)
-
-        return listener
+        return _TransitionListener(self, machine)
 
     def _on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         if self._write is not None:

@@ -36,7 +36,7 @@ class PersistFailure:
     error: str
 
 
-@dataclass
+@dataclass(slots=True)
 class _TaskState:
     persisted_version: int | None  # None：存储里还没有这个任务（create 失败过）
     last_progress: Progress | None = None
@@ -68,9 +68,8 @@ class WriteThrough:
 
     def create(self, machine: StateMachine) -> None:
         """提交时落库。重复 id 原样抛出（调用方据此拒绝提交）；其他故障记下，之后追平。"""
-        snapshot = machine.snapshot
-        snapshot = snapshot.evolve(lease_owner=self.owner, lease_until=self.lease_until())
-        machine.update_side(lease_owner=self.owner, lease_until=snapshot.lease_until)
+        # 先在状态机上记下租约，再把这同一个快照对象交给存储（不另造一份副本）。
+        snapshot = machine.update_side(lease_owner=self.owner, lease_until=self.lease_until())
         try:
             self.store.create(snapshot, machine.transitions)
         except DuplicateTaskId:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 Resource = tuple[str, object]
 
 
-@dataclass(order=True)
+@dataclass(order=True, slots=True)
 class _Entry:
     sort_key: tuple[int, int]
     task_id: str = field(compare=False)
