@@ -52,6 +52,9 @@ logger = logging.getLogger("chongming_task.controller")
 
 TRIGGER_TIMEOUT_START = "runtime:timeout_start"
 
+# 存储能即时通知新指令（Postgres 的 LISTEN/NOTIFY）时的兜底轮询间隔：通知丢了最多晚这么久。
+NOTIFIED_POLL_INTERVAL = 2.0
+
 # submit() 自己用的关键字；其余关键字参数原样交给任务。
 SUBMIT_KEYWORDS = ("task_id", "label", "tags", "priority", "bucket_key")
 
@@ -458,6 +461,12 @@ class Controller:
             orphan_limit=orphan_limit,
         )
 
+    def _effective_poll_interval(self) -> float:
+        """订阅了即时通知时，轮询只是兜底（通知丢了才用得上），不必每 0.1 秒扫一遍指令表。"""
+        if self._unlisten is not None:
+            return max(self.command_poll_interval, NOTIFIED_POLL_INTERVAL)
+        return self.command_poll_interval
+
     def _on_command_notice(self, notice: object) -> None:
         self._poll_now.set()
         self._wake.set()
@@ -587,7 +596,7 @@ class Controller:
                 if self._polling and self.store is not None and (now >= next_poll or self._poll_now.is_set()):
                     self._poll_now.clear()
                     self._poll_commands()
-                    next_poll = self.clock.monotonic() + self.command_poll_interval
+                    next_poll = self.clock.monotonic() + self._effective_poll_interval()
             except Exception:  # 后台循环不能死：记下来，下一轮继续
                 logger.exception("控制器后台循环出错")
                 time.sleep(0.05)
