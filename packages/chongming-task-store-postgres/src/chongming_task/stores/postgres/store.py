@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -711,15 +712,14 @@ class PostgresTaskStore(TaskStore):
     def _privilege_message(self, conn: Conn, exc: BaseException) -> str:
         role = database = "?"
         schema_exists = False
-        try:
+        # 只为把报错写得更具体：连这几个查询都失败时，按"schema 不存在"给建议，原始错误照样出现在消息里。
+        with contextlib.suppress(psycopg.Error):
             info = conn.info
             role, database = info.user, info.dbname
             row = conn.execute(
                 "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s)", [self._schema]
             ).fetchone()
             schema_exists = bool(row and row[0])
-        except psycopg.Error:
-            pass
         q_schema, q_role = _schema.quote_ident(self._schema), _schema.quote_ident(role)
         if schema_exists:
             missing = f"schema {self._schema!r} 上的 CREATE 权限（用于在其中建表）"
