@@ -553,3 +553,20 @@ def test_abandoned_thread_is_never_reused() -> None:
     assert idents["after"] != idents["stubborn"]
     release.set()
     c.close()
+
+
+def test_keep_finished_bounds_the_handles_kept_in_memory() -> None:
+    from chongming_task import InMemoryTaskStore
+
+    store = InMemoryTaskStore()
+    c = Controller(max_parallel=2, store=store, keep_finished=10)
+    c.register("quick", lambda ctx, i: i)
+    for i in range(200):
+        c.submit("quick", i, task_id=f"q{i}")
+    c.wait_all(timeout=30)
+    wait_until(lambda: len(c.runs()) <= 10 + 16)
+    assert c.get("q0") is not None and c.get("q0").outcome == 0  # type: ignore[union-attr]  # 旧的仍可从存储查到
+    assert len(store.query()) == 200  # 存储不动
+    c.close()
+    with pytest.raises(ConfigurationError, match="keep_finished"):
+        Controller(keep_finished=-1)

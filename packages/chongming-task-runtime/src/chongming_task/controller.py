@@ -111,6 +111,7 @@ class Controller:
         artifact_dir: str | Path | None = None,
         command_poll_interval: float = 0.1,
         side_channel_interval: float = 1.0,
+        keep_finished: int | None = None,
     ) -> None:
         concurrency = concurrency if concurrency is not None else ConcurrencyPolicy()
         if not isinstance(concurrency, ConcurrencyPolicy):
@@ -146,6 +147,10 @@ class Controller:
                 "也无法被暂停。请用 ThreadExecutor()（默认）或 ProcessExecutor()；"
                 "需要同步、确定性的单个执行时直接用 run_task(..., executor=InlineExecutor())"
             )
+        if keep_finished is not None and (
+            isinstance(keep_finished, bool) or not isinstance(keep_finished, int) or keep_finished < 0
+        ):
+            raise ConfigurationError(f"keep_finished 必须是非负整数或 None（不限），收到 {keep_finished!r}")
         if store is not None and not isinstance(store, TaskStore):
             raise ConfigurationError(
                 f"store 必须是 TaskStore 的实例（如 SqliteTaskStore(...)），收到 {store!r}"
@@ -173,6 +178,9 @@ class Controller:
         self.executor = executor
         self.command_poll_interval = float(command_poll_interval)
         self.side_channel_interval = float(side_channel_interval)
+        # 常驻节点的内存上限：已落地任务的句柄只留最新这么多个（有存储时旧的仍可经 get()/list_tasks 查到）。
+        # 不设时一直留着，直到调用 prune()——长期运行的进程里，句柄越积越多，循环 GC 也越来越慢。
+        self.keep_finished = keep_finished
 
         # 自动生成的 task_id：每个控制器一个随机前缀 + 递增序号（不必每次都取系统随机数）。
         self._id_prefix = os.urandom(3).hex()
@@ -541,6 +549,8 @@ class Controller:
             if snapshot.is_terminal:
                 self._unfinished.discard(task_id)
                 self._terminal_order.append(task_id)
+                if self._over_keep_finished():
+                    self._wake.set()  # 由后台循环在锁外清理
                 if not self._unfinished:  # wait_all 只等"全部落地"这一刻：别为每个任务都叫醒它
                     self._settled.notify_all()
         if to_start:
@@ -579,6 +589,7 @@ class Controller:
             try:
                 self._run_deferred()
                 self._dispatch()
+                self._trim_finished()
                 now = self.clock.monotonic()
                 self._expire_start_timeouts(now)
                 if self._write is not None:
@@ -600,6 +611,15 @@ class Controller:
             except Exception:  # 后台循环不能死：记下来，下一轮继续
                 logger.exception("控制器后台循环出错")
                 time.sleep(0.05)
+
+    def _over_keep_finished(self) -> bool:
+        keep = self.keep_finished
+        # 超出一成（至少 16 个）再批量清，不为每个落地的任务都切一次列表。
+        return keep is not None and len(self._terminal_order) > keep + max(16, keep // 10)
+
+    def _trim_finished(self) -> None:
+        if self.keep_finished is not None and self._over_keep_finished():
+            self._forget_finished(self.keep_finished)
 
     def defer(self, work: Callable[[], None]) -> None:
         """把一件后续工作交给后台循环（在任何锁之外、按提交顺序执行）。"""
@@ -814,7 +834,10 @@ class Controller:
             time.sleep(0.05)
 
     def wait_all(self, *, timeout: float | None = None) -> list[Outcome]:
-        """等本进程持有的全部任务落终态；超时抛 TimeoutError（任务状态不变）。"""
+        """等本进程持有的全部任务落终态；超时抛 TimeoutError（任务状态不变）。
+
+        返回内存里仍保留的句柄的结果（设了 ``keep_finished`` 时，更早落地的已被清出内存）。
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._settled:
             while self._unfinished:
@@ -831,18 +854,22 @@ class Controller:
         """丢弃最旧的终态记录，只保留最新 keep_terminal 个（内存里的句柄；有 store 时也清存储）。"""
         if isinstance(keep_terminal, bool) or not isinstance(keep_terminal, int) or keep_terminal < 0:
             raise ConfigurationError(f"keep_terminal 必须是非负整数，收到 {keep_terminal!r}")
+        removed = self._forget_finished(keep_terminal)
+        if self.store is not None:
+            removed = max(removed, self.store.prune(keep_terminal))
+        return removed
+
+    def _forget_finished(self, keep: int) -> int:
+        """只从内存里丢掉最旧的已落地任务句柄（存储不动）。返回丢掉的个数。"""
         with self._lock:
-            excess = len(self._terminal_order) - keep_terminal
+            excess = len(self._terminal_order) - keep
             dropped = self._terminal_order[:excess] if excess > 0 else []
             self._terminal_order = self._terminal_order[len(dropped) :]
             for task_id in dropped:
                 self._runs.pop(task_id, None)
                 if self._write is not None:
                     self._write.forget(task_id)
-        removed = len(dropped)
-        if self.store is not None:
-            removed = max(removed, self.store.prune(keep_terminal))
-        return removed
+        return len(dropped)
 
     def reconcile(self, *, dry_run: bool = False) -> ReconcileReport:
         """把租约过期、失去监督者的任务如实标记（见 runtime/reconcile.py 的规则表）。只看本节点的桶。"""
