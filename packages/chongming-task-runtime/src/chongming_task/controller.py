@@ -664,7 +664,10 @@ class Controller:
     def _flush_side_channel(self, *, renew_lease: bool) -> None:
         assert self._write is not None
         with self._lock:
-            runs = [self._runs[task_id] for task_id in self._unfinished if task_id in self._runs]
+            # 续租要覆盖全部在管任务（排队的也归本节点管）；进度与心跳只可能在占着执行槽的任务上变化，
+            # 平时只看它们——积压上万个排队任务时，不必每秒把它们全扫一遍。
+            task_ids = self._unfinished if renew_lease else self._scheduler.active_ids()
+            runs = [self._runs[task_id] for task_id in task_ids if task_id in self._runs]
         snapshots = [run.snapshot for run in runs]
         self._write.flush_side_channel(snapshots, renew_lease=renew_lease)
 
