@@ -472,19 +472,29 @@ def test_all_wheels_sqlite_store_passes_contract_suite(full_venv: Venv) -> None:
 
 @pytest.mark.postgres
 def test_all_wheels_open_store_postgres(full_venv: Venv, postgres_dsn: str) -> None:
-    """需要：store-postgres 的 PostgresTaskStore，以及真实数据库（CHONGMING_TEST_POSTGRES）。"""
-    _check(
-        full_venv.python_code(
-            """
-            import sys
-            import chongming_task
+    """需要：store-postgres 的 PostgresTaskStore，以及真实数据库（CHONGMING_TEST_POSTGRES）。
 
-            store = chongming_task.open_store(sys.argv[1])
-            assert isinstance(store, chongming_task.PostgresTaskStore), type(store)
-            assert store.get("no-such-task-from-packaging-test") is None
-            store.close()
-            """,
-            postgres_dsn,
-        ),
-        "open_store('postgresql://...')",
-    )
+    用独立的 schema 并在结束后删掉：不在共享的测试库里留下默认 schema。
+    """
+    psycopg = pytest.importorskip("psycopg", reason="需要 psycopg 才能清理 Postgres 测试 schema")
+    schema = f"ct_packaging_{os.getpid()}"
+    url = f"{postgres_dsn}{'&' if '?' in postgres_dsn else '?'}schema={schema}"
+    try:
+        _check(
+            full_venv.python_code(
+                """
+                import sys
+                import chongming_task
+
+                store = chongming_task.open_store(sys.argv[1])
+                assert isinstance(store, chongming_task.PostgresTaskStore), type(store)
+                assert store.get("no-such-task-from-packaging-test") is None
+                store.close()
+                """,
+                url,
+            ),
+            "open_store('postgresql://...')",
+        )
+    finally:
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
