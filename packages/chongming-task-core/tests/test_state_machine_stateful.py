@@ -147,12 +147,12 @@ class StateMachineModel(RuleBasedStateMachine):
 
     @rule()
     def reset(self) -> None:
-        self._attempt(
-            self.machine.status in TERMINAL_STATUSES,
-            lambda: self.machine.reset(confirm=True),
-            target=S.PENDING,
-        )
-        assert self.machine.status is not S.PENDING or self.machine.snapshot.attempt == 0
+        legal = self.machine.status in TERMINAL_STATUSES
+        self._attempt(legal, lambda: self.machine.reset(confirm=True), target=S.PENDING)
+        # 只有 reset 真的发生时才丢弃尝试计数；被拒绝的 reset 什么也不改（force_transition 跳到 pending 的
+        # 任务仍保留它的 attempt，这是审计过的任意跳转，不是 reset）。
+        if legal:
+            assert self.machine.status is S.PENDING and self.machine.snapshot.attempt == 0
 
     @rule()
     def reset_without_confirm(self) -> None:
