@@ -44,6 +44,7 @@ from chongming_task.storage import (
     check_json_value,
     check_node_owner,
     check_node_record,
+    count_buckets,
     validate_lease,
     validate_save,
 )
@@ -232,20 +233,13 @@ class JsonFileTaskStore(TaskStore):
         with self._lock:
             self._check_open()
             selected = self._matching(query)
-        counts: dict[Any, int] = {}
-        for snapshot in selected:
-            counts[snapshot.status] = counts.get(snapshot.status, 0) + 1
-        return TaskStats(counts)
+        return TaskStats.of(selected)
 
     def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
         with self._lock:
             self._check_open()
             selected = self._matching(query)
-        counts: dict[int, int] = {}
-        for snapshot in selected:
-            if snapshot.bucket is not None:
-                counts[snapshot.bucket] = counts.get(snapshot.bucket, 0) + 1
-        return counts
+        return count_buckets(selected)
 
     # -- history ------------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import enum
 import json
 import math
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -261,6 +262,11 @@ class TaskStats:
         full = {status: int(self.counts.get(status, 0)) for status in TaskStatus}
         object.__setattr__(self, "counts", full)
 
+    @classmethod
+    def of(cls, snapshots: Iterable[TaskSnapshot]) -> TaskStats:
+        """对一组快照按状态计数（内存后端与无存储的 Controller 共用的参照实现）。"""
+        return cls(Counter(snapshot.status for snapshot in snapshots))
+
     def __getitem__(self, status: TaskStatus | str) -> int:
         return self.counts[TaskStatus(status)]
 
@@ -386,6 +392,11 @@ def check_node_record(record: object) -> NodeRecord:
     if not isinstance(record, NodeRecord):
         raise ConfigurationError(f"publish_node 只接受 NodeRecord，收到 {type(record).__name__}")
     return record
+
+
+def count_buckets(snapshots: Iterable[TaskSnapshot]) -> dict[int, int]:
+    """对一组快照按桶计数；无桶任务不计（``TaskStore.bucket_counts`` 的参照实现）。"""
+    return dict(Counter(snapshot.bucket for snapshot in snapshots if snapshot.bucket is not None))
 
 
 def check_json_value(value: Any, *, what: str = "outcome") -> str:
@@ -620,6 +631,7 @@ __all__ = [
     "check_json_value",
     "check_node_owner",
     "check_node_record",
+    "count_buckets",
     "escape_like",
     "validate_lease",
     "validate_save",

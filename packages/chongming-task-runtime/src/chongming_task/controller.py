@@ -46,7 +46,7 @@ from chongming_task.runtime.registry import TaskDefinition, TaskRegistry
 from chongming_task.runtime.scheduler import SlotScheduler
 from chongming_task.runtime.table import render_table
 from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
-from chongming_task.storage import CommandAction, QueryOrder, TaskQuery, TaskStats, TaskStore
+from chongming_task.storage import CommandAction, QueryOrder, TaskQuery, TaskStats, TaskStore, count_buckets
 
 logger = logging.getLogger("chongming_task.controller")
 
@@ -738,20 +738,13 @@ class Controller:
         """各状态计数；``.unfinished`` 是非终态数量（含排队与暂停）。"""
         if self.store is not None:
             return self.store.stats()
-        counts: dict[TaskStatus, int] = {}
-        for snapshot in self._local_snapshots():
-            counts[snapshot.status] = counts.get(snapshot.status, 0) + 1
-        return TaskStats(counts)
+        return TaskStats.of(self._local_snapshots())
 
     def bucket_counts(self) -> dict[int, int]:
         """每桶任务数，用于决定把桶分给谁。"""
         if self.store is not None:
             return self.store.bucket_counts()
-        counts: dict[int, int] = {}
-        for snapshot in self._local_snapshots():
-            if snapshot.bucket is not None:
-                counts[snapshot.bucket] = counts.get(snapshot.bucket, 0) + 1
-        return counts
+        return count_buckets(self._local_snapshots())
 
     def runs(self) -> list[TaskRun]:
         with self._lock:
