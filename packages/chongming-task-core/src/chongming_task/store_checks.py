@@ -13,7 +13,7 @@ from typing import Any
 
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import TaskSnapshot, Transition
-from chongming_task.storage import CommandAction
+from chongming_task.storage import CommandAction, validate_lease
 
 
 def check_snapshot(snapshot: object) -> TaskSnapshot:
@@ -63,6 +63,20 @@ def id_set(name: str, values: Iterable[Any] | None, kind: type) -> frozenset[Any
     return result
 
 
+def claim_args(
+    claimant: object,
+    lease: float,
+    limit: object,
+    task_ids: Iterable[Any] | None,
+    buckets: Iterable[Any] | None,
+) -> tuple[frozenset[str] | None, frozenset[int] | None]:
+    """claim_commands 的入参：校验认领者、租约与 limit，返回规范化后的 (task_ids, buckets) 过滤集合。"""
+    check_claimant(claimant)
+    validate_lease(lease)
+    check_count("limit", limit)
+    return id_set("task_ids", task_ids, str), id_set("buckets", buckets, int)
+
+
 def command_args(
     action: object, issuer: object, reason: object, payload: object
 ) -> tuple[CommandAction, dict[str, Any]]:
@@ -88,6 +102,7 @@ __all__ = [
     "check_optional_text",
     "check_snapshot",
     "check_transitions",
+    "claim_args",
     "command_args",
     "id_set",
 ]

@@ -49,18 +49,16 @@ from chongming_task.storage import (
     check_node_owner,
     check_node_record,
     count_buckets,
-    validate_lease,
     validate_save,
 )
 from chongming_task.store_checks import (
     check_aware,
-    check_claimant,
     check_count,
     check_optional_text,
     check_snapshot,
     check_transitions,
+    claim_args,
     command_args,
-    id_set,
 )
 
 _TOUCH_FIELDS = frozenset({"progress", "heartbeat_at", "lease_owner", "lease_until"})
@@ -440,11 +438,7 @@ class InMemoryTaskStore(TaskStore):
         task_ids: Iterable[str] | None = None,
         buckets: Iterable[int] | None = None,
     ) -> list[Command]:
-        check_claimant(claimant)
-        validate_lease(lease)
-        check_count("limit", limit)
-        wanted_tasks = id_set("task_ids", task_ids, str)
-        wanted_buckets = id_set("buckets", buckets, int)
+        wanted_tasks, wanted_buckets = claim_args(claimant, lease, limit, task_ids, buckets)
         claimed: list[Command] = []
         with self._lock:
             self._check_open()

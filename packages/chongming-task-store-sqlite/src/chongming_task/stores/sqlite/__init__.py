@@ -55,7 +55,6 @@ from chongming_task.storage import (
     as_query,
     check_node_owner,
     check_node_record,
-    validate_lease,
     validate_save,
 )
 from chongming_task.store_checks import (
@@ -63,8 +62,8 @@ from chongming_task.store_checks import (
     check_count,
     check_optional_text,
     check_snapshot,
+    claim_args,
     command_args,
-    id_set,
 )
 from chongming_task.stores.sqlite import codec, schema
 
@@ -721,12 +720,7 @@ class SqliteTaskStore(TaskStore):
         task_ids: Iterable[str] | None = None,
         buckets: Iterable[int] | None = None,
     ) -> list[Command]:
-        if not isinstance(claimant, str) or not claimant:
-            raise ConfigurationError(f"认领者 claimant 必须是非空字符串，收到 {claimant!r}")
-        validate_lease(lease)
-        check_count("limit", limit)
-        wanted_tasks = id_set("task_ids", task_ids, str)
-        wanted_buckets = id_set("buckets", buckets, int)
+        wanted_tasks, wanted_buckets = claim_args(claimant, lease, limit, task_ids, buckets)
         if limit == 0 or wanted_tasks == frozenset() or wanted_buckets == frozenset():
             self._check_open()
             return []
