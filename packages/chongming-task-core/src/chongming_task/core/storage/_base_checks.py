@@ -172,7 +172,7 @@ def touch_many_fields(fields: object) -> dict[str, Any]:
         raise ConfigurationError(f"touch_many 的每一项必须是 (task_id, dict)，收到 {fields!r}")
     unknown = set(fields) - TOUCH_FIELDS
     if unknown:
-        raise ConfigurationError(f"touch_many 只接受 {sorted(TOUCH_FIELDS)}，收到多余的：{sorted(unknown)}")
+        raise ConfigurationError(f"touch_many 里有未知字段 {sorted(unknown)}：只接受 {sorted(TOUCH_FIELDS)}")
     return fields
 
 
