@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import random
 import sqlite3
@@ -21,6 +20,7 @@ from chongming_task.core.storage.checks import (
     check_key,
     check_node_owner,
     check_node_record,
+    check_positive_seconds,
     check_snapshot,
     check_transitions,
     claim_args,
@@ -211,13 +211,7 @@ class SqliteTaskStore(TaskStore):
             )
         if "\x00" in path:
             raise ConfigurationError("SQLite 数据库路径不能包含 NUL 字符（\\x00）")
-        if (
-            isinstance(busy_timeout, bool)
-            or not isinstance(busy_timeout, (int, float))
-            or not math.isfinite(busy_timeout)
-            or busy_timeout <= 0
-        ):
-            raise ConfigurationError(f"busy_timeout 必须是正的秒数，收到 {busy_timeout!r}")
+        check_positive_seconds("busy_timeout", busy_timeout)
         if not isinstance(synchronous, str) or synchronous.upper() not in _SYNCHRONOUS_MODES:
             raise ConfigurationError(
                 f"synchronous 只能是 {', '.join(sorted(_SYNCHRONOUS_MODES))} 之一，收到 {synchronous!r}"
