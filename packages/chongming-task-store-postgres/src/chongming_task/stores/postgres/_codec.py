@@ -26,7 +26,7 @@ from chongming_task.core.storage.sql import (
     SqlDialect,
     TransitionCodec,
 )
-from chongming_task.core.storage.values import Command, NodeRecord
+from chongming_task.core.storage.values import NodeRecord
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
@@ -232,9 +232,7 @@ def task_params(snapshot: TaskSnapshot) -> dict[str, Any]:
     return SNAPSHOTS.params(snapshot)
 
 
-def snapshot_from_row(row: Sequence[Any]) -> TaskSnapshot:
-    """按 TASK_COLUMNS 的顺序把一行还原成快照。"""
-    return SNAPSHOTS.from_row(row)
+snapshot_from_row = SNAPSHOTS.from_row
 
 
 def transition_arrays(transitions: Sequence[Transition]) -> list[list[Any]]:
@@ -244,12 +242,10 @@ def transition_arrays(transitions: Sequence[Transition]) -> list[list[Any]]:
     return [[row[name] for row in rows] for name in TRANSITIONS.names]
 
 
-def transition_from_row(row: Sequence[Any]) -> Transition:
-    return TRANSITIONS.from_row(row)
+transition_from_row = TRANSITIONS.from_row
 
 
-def command_from_row(row: Sequence[Any]) -> Command:
-    return COMMANDS.from_row(row)
+command_from_row = COMMANDS.from_row
 
 
 def node_params(record: NodeRecord) -> dict[str, Any]:
@@ -257,8 +253,7 @@ def node_params(record: NodeRecord) -> dict[str, Any]:
     return NODES.params(record)
 
 
-def node_from_row(row: Sequence[Any]) -> NodeRecord:
-    return NODES.from_row(row)
+node_from_row = NODES.from_row
 
 
 __all__ = [

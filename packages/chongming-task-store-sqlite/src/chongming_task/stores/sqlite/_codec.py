@@ -23,7 +23,7 @@ from chongming_task.core.storage.sql import (
     SqlDialect,
     TransitionCodec,
 )
-from chongming_task.core.storage.values import Command, NodeRecord
+from chongming_task.core.storage.values import NodeRecord
 from chongming_task.models import Progress, TaskSnapshot, Transition
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -137,9 +137,7 @@ def snapshot_row(snapshot: TaskSnapshot) -> dict[str, Any]:
     return SNAPSHOTS.params(snapshot)
 
 
-def snapshot_from_row(row: Sequence[Any]) -> TaskSnapshot:
-    """``SELECT <TASK_COLUMNS>`` 的一行 → 快照（列顺序见 ``_schema.TASK_COLUMNS``）。"""
-    return SNAPSHOTS.from_row(row)
+snapshot_from_row = SNAPSHOTS.from_row
 
 
 def progress_text(progress: Progress | None) -> str | None:
@@ -155,13 +153,10 @@ def transition_row(record: Transition) -> tuple[Any, ...]:
     return tuple(params[name] for name in TRANSITIONS.names)
 
 
-def transition_from_row(row: Sequence[Any]) -> Transition:
-    return TRANSITIONS.from_row(row)
+transition_from_row = TRANSITIONS.from_row
 
 
-def command_from_row(row: Sequence[Any]) -> Command:
-    """``SELECT <COMMAND_COLUMNS>`` 的一行 → 指令。"""
-    return COMMANDS.from_row(row)
+command_from_row = COMMANDS.from_row
 
 
 def node_row(record: NodeRecord) -> tuple[Any, ...]:
@@ -170,8 +165,7 @@ def node_row(record: NodeRecord) -> tuple[Any, ...]:
     return tuple(params[name] for name in NODES.names)
 
 
-def node_from_row(row: Sequence[Any]) -> NodeRecord:
-    return NODES.from_row(row)
+node_from_row = NODES.from_row
 
 
 __all__ = [
