@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, ClassVar
 
+from chongming_task.core.storage.columns import OPTIONAL_TEXT_FIELDS, TIMESTAMP_FIELDS
 from chongming_task.errors import ConfigurationError
 from chongming_task.states import TaskStatus
 
@@ -324,27 +325,9 @@ def normalize_tags(tags: object) -> frozenset[str]:
     return frozenset(items)
 
 
-_DATETIME_FIELDS = (
-    "created_at",
-    "queued_at",
-    "started_at",
-    "finished_at",
-    "last_heartbeat_at",
-    "lease_until",
-    "retry_at",
-)
-
-
-_OPTIONAL_TEXT_FIELDS = (
-    "label",
-    "bucket_key",
-    "executor",
-    "owner",
-    "lease_owner",
-    "pipeline_id",
-    "node_id",
-    "description",
-)
+# 字段清单取自持久层的列表（唯一出处），模型层与各后端不再各抄一份。
+_DATETIME_FIELDS = TIMESTAMP_FIELDS
+_OPTIONAL_TEXT_FIELDS = OPTIONAL_TEXT_FIELDS
 
 
 @dataclass(frozen=True)
