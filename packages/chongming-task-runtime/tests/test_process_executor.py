@@ -1,4 +1,4 @@
-"""ProcessExecutor（用户指南 §7.4）：真的停得住、崩溃隔离、提交时拒绝不可 pickle 的东西。
+"""ProcessExecutor（用户指南 §7.3）：真的停得住、崩溃隔离、提交时拒绝不可 pickle 的东西。
 
 任务函数来自 ``chongming_runtime_test_tasks``（模块级，子进程能按名字 import；见 conftest.py）。
 """

@@ -1,7 +1,7 @@
 """控制命令：stop、pause、resume，以及运维用的 reconcile、prune。
 
 本进程不持有这些任务，所以 stop / pause / resume 都是写进存储的指令，由持有者轮询取走执行
-（用户指南 §8.9）：stop / resume 的"成功"是"请求已受理"，跨进程的 pause 如实报"未确认"。
+（用户指南 §9.4）：stop / resume 的"成功"是"请求已受理"，跨进程的 pause 如实报"未确认"。
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def _check_signature(controller: Controller, name: str, kwargs: dict[str, Any]) 
 
 
 def _resolve_name(controller: Controller, module_name: str, name: str) -> None:
-    """只接受登记过的名字（§8.5）。点号路径、冒号路径一律当作"想启动任意可调用对象"拒绝。"""
+    """只接受登记过的名字（§8.1）。点号路径、冒号路径一律当作"想启动任意可调用对象"拒绝。"""
     known = sorted(d.name for d in controller.definitions())
     if name in known:
         return
@@ -181,7 +181,7 @@ def run_command(
     kwargs = _parse_arguments(raw_args)
     owned = state.owned_buckets
     if bucket_key is None and owned is not None and len(owned) < state.num_buckets:
-        # 与 Controller 的规则相同（§8.14），只是在碰存储之前、用命令行的说法讲出来。
+        # 与 Controller 的规则相同（§9.6），只是在碰存储之前、用命令行的说法讲出来。
         raise CliError(
             f"限定了 --owned-buckets {format_bucket_spec(owned)}（共 {state.num_buckets} 个桶）时必须给出 "
             "--bucket-key：没有归属桶的任务不会有任何节点认领它，只会永远排队"

@@ -96,7 +96,7 @@ class AppState:
         """建一个 Controller。
 
         ``claim_buckets``：把 --owned-buckets 交给 Controller。声明了归属的 Controller 从构造起就按桶
-        认领指令（§8.14），这正是 run（任务的持有者）要的；纯查询/控制命令不该这样——它会先抢到
+        认领指令（§9.6），这正是 run（任务的持有者）要的；纯查询/控制命令不该这样——它会先抢到
         自己刚写下的 stop 指令再交还，平白让真正的持有者多等一轮轮询。reconcile 也要归属：它只清理
         本节点的桶。
         """

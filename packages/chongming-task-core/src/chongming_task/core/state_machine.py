@@ -4,7 +4,7 @@
 与守卫，再生成新的不可变快照并追加一条 Transition。非法动作抛 InvalidTransition，
 绝不静默返回 False——"停止指令没生效"这类问题靠静默失败是查不出来的。
 
-转移表之外的守卫（用户指南 §9.3）都在这里：
+转移表之外的守卫（用户指南 §11.3）都在这里：
 
 * ``mark_running()`` 必须已有 ``started_at``。``started_at`` 的含义是"当前这次尝试何时开始"：
   ``mark_starting()`` 写入；任务一旦回到"未启动"（进 queued、从 queued / retry_wait 暂停、
@@ -220,7 +220,7 @@ class StateMachine:
             return tuple(history[start:])
 
     def can(self, target: TaskStatus) -> bool:
-        """预检：对应的动作现在会不会被接受（转移表 + §9.3 的状态守卫 + 尝试预算）。
+        """预检：对应的动作现在会不会被接受（转移表 + §11.3 的状态守卫 + 尝试预算）。
 
         与动作的实际结果一致：``can(x)`` 为 True 时，走向 x 的自然动作不会抛
         InvalidTransition / AttemptsExhausted。
