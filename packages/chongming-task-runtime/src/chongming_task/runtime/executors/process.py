@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -55,6 +56,15 @@ MIN_IDLE_TIMEOUT = 5 * _BEAT_INTERVAL
 """ProcessExecutor 接受的最短 idle 超时（秒）。父进程看到的心跳最多晚一个转发周期，再加管道与调度的
 抖动；idle 短于几个周期，一个每 10 ms 就 checkpoint 的健康任务也会被判 idle 超时（issue 22.10）。
 所以提交时拒绝，而不是让它跑起来再失败。"""
+
+ORPHAN_EXIT_BOUND = 2.0
+"""监督进程死后，它的子进程（以及 forkserver）最迟多少秒内退出（用户指南 §7.3）。实测在几十毫秒内；
+留出余量给满载机器上的调度延迟。"""
+
+_ORPHANED_EXIT_CODE = 70
+"""子进程发现监督进程已经不在时的退出码（没人会读到它，只为在 ps / 审计日志里可辨认）。"""
+
+_PR_SET_PDEATHSIG = 1
 
 _EXIT_GRACE = 2.0
 """子进程交回结果之后，等它自己退出的真实秒数；还不退（例如留下了非守护线程）就强制结束。"""
@@ -115,11 +125,55 @@ def _child_listen(
                 send(("beat", beat))
                 last_sent = beat
     except (EOFError, OSError):
-        return  # 父进程关了管道或本进程正在退出：监听到此为止
+        # 管道另一端只在子进程退出之后才由父进程关闭；子进程还活着却读到 EOF，说明监督进程已经没了
+        # （被 SIGKILL 时内核替它关掉了管道）。没人再听结果、存储可能已把任务记成 lost：立刻退出，
+        # 不许继续跑、继续写（issue 22.3）。
+        os._exit(_ORPHANED_EXIT_CODE)
+
+
+def _die_with_parent() -> None:
+    """Linux：父进程一死，内核就给本进程发 SIGKILL（``prctl(PR_SET_PDEATHSIG, SIGKILL)``）。
+
+    这是第二道保险：控制管道的 EOF 要靠子进程里的监听线程拿到 GIL 才看得见，一直握着 GIL 的 C 循环
+    会让它永远看不见；内核信号不需要子进程配合。"父进程"是 forkserver（它在监督进程死后读到自己
+    控制管道的 EOF 就退出），或 spawn 时派生子进程的那条线程——PDEATHSIG 跟的是线程，所以派生发生在
+    ``ProcessAttempt._monitor`` 里，那条线程一直活到子进程被回收为止。其他平台只靠管道 EOF。
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # 没有 libc / prctl（极少见的精简环境）：退回只靠管道 EOF
+        return
+    _release_forkserver_alive_fd()
+
+
+def _release_forkserver_alive_fd() -> None:
+    """forkserver 派生的子进程：关掉继承来的那份"监督进程还活着"管道写端。
+
+    forkserver 在这条管道的所有写端都关闭时退出（监督进程持有一份，它派生的每个子进程也各继承一份，
+    留着给子进程自己再经同一个 forkserver 派生孙进程用）。只要还有子进程握着写端，监督进程死了
+    forkserver 也不退出，上面的 PDEATHSIG 就永远不会触发——实测每次都留下握着 GIL 的子进程。子进程
+    若自己要用 forkserver，``ensure_running`` 本来就会另起一个（子进程里 ``_forkserver_pid`` 是 None），
+    所以关掉它不影响任何功能。这里碰的是 CPython 的私有属性：属性不在（别的实现/版本）就什么也不做。
+    """
+    try:
+        from multiprocessing import forkserver
+
+        server: Any = forkserver._forkserver
+        fd = server._forkserver_alive_fd
+        if fd is None or server._forkserver_pid is not None:
+            return  # 不是 forkserver 派生的（spawn），或本进程自己启动了 forkserver
+        server._forkserver_alive_fd = None
+        os.close(fd)
+    except (AttributeError, ImportError, OSError):
+        return
 
 
 def _child_main(conn: multiprocessing.connection.Connection, payload: _ChildPayload) -> None:
     """子进程入口（模块级函数，spawn / forkserver 都能按名字找到它）。"""
+    _die_with_parent()
     # 日志由父进程统一发出（带 task_id 等 extra）；子进程里不再重复打印到 stderr。
     logging.getLogger(LOGGER_PREFIX).disabled = True
     send_lock = threading.Lock()
@@ -500,4 +554,4 @@ class ProcessExecutor(Executor):
         return f"ProcessExecutor(start_method={self.start_method!r})"
 
 
-__all__ = ["MIN_IDLE_TIMEOUT", "ProcessAttempt", "ProcessExecutor"]
+__all__ = ["MIN_IDLE_TIMEOUT", "ORPHAN_EXIT_BOUND", "ProcessAttempt", "ProcessExecutor"]
