@@ -78,7 +78,7 @@ def test_the_plugin_is_registered_through_pytest11() -> None:
 
 def test_every_fixture_works_in_a_fresh_pytest_session(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_user_tasks=USES_EVERY_FIXTURE)
-    result = pytester.runpytest("-v", "-p", "no:cacheprovider")
+    result = pytester.runpytest("-v", "-rs", "-p", "no:cacheprovider")
     postgres = bool(os.environ.get("CHONGMING_TEST_POSTGRES", "").strip())
     # 6 个测试，task_store 按 memory / sqlite / postgres 参数化（三个后端在本仓库里都装了）
     result.assert_outcomes(passed=8 if postgres else 7, skipped=0 if postgres else 1)
@@ -93,7 +93,7 @@ def test_every_fixture_works_in_a_fresh_pytest_session(pytester: pytest.Pytester
         result.stdout.fnmatch_lines(["*CHONGMING_TEST_POSTGRES*"])
 
 
-def test_controller_fixture_skips_with_the_install_hint_without_the_runtime(pytester: pytest.Pytester) -> None:
+def test_controller_fixture_skips_with_the_pip_hint_without_the_runtime(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(
         """
         import sys
