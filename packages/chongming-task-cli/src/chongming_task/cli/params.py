@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from chongming_task.core.json_depth import loads_bounded
+from chongming_task.errors import ConfigurationError
 from chongming_task.states import TaskStatus
 
 if TYPE_CHECKING:
@@ -94,7 +95,9 @@ def parse_task_argument(text: str) -> tuple[str, Any]:
     if not key.isidentifier():
         raise click.BadParameter(f"参数名 {key!r} 不是合法的 Python 参数名")
     try:
-        value: Any = json.loads(raw)
+        value: Any = loads_bounded(raw, what=f"--arg {key} 的 JSON 值")
+    except ConfigurationError as exc:  # 嵌套过深：json.loads 会抛 RecursionError（issue 22.4）
+        raise click.BadParameter(str(exc)) from None
     except ValueError:
         value = raw
     return key, value
