@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from chongming_task.core.json_depth import check_json_depth
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import Progress, TaskSnapshot, Transition
 
@@ -38,9 +39,11 @@ def check_json_value(value: Any, *, what: str = "outcome") -> str:
     """把值序列化为严格 JSON 文本；不可序列化（或含 NaN/inf）时抛 ConfigurationError 说明原因。"""
     if value is None:
         return "null"  # 最常见的返回值：不必为它走一遍编码器
+    # 先量深度（非递归）：标准库编码器是递归的，过深的值抛的是 RecursionError，不是"不可序列化"。
+    check_json_depth(value, what=what)
     try:
         return _STRICT_JSON.encode(value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigurationError(
             f"{what} 必须可 JSON 序列化（dict / list / str / 数字 / bool / None）：{exc}"
         ) from None

@@ -38,6 +38,21 @@ class CommandCases(ContractBase):
             store.submit_command("ghost", CommandAction.STOP, issuer="ops")
         self.assertEqual(store.claim_commands("w", lease=60), [])
 
+    def test_submit_command_refuses_too_deep_payload_cleanly(self) -> None:
+        # 5,000 层嵌套的 payload：标准库编码器递归到底会抛 RecursionError；后端必须先量深度，给出
+        # ConfigurationError，而且什么都不写（之后仍能正常提交与认领）。
+        store = self.open_store()
+        store.create(snap("deep-cmd"))
+        deep: list[object] = []
+        for _ in range(5_000):
+            deep = [deep]
+        with self.assertRaises(ConfigurationError) as caught:
+            store.submit_command("deep-cmd", CommandAction.STOP, payload={"x": deep})
+        self.assertIn("嵌套", str(caught.exception))
+        self.assertEqual(store.claim_commands("w", lease=60), [])
+        store.submit_command("deep-cmd", CommandAction.STOP, payload={"ok": [1]})
+        self.assertEqual(len(store.claim_commands("w", lease=60)), 1)
+
     def test_submit_command_records_fields_and_bucket(self) -> None:
         store, _, _, clock = self.open_timed_store()
         store.create(snap("cmd", bucket=7))
