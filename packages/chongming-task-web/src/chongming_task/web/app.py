@@ -227,7 +227,7 @@ class WebConsole:
         except (ValueError, UnicodeDecodeError):
             raise HttpError(400, "请求体不是合法的 JSON") from None
         if not isinstance(data, dict):
-            raise HttpError(400, "请求体必须是 JSON 对象，例如 {\"reason\": \"...\"}")
+            raise HttpError(400, '请求体必须是 JSON 对象，例如 {"reason": "..."}')
         return data
 
     def render(
@@ -282,7 +282,9 @@ class WebConsole:
         return RedirectResponse("/tasks", status_code=303)
 
     async def login_page(self, request: Request) -> Response:
-        return self.render(request, "login.html", {"next": _safe_next(request.query_params.get("next")), "error": None})
+        return self.render(
+            request, "login.html", {"next": _safe_next(request.query_params.get("next")), "error": None}
+        )
 
     async def login_submit(self, request: Request) -> Response:
         session = self.session(request)
@@ -440,7 +442,12 @@ class WebConsole:
             raise HttpError(400, "批量操作需要确认：请在批量页核对数目后点确认")
         try:
             result = await self.call(
-                self.service.bulk_apply, flt, action, operator=session.operator, reason=reason, expected=expected
+                self.service.bulk_apply,
+                flt,
+                action,
+                operator=session.operator,
+                reason=reason,
+                expected=expected,
             )
         except HttpError as exc:
             if exc.status != 409:
@@ -500,7 +507,7 @@ class WebConsole:
         self.require_write()
         filter_data = data.get("filter") or {}
         if not isinstance(filter_data, dict):
-            raise HttpError(400, "filter 必须是 JSON 对象，例如 {\"name\": \"etl.\", \"status\": [\"running\"]}")
+            raise HttpError(400, 'filter 必须是 JSON 对象，例如 {"name": "etl.", "status": ["running"]}')
         statuses = filter_data.get("status") or []
         if isinstance(statuses, str):
             statuses = [statuses]
@@ -577,7 +584,9 @@ class WebConsole:
         from chongming_task.web import metrics
 
         if not metrics.available():
-            raise HttpError(404, "没有 /metrics：请安装 prometheus-client（pip install \"chongming-task-web[metrics]\"）")
+            raise HttpError(
+                404, '没有 /metrics：请安装 prometheus-client（pip install "chongming-task-web[metrics]"）'
+            )
         body, content_type = await run_in_threadpool(metrics.render, self.service, self.poller)
         return Response(body, media_type=content_type)
 
@@ -586,8 +595,6 @@ class _Redirect(HttpError):
     def __init__(self, location: str) -> None:
         super().__init__(303, "需要登录", {"location": location})
         self.location = location
-
-
 
 
 def _safe_next(value: str | None) -> str:
@@ -626,5 +633,6 @@ async def _body(request: Request) -> bytes:
 def create_app(store: TaskStore, settings: WebSettings | None = None) -> Starlette:
     """建一个控制台应用（不监听端口；``serve`` 或任何 ASGI 服务器都能跑它）。"""
     return WebConsole(store, settings or WebSettings()).app
+
 
 __all__ = ["HttpError", "WebConsole", "WebSettings", "create_app"]

@@ -37,12 +37,24 @@ def _store_url(ctx: click.Context, db: str | None, store_url: str | None) -> tup
 
 @click.command("web")
 @click.option("--db", metavar="PATH", help="SQLite 数据库文件。")
-@click.option("--store", "store_url", metavar="URL", help="存储连接串（sqlite:///abs.db、postgresql://...）。")
+@click.option(
+    "--store", "store_url", metavar="URL", help="存储连接串（sqlite:///abs.db、postgresql://...）。"
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="监听地址；非回环地址必须给 --token。")
-@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True, help="端口（0 = 随机空闲端口）。")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="端口（0 = 随机空闲端口）。",
+)
 @click.option("--read-only", is_flag=True, help="只读：拒绝一切操作，页面上没有按钮。")
-@click.option("--token", envvar=ENV_TOKEN, show_envvar=True, metavar="TOKEN", help="登录口令（至少 16 个字符）。")
-@click.option("--operator", metavar="NAME", help="无口令模式下的操作者名（默认当前系统用户），写成 web:<NAME>。")
+@click.option(
+    "--token", envvar=ENV_TOKEN, show_envvar=True, metavar="TOKEN", help="登录口令（至少 16 个字符）。"
+)
+@click.option(
+    "--operator", metavar="NAME", help="无口令模式下的操作者名（默认当前系统用户），写成 web:<NAME>。"
+)
 @click.option(
     "--poll-interval",
     type=click.FloatRange(0.1, 60.0),

@@ -173,9 +173,7 @@ def parse_filter(params: Mapping[str, Any], statuses: Iterable[Any], *, num_buck
     """从查询参数（或 JSON 对象）解析筛选条件。``statuses`` 是全部 status 参数（可重复、可逗号分隔）。"""
     bucket_raw = params.get("bucket")
     bucket = (
-        None
-        if bucket_raw in (None, "")
-        else _int(bucket_raw, "bucket", "桶号", low=0, high=num_buckets - 1)
+        None if bucket_raw in (None, "") else _int(bucket_raw, "bucket", "桶号", low=0, high=num_buckets - 1)
     )
     result = TaskFilter(
         statuses=_statuses(statuses),

@@ -45,7 +45,9 @@ ACTION_STATUSES: dict[str, frozenset[TaskStatus]] = {
 ACTIVE_STATUSES = frozenset(
     {TaskStatus.STARTING, TaskStatus.RUNNING, TaskStatus.PAUSING, TaskStatus.PAUSED, TaskStatus.STOPPING}
 )
-QUEUED_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.BLOCKED, TaskStatus.QUEUED, TaskStatus.RETRY_WAIT})
+QUEUED_STATUSES = frozenset(
+    {TaskStatus.PENDING, TaskStatus.BLOCKED, TaskStatus.QUEUED, TaskStatus.RETRY_WAIT}
+)
 
 
 def status_label(status: TaskStatus) -> str:

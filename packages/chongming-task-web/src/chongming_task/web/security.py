@@ -73,7 +73,9 @@ def check_bind(host: str, token: str | None) -> None:
             "请加 --token（或环境变量 CHONGMING_TASK_WEB_TOKEN），或改用 --host 127.0.0.1"
         )
     if token is not None and len(token) < 16:
-        raise InsecureBind("口令太短：--token 至少 16 个字符（可用 python -c 'import secrets; print(secrets.token_urlsafe())' 生成）")
+        raise InsecureBind(
+            "口令太短：--token 至少 16 个字符（可用 python -c 'import secrets; print(secrets.token_urlsafe())' 生成）"
+        )
 
 
 def tokens_equal(expected: str, supplied: str | None) -> bool:
@@ -168,7 +170,9 @@ class SecurityMiddleware:
     * ``Authorization: Bearer <口令>``：一次性的已认证会话，操作者取自 ``X-Chongming-Operator`` 头。
     """
 
-    def __init__(self, app: ASGIApp, *, token: str | None, default_operator: str, sessions: SessionStore) -> None:
+    def __init__(
+        self, app: ASGIApp, *, token: str | None, default_operator: str, sessions: SessionStore
+    ) -> None:
         self.app = app
         self.token = token
         self.default_operator = default_operator

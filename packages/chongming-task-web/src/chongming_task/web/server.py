@@ -60,7 +60,9 @@ def serve(
         proxy_headers=False,  # 不信任 X-Forwarded-*：会话 cookie 的 Secure 只看真实连接
         server_header=False,
     )
-    server = _ConsoleServer(config, console, announce or (lambda line: print(line, file=sys.stderr, flush=True)))
+    server = _ConsoleServer(
+        config, console, announce or (lambda line: print(line, file=sys.stderr, flush=True))
+    )
     server.run()
 
 

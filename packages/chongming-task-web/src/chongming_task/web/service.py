@@ -260,7 +260,11 @@ class ConsoleService:
             "healthy": report.healthy,
             "problems": report.problems(),
             "warnings": report.warnings(),
-            "reconcile": {"lost": brief(dry.lost), "adoptable": brief(dry.adoptable), "skipped": brief(dry.skipped)},
+            "reconcile": {
+                "lost": brief(dry.lost),
+                "adoptable": brief(dry.adoptable),
+                "skipped": brief(dry.skipped),
+            },
         }
 
     def bulk_preview(self, flt: TaskFilter, action: str) -> dict[str, Any]:
@@ -301,7 +305,13 @@ class ConsoleService:
                 f"。注意：持有者的租约已在 {fmt_time(snapshot.lease_until)} 过期，可能没有进程会执行它；"
                 "确认持有进程已经不在后，可在总览页执行 reconcile"
             )
-        return {"task_id": task_id, "action": action, "accepted": True, "confirmed": False, "message": message}
+        return {
+            "task_id": task_id,
+            "action": action,
+            "accepted": True,
+            "confirmed": False,
+            "message": message,
+        }
 
     def bulk_apply(
         self, flt: TaskFilter, action: str, *, operator: str, reason: str | None, expected: int
@@ -321,7 +331,9 @@ class ConsoleService:
         total = 0
         while total < min(expected, MAX_BULK):
             batch = min(BULK_BATCH, min(expected, MAX_BULK) - total)
-            query = replace(page_query(flt, cursor, batch + 1), statuses=flt.query(statuses=applicable).statuses)
+            query = replace(
+                page_query(flt, cursor, batch + 1), statuses=flt.query(statuses=applicable).statuses
+            )
             rows = self.store.query(query)
             if cursor is not None:
                 key = (cursor.created_at, cursor.task_id)
@@ -331,7 +343,9 @@ class ConsoleService:
                 break
             now = self.now()
             for snapshot in rows:
-                self.store.submit_command(snapshot.task_id, CommandAction(action), issuer=issuer, reason=reason)
+                self.store.submit_command(
+                    snapshot.task_id, CommandAction(action), issuer=issuer, reason=reason
+                )
                 self.pending.add(snapshot.task_id, action, issuer, now)
                 issued[snapshot.status.value] += 1
             total += len(rows)
