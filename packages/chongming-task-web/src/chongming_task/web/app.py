@@ -142,6 +142,7 @@ class WebConsole:
             r("/api/stream/task/{task_id:path}", self.stream_task),
             r("/api/tasks/{task_id:path}/{action:str}", self.api_task_action, methods=["POST"]),
             r("/api/tasks/{task_id:path}", self.api_task),
+            r("/favicon.ico", self.favicon),
             r("/healthz", self.healthz),
             r("/metrics", self.metrics),
             Mount("/static", app=StaticFiles(packages=[("chongming_task.web", "static")]), name="static"),
@@ -572,6 +573,9 @@ class WebConsole:
         return self._sse("overview", self.service.overview)
 
     # -- ops ----------------------------------------------------------------------------------------
+
+    async def favicon(self, request: Request) -> Response:
+        return Response(status_code=204)  # 没有图标；免得浏览器每页报一次 404
 
     async def healthz(self, request: Request) -> Response:
         try:

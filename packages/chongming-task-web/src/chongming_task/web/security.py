@@ -44,7 +44,7 @@ SECURITY_HEADERS: list[tuple[bytes, bytes]] = [
 ]
 
 # 不需要会话的路径：静态文件、健康检查、指标（不为它们建会话，免得被刷爆会话表）。
-_SESSIONLESS_PREFIXES = ("/static/", "/healthz", "/metrics")
+_SESSIONLESS_PREFIXES = ("/static/", "/healthz", "/metrics", "/favicon.ico")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
