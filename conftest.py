@@ -59,7 +59,8 @@ def _fail_browser_skip(report: pytest.TestReport | pytest.CollectReport, marked:
     report.longrepr = (
         f"{REQUIRE_BROWSER_ENV}=1：真实浏览器测试不允许跳过，这里按失败处理。\n"
         f"原跳过原因：{reason}\n"
-        "请安装 chromium 与 fonts-noto-cjk（apt-get install -y chromium fonts-noto-cjk）和 playwright（pip）。"
+        "请安装 chromium 与 fonts-noto-cjk（apt-get install -y chromium fonts-noto-cjk），"
+        "再 pip install playwright。"
     )
 
 

@@ -58,7 +58,9 @@ def playwright_api() -> Any:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("需要浏览器驱动：pip install playwright（不要运行 playwright install，用系统的 chromium）")
+        pytest.skip(
+            "需要浏览器驱动：pip install playwright（不要运行 playwright install，用系统的 chromium）"
+        )
     return sync_playwright
 
 

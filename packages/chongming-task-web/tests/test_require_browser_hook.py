@@ -41,7 +41,9 @@ def sample(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest
     return pytester
 
 
-def test_browser_skip_fails_only_when_required(sample: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_browser_skip_fails_only_when_required(
+    sample: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # 不设变量时它就是普通的跳过（默认行为）；设了之后，只有 browser 标记的跳过改判为失败。
     monkeypatch.setenv("CHONGMING_REQUIRE_BROWSER", "1")
     result = sample.runpytest_subprocess("-p", "no:cacheprovider")

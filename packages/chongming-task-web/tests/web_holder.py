@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
@@ -34,17 +35,17 @@ def bulk_spin(ctx: Any) -> None:
 
 def main() -> None:
     store = SqliteTaskStore(sys.argv[1])
-    controller = Controller(store=store, owner="holder-1", side_channel_interval=0.2, command_poll_interval=0.1)
+    controller = Controller(
+        store=store, owner="holder-1", side_channel_interval=0.2, command_poll_interval=0.1
+    )
     controller.register_all(live_counter, bulk_spin)
     controller.submit("live.counter", task_id="live-1", label="实时计数")
     for i in range(3):
         controller.submit("bulk.spin", task_id=f"bulk-{i}", label=f"批量 {i}")
     signal.signal(signal.SIGTERM, lambda *_: controller.close(reason="持有者退出", timeout=5))
     print("ready", flush=True)
-    try:
+    with contextlib.suppress(TimeoutError):
         controller.wait_all(timeout=120)
-    except TimeoutError:
-        pass
     controller.close(reason="持有者退出", timeout=5)
     store.close()
 

@@ -163,7 +163,7 @@ class WebConsole:
             exception_handlers={HttpError: self._http_error, 404: self._not_found},  # type: ignore[dict-item]
         )
         app.add_middleware(
-            SecurityMiddleware,  # type: ignore[arg-type]
+            SecurityMiddleware,
             token=self.settings.token,
             default_operator=self.operator,
             sessions=self.sessions,
@@ -398,8 +398,10 @@ class WebConsole:
                     "action_url": "/overview/reconcile",
                     "fields": {},
                     "summary": [
-                        f"预演：{len(dry['lost'])} 个会被判为结果未知（lost），"
-                        f"{len(dry['adoptable'])} 个需要重新提交，{len(dry['skipped'])} 个会跳过",
+                        (
+                            f"预演：{len(dry['lost'])} 个会被判为结果未知（lost），"
+                            f"{len(dry['adoptable'])} 个需要重新提交，{len(dry['skipped'])} 个会跳过"
+                        ),
                         "只在确认持有进程已经不在之后执行：它会把租约过期的任务如实标记为 lost",
                     ],
                     "reason": None,

@@ -44,7 +44,7 @@ def render(service: ConsoleService, poller: SharedPoller) -> tuple[bytes, str]:
             yield streams
 
     registry = CollectorRegistry()
-    registry.register(StoreCollector())  # type: ignore[arg-type]
+    registry.register(StoreCollector())
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 

@@ -73,9 +73,8 @@ def check_bind(host: str, token: str | None) -> None:
             "请加 --token（或环境变量 CHONGMING_TASK_WEB_TOKEN），或改用 --host 127.0.0.1"
         )
     if token is not None and len(token) < 16:
-        raise InsecureBind(
-            "口令太短：--token 至少 16 个字符（可用 python -c 'import secrets; print(secrets.token_urlsafe())' 生成）"
-        )
+        generate = "python -c 'import secrets; print(secrets.token_urlsafe())'"
+        raise InsecureBind(f"口令太短：--token 至少 16 个字符（可用 {generate} 生成）")
 
 
 def tokens_equal(expected: str, supplied: str | None) -> bool:
@@ -151,7 +150,7 @@ def _cookie(scope: Scope, name: str) -> str | None:
             for part in value.decode("latin-1").split(";"):
                 k, _, v = part.strip().partition("=")
                 if k == name:
-                    return v
+                    return str(v)
     return None
 
 

@@ -59,26 +59,26 @@ def check_reason(value: Any) -> str | None:
         return None
     if not isinstance(value, str):
         raise BadRequest("原因（reason）必须是文本")
-    value = value.strip()
-    if not value:
+    text: str = value.strip()
+    if not text:
         return None
-    if len(value) > MAX_REASON:
+    if len(text) > MAX_REASON:
         raise BadRequest(f"原因（reason）太长：最多 {MAX_REASON} 个字符")
-    if "\x00" in value:
+    if "\x00" in text:
         raise BadRequest("原因（reason）不能包含 NUL 字符")
-    return value
+    return text
 
 
 def check_operator(value: Any) -> str:
     """操作者名字：写进指令的发起者 ``web:<名字>``。只许可见字符，避免日志与历史里出现控制字符。"""
     if not isinstance(value, str) or not value.strip():
         raise BadRequest("操作者名字不能为空：它会以 web:<名字> 写进迁移历史")
-    value = value.strip()
-    if len(value) > MAX_OPERATOR:
+    name: str = value.strip()
+    if len(name) > MAX_OPERATOR:
         raise BadRequest(f"操作者名字太长：最多 {MAX_OPERATOR} 个字符")
-    if any(not ch.isprintable() for ch in value):
+    if any(not ch.isprintable() for ch in name):
         raise BadRequest("操作者名字只能包含可见字符")
-    return value
+    return name
 
 
 def check_action(value: Any) -> str:
