@@ -185,6 +185,8 @@ class WebConsole:
             messages = self.flashes.setdefault(session.session_id, [])
             messages.append(message)
             del messages[:-5]
+            while len(self.flashes) > 10_000:  # 不再回来的会话留下的提示：有上界
+                del self.flashes[next(iter(self.flashes))]
 
     def session(self, request: Request) -> Session:
         session = request.scope.get("session_obj")

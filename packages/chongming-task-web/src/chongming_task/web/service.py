@@ -38,6 +38,7 @@ MAX_BULK = 10_000
 """一次批量操作最多写多少条指令：更多的要再确认一次（一次请求不该无限期地占着一个线程）。"""
 
 BULK_BATCH = 500
+MAX_PENDING = 50_000
 ORPHAN_LIMIT = 100
 
 
@@ -123,7 +124,11 @@ class PendingRequests:
 
     def add(self, task_id: str, action: str, issuer: str, at: datetime) -> None:
         with self._lock:
+            self._items.pop(task_id, None)
             self._items[task_id] = PendingRequest(action, issuer, at)  # 新请求取代旧的
+            # 持有者永远不执行的请求（进程已不在）不会自己解除：只留最新的一批，内存有上界。
+            while len(self._items) > MAX_PENDING:
+                del self._items[next(iter(self._items))]
 
     def view(self, snapshot: TaskSnapshot, now: datetime) -> dict[str, Any] | None:
         with self._lock:
