@@ -26,6 +26,7 @@ MEMBERS = [
     "chongming-task-store-sqlite",
     "chongming-task-store-postgres",
     "chongming-task-cli",
+    "chongming-task-web",
 ]
 ALL = [*MEMBERS, UMBRELLA]
 
@@ -40,6 +41,13 @@ ALLOWED_INTERNAL = {
         "chongming-task-runtime",
         "chongming-task-store-sqlite",
         "chongming-task-store-postgres",
+    },
+    # 网页控制台以 CLI 子命令的形式启动（入口点 chongming_task.cli_commands），所以依赖 cli。
+    "chongming-task-web": {
+        "chongming-task-core",
+        "chongming-task-runtime",
+        "chongming-task-store-sqlite",
+        "chongming-task-cli",
     },
     UMBRELLA: set(MEMBERS),
 }

@@ -41,10 +41,18 @@ DISTRIBUTIONS = [
     "chongming-task-store-sqlite",
     "chongming-task-store-postgres",
     "chongming-task-cli",
+    "chongming-task-web",
     "chongming-task",
 ]
 # 全量 venv 里第三方依赖钉成与开发 venv 相同的版本：结果可复现，也让 pip 命中本机缓存。
 THIRD_PARTY = [
+    "starlette",
+    "uvicorn",
+    "jinja2",
+    "markupsafe",
+    "anyio",
+    "h11",
+    "idna",
     "click",
     "tabulate",
     "wcwidth",
@@ -570,3 +578,30 @@ def test_all_wheels_open_store_postgres(full_venv: Venv, postgres_dsn: str) -> N
     finally:
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_web_wheel_ships_templates_and_static_files(wheels: dict[str, Path]) -> None:
+    """网页控制台没有构建步骤：模板与手写的 JS/CSS 必须原样进 wheel。"""
+    payload = _payload(wheels["chongming-task-web"])
+    for name in ("templates/base.html", "templates/tasks.html", "static/console.js", "static/console.css"):
+        assert f"chongming_task/web/{name}" in payload, name
+
+
+def test_all_wheels_web_subcommand_is_discovered(full_venv: Venv) -> None:
+    """需要：web 的入口点 chongming_task.cli_commands:web 与它的运行期依赖（starlette、uvicorn、jinja2）。"""
+    cli = str(full_venv.script("chongming-task"))
+    proc = _check(_run([cli, "web", "--help"], cwd=full_venv.workdir), "web --help")
+    assert "运维网页控制台" in proc.stdout, proc.stdout
+    _check(
+        full_venv.python_code(
+            """
+            from chongming_task import open_store
+            from chongming_task.web import WebSettings, create_app
+
+            app = create_app(open_store("memory://"), WebSettings(read_only=True))
+            paths = {getattr(route, "path", "") for route in app.routes}
+            assert {"/tasks", "/overview", "/api/tasks", "/healthz", "/static"} <= paths, paths
+            """
+        ),
+        "create_app",
+    )

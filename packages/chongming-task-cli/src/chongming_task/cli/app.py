@@ -8,6 +8,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
 import click
@@ -38,6 +39,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
+PLUGIN_GROUP = "chongming_task.cli_commands"
+"""其他发行包登记子命令的入口点组（名字 → click.Command），例如 chongming-task-web 的 ``web``。"""
+
+# 由可选发行包提供的子命令：没装时给出确切的 pip 命令，而不是一句"没有这个命令"。
+OPTIONAL_COMMANDS = {"web": ("chongming-task-web", "chongming-task[web]")}
+
 
 class ConsoleCommand(click.Command):
     """子命令：帮助选项的说明也用中文。"""
@@ -62,6 +69,36 @@ class ConsoleGroup(click.Group):
         if option is not None:
             option.help = "显示帮助并退出。"
         return option
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *(ep.name for ep in entry_points(group=PLUGIN_GROUP))})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """内置命令优先；其次是入口点登记的插件命令（每次现查，不缓存：装/卸插件不必重启什么）。"""
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        for ep in entry_points(group=PLUGIN_GROUP, name=cmd_name):
+            loaded = ep.load()
+            if isinstance(loaded, click.Command):
+                return loaded
+        if cmd_name in OPTIONAL_COMMANDS:
+            dist, extra = OPTIONAL_COMMANDS[cmd_name]
+
+            def missing() -> None:
+                raise CliError(
+                    f"子命令 {cmd_name} 由发行包 {dist} 提供，但它没有安装。"
+                    f'请运行：pip install {dist}（或 pip install "{extra}"）'
+                )
+
+            # 吞下一切参数：用户写的是 `web --db x`，要看到的是安装提示，而不是"没有这个选项"。
+            return click.Command(
+                cmd_name,
+                callback=missing,
+                add_help_option=False,
+                context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+            )
+        return None
 
     def main(
         self,
