@@ -33,6 +33,7 @@ from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.state_machine import StateMachine
+from chongming_task.core.triggers import TRIGGER_RETRY_DUE, TRIGGER_TIMEOUT_START
 from chongming_task.errors import ConfigurationError, DuplicateTaskId, TaskError
 from chongming_task.models import Failure, FailureKind, Outcome, TaskSnapshot, Transition, normalize_tags
 from chongming_task.pipeline import Pipeline, PipelineRun, submit_pipeline
@@ -49,8 +50,6 @@ from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
 from chongming_task.storage import CommandAction, QueryOrder, TaskQuery, TaskStats, TaskStore, count_buckets
 
 logger = logging.getLogger("chongming_task.controller")
-
-TRIGGER_TIMEOUT_START = "runtime:timeout_start"
 
 # 存储能即时通知新指令（Postgres 的 LISTEN/NOTIFY）时的兜底轮询间隔：通知丢了最多晚这么久。
 NOTIFIED_POLL_INTERVAL = 2.0
@@ -504,7 +503,7 @@ class Controller:
         """重试等待到期：回到 queued，重新排队等额度（不绕过并发上限）。"""
         with run.machine.lock:
             if run.machine.status is TaskStatus.RETRY_WAIT:
-                run.machine.mark_queued(trigger="runtime:retry_due")
+                run.machine.mark_queued(trigger=TRIGGER_RETRY_DUE)
 
     def _start_runs(self, task_ids: list[str]) -> None:
         for task_id in task_ids:

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chongming_task.core.triggers import TRIGGER_DEPENDENCY_FAILED, TRIGGER_RELEASED
 from chongming_task.errors import CircularDependency, ConfigurationError, TaskError
 from chongming_task.models import Failure, FailureKind, Outcome, TaskSnapshot, Transition, validate_task_id
 from chongming_task.policies import AggregationPolicy, JoinMode
@@ -336,7 +337,7 @@ class PipelineRun:
             # 放行那一刻的成功上游值交给任务（TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream）。
             run.upstream.update(child.upstream_values)
             if run.machine.status is S.BLOCKED:
-                run.machine.mark_queued(trigger="pipeline:released")
+                run.machine.mark_queued(trigger=TRIGGER_RELEASED)
 
     def _skip(self, child: _NodeState, reason: str) -> None:
         child.released = True  # 不再参与判定
@@ -344,7 +345,7 @@ class PipelineRun:
         failure = Failure(FailureKind.DEPENDENCY_FAILED, reason, retryable=False)
         with run.machine.lock:
             if run.machine.status is S.BLOCKED:
-                run.machine.mark_skipped(failure=failure, reason=reason, trigger="pipeline:dependency_failed")
+                run.machine.mark_skipped(failure=failure, reason=reason, trigger=TRIGGER_DEPENDENCY_FAILED)
 
     def _cancel_released(self, *, cause: str) -> None:
         reason = f"fail_fast：节点 {cause!r} 失败，取消其余已放行的节点"

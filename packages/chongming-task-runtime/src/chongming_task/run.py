@@ -38,6 +38,14 @@ from typing import Any
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.context import MAX_LOGS, LogEntry
 from chongming_task.core.state_machine import StateMachine
+from chongming_task.core.triggers import (
+    TRIGGER_CANCEL,
+    TRIGGER_CARRIER_EXITED,
+    TRIGGER_PAUSE,
+    TRIGGER_RESUME,
+    TRIGGER_START,
+    TRIGGER_STOP,
+)
 from chongming_task.decorators import task_spec
 from chongming_task.errors import ConfigurationError, InvalidTransition
 from chongming_task.models import (
@@ -64,11 +72,6 @@ from chongming_task.states import TERMINAL_STATUSES, TRANSITIONS, TaskStatus
 
 S = TaskStatus
 logger = logging.getLogger("chongming_task.runtime")
-
-TRIGGER_RESUME = "control:resume"
-TRIGGER_STOP = "control:stop"
-TRIGGER_CARRIER_EXITED = "runtime:carrier_exited"
-TRIGGER_CANCEL = "orchestrator:cancel"
 
 DEFAULT_PAUSE_TIMEOUT = 5.0
 """``pause()`` 等待"任务已在检查点挂起"确认的默认窗口（秒）。"""
@@ -369,7 +372,7 @@ class TaskRun:
                 # 启动前已被停止（终态）、已在排队中暂停（恢复时回到 queued 再启动）、或在等上游（blocked）。
                 if status.is_terminal or status in (S.PAUSED, S.BLOCKED):
                     return self
-                raise InvalidTransition(status, S.STARTING, "runtime:start", TRANSITIONS[status])
+                raise InvalidTransition(status, S.STARTING, TRIGGER_START, TRANSITIONS[status])
             attempt = self._begin_attempt_locked()
         self._launch(attempt)
         return self
@@ -466,7 +469,7 @@ class TaskRun:
                 return True
             if status in (S.QUEUED, S.RETRY_WAIT):
                 self._cancel_retry_locked()
-                machine.mark_paused(trigger="control:pause", actor=actor, reason="未启动的任务直接暂停")
+                machine.mark_paused(trigger=TRIGGER_PAUSE, actor=actor, reason="未启动的任务直接暂停")
                 return True
             attempt = self._attempt
             if status not in (S.RUNNING, S.PAUSING) or attempt is None or attempt.settled:

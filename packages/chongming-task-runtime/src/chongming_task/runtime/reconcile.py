@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 
 from chongming_task.clock import Clock
 from chongming_task.core.state_machine import StateMachine
+from chongming_task.core.triggers import TRIGGER_RECONCILE
 from chongming_task.errors import ConcurrencyConflict
 from chongming_task.models import Failure, FailureKind, TaskSnapshot
 from chongming_task.states import NON_TERMINAL_STATUSES, RESOURCE_HOLDING_STATUSES
 from chongming_task.storage import QueryOrder, TaskQuery, TaskStore
-
-TRIGGER_RECONCILE = "reconcile:lease_expired"
 
 
 @dataclass
