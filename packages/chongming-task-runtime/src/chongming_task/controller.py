@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import heapq
 import itertools
 import logging
 import os
@@ -33,9 +32,8 @@ from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.state_machine import StateMachine
-from chongming_task.core.triggers import TRIGGER_RETRY_DUE, TRIGGER_TIMEOUT_START
 from chongming_task.errors import ConfigurationError, DuplicateTaskId, TaskError
-from chongming_task.models import Failure, FailureKind, Outcome, TaskSnapshot, Transition, normalize_tags
+from chongming_task.models import Outcome, TaskSnapshot, Transition, normalize_tags
 from chongming_task.pipeline import Pipeline, PipelineRun, submit_pipeline
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ConcurrencyPolicy, RetryPolicy, Timeout
 from chongming_task.run import TaskRun
@@ -194,7 +192,6 @@ class Controller:
         self._reserved_ids: set[str] = set()
         self._unfinished: set[str] = set()
         self._terminal_order: list[str] = []
-        self._start_deadlines: list[tuple[float, str]] = []
         self._closed = False
         self._wake = threading.Event()
         self._stop_loop = threading.Event()
@@ -494,16 +491,12 @@ class Controller:
         self._scheduler.enqueue(
             snapshot.task_id, priority=snapshot.priority, bucket=snapshot.bucket, tags=snapshot.tags
         )
-        start_timeout = run.timeout.start if run.timeout is not None else None
-        if start_timeout is not None and snapshot.attempt == 0:
-            heapq.heappush(self._start_deadlines, (self.clock.monotonic() + start_timeout, snapshot.task_id))
-            self._wake.set()
+        run.watch_start_timeout()
 
-    def _requeue(self, run: TaskRun) -> None:
+    @staticmethod
+    def _requeue(run: TaskRun) -> None:
         """重试等待到期：回到 queued，重新排队等额度（不绕过并发上限）。"""
-        with run.machine.lock:
-            if run.machine.status is TaskStatus.RETRY_WAIT:
-                run.machine.mark_queued(trigger=TRIGGER_RETRY_DUE)
+        run.retry_due()
 
     def _start_runs(self, task_ids: list[str]) -> None:
         for task_id in task_ids:
@@ -577,9 +570,6 @@ class Controller:
             deadlines = [next_side, next_lease] if self._write is not None else []
             if self._polling:
                 deadlines.append(next_poll)
-            with self._lock:
-                if self._start_deadlines:
-                    deadlines.append(self._start_deadlines[0][0])
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
             self.clock.wait(self._wake, timeout)
             self._wake.clear()
@@ -590,7 +580,6 @@ class Controller:
                 self._dispatch()
                 self._trim_finished()
                 now = self.clock.monotonic()
-                self._expire_start_timeouts(now)
                 if self._write is not None:
                     if now >= next_lease:
                         self._flush_side_channel(renew_lease=True)
@@ -638,27 +627,6 @@ class Controller:
             to_start = self._scheduler.take_runnable()
         if to_start:
             self._start_runs(to_start)
-
-    def _expire_start_timeouts(self, now: float) -> None:
-        expired: list[TaskRun] = []
-        with self._lock:
-            while self._start_deadlines and self._start_deadlines[0][0] <= now:
-                _, task_id = heapq.heappop(self._start_deadlines)
-                run = self._runs.get(task_id)
-                if run is not None and self._scheduler.is_queued(task_id):
-                    expired.append(run)
-        for run in expired:
-            limit = run.timeout.start if run.timeout is not None else None
-            failure = Failure(
-                FailureKind.TIMEOUT_START,
-                f"提交后 {limit} 秒内没有拿到执行槽（start 超时）",
-                retryable=True,
-            )
-            with run.machine.lock:
-                if run.machine.status is TaskStatus.QUEUED and run.machine.snapshot.attempt == 0:
-                    run.machine.mark_stopped(
-                        failure=failure, trigger=TRIGGER_TIMEOUT_START, reason="start 超时"
-                    )
 
     def _flush_side_channel(self, *, renew_lease: bool) -> None:
         assert self._write is not None

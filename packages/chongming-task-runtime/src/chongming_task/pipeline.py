@@ -31,9 +31,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from chongming_task.core.triggers import TRIGGER_DEPENDENCY_FAILED, TRIGGER_RELEASED
 from chongming_task.errors import CircularDependency, ConfigurationError, TaskError
-from chongming_task.models import Failure, FailureKind, Outcome, TaskSnapshot, Transition, validate_task_id
+from chongming_task.models import Outcome, TaskSnapshot, Transition, validate_task_id
 from chongming_task.policies import AggregationPolicy, JoinMode
 from chongming_task.states import TaskStatus
 
@@ -332,20 +331,12 @@ class PipelineRun:
 
     def _release(self, child: _NodeState) -> None:
         child.released = True
-        run = self._runs[child.spec.node_id]
-        with run.machine.lock:
-            # 放行那一刻的成功上游值交给任务（TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream）。
-            run.upstream.update(child.upstream_values)
-            if run.machine.status is S.BLOCKED:
-                run.machine.mark_queued(trigger=TRIGGER_RELEASED)
+        # 放行那一刻的成功上游值交给任务（TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream）。
+        self._runs[child.spec.node_id].release(child.upstream_values)
 
     def _skip(self, child: _NodeState, reason: str) -> None:
         child.released = True  # 不再参与判定
-        run = self._runs[child.spec.node_id]
-        failure = Failure(FailureKind.DEPENDENCY_FAILED, reason, retryable=False)
-        with run.machine.lock:
-            if run.machine.status is S.BLOCKED:
-                run.machine.mark_skipped(failure=failure, reason=reason, trigger=TRIGGER_DEPENDENCY_FAILED)
+        self._runs[child.spec.node_id].mark_dependency_failed(reason)
 
     def _cancel_released(self, *, cause: str) -> None:
         reason = f"fail_fast：节点 {cause!r} 失败，取消其余已放行的节点"

@@ -41,10 +41,15 @@ from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.triggers import (
     TRIGGER_CANCEL,
     TRIGGER_CARRIER_EXITED,
+    TRIGGER_DEPENDENCY_FAILED,
     TRIGGER_PAUSE,
+    TRIGGER_RECONCILE,
+    TRIGGER_RELEASED,
     TRIGGER_RESUME,
+    TRIGGER_RETRY_DUE,
     TRIGGER_START,
     TRIGGER_STOP,
+    TRIGGER_TIMEOUT_START,
 )
 from chongming_task.decorators import task_spec
 from chongming_task.errors import ConfigurationError, InvalidTransition
@@ -270,6 +275,7 @@ class TaskRun:
         self._retry_timer: Timer | None = None
         self._retry_deadline: float | None = None
         self._retry_wake: threading.Event | None = None  # 只有 InlineExecutor 的重试等待用得到
+        self._start_timer: Timer | None = None  # start 超时的排队那一段（见 watch_start_timeout）
         machine.add_listener(self._on_transition)
         if machine.snapshot.is_terminal:
             self._is_done = True
@@ -528,10 +534,76 @@ class TaskRun:
             self._launch(relaunch)
         return True
 
+    # -- lifecycle operations asked for by the controller / pipeline ---------------------------------
+    #
+    # 控制器与管道不自己调状态机、不自己挑 trigger：它们说出"要什么"（放行、依赖失败、重试到期、
+    # start 超时），迁移连同它的守卫与触发源都在这里，和 TaskRun 自己的迁移放在一起。
+
+    def release(self, upstream: Mapping[str, Any] | None = None) -> bool:
+        """管道放行（blocked → queued）。``upstream`` 是放行那一刻的成功上游值，交给任务
+        （TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream）。返回是否真的放行了。"""
+        with self._lock:
+            if upstream:
+                self.upstream.update(upstream)
+            if self.machine.status is not S.BLOCKED:
+                return False  # 等上游期间已被停止：以停止为准
+            self.machine.mark_queued(trigger=TRIGGER_RELEASED)
+            return True
+
+    def mark_dependency_failed(self, reason: str) -> bool:
+        """上游失败、按汇合规则不再执行（blocked → skipped，失败类型 dependency_failed，不可重试）。"""
+        with self._lock:
+            if self.machine.status is not S.BLOCKED:
+                return False
+            failure = Failure(FailureKind.DEPENDENCY_FAILED, reason, retryable=False)
+            self.machine.mark_skipped(failure=failure, reason=reason, trigger=TRIGGER_DEPENDENCY_FAILED)
+            return True
+
+    def retry_due(self) -> bool:
+        """重试等待到期，回到 queued 重新排队等额度（控制器的 ``on_requeue`` 用它，不绕过并发上限）。"""
+        with self._lock:
+            if self.machine.status is not S.RETRY_WAIT:
+                return False
+            self.machine.mark_queued(trigger=TRIGGER_RETRY_DUE)
+            return True
+
+    def watch_start_timeout(self) -> None:
+        """从现在（提交入队）起计 start 超时的排队那一段：到点仍在排队、一次都没开始就落 stopped。
+
+        start 超时从提交算起、覆盖"排队等额度"与"派发后迟迟没真正开始"两段。派发之后的那段在
+        ``_begin_attempt_locked`` 里按剩余时长登记；排队那一段只有带调度器的调用方（控制器）才有，
+        由它在入队时调这里。两段与 per_attempt / idle 一样登记在看门狗上。
+        """
+        limit = self.timeout.start
+        if limit is None:
+            return
+        with self._lock:
+            if self.machine.status is not S.QUEUED or self.machine.snapshot.attempt != 0:
+                return
+            if self._start_timer is not None:
+                self._start_timer.cancel()
+            self._start_timer = self._watchdog.schedule(limit, self._start_timed_out)
+
+    def _start_timed_out(self) -> None:
+        with self._lock:
+            self._start_timer = None
+            machine = self.machine
+            if machine.status is not S.QUEUED or machine.snapshot.attempt != 0:
+                return
+            failure = Failure(
+                FailureKind.TIMEOUT_START,
+                f"提交后 {self.timeout.start} 秒内没有拿到执行槽（start 超时）",
+                retryable=True,
+            )
+            machine.mark_stopped(failure=failure, trigger=TRIGGER_TIMEOUT_START, reason="start 超时")
+
     # -- attempts -----------------------------------------------------------------------------------
 
     def _begin_attempt_locked(self) -> _Attempt:
         machine = self.machine
+        if self._start_timer is not None:  # 拿到了执行槽：排队那一段的 start 超时作废，剩余部分下面另计
+            self._start_timer.cancel()
+            self._start_timer = None
         snapshot = machine.mark_starting(executor=self.executor.name)
         attempt = _Attempt(snapshot.attempt)
         spec = AttemptSpec(
@@ -551,7 +623,7 @@ class TaskRun:
         attempt.handle = self.executor.prepare(spec, _Events(self, attempt))
         start_limit = self.timeout.start
         if start_limit is not None and snapshot.attempt == 1:
-            # start 超时从提交（入队）算起；排队那一段由控制器负责判定，这里只计剩下的部分。
+            # start 超时从提交（入队）算起；排队那一段由 watch_start_timeout 判定，这里只计剩下的部分。
             queued_at = snapshot.queued_at or snapshot.started_at
             waited = (
                 (snapshot.started_at - queued_at).total_seconds()
@@ -856,6 +928,9 @@ class TaskRun:
 
     def _on_transition(self, snapshot: TaskSnapshot, record: Transition) -> None:
         if record.to_status in TERMINAL_STATUSES:
+            if self._start_timer is not None:
+                self._start_timer.cancel()
+                self._start_timer = None
             if self._retry_timer is not None:
                 self._retry_timer.cancel()
                 self._retry_timer = None
@@ -869,6 +944,30 @@ class TaskRun:
             self._is_done = False
             if self._done_event is not None:
                 self._done_event.clear()
+
+
+def lost_failure(snapshot: TaskSnapshot) -> Failure:
+    owner = snapshot.lease_owner or "（未知）"
+    until = snapshot.lease_until.isoformat(timespec="seconds") if snapshot.lease_until else "（从未续租）"
+    return Failure(
+        FailureKind.LOST,
+        f"监督者 {owner} 的租约已过期（lease_until={until}）：载体随进程消失，结果未知；"
+        "副作用可能已部分发生，请核对后决定是否重新提交",
+        retryable=True,
+    )
+
+
+def mark_lease_expired(snapshot: TaskSnapshot, *, clock: Clock, actor: str) -> StateMachine:
+    """reconcile 的那一次写：租约过期、占着执行资源的任务判为 lost（``reconcile:lease_expired``）。
+
+    被判定的任务不在本进程里（没有 TaskRun），所以从存储交回的快照临时重建一台状态机；返回它，
+    调用方拿 ``machine.snapshot`` / ``machine.transitions`` 带版本条件写回存储。
+    """
+    machine = StateMachine(snapshot, (), clock=clock)
+    machine.mark_lost(
+        failure=lost_failure(snapshot), trigger=TRIGGER_RECONCILE, actor=actor, reason="租约过期，载体已消失"
+    )
+    return machine
 
 
 def run_task(
