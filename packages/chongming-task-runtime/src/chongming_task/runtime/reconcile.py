@@ -22,7 +22,7 @@ from chongming_task.clock import Clock
 from chongming_task.core.triggers import TRIGGER_RECONCILE
 from chongming_task.errors import ConcurrencyConflict
 from chongming_task.models import TaskSnapshot
-from chongming_task.run import lost_failure, mark_lease_expired
+from chongming_task.runtime.taskrun import lost_failure, mark_lease_expired
 from chongming_task.states import NON_TERMINAL_STATUSES, RESOURCE_HOLDING_STATUSES
 from chongming_task.storage import QueryOrder, TaskQuery, TaskStore
 
