@@ -11,8 +11,12 @@
   刚从就绪队列取出的任务。锁的规矩只有两条：控制器锁内从不拿任务锁（控制器锁是叶子锁）；持有任务锁
   时只会去拿"刚从就绪队列取出、尚未启动"的任务的锁——而持有那种任务锁的线程（停止/暂停一个排队任务）
   不会再去拿别的任务锁，所以不会成环。需要碰别的任务的后续工作（管道放行、连坐取消）交给后台循环。
-* 有 store 时：写穿每次迁移，查询走存储（能看到别的进程的任务），对不属于本进程的任务把
-  控制动作写成指令，由持有者轮询取走执行。
+* 控制器 = 本地调度 + 一个存储链接（``runtime/store_link.py``）。只在有 store 时才存在的一切——写穿每次
+  迁移、续租、旁路回写、认领指令、节点登记、对不属于本进程的任务写指令、查询别的进程的任务、
+  reconcile、check_cluster——都在 ``StoreLink`` 里；没有 store 时是 ``LocalLink``（空对象），所以这里
+  没有"有没有存储"的分支。链接只有自己的叶子锁，它的方法都在控制器锁之外调用（``forget`` 除外，
+  它只拿写穿自己的叶子锁）。
+* 管道只通过 ``PipelineHost`` 协议（解析名字、提交节点、交后续工作）用到控制器。
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
@@ -35,22 +39,20 @@ from chongming_task.core.state_machine import StateMachine
 from chongming_task.errors import ConfigurationError, DuplicateTaskId, TaskError
 from chongming_task.models import Outcome, TaskSnapshot, Transition, normalize_tags
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ConcurrencyPolicy, RetryPolicy, Timeout
-from chongming_task.runtime.cluster import DEFAULT_ORPHAN_LIMIT, ClusterReport, check_cluster, node_record
-from chongming_task.runtime.commands import poll_commands, remote_payload
-from chongming_task.runtime.persistence import PersistFailure, WriteThrough
+from chongming_task.runtime.cluster import DEFAULT_ORPHAN_LIMIT, ClusterReport
+from chongming_task.runtime.commands import remote_payload
+from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
-from chongming_task.runtime.reconcile import ReconcileReport, reconcile_store
+from chongming_task.runtime.reconcile import ReconcileReport
 from chongming_task.runtime.registry import TaskDefinition, TaskRegistry
 from chongming_task.runtime.scheduler import SlotScheduler
+from chongming_task.runtime.store_link import NOTIFIED_POLL_INTERVAL, LocalLink, StoreLink
 from chongming_task.runtime.table import render_table
 from chongming_task.runtime.taskrun import TaskRun
 from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
-from chongming_task.storage import CommandAction, QueryOrder, TaskQuery, TaskStats, TaskStore, count_buckets
+from chongming_task.storage import CommandAction, QueryOrder, TaskQuery, TaskStats, TaskStore
 
 logger = logging.getLogger("chongming_task.controller")
-
-# 存储能即时通知新指令（Postgres 的 LISTEN/NOTIFY）时的兜底轮询间隔：通知丢了最多晚这么久。
-NOTIFIED_POLL_INTERVAL = 2.0
 
 # submit() 自己用的关键字；其余关键字参数原样交给任务。
 SUBMIT_KEYWORDS = ("task_id", "label", "tags", "priority", "bucket_key")
@@ -168,13 +170,9 @@ class Controller:
             )
         self.owner = owner or default_owner()
         self.clock: Clock = clock or SYSTEM_CLOCK
-        self.store = store
-        self.lease_ttl = float(lease_ttl)
         self.graceful_stop = float(graceful_stop)
         self.artifact_dir = Path(artifact_dir) if artifact_dir is not None else None
         self.executor = executor
-        self.command_poll_interval = float(command_poll_interval)
-        self.side_channel_interval = float(side_channel_interval)
         # 常驻节点的内存上限：已落地任务的句柄只留最新这么多个（有存储时旧的仍可经 get()/list_tasks 查到）。
         # 不设时一直留着，直到调用 prune()——长期运行的进程里，句柄越积越多，循环 GC 也越来越慢。
         self.keep_finished = keep_finished
@@ -195,24 +193,36 @@ class Controller:
         self._closed = False
         self._wake = threading.Event()
         self._stop_loop = threading.Event()
-        self._polling = False
-        self._poll_now = threading.Event()
-        self._unlisten: Callable[[], None] | None = None
         # 监听器在任务锁内运行，不能回调别的任务；需要碰别的任务的后续工作（管道放行/连坐）放到这里，
         # 由后台循环在任何锁之外按顺序执行。
         self._deferred: collections.deque[Callable[[], None]] = collections.deque()
-        self._write: WriteThrough | None = (
-            WriteThrough(store, owner=self.owner, lease_ttl=self.lease_ttl, clock=self.clock)
-            if store is not None
-            else None
+        self._link: LocalLink = (
+            LocalLink()
+            if store is None
+            else StoreLink(
+                store,
+                owner=self.owner,
+                owned_buckets=self.owned_buckets,
+                bucket_policy=self.bucket_policy,
+                clock=self.clock,
+                lease_ttl=float(lease_ttl),
+                command_poll_interval=float(command_poll_interval),
+                side_channel_interval=float(side_channel_interval),
+                wake=self._wake,
+                live_ids=self._live_ids,
+                side_snapshots=self._side_snapshots,
+                local_run=self._runs.get,
+            )
         )
         self._loop = threading.Thread(
             target=self._background_loop, name=f"chongming-controller[{self.owner}]", daemon=True
         )
         self._loop.start()
-        if self.owned_buckets is not None and store is not None:
-            # 声明了归属的节点从构造起就轮询指令：否则别人停一个排队中的任务，要等本节点第一次提交才被取走。
-            self._enable_polling()
+
+    @property
+    def store(self) -> TaskStore | None:
+        """构造时给的存储（没有时为 None）。"""
+        return self._link.store
 
     # -- buckets ------------------------------------------------------------------------------------
 
@@ -387,13 +397,7 @@ class Controller:
                 )
             self._reserved_ids.add(task_id)  # 先占住 id，落库（可能较慢）在锁外做
         try:
-            if self._write is not None:
-                try:
-                    self._write.create(machine)
-                except DuplicateTaskId:
-                    raise DuplicateTaskId(
-                        f"task_id {task_id!r} 已存在于存储中；停止过的任务想再跑，请换一个 task_id 提交"
-                    ) from None
+            self._link.create(machine)
         finally:
             with self._lock:
                 self._reserved_ids.discard(task_id)
@@ -406,74 +410,18 @@ class Controller:
                 self._unfinished.add(task_id)
                 if not blocked:
                     self._enqueue_locked(run)
-            enable_polling = self.store is not None and not self._polling and not closed_meanwhile
             to_start = self._scheduler.take_runnable()
         if closed_meanwhile:
             # 落库期间控制器被关闭：任务已写进存储，如实落 stopped（写穿），而不是留一个没人管的排队任务。
             run.stop(reason="控制器已关闭，任务未执行")
             raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
-        if enable_polling:
-            self._enable_polling()
+        self._link.start_polling()  # 提交过任务的节点才认领指令、登记节点（幂等）
         self._start_runs(to_start)
         return run
 
-    def _enable_polling(self) -> None:
-        """开始认领指令。存储若支持即时通知（Postgres 的 LISTEN/NOTIFY），指令一提交就来取；
-        轮询始终保留为兜底（通知丢了最多多等一个轮询间隔）。"""
-        with self._lock:
-            if self._polling:
-                return
-            self._polling = True
-        self._publish_node()
-        listen = getattr(self.store, "listen", None)
-        if callable(listen):
-            try:
-                self._unlisten = listen(self._on_command_notice)
-            except TaskError as exc:
-                logger.warning("无法订阅指令通知，改为纯轮询：%s", exc)
-        self._wake.set()
-
-    def _publish_node(self) -> None:
-        """在存储里登记本节点负责的桶（带心跳与过期时间），供 check_cluster / doctor 发现重复与空洞。
-
-        只有持有任务的控制器才登记（与认领指令同一条件）：纯查询的控制台登记了，会被当成一个
-        不限定桶的节点，掩盖"没有活节点"这类真问题。
-        """
-        if self.store is None or self._write is None:
-            return
-        record = node_record(
-            self.owner,
-            self.owned_buckets,
-            num_buckets=self.bucket_policy.num_buckets,
-            ttl=self.lease_ttl,
-            clock=self.clock,
-            info={"hostname": socket.gethostname(), "pid": os.getpid()},
-        )
-        try:
-            self.store.publish_node(record)
-        except TaskError as exc:
-            self._write.record(self.owner, "publish_node", exc)
-
     def check_cluster(self, *, orphan_limit: int = DEFAULT_ORPHAN_LIMIT) -> ClusterReport:
         """运维体检：各节点登记的桶有没有重复、空洞，有没有落在无人负责的桶里（或失去监督者）的任务。"""
-        if self.store is None:
-            raise ConfigurationError("check_cluster() 需要共享存储：请用 Controller(store=...) 构造")
-        return check_cluster(
-            self.store,
-            num_buckets=self.bucket_policy.num_buckets,
-            clock=self.clock,
-            orphan_limit=orphan_limit,
-        )
-
-    def _effective_poll_interval(self) -> float:
-        """订阅了即时通知时，轮询只是兜底（通知丢了才用得上），不必每 0.1 秒扫一遍指令表。"""
-        if self._unlisten is not None:
-            return max(self.command_poll_interval, NOTIFIED_POLL_INTERVAL)
-        return self.command_poll_interval
-
-    def _on_command_notice(self, notice: object) -> None:
-        self._poll_now.set()
-        self._wake.set()
+        return self._link.check_cluster(orphan_limit=orphan_limit)
 
     def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun:
         """提交一条 DAG 管道。
@@ -519,8 +467,7 @@ class Controller:
         return _TransitionListener(self, machine)
 
     def _on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
-        if self._write is not None:
-            self._write.on_transition(machine, snapshot, record)
+        self._link.on_transition(machine, snapshot, record)
         task_id = snapshot.task_id
         target = record.to_status
         with self._lock:
@@ -560,17 +507,11 @@ class Controller:
     # -- background loop ----------------------------------------------------------------------------
 
     def _background_loop(self) -> None:
-        next_side = self.clock.monotonic() + self.side_channel_interval
-        next_lease = self.clock.monotonic() + self.lease_ttl / 3
-        next_poll = self.clock.monotonic()
+        link = self._link
         while not self._stop_loop.is_set():
-            now = self.clock.monotonic()
-            # 没有存储时不回写旁路字段、不续租：只等唤醒、启动超时与指令轮询（否则这两个期限到点后
-            # 不再推进，循环会空转）。
-            deadlines = [next_side, next_lease] if self._write is not None else []
-            if self._polling:
-                deadlines.append(next_poll)
-            timeout = max(0.0, min(deadlines) - now) if deadlines else None
+            # 本地只等唤醒；有存储时还要等续租、旁路回写与指令轮询的期限（由链接给出）。
+            deadline = link.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - self.clock.monotonic())
             self.clock.wait(self._wake, timeout)
             self._wake.clear()
             if self._stop_loop.is_set():
@@ -579,23 +520,7 @@ class Controller:
                 self._run_deferred()
                 self._dispatch()
                 self._trim_finished()
-                now = self.clock.monotonic()
-                if self._write is not None:
-                    if now >= next_lease:
-                        self._flush_side_channel(renew_lease=True)
-                        if self._polling:
-                            self._publish_node()
-                        next_lease = now + self.lease_ttl / 3
-                        next_side = now + self.side_channel_interval
-                    elif now >= next_side:
-                        self._flush_side_channel(renew_lease=False)
-                        next_side = now + self.side_channel_interval
-                    if self._write.behind_count:
-                        self._write.catch_up()
-                if self._polling and self.store is not None and (now >= next_poll or self._poll_now.is_set()):
-                    self._poll_now.clear()
-                    self._poll_commands()
-                    next_poll = self.clock.monotonic() + self._effective_poll_interval()
+                link.tick(self.clock.monotonic())
             except Exception:  # 后台循环不能死：记下来，下一轮继续
                 logger.exception("控制器后台循环出错")
                 time.sleep(0.05)
@@ -628,31 +553,18 @@ class Controller:
         if to_start:
             self._start_runs(to_start)
 
-    def _flush_side_channel(self, *, renew_lease: bool) -> None:
-        assert self._write is not None
+    def _side_snapshots(self, renew_lease: bool) -> list[TaskSnapshot]:
+        """旁路回写要看的快照（给存储链接用）。"""
         with self._lock:
             # 续租要覆盖全部在管任务（排队的也归本节点管）；进度与心跳只可能在占着执行槽的任务上变化，
             # 平时只看它们——积压上万个排队任务时，不必每秒把它们全扫一遍。
             task_ids = self._unfinished if renew_lease else self._scheduler.active_ids()
             runs = [self._runs[task_id] for task_id in task_ids if task_id in self._runs]
-        snapshots = [run.snapshot for run in runs]
-        self._write.flush_side_channel(snapshots, renew_lease=renew_lease)
+        return [run.snapshot for run in runs]  # 在控制器锁外读：读快照可能要碰任务锁
 
-    def _poll_commands(self) -> None:
-        assert self.store is not None
+    def _live_ids(self) -> list[str]:
         with self._lock:
-            live = list(self._unfinished)
-        partitioned = not self.owns_all_buckets
-        if not partitioned and not live:
-            return
-        poll_commands(
-            self.store,
-            self.owner,
-            lease=max(self.lease_ttl, 1.0),
-            task_ids=None if partitioned else live,
-            buckets=self.owned_buckets if partitioned else None,
-            local_run=self._runs.get,
-        )
+            return list(self._unfinished)
 
     # -- queries ------------------------------------------------------------------------------------
 
@@ -661,9 +573,7 @@ class Controller:
         run = self._runs.get(task_id)
         if run is not None:
             return run.snapshot
-        if self.store is not None:
-            return self.store.get(task_id)
-        return None
+        return self._link.get(task_id)
 
     def list_tasks(
         self,
@@ -690,11 +600,7 @@ class Controller:
             pipeline_id=pipeline_id,
             order=QueryOrder(order),
         )
-        if self.store is None:
-            return query.apply(self._local_snapshots())
-        results = self.store.query(query)
-        # 本进程持有的任务用内存里的最新快照（进度等旁路字段按节奏回写，存储里可能稍旧）。
-        return [self._runs[s.task_id].snapshot if s.task_id in self._runs else s for s in results]
+        return self._link.query(query, self._local_snapshots)
 
     def _local_snapshots(self) -> list[TaskSnapshot]:
         with self._lock:
@@ -703,15 +609,11 @@ class Controller:
 
     def stats(self) -> TaskStats:
         """各状态计数；``.unfinished`` 是非终态数量（含排队与暂停）。"""
-        if self.store is not None:
-            return self.store.stats()
-        return TaskStats.of(self._local_snapshots())
+        return self._link.stats(self._local_snapshots)
 
     def bucket_counts(self) -> dict[int, int]:
         """每桶任务数，用于决定把桶分给谁。"""
-        if self.store is not None:
-            return self.store.bucket_counts()
-        return count_buckets(self._local_snapshots())
+        return self._link.bucket_counts(self._local_snapshots)
 
     def runs(self) -> list[TaskRun]:
         with self._lock:
@@ -731,22 +633,9 @@ class Controller:
     @property
     def persist_failures(self) -> list[PersistFailure]:
         """最近的写存储失败（最多 20 条，保留最新的）。"""
-        return self._write.snapshot_failures() if self._write is not None else []
+        return self._link.persist_failures()
 
     # -- control ------------------------------------------------------------------------------------
-
-    def _remote_command(
-        self, task_id: str, action: CommandAction, reason: str | None, payload: Mapping[str, Any]
-    ) -> bool:
-        if self.store is None:
-            return False
-        snapshot = self.store.get(task_id)
-        if snapshot is None:
-            return False
-        if snapshot.is_terminal:
-            return True  # 找到了，但已落终态：没有可执行的动作，不写一条永远没人执行的指令
-        self.store.submit_command(task_id, action, issuer=self.owner, reason=reason, payload=payload)
-        return True
 
     def stop(self, task_id: str, *, reason: str | None = None) -> bool:
         """请求停止，不阻塞。返回是否找到该任务（跨进程时表示"请求已受理"）。"""
@@ -754,21 +643,21 @@ class Controller:
         if run is not None:
             run.stop(reason=reason)
             return True
-        return self._remote_command(task_id, CommandAction.STOP, reason, {})
+        return self._link.remote_command(task_id, CommandAction.STOP, reason, {})
 
     def pause(self, task_id: str, *, timeout: float | None = None) -> bool:
         """请求暂停并等待确认。True = 已确认挂起；False = 没生效（状态已回滚）或跨进程未确认。"""
         run = self._runs.get(task_id)
         if run is not None:
             return bool(run.pause(timeout=timeout))
-        self._remote_command(task_id, CommandAction.PAUSE, None, remote_payload(timeout))
+        self._link.remote_command(task_id, CommandAction.PAUSE, None, remote_payload(timeout))
         return False  # 跨进程没有回执通道：如实报"未确认"，请轮询 get()
 
     def resume(self, task_id: str) -> bool:
         run = self._runs.get(task_id)
         if run is not None:
             return bool(run.resume())
-        return self._remote_command(task_id, CommandAction.RESUME, None, {})
+        return self._link.remote_command(task_id, CommandAction.RESUME, None, {})
 
     def stop_all(self, *, reason: str | None = None) -> int:
         """对本进程持有的全部未终结任务发出停止请求；返回本轮**发出**的请求数（不是"已停止"数）。"""
@@ -785,16 +674,7 @@ class Controller:
         if run is not None:
             outcome: Outcome = run.wait(timeout=timeout)
             return outcome
-        if self.store is None or self.store.get(task_id) is None:
-            raise ConfigurationError(f"找不到任务 {task_id!r}")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            snapshot = self.store.get(task_id)
-            if snapshot is not None and snapshot.is_terminal:
-                return Outcome.from_snapshot(snapshot)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"等待任务 {task_id!r} 超时（{timeout} 秒）；任务状态未改变")
-            time.sleep(0.05)
+        return self._link.wait_remote(task_id, timeout)
 
     def wait_all(self, *, timeout: float | None = None) -> list[Outcome]:
         """等本进程持有的全部任务落终态；超时抛 TimeoutError（任务状态不变）。
@@ -817,10 +697,7 @@ class Controller:
         """丢弃最旧的终态记录，只保留最新 keep_terminal 个（内存里的句柄；有 store 时也清存储）。"""
         if isinstance(keep_terminal, bool) or not isinstance(keep_terminal, int) or keep_terminal < 0:
             raise ConfigurationError(f"keep_terminal 必须是非负整数，收到 {keep_terminal!r}")
-        removed = self._forget_finished(keep_terminal)
-        if self.store is not None:
-            removed = max(removed, self.store.prune(keep_terminal))
-        return removed
+        return max(self._forget_finished(keep_terminal), self._link.prune(keep_terminal))
 
     def _forget_finished(self, keep: int) -> int:
         """只从内存里丢掉最旧的已落地任务句柄（存储不动）。返回丢掉的个数。"""
@@ -830,26 +707,12 @@ class Controller:
             self._terminal_order = self._terminal_order[len(dropped) :]
             for task_id in dropped:
                 self._runs.pop(task_id, None)
-                if self._write is not None:
-                    self._write.forget(task_id)
+                self._link.forget(task_id)
         return len(dropped)
 
     def reconcile(self, *, dry_run: bool = False) -> ReconcileReport:
         """把租约过期、失去监督者的任务如实标记（见 runtime/reconcile.py 的规则表）。只看本节点的桶。"""
-        if self.store is None:
-            raise ConfigurationError(
-                "reconcile() 需要持久化存储：请用 Controller(store=SqliteTaskStore(...)) 构造"
-            )
-        with self._lock:
-            live = set(self._unfinished)
-        return reconcile_store(
-            self.store,
-            clock=self.clock,
-            actor=self.owner,
-            buckets=None if self.owns_all_buckets else self.owned_buckets,
-            live_task_ids=live,
-            dry_run=dry_run,
-        )
+        return self._link.reconcile(live_ids=set(self._live_ids()), dry_run=dry_run)
 
     def close(
         self, *, reason: str = "控制器关闭", timeout: float | None = None, close_store: bool = False
@@ -867,23 +730,14 @@ class Controller:
             wait_for = timeout if timeout is not None else self.graceful_stop + 2.0
             with contextlib.suppress(TimeoutError):
                 self.wait_all(timeout=wait_for)
-            if self._unlisten is not None:
-                with contextlib.suppress(Exception):
-                    self._unlisten()
+            self._link.stop_listening()
             self._stop_loop.set()
             self._wake.set()
             if self._loop is not threading.current_thread():
                 self._loop.join(timeout=5.0)
-            if self._write is not None:
-                self._write.catch_up()
-                self._flush_side_channel(renew_lease=False)
-                if self._polling and self.store is not None:
-                    try:
-                        self.store.remove_node(self.owner)  # 正常下线：不等过期，立刻让出登记的桶
-                    except TaskError as exc:
-                        self._write.record(self.owner, "remove_node", exc)
-        if close_store and self.store is not None:
-            self.store.close()
+            self._link.shutdown()
+        if close_store:
+            self._link.close_store()
 
     @property
     def closed(self) -> bool:
@@ -901,4 +755,4 @@ class Controller:
         return f"Controller(owner={self.owner!r}, max_parallel={self.max_parallel}, tasks={len(self._runs)})"
 
 
-__all__ = ["SUBMIT_KEYWORDS", "Controller", "default_owner", "render_table"]
+__all__ = ["NOTIFIED_POLL_INTERVAL", "SUBMIT_KEYWORDS", "Controller", "default_owner", "render_table"]
