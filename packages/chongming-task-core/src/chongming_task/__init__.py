@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from chongming_task.clock import Clock, SystemClock
 from chongming_task.core.state_machine import StateMachine
+from chongming_task.core.version import __version__ as __version__
 from chongming_task.errors import (
     AttemptsExhausted,
     CircularDependency,
@@ -54,8 +55,6 @@ from chongming_task.storage import (
     TaskStore,
 )
 from chongming_task.store_registry import open_store
-
-__version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from chongming_task.context import RuntimeContext, TaskContext

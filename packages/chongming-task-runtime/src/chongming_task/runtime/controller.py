@@ -29,7 +29,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
@@ -430,9 +430,40 @@ class Controller:
         """
         return submit_pipeline(self, pipeline)
 
-    def _registry_resolve(self, name: str) -> TaskDefinition:
+    # -- PipelineHost（管道只经这三个方法用到控制器）--------------------------------------------------
+
+    def resolve_task(self, name: str) -> TaskDefinition:
+        """名字登记过就返回它的定义，否则抛 ConfigurationError。"""
         with self._lock:
             return self._registry.resolve(name)
+
+    def submit_node(
+        self,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        task_id: str,
+        label: str,
+        pipeline_id: str,
+        node_id: str,
+        upstream: Mapping[str, Any],
+    ) -> TaskRun:
+        """以 blocked 提交一个管道节点：不进就绪队列、不占额度，等管道放行（``TaskRun.release``）。"""
+        return self._submit(
+            name,
+            args,
+            kwargs,
+            task_id=task_id,
+            label=label,
+            tags=(),
+            priority=None,
+            bucket_key=None,
+            pipeline_id=pipeline_id,
+            node_id=node_id,
+            upstream=upstream,
+            blocked=True,
+        )
 
     def _enqueue_locked(self, run: TaskRun) -> None:
         snapshot = run.machine.snapshot

@@ -37,7 +37,7 @@ from chongming_task.policies import AggregationPolicy, JoinMode
 from chongming_task.states import TaskStatus
 
 if TYPE_CHECKING:
-    from chongming_task.runtime.controller import Controller
+    from chongming_task.runtime.pipeline_host import PipelineHost
     from chongming_task.runtime.taskrun import TaskRun
 
 S = TaskStatus
@@ -226,8 +226,8 @@ class _NodeState:
 class PipelineRun:
     """一次提交的管道。节点是控制器里的普通任务（task_id = ``<run_id>:<node_id>``）。"""
 
-    def __init__(self, controller: Controller, pipeline: Pipeline) -> None:
-        self.controller = controller
+    def __init__(self, host: PipelineHost, pipeline: Pipeline) -> None:
+        self.host = host
         self.pipeline = pipeline
         self.pipeline_id = f"{pipeline.name}-{os.urandom(4).hex()}"
         self.aggregation = pipeline.aggregation
@@ -238,6 +238,11 @@ class PipelineRun:
         self._lock = threading.Lock()
         self._fail_fast_fired = False
 
+    @property
+    def controller(self) -> PipelineHost:
+        """提交这条管道的宿主（旧名，等同 ``host``）。"""
+        return self.host
+
     # -- submission ---------------------------------------------------------------------------------
 
     def _submit(self) -> None:
@@ -245,7 +250,7 @@ class PipelineRun:
         specs = self.pipeline._nodes
         for node_id in order:
             spec = specs[node_id]
-            self.controller._registry_resolve(spec.task_name)
+            self.host.resolve_task(spec.task_name)
         for node_id in order:
             spec = specs[node_id]
             state = _NodeState(spec, f"{self.pipeline_id}:{node_id}", pending_upstream=len(spec.depends_on))
@@ -260,19 +265,15 @@ class PipelineRun:
         for node_id in order:
             state = self._nodes[node_id]
             spec = state.spec
-            run = self.controller._submit(
+            run = self.host.submit_node(
                 spec.task_name,
                 spec.args,
                 spec.kwargs,
                 task_id=state.task_id,
                 label=f"{self.pipeline.name}/{node_id}",
-                tags=(),
-                priority=None,
-                bucket_key=None,
                 pipeline_id=self.pipeline_id,
                 node_id=node_id,
                 upstream=state.upstream_values,
-                blocked=True,
             )
             self._runs[node_id] = run
             run.machine.add_listener(self._make_listener(node_id))
@@ -284,7 +285,7 @@ class PipelineRun:
     def _make_listener(self, node_id: str) -> Any:
         def listener(snapshot: TaskSnapshot, record: Transition) -> None:
             if record.to_status.is_terminal:
-                self.controller.defer(lambda: self._on_node_settled(node_id, snapshot))
+                self.host.defer(lambda: self._on_node_settled(node_id, snapshot))
 
         return listener
 
@@ -413,10 +414,10 @@ class PipelineRun:
         return f"PipelineRun({self.pipeline_id!r}, status={self.status.value})"
 
 
-def submit_pipeline(controller: Controller, pipeline: Pipeline) -> PipelineRun:
+def submit_pipeline(host: PipelineHost, pipeline: Pipeline) -> PipelineRun:
     if not isinstance(pipeline, Pipeline):
         raise ConfigurationError(f"submit_pipeline() 需要一个 Pipeline，收到 {pipeline!r}")
-    run = PipelineRun(controller, pipeline)
+    run = PipelineRun(host, pipeline)
     run._submit()
     return run
 
