@@ -527,6 +527,7 @@ class Outcome:
 
 
 __all__ = [
+    "MAX_ID_LENGTH",
     "TIMEOUT_KINDS",
     "Failure",
     "FailureKind",

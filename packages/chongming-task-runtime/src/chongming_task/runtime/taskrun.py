@@ -702,11 +702,7 @@ class TaskRun:
         with self._lock:
             if attempt is not self._attempt or attempt.settled:
                 return
-            attempt.settled = True
-            attempt.cancel_timers()
-            if attempt.running:
-                self._sync_heartbeat_locked(attempt)
-            attempt.wake_pauser()
+            self._close_attempt_locked(attempt)
             machine = self.machine
             status = machine.status
             if status.is_terminal:  # 控制器等外部写者已经给了终态
@@ -764,6 +760,15 @@ class TaskRun:
                 retry_due_now = self._fail_or_retry_locked(failure)
         if retry_due_now:
             self._on_retry_due(None)
+
+    def _close_attempt_locked(self, attempt: _Attempt) -> None:
+        """这次尝试到此为止（结果到了，或优雅窗口用尽放弃了它）：之后迟到的报告一律忽略。
+        先把最后一次心跳记进快照，再叫醒等暂停确认的一方让它重新判定。"""
+        attempt.settled = True
+        attempt.cancel_timers()
+        if attempt.running:
+            self._sync_heartbeat_locked(attempt)
+        attempt.wake_pauser()
 
     def _fail_or_retry_locked(self, failure: Failure) -> bool:
         """可重试且预算没用完 → retry_wait（返回"立即到期"与否）；否则 failed。"""
@@ -831,11 +836,7 @@ class TaskRun:
             if attempt.handle.force_stop():
                 attempt.killed = True  # 子进程会被终止，随后以 CRASHED 结果结算
                 return
-            attempt.settled = True
-            attempt.cancel_timers()
-            if attempt.running:
-                self._sync_heartbeat_locked(attempt)
-            attempt.wake_pauser()
+            self._close_attempt_locked(attempt)
             machine = self.machine
             if machine.status.is_terminal:
                 return
