@@ -146,6 +146,9 @@ def load_doc(relative: str) -> Doc:
 def resolve_path(token: str, source: Path) -> str | None:
     """把 .md 路径解析成相对仓库根目录的路径；找不到返回 None（规则 5）。"""
     path, _, _anchor = token.partition("#")
+    if path.startswith("/"):
+        # 以 / 开头的是仓库根目录下的路径（例如网址里的 .../blob/main/docs/x.md 的尾巴），不是本机绝对路径。
+        path = path.lstrip("/")
     for base in (source.parent, ROOT, ROOT / "docs"):
         candidate = (base / path).resolve()
         if candidate.is_file() and candidate.is_relative_to(ROOT):

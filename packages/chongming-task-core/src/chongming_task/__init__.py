@@ -80,7 +80,7 @@ _CORE_NAMES = tuple(
     )
 )
 
-__version__ = "0.1.0"
+from chongming_task.core.version import __version__ as __version__  # noqa: E402  (one home for the version)
 
 _CORE = "chongming-task-core"
 _RUNTIME = "chongming-task-runtime"

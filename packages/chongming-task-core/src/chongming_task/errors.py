@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from chongming_task.states import TaskStatus
+    from chongming_task.core.statuses import TaskStatus
 
 
 class TaskError(Exception):

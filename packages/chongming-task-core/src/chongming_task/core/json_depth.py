@@ -1,4 +1,4 @@
-"""JSON 值的嵌套深度上限（设计说明 docs/design.md「JSON 嵌套深度」）。
+"""JSON 值的嵌套深度上限（设计文档 §17）。
 
 标准库的 ``json`` 编码器、解码器和 ``pickle`` 都是递归实现：嵌套到一千层上下就抛 ``RecursionError``。
 它不是 ``TypeError`` / ``ValueError``，按"不可序列化"处理的代码接不住，曾让执行任务的线程直接死掉、

@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.version import __version__
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import TaskSnapshot
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy
@@ -320,8 +321,6 @@ def _find_orphans(
 
 def default_node_info() -> dict[str, Any]:
     """节点记录里默认的 info：主机名、pid、chongming-task 版本。"""
-    from chongming_task import __version__
-
     return {"hostname": socket.gethostname(), "pid": os.getpid(), "version": __version__}
 
 

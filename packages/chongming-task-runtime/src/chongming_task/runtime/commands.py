@@ -21,7 +21,7 @@ from chongming_task.errors import TaskError
 from chongming_task.storage import Command, CommandAction, TaskStore
 
 if TYPE_CHECKING:
-    from chongming_task.run import TaskRun
+    from chongming_task.runtime.taskrun import TaskRun
 
 logger = logging.getLogger("chongming_task.controller")
 
