@@ -238,7 +238,9 @@ class TaskRun:
         self.pause_timeout = _number("pause_timeout", pause_timeout, allow_none=False) or 0.0
         self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
         self.upstream: dict[str, Any] = dict(upstream or {})
-        executor.check_submittable(fn, self.args, self.kwargs, {"upstream": self.upstream, "retry": retry})
+        executor.check_submittable(
+            fn, self.args, self.kwargs, {"upstream": self.upstream, "retry": retry, "timeout": timeout}
+        )
 
         if machine is None:
             resolved_name = name or (spec.name if spec else getattr(fn, "__name__", None) or "task")
