@@ -169,9 +169,16 @@ def one_line(message: str, *, limit: int = MAX_ERROR_CHARS, prefix: str = "错�
             kept.pop()  # 引出细节块的那一行没有细节就没有意义
             cut = True
             break
-        if used + extra > budget - len(DEBUG_HINT):
+        room = budget - len(DEBUG_HINT)
+        if used + extra > room:
             if not kept:  # 第一行本身就放不下：截断它
-                kept.append(line[: max(budget - len(DEBUG_HINT) - 1, 0)] + "…")
+                kept.append(line[: max(room - 1, 0)] + "…")
+            else:
+                # 放不下的一行多半是"驱动原文。我们的建议。"：建议（句号分隔的最后几句）比原文重要，
+                # 能放下就只留它们——"该怎么办"是一条错误最不能丢的部分。
+                tail = _fitting_tail(line, room - used - 2)
+                if tail:
+                    kept.append("…" + tail)
             cut = True
             break
         kept.append(line)
@@ -184,6 +191,17 @@ def one_line(message: str, *, limit: int = MAX_ERROR_CHARS, prefix: str = "错�
         text = text[: budget - len(DEBUG_HINT) - 1] + "…"
         cut = True
     return prefix + text + (DEBUG_HINT if cut else "")
+
+
+def _fitting_tail(line: str, room: int) -> str:
+    """``line`` 按"。"分句后，能放进 ``room`` 个字符的最长句尾（至少一整句），没有则为空串。"""
+    sentences = [part for part in re.split(r"(?<=。)", line) if part]
+    tail = ""
+    for sentence in reversed(sentences[1:]):
+        if len(sentence) + len(tail) > room:
+            break
+        tail = sentence + tail
+    return tail.strip()
 
 
 # psycopg 把出错的 SQL 附在报错后面："LINE 1: CREATE TABLE ..." 与一行只有 ^ 的位置标记。

@@ -41,7 +41,8 @@ _OUR_PG_PARAMS = frozenset(
     {"schema", "min_size", "max_size", "pool_timeout", "connect_timeout", "statement_timeout"}
 )
 _SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
-_PG_FORMAT = "postgresql://用户[:口令]@主机[:端口]/库名[?schema=名字]"
+# 不写成 "postgresql://用户:口令@…"：那正是口令遮盖要找的模式，提示本身会被遮成 ***。
+_PG_FORMAT = "postgresql://用户@主机:端口/库名?schema=名字（有口令时写成 用户:口令@主机）"
 
 
 @dataclass
