@@ -102,7 +102,9 @@ class ConsoleGroup(click.Group):
         except click.Abort as exc:
             return _fail("已中断", "interrupted", exc, debug, as_json, secrets)
         except CliError as exc:
-            return _fail(exc.message, exc.error, exc, debug, as_json, secrets, code=exc.code)
+            return _fail(
+                exc.message, exc.error, exc, debug, as_json, secrets, code=exc.code, details=exc.details
+            )
         except TaskError as exc:
             return _fail(str(exc), _task_error_code(exc), exc, debug, as_json, secrets)
         except Exception as exc:
@@ -166,6 +168,7 @@ def _fail(
     as_json: bool,
     secrets: list[str],
     code: int = EXIT_FAILED,
+    details: dict[str, object] | None = None,
 ) -> int:
     """报错：stderr 上恰好一行（≤ 300 个字符，含"错误："前缀），细节只在 --debug 时给。
 
@@ -179,7 +182,9 @@ def _fail(
     cleaned = escape_text(mask_secrets(message, secrets), keep_newlines=True)
     if as_json:
         line = one_line(cleaned, prefix="")
-        payload = {"error": error, "message": line, "exit_code": code}
+        payload: dict[str, object] = {"error": error, "message": line, "exit_code": code}
+        for key, value in (details or {}).items():
+            payload.setdefault(key, escape_text(value) if isinstance(value, str) else value)
         click.echo(json.dumps(payload, ensure_ascii=False), err=True)
     else:
         click.echo(one_line(cleaned), err=True)

@@ -51,6 +51,7 @@ def _refuse_finished(task_id: str, snapshot: TaskSnapshot, action: str) -> None:
             f"任务 {task_id} 已经结束（{snapshot.status.value}），没有可{_VERBS[action]}的执行："
             f"没有写入任何指令；用 status {task_id} 查看结果",
             error="task_finished",
+            details={"task_id": task_id, "action": action, "status": snapshot.status.value},
         )
 
 

@@ -136,10 +136,10 @@ def _check_signature(controller: Controller, name: str, kwargs: dict[str, Any]) 
         signature.bind(None, **kwargs)  # 第一个位置参数是 ctx
     except TypeError as exc:
         names = [p.name for p in params[1:]]
-        expected = "、".join(names) if names else "（除 ctx 外没有参数）"
+        expected = "、".join(names) if names else "（除上下文外没有参数）"
         raise CliError(
-            f"任务 {name} 的参数与 --arg 对不上：{exc}；它的第一个位置参数 {first} 接收上下文，"
-            f"--arg 可以给的参数是：{expected}",
+            f"任务 {name} 的参数与 --arg 对不上：{exc}；它接受的参数是：{expected}"
+            f"（第一个位置参数 {first} 接收上下文 ctx，不用 --arg 给）",
             error="submit_rejected",
         ) from None
 
@@ -278,18 +278,21 @@ def _duplicate_id(state: AppState, controller: Controller, *, run_id: str | None
         return CliError(f"提交被拒绝：{state.mask(str(exc))}", error="duplicate_task_id")
     status = existing.status.value
     if existing.is_terminal:
-        truth = f"任务 id {run_id!r} 已被一个已经结束的任务占用（{status}）"
+        truth = f"提交被拒绝：task_id {run_id!r} 已存在，占着它的任务已经结束（{status}）"
         advice = (
             "task_id 不能重复使用：请换一个 --task-id，或先用 prune 清理终态记录；"
             f"history {run_id} 可看它的经过"
         )
     else:
-        truth = f"任务 id {run_id!r} 已被一个还没结束的任务占用（{status}，持有者 {_holder_of(existing)}）"
+        holder = _holder_of(existing)
+        truth = f"提交被拒绝：task_id {run_id!r} 已存在，占着它的任务还没结束（{status}，持有者 {holder}）"
         advice = (
             f"它还在由别的进程执行：要看它就用 status {run_id}，要停它就用 stop {run_id}，"
             "想另跑一个请换 --task-id"
         )
-    return CliError(f"{truth}：{advice}", error="duplicate_task_id")
+    return CliError(
+        f"{truth}：{advice}", error="duplicate_task_id", details={"task_id": run_id, "status": status}
+    )
 
 
 def _holder_of(snapshot: TaskSnapshot) -> str:

@@ -58,13 +58,22 @@ ERROR_CODES: dict[str, str] = {
 class CliError(Exception):
     """命令失败：打印一行中文到 stderr，按 ``code`` 退出（默认 1）；``error`` 是稳定的错误码。"""
 
-    def __init__(self, message: str, code: int = EXIT_FAILED, *, error: str = "usage") -> None:
+    def __init__(
+        self,
+        message: str,
+        code: int = EXIT_FAILED,
+        *,
+        error: str = "usage",
+        details: dict[str, object] | None = None,
+    ) -> None:
         super().__init__(message)
         if error not in ERROR_CODES:  # 码表是对外承诺：不允许在代码里随手造一个没登记的码
             raise ValueError(f"未登记的错误码 {error!r}")
         self.message = message
         self.code = code
         self.error = error
+        # --json 时并进错误对象的附加字段（如 task_finished 的 task_id / status），给脚本免去解析消息。
+        self.details = dict(details or {})
 
 
 # libpq 关键字形式的 password=...（带不带引号都算）。这个模式是线性的：以字面量 password 开头，

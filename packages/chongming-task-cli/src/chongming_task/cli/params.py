@@ -74,7 +74,7 @@ class SecondsType(_ParamType):
         except (TypeError, ValueError, OverflowError):
             self.fail(f"{_short(value)} 不是秒数（例如 2 或 0.5）", param, ctx)
         if not math.isfinite(seconds) or seconds <= 0:
-            self.fail(f"必须是正的有限秒数（例如 2 或 0.5），收到 {_short(value)}", param, ctx)
+            self.fail(f"必须是正的秒数（有限值，例如 2 或 0.5），收到 {_short(value)}", param, ctx)
         if seconds > MAX_SECONDS:
             self.fail(f"最多 {MAX_SECONDS:g} 秒（一年），收到 {_short(value)}", param, ctx)
         return seconds
