@@ -283,7 +283,6 @@ def cli(
 ) -> None:
     """chongming-task 命令行控制台：Controller 之上的一层薄适配。
 
-    \b
     退出码：0 成功；1 命令失败；3 命令成功但任务没成功（run 的任务没有落在 succeeded）。
     """
     if db is not None and store_url is not None:

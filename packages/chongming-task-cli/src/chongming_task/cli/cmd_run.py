@@ -209,7 +209,6 @@ def run_command(
 ) -> int:
     """提交一个任务并在前台执行到落终态（Ctrl-C / SIGTERM 会把它停干净）。
 
-    \b
     退出码：0 任务 succeeded；3 任务落在别的终态（failed / stopped / lost ...）；1 命令本身失败。
     """
     module = load_task_module(module_name)
