@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from chongming_task.core.storage import values
 from chongming_task.core.storage.checks import (
     MAX_LEASE_SECONDS,
     check_json_value,
@@ -17,33 +18,17 @@ from chongming_task.core.storage.checks import (
 )
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.sql import escape_like
-from chongming_task.core.storage.values import (
-    SIDE_CHANNEL_FIELDS,
-    Command,
-    CommandAction,
-    NodeRecord,
-    QueryOrder,
-    TaskQuery,
-    TaskStats,
-    as_query,
-    count_buckets,
-)
+
+# 值类型整体转出：名单只写在 values.__all__ 一处，values 新增一个公开值类型，旧路径自动跟上。
+from chongming_task.core.storage.values import *  # noqa: F403
 
 __all__ = [
+    *values.__all__,
     "MAX_LEASE_SECONDS",
-    "SIDE_CHANNEL_FIELDS",
-    "Command",
-    "CommandAction",
-    "NodeRecord",
-    "QueryOrder",
-    "TaskQuery",
-    "TaskStats",
     "TaskStore",
-    "as_query",
     "check_json_value",
     "check_node_owner",
     "check_node_record",
-    "count_buckets",
     "escape_like",
     "validate_lease",
     "validate_save",

@@ -30,6 +30,7 @@ from chongming_task.cli.output import escape_text
 from chongming_task.cli.params import IntType
 from chongming_task.cli.state import (
     ENV_DB,
+    ENV_MODULE,
     ENV_NUM_BUCKETS,
     ENV_OWNED_BUCKETS,
     ENV_OWNER,
@@ -50,8 +51,8 @@ PLUGIN_GROUP = "chongming_task.cli_commands"
 OPTIONAL_COMMANDS = {"web": ("chongming-task-web", "chongming-task[web]")}
 
 
-class ConsoleCommand(click.Command):
-    """子命令：帮助选项的说明也用中文；--help 按显示宽度折行（helpfmt）。"""
+class _ChineseHelp(click.Command):
+    """命令与命令组共用：帮助选项的说明也用中文；--help 按显示宽度折行（helpfmt）。"""
 
     context_class = helpfmt.Context
 
@@ -62,20 +63,17 @@ class ConsoleCommand(click.Command):
         return option
 
 
-class ConsoleGroup(click.Group):
+class ConsoleCommand(_ChineseHelp):
+    """子命令（中文帮助见 ``_ChineseHelp``）。"""
+
+
+class ConsoleGroup(_ChineseHelp, click.Group):
     """把 click 的退出方式换成我们的：命令返回退出码；任何错误都是一行中文、退出码 1。
 
     CliRunner 与 console script 走的都是这个 main()，所以测试看到的就是用户看到的。
     """
 
     command_class = ConsoleCommand
-    context_class = helpfmt.Context
-
-    def get_help_option(self, ctx: click.Context) -> click.Option | None:
-        option = super().get_help_option(ctx)
-        if option is not None:
-            option.help = "显示帮助并退出。"
-        return option
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *(ep.name for ep in entry_points(group=PLUGIN_GROUP))})
@@ -365,4 +363,12 @@ def json_option(fn: F) -> F:
 
 pass_state = click.make_pass_decorator(AppState)
 
-__all__ = ["CONTEXT_SETTINGS", "ConsoleGroup", "cli", "json_option", "pass_state"]
+
+def tasks_option(help: str) -> Callable[[F], F]:
+    """``--tasks MODULE``（或环境变量）：tasks 与 run 用同一个选项，只是帮助里说明各自的用途。"""
+    return click.option(
+        "--tasks", "module_name", metavar="MODULE", envvar=ENV_MODULE, show_envvar=True, help=help
+    )
+
+
+__all__ = ["CONTEXT_SETTINGS", "ConsoleGroup", "cli", "json_option", "pass_state", "tasks_option"]

@@ -12,7 +12,7 @@ from datetime import datetime
 
 import click
 
-from chongming_task.cli.app import cli, json_option, pass_state
+from chongming_task.cli.app import cli, json_option, pass_state, tasks_option
 from chongming_task.cli.errors import EXIT_OK, CliError
 from chongming_task.cli.output import (
     definition_dict,
@@ -26,7 +26,7 @@ from chongming_task.cli.output import (
     table,
 )
 from chongming_task.cli.params import NON_NEGATIVE_INT, POSITIVE_INT, SECONDS, STATUS
-from chongming_task.cli.state import ENV_MODULE, AppState, load_task_module, register_tasks
+from chongming_task.cli.state import AppState, load_task_module, register_tasks
 from chongming_task.controller import Controller
 from chongming_task.models import TaskSnapshot
 from chongming_task.policies import BucketPolicy
@@ -48,14 +48,7 @@ def _snapshot_or_fail(controller: Controller, state: AppState, task_id: str) -> 
 
 
 @cli.command("tasks")
-@click.option(
-    "--tasks",
-    "module_name",
-    metavar="MODULE",
-    envvar=ENV_MODULE,
-    show_envvar=True,
-    help="任务模块（如 myapp.tasks），它的 register(controller) 决定有哪些任务。",
-)
+@tasks_option("任务模块（如 myapp.tasks），它的 register(controller) 决定有哪些任务。")
 @json_option
 @pass_state
 def tasks_command(state: AppState, module_name: str | None) -> int:

@@ -20,12 +20,12 @@ from typing import Any
 
 import click
 
-from chongming_task.cli.app import cli, json_option, pass_state
+from chongming_task.cli.app import cli, json_option, pass_state, tasks_option
 from chongming_task.cli.buckets import format_bucket_spec
 from chongming_task.cli.errors import EXIT_OK, EXIT_TASK_NOT_SUCCEEDED, CliError
 from chongming_task.cli.output import LiveDisplay, echo_json, fmt_time, fmt_value, progress_bar
 from chongming_task.cli.params import EXECUTOR, INT, SECONDS, parse_task_argument
-from chongming_task.cli.state import ENV_MODULE, AppState, load_task_module, register_tasks
+from chongming_task.cli.state import AppState, load_task_module, register_tasks
 from chongming_task.controller import SUBMIT_KEYWORDS, Controller
 from chongming_task.errors import DuplicateTaskId, TaskError
 from chongming_task.models import Progress, TaskSnapshot
@@ -163,14 +163,7 @@ def _resolve_name(controller: Controller, module_name: str, name: str) -> None:
 
 @cli.command("run")
 @click.argument("task_name", metavar="TASK")
-@click.option(
-    "--tasks",
-    "module_name",
-    metavar="MODULE",
-    envvar=ENV_MODULE,
-    show_envvar=True,
-    help="任务模块（如 myapp.tasks），只有它的 register(controller) 登记过的名字能跑。",
-)
+@tasks_option("任务模块（如 myapp.tasks），只有它的 register(controller) 登记过的名字能跑。")
 @click.option(
     "--arg", "raw_args", multiple=True, metavar="K=V", help="任务参数，可重复；值能按 JSON 解析就解析。"
 )

@@ -934,12 +934,7 @@ class TaskRun:
             if self._start_timer is not None:
                 self._start_timer.cancel()
                 self._start_timer = None
-            if self._retry_timer is not None:
-                self._retry_timer.cancel()
-                self._retry_timer = None
-            self._retry_deadline = None
-            if self._retry_wake is not None:
-                self._retry_wake.set()
+            self._cancel_retry_locked()
             self._is_done = True
             if self._done_event is not None:
                 self._done_event.set()

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from chongming_task import CommandAction, TaskSnapshot, TaskStatus, TaskStore
 from chongming_task.controller import Controller
+from chongming_task.runtime.cluster import format_buckets  # 与 doctor / check_cluster 同一种桶号写法
 from chongming_task.web.filters import BadRequest, Cursor, TaskFilter, page_query
 from chongming_task.web.present import (
     ACTION_LABELS,
@@ -86,22 +86,6 @@ def check_action(value: Any) -> str:
     if value not in ACTION_STATUSES:
         raise BadRequest(f"未知动作 {str(value)[:50]!r}：只能是 stop、pause 或 resume")
     return str(value)
-
-
-def format_buckets(buckets: Iterable[int]) -> str:
-    ordered = sorted(set(buckets))
-    if not ordered:
-        return "（无）"
-    parts: list[str] = []
-    start = prev = ordered[0]
-    for bucket in [*ordered[1:], None]:
-        if bucket is not None and bucket == prev + 1:
-            prev = bucket
-            continue
-        parts.append(str(start) if start == prev else f"{start}–{prev}")
-        if bucket is not None:
-            start = prev = bucket
-    return "、".join(parts)
 
 
 @dataclass(frozen=True)

@@ -28,20 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
-from chongming_task.core.storage.checks import (
-    check_count,
-    check_json_value,
-    check_key,
-    check_node_owner,
-    check_node_record,
-    check_snapshot,
-    check_transitions,
-    claim_args,
-    command_args,
-    touch_args,
-    touch_many_fields,
-    validate_save,
-)
+from chongming_task.core.storage import checks
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.values import (
     Command,
@@ -75,9 +62,9 @@ def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
         return value, None
     if kind is float:
         if not math.isfinite(value):
-            check_json_value(value, what=what)  # 抛出统一措辞的 ConfigurationError
+            checks.check_json_value(value, what=what)  # 抛出统一措辞的 ConfigurationError
         return value, None
-    text = check_json_value(value, what=what)
+    text = checks.check_json_value(value, what=what)
     if kind is dict or kind is list:
         return None, text
     parsed = json.loads(text)
@@ -210,9 +197,9 @@ class InMemoryTaskStore(TaskStore):
     # -- snapshots ----------------------------------------------------------------------------------
 
     def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
-        snapshot = check_snapshot(snapshot)
+        snapshot = checks.check_snapshot(snapshot)
         transitions = tuple(transitions)
-        check_transitions(snapshot.task_id, transitions)
+        checks.check_transitions(snapshot.task_id, transitions)
         scalar, text = _encode_json(snapshot.outcome, what="outcome")
         stored = snapshot if scalar is snapshot.outcome else snapshot.evolve(outcome=scalar)
         with self._lock:
@@ -229,9 +216,9 @@ class InMemoryTaskStore(TaskStore):
     def save(
         self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
     ) -> None:
-        snapshot = check_snapshot(snapshot)
+        snapshot = checks.check_snapshot(snapshot)
         transitions = tuple(transitions)
-        validate_save(snapshot, expect_version, transitions)
+        checks.validate_save(snapshot, expect_version, transitions)
         scalar, text = _encode_json(snapshot.outcome, what="outcome")
         with self._lock:
             self._check_open()
@@ -255,7 +242,7 @@ class InMemoryTaskStore(TaskStore):
                 row.history.setdefault(record.version, record)
 
     def get(self, task_id: str) -> TaskSnapshot | None:
-        check_key("task_id", task_id)
+        checks.check_key("task_id", task_id)
         with self._lock:
             self._check_open()
             row = self._rows.get(task_id)
@@ -297,7 +284,7 @@ class InMemoryTaskStore(TaskStore):
 
     def append(self, transitions: Sequence[Transition]) -> None:
         transitions = tuple(transitions)
-        check_transitions(None, transitions)
+        checks.check_transitions(None, transitions)
         with self._lock:
             self._check_open()
             # 先全部检查再写：一批里有未知任务时整批不写，避免留下半截历史。
@@ -306,7 +293,7 @@ class InMemoryTaskStore(TaskStore):
                 row.history.setdefault(record.version, record)
 
     def history(self, task_id: str) -> list[Transition]:
-        check_key("task_id", task_id)
+        checks.check_key("task_id", task_id)
         with self._lock:
             self._check_open()
             row = self._rows.get(task_id)
@@ -326,7 +313,7 @@ class InMemoryTaskStore(TaskStore):
         lease_owner: str | None,
         lease_until: datetime | None,
     ) -> dict[str, Any]:
-        touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
+        checks.touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
         changes = {
             "progress": progress,
             "last_heartbeat_at": heartbeat_at,
@@ -358,7 +345,7 @@ class InMemoryTaskStore(TaskStore):
         """一次加锁处理整批：心跳线程每轮给全部任务续租，不该为每个任务各抢一次锁。"""
         prepared: list[tuple[str, dict[str, Any]]] = []
         for task_id, raw in updates:
-            fields = touch_many_fields(raw)
+            fields = checks.touch_many_fields(raw)
             prepared.append(
                 (
                     task_id,
@@ -389,8 +376,8 @@ class InMemoryTaskStore(TaskStore):
         reason: str | None = None,
         payload: Mapping[str, Any] | None = None,
     ) -> Command:
-        action, body = command_args(task_id, action, issuer, reason, payload)
-        payload_text = check_json_value(body, what="指令 payload")
+        action, body = checks.command_args(task_id, action, issuer, reason, payload)
+        payload_text = checks.check_json_value(body, what="指令 payload")
         with self._lock:
             self._check_open()
             row = self._row(task_id)
@@ -418,7 +405,7 @@ class InMemoryTaskStore(TaskStore):
         task_ids: Iterable[str] | None = None,
         buckets: Iterable[int] | None = None,
     ) -> list[Command]:
-        wanted_tasks, wanted_buckets = claim_args(claimant, lease, limit, task_ids, buckets)
+        wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
         claimed: list[Command] = []
         with self._lock:
             self._check_open()
@@ -440,7 +427,7 @@ class InMemoryTaskStore(TaskStore):
         return claimed
 
     def complete_command(self, command_id: str, claimant: str) -> bool:
-        check_key("command_id", command_id)
+        checks.check_key("command_id", command_id)
         with self._lock:
             self._check_open()
             command = self._commands.get(command_id)
@@ -453,7 +440,7 @@ class InMemoryTaskStore(TaskStore):
             return True
 
     def release_command(self, command_id: str, claimant: str) -> bool:
-        check_key("command_id", command_id)
+        checks.check_key("command_id", command_id)
         with self._lock:
             self._check_open()
             command = self._pending.get(command_id)
@@ -466,8 +453,8 @@ class InMemoryTaskStore(TaskStore):
     # -- membership ---------------------------------------------------------------------------------
 
     def publish_node(self, record: NodeRecord) -> None:
-        record = check_node_record(record)
-        text = check_json_value(dict(record.info), what="NodeRecord.info")
+        record = checks.check_node_record(record)
+        text = checks.check_json_value(dict(record.info), what="NodeRecord.info")
         stored = dataclasses.replace(record, info=json.loads(text))
         with self._lock:
             self._check_open()
@@ -480,7 +467,7 @@ class InMemoryTaskStore(TaskStore):
         return [dataclasses.replace(record, info=json.loads(text)) for record, text in pairs]
 
     def remove_node(self, owner: str) -> bool:
-        check_node_owner(owner)
+        checks.check_node_owner(owner)
         with self._lock:
             self._check_open()
             return self._nodes.pop(owner, None) is not None
@@ -488,7 +475,7 @@ class InMemoryTaskStore(TaskStore):
     # -- upkeep -------------------------------------------------------------------------------------
 
     def prune(self, keep_terminal: int) -> int:
-        check_count("keep_terminal", keep_terminal)
+        checks.check_count("keep_terminal", keep_terminal)
         with self._lock:
             self._check_open()
             terminal = [row.snapshot for row in self._rows.values() if row.snapshot.is_terminal]

@@ -16,10 +16,7 @@ from typing import Any, ClassVar
 
 from chongming_task.models import Failure, FailureKind, Progress, TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
-from chongming_task.storage import (
-    NodeRecord,
-    TaskStore,
-)
+from chongming_task.storage import NodeRecord, TaskStore
 from chongming_task.testing.fake_clock import FakeClock
 
 S = TaskStatus
@@ -210,9 +207,11 @@ class ContractBase(unittest.TestCase):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # 子类默认参与收集；显式写了 __test__ 的（抽象中间类）尊重它自己的选择。
+        # 显式写了 __test__ 的（抽象中间类）尊重它自己的选择；否则本包里定义的类（各 mixin）与
+        # setUpClass 的跳过规则一致，都是抽象的、不收集，实现者写的子类默认参与收集。规则只写在这里，
+        # 各 mixin 不必各自重申 ``__test__ = False``。
         if "__test__" not in cls.__dict__:
-            cls.__test__ = True
+            cls.__test__ = not cls.__module__.startswith(_ABSTRACT_MODULES)
 
     @classmethod
     def setUpClass(cls) -> None:

@@ -6,27 +6,14 @@ import functools
 import math
 import threading
 from datetime import UTC, datetime, timedelta
-from typing import ClassVar
 
-from chongming_task.errors import (
-    ConfigurationError,
-    TaskNotFound,
-)
-from chongming_task.storage import (
-    Command,
-    CommandAction,
-)
-from chongming_task.testing.contract._base import (
-    REAL_LEASE,
-    ContractBase,
-    snap,
-)
+from chongming_task.errors import ConfigurationError, TaskNotFound
+from chongming_task.storage import Command, CommandAction
+from chongming_task.testing.contract._base import REAL_LEASE, ContractBase, snap
 
 
 class CommandCases(ContractBase):
     """命令队列。"""
-
-    __test__: ClassVar[bool] = False
 
     # ===============================================================================================
     # commands

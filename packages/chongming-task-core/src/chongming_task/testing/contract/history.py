@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
-from chongming_task.errors import (
-    TaskNotFound,
-)
-from chongming_task.testing.contract._base import (
-    ContractBase,
-    S,
-    snap,
-    walk,
-)
+from chongming_task.errors import TaskNotFound
+from chongming_task.testing.contract._base import ContractBase, S, snap, walk
 
 
 class HistoryCases(ContractBase):
     """迁移历史。"""
-
-    __test__: ClassVar[bool] = False
 
     # ===============================================================================================
     # history

@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
 
-from chongming_task.errors import (
-    ConfigurationError,
-    StoreError,
-)
+from chongming_task.errors import ConfigurationError, StoreError
 from chongming_task.models import Progress
-from chongming_task.testing.contract._base import (
-    ContractBase,
-    S,
-    node,
-    snap,
-    step,
-)
+from chongming_task.testing.contract._base import ContractBase, S, node, snap, step
 
 
 class HousekeepingCases(ContractBase):
     """prune 与 close。"""
-
-    __test__: ClassVar[bool] = False
 
     # ===============================================================================================
     # prune

@@ -8,27 +8,15 @@ import math
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any
 
-from chongming_task.errors import (
-    ConfigurationError,
-)
-from chongming_task.storage import (
-    NodeRecord,
-)
-from chongming_task.testing.contract._base import (
-    T0,
-    TZ_ODD,
-    TZ_SHANGHAI,
-    ContractBase,
-    node,
-)
+from chongming_task.errors import ConfigurationError
+from chongming_task.storage import NodeRecord
+from chongming_task.testing.contract._base import T0, TZ_ODD, TZ_SHANGHAI, ContractBase, node
 
 
 class NodeCases(ContractBase):
     """节点成员表。"""
-
-    __test__: ClassVar[bool] = False
 
     # ===============================================================================================
     # membership (publish_node / list_nodes / remove_node)

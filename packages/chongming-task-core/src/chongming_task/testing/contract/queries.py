@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import ClassVar
 
 from chongming_task.models import TaskSnapshot
-from chongming_task.storage import (
-    QueryOrder,
-    TaskQuery,
-    TaskStats,
-    TaskStore,
-)
+from chongming_task.storage import QueryOrder, TaskQuery, TaskStats, TaskStore
 from chongming_task.testing.contract._base import (
     T0,
     TZ_ODD,
@@ -26,8 +20,6 @@ from chongming_task.testing.contract._base import (
 
 class QueryCases(ContractBase):
     """query / stats / bucket_counts。"""
-
-    __test__: ClassVar[bool] = False
 
     # ===============================================================================================
     # query

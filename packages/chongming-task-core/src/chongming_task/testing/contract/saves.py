@@ -7,32 +7,15 @@ import functools
 import itertools
 import threading
 from datetime import timedelta
-from typing import ClassVar
 
-from chongming_task.errors import (
-    ConcurrencyConflict,
-    ConfigurationError,
-    TaskNotFound,
-)
+from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskNotFound
 from chongming_task.models import Progress, TaskSnapshot
-from chongming_task.storage import (
-    TaskQuery,
-    TaskStore,
-)
-from chongming_task.testing.contract._base import (
-    T0,
-    ContractBase,
-    S,
-    snap,
-    step,
-    walk,
-)
+from chongming_task.storage import TaskQuery, TaskStore
+from chongming_task.testing.contract._base import T0, ContractBase, S, snap, step, walk
 
 
 class SaveCases(ContractBase):
     """save：乐观并发与竞争。"""
-
-    __test__: ClassVar[bool] = False
 
     # ===============================================================================================
     # save

@@ -5,17 +5,11 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any
 
-from chongming_task.errors import (
-    ConfigurationError,
-    DuplicateTaskId,
-)
+from chongming_task.errors import ConfigurationError, DuplicateTaskId
 from chongming_task.models import Progress
-from chongming_task.storage import (
-    CommandAction,
-    TaskQuery,
-)
+from chongming_task.storage import CommandAction, TaskQuery
 from chongming_task.testing.contract._base import (
     T0,
     TZ_ODD,
@@ -31,8 +25,6 @@ from chongming_task.testing.contract._base import (
 
 class SnapshotCases(ContractBase):
     """create / get、字段保真、进出存储都是副本。"""
-
-    __test__: ClassVar[bool] = False
 
     # ===============================================================================================
     # create / get

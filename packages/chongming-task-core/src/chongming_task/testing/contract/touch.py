@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime, timedelta
-from typing import ClassVar
 
 from chongming_task.models import Progress
-from chongming_task.testing.contract._base import (
-    T0,
-    TZ_SHANGHAI,
-    ContractBase,
-    S,
-    snap,
-    step,
-    walk,
-)
+from chongming_task.testing.contract._base import T0, TZ_SHANGHAI, ContractBase, S, snap, step, walk
 
 
 class TouchCases(ContractBase):
     """touch：旁路字段。"""
-
-    __test__: ClassVar[bool] = False
 
     # ===============================================================================================
     # touch

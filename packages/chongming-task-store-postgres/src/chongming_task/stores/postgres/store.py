@@ -23,20 +23,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
-from chongming_task.core.storage.checks import (
-    check_count,
-    check_key,
-    check_node_owner,
-    check_node_record,
-    check_positive_seconds,
-    check_snapshot,
-    check_transitions,
-    claim_args,
-    command_args,
-    touch_args,
-    touch_many_fields,
-    validate_save,
-)
+from chongming_task.core.storage import checks
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.values import (
     Command,
@@ -233,13 +220,13 @@ class PostgresTaskStore(TaskStore):
         self._schema = _validate_schema_name(schema)
         min_size = _positive_int("min_size", min_size, minimum=0)
         max_size = _positive_int("max_size", max_size, minimum=max(1, min_size))
-        self._connect_timeout = check_positive_seconds("connect_timeout", connect_timeout)
-        self._pool_timeout = check_positive_seconds("pool_timeout", pool_timeout)
-        reconnect_timeout = check_positive_seconds("reconnect_timeout", reconnect_timeout)
+        self._connect_timeout = checks.check_positive_seconds("connect_timeout", connect_timeout)
+        self._pool_timeout = checks.check_positive_seconds("pool_timeout", pool_timeout)
+        reconnect_timeout = checks.check_positive_seconds("reconnect_timeout", reconnect_timeout)
         statement_ms = (
             None
             if statement_timeout is None
-            else math.ceil(1000 * check_positive_seconds("statement_timeout", statement_timeout))
+            else math.ceil(1000 * checks.check_positive_seconds("statement_timeout", statement_timeout))
         )
         self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
         self._dsn = dsn
@@ -588,8 +575,8 @@ class PostgresTaskStore(TaskStore):
     # -- snapshots ------------------------------------------------------------------------------------
 
     def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
-        snapshot = check_snapshot(snapshot)
-        check_transitions(snapshot.task_id, transitions)
+        snapshot = checks.check_snapshot(snapshot)
+        checks.check_transitions(snapshot.task_id, transitions)
         params = task_params(snapshot)
         params.update(_transition_params(transitions))
         with self._connection() as conn:
@@ -600,8 +587,8 @@ class PostgresTaskStore(TaskStore):
     def save(
         self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
     ) -> None:
-        snapshot = check_snapshot(snapshot)
-        validate_save(snapshot, expect_version, transitions)
+        snapshot = checks.check_snapshot(snapshot)
+        checks.validate_save(snapshot, expect_version, transitions)
         params = task_params(snapshot)
         params["expect_version"] = expect_version
         if transitions:
@@ -624,7 +611,7 @@ class PostgresTaskStore(TaskStore):
         )
 
     def get(self, task_id: str) -> TaskSnapshot | None:
-        if "\x00" in check_key("task_id", task_id):
+        if "\x00" in checks.check_key("task_id", task_id):
             return None  # text 存不下 NUL：这样的任务不可能存在
 
         def run(conn: Conn) -> TaskSnapshot | None:
@@ -687,7 +674,7 @@ class PostgresTaskStore(TaskStore):
             raise TaskNotFound(f"这些任务不存在，整批迁移记录都没有写入：{', '.join(map(repr, missing))}")
 
     def history(self, task_id: str) -> list[Transition]:
-        if "\x00" in check_key("task_id", task_id):
+        if "\x00" in checks.check_key("task_id", task_id):
             return []
 
         def run(conn: Conn) -> list[Transition]:
@@ -705,7 +692,7 @@ class PostgresTaskStore(TaskStore):
         lease_owner: str | None,
         lease_until: datetime | None,
     ) -> tuple[str, dict[str, Any]] | None:
-        touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
+        checks.touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
         check_text(lease_owner, "lease_owner")
         if progress is None and heartbeat_at is None and lease_owner is None and lease_until is None:
             return None
@@ -745,7 +732,7 @@ class PostgresTaskStore(TaskStore):
         """一次事务、一次管道发送：控制器每轮续租几十个任务，不该付几十次往返。"""
         statements: list[tuple[str, dict[str, Any]]] = []
         for task_id, raw in updates:
-            fields = touch_many_fields(raw)
+            fields = checks.touch_many_fields(raw)
             statement = self._touch_statement(
                 task_id,
                 fields.get("progress"),
@@ -772,7 +759,7 @@ class PostgresTaskStore(TaskStore):
         reason: str | None = None,
         payload: Mapping[str, Any] | None = None,
     ) -> Command:
-        action, body = command_args(task_id, action, issuer, reason, payload)
+        action, body = checks.command_args(task_id, action, issuer, reason, payload)
         check_text(issuer, "指令的 issuer")
         check_text(reason, "指令的 reason")
         if "\x00" in task_id:
@@ -816,7 +803,7 @@ class PostgresTaskStore(TaskStore):
         task_ids: Iterable[str] | None = None,
         buckets: Iterable[int] | None = None,
     ) -> list[Command]:
-        wanted_tasks, wanted_buckets = claim_args(claimant, lease, limit, task_ids, buckets)
+        wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
         check_text(claimant, "认领者 claimant")
         # text 存不下 NUL、integer 存不下 2**31 以上的桶号：这样的过滤值不可能匹配任何指令，直接去掉。
         ids = None if wanted_tasks is None else sorted(t for t in wanted_tasks if "\x00" not in t)
@@ -843,7 +830,7 @@ class PostgresTaskStore(TaskStore):
         return [command_from_row(row[:-1]) for row in rows]
 
     def complete_command(self, command_id: str, claimant: str) -> bool:
-        check_key("command_id", command_id)
+        checks.check_key("command_id", command_id)
         if "\x00" in command_id or not isinstance(claimant, str) or "\x00" in claimant:
             return False  # 这样的指令 / 持有者不可能存在
         at, at_off = split_dt(self._clock.now())
@@ -852,7 +839,7 @@ class PostgresTaskStore(TaskStore):
             return conn.execute(self._sql.complete, params).fetchone() is not None
 
     def release_command(self, command_id: str, claimant: str) -> bool:
-        check_key("command_id", command_id)
+        checks.check_key("command_id", command_id)
         if "\x00" in command_id or not isinstance(claimant, str) or "\x00" in claimant:
             return False  # 这样的指令 / 持有者不可能存在
         params = {"command_id": command_id, "claimant": claimant, "channel": self._channel}
@@ -921,7 +908,7 @@ class PostgresTaskStore(TaskStore):
     # -- membership -----------------------------------------------------------------------------------
 
     def publish_node(self, record: NodeRecord) -> None:
-        params = node_params(check_node_record(record))
+        params = node_params(checks.check_node_record(record))
         try:
             with self._connection() as conn:
                 conn.execute(self._sql.publish_node, params)
@@ -938,7 +925,7 @@ class PostgresTaskStore(TaskStore):
             raise self._membership_error(exc) from exc.__cause__
 
     def remove_node(self, owner: str) -> bool:
-        check_node_owner(owner)
+        checks.check_node_owner(owner)
         try:
             with self._connection() as conn:
                 return conn.execute(self._sql.remove_node, [owner]).fetchone() is not None
@@ -948,7 +935,7 @@ class PostgresTaskStore(TaskStore):
     # -- upkeep ---------------------------------------------------------------------------------------
 
     def prune(self, keep_terminal: int) -> int:
-        check_count("keep_terminal", keep_terminal)
+        checks.check_count("keep_terminal", keep_terminal)
         params = {"terminal": _TERMINAL, "keep": keep_terminal}
         with self._connection() as conn:
             row = conn.execute(self._sql.prune, params).fetchone()

@@ -15,20 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
-from chongming_task.core.storage.checks import (
-    check_count,
-    check_key,
-    check_node_owner,
-    check_node_record,
-    check_positive_seconds,
-    check_snapshot,
-    check_transitions,
-    claim_args,
-    command_args,
-    touch_args,
-    touch_many_fields,
-    validate_save,
-)
+from chongming_task.core.storage import checks
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.values import (
     Command,
@@ -211,7 +198,7 @@ class SqliteTaskStore(TaskStore):
             )
         if "\x00" in path:
             raise ConfigurationError("SQLite 数据库路径不能包含 NUL 字符（\\x00）")
-        check_positive_seconds("busy_timeout", busy_timeout)
+        checks.check_positive_seconds("busy_timeout", busy_timeout)
         if not isinstance(synchronous, str) or synchronous.upper() not in _SYNCHRONOUS_MODES:
             raise ConfigurationError(
                 f"synchronous 只能是 {', '.join(sorted(_SYNCHRONOUS_MODES))} 之一，收到 {synchronous!r}"
@@ -331,9 +318,9 @@ class SqliteTaskStore(TaskStore):
     # -- snapshots ----------------------------------------------------------------------------------
 
     def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
-        snapshot = check_snapshot(snapshot)
+        snapshot = checks.check_snapshot(snapshot)
         transitions = tuple(transitions)
-        check_transitions(snapshot.task_id, transitions)
+        checks.check_transitions(snapshot.task_id, transitions)
         row = codec.snapshot_row(snapshot)
         history = [codec.transition_row(t) for t in transitions]
         tags = [(tag, row["created_key"], snapshot.task_id) for tag in snapshot.tags]
@@ -358,10 +345,10 @@ class SqliteTaskStore(TaskStore):
     def save(
         self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
     ) -> None:
-        snapshot = check_snapshot(snapshot)
+        snapshot = checks.check_snapshot(snapshot)
         transitions = tuple(transitions)
-        check_transitions(snapshot.task_id, transitions)
-        validate_save(snapshot, expect_version, transitions)
+        checks.check_transitions(snapshot.task_id, transitions)
+        checks.validate_save(snapshot, expect_version, transitions)
         row = codec.snapshot_row(snapshot)
         new_values = [row[column] for column in schema.SAVE_COLUMNS]
         history = [codec.transition_row(t) for t in transitions]
@@ -409,7 +396,7 @@ class SqliteTaskStore(TaskStore):
             found = conn.execute(f"{_sql.TASK_SELECT} WHERE task_id = ?", (task_id,)).fetchone()
             return None if found is None else codec.snapshot_from_row(found)
 
-        check_key("task_id", task_id)
+        checks.check_key("task_id", task_id)
         return self._run("get", read, "none")
 
     def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
@@ -451,7 +438,7 @@ class SqliteTaskStore(TaskStore):
 
     def append(self, transitions: Sequence[Transition]) -> None:
         transitions = tuple(transitions)
-        check_transitions(None, transitions)
+        checks.check_transitions(None, transitions)
         history = [codec.transition_row(t) for t in transitions]
         task_ids = sorted({t.task_id for t in transitions})
 
@@ -468,7 +455,7 @@ class SqliteTaskStore(TaskStore):
         self._run("append", tx)
 
     def history(self, task_id: str) -> list[Transition]:
-        check_key("task_id", task_id)
+        checks.check_key("task_id", task_id)
         columns = ", ".join(schema.TRANSITION_COLUMNS)
         sql = f"SELECT {columns} FROM transitions WHERE task_id = ? ORDER BY version"
         rows = self._run("history", lambda conn: conn.execute(sql, (task_id,)).fetchall(), "none")
@@ -484,7 +471,7 @@ class SqliteTaskStore(TaskStore):
         lease_owner: str | None,
         lease_until: datetime | None,
     ) -> tuple[str, list[Any]]:
-        touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
+        checks.touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
         sets: list[str] = []
         params: list[Any] = []
         if progress is not None:
@@ -527,7 +514,7 @@ class SqliteTaskStore(TaskStore):
         """整批一个写事务：心跳线程每轮给全部任务续租，一次提交，而不是每个任务一次。"""
         prepared: list[tuple[str, list[Any]]] = []
         for task_id, raw in updates:
-            fields = touch_many_fields(raw)
+            fields = checks.touch_many_fields(raw)
             sets, params = self._touch_sets(
                 task_id,
                 fields.get("progress"),
@@ -559,7 +546,7 @@ class SqliteTaskStore(TaskStore):
         reason: str | None = None,
         payload: Mapping[str, Any] | None = None,
     ) -> Command:
-        action, body = command_args(task_id, action, issuer, reason, payload)
+        action, body = checks.command_args(task_id, action, issuer, reason, payload)
         payload_text = codec.json_text(body, what="指令 payload")
         command_id = uuid.uuid4().hex
         verb = action
@@ -606,7 +593,7 @@ class SqliteTaskStore(TaskStore):
         task_ids: Iterable[str] | None = None,
         buckets: Iterable[int] | None = None,
     ) -> list[Command]:
-        wanted_tasks, wanted_buckets = claim_args(claimant, lease, limit, task_ids, buckets)
+        wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
         if limit == 0 or wanted_tasks == frozenset() or wanted_buckets == frozenset():
             self._check_open()
             return []
@@ -665,7 +652,7 @@ class SqliteTaskStore(TaskStore):
         return [codec.command_from_row(r[1:]) for r in rows]
 
     def complete_command(self, command_id: str, claimant: str) -> bool:
-        check_key("command_id", command_id)
+        checks.check_key("command_id", command_id)
 
         def tx(conn: sqlite3.Connection) -> bool:
             found = conn.execute(
@@ -684,7 +671,7 @@ class SqliteTaskStore(TaskStore):
         return self._run("complete_command", tx)
 
     def release_command(self, command_id: str, claimant: str) -> bool:
-        check_key("command_id", command_id)
+        checks.check_key("command_id", command_id)
         sql = (
             "UPDATE commands SET claimant = NULL, lease_until = NULL, lease_key = NULL "
             "WHERE command_id = ? AND claimant = ? AND completed_at IS NULL"
@@ -696,7 +683,7 @@ class SqliteTaskStore(TaskStore):
     # -- membership ---------------------------------------------------------------------------------
 
     def publish_node(self, record: NodeRecord) -> None:
-        row = codec.node_row(check_node_record(record))
+        row = codec.node_row(checks.check_node_record(record))
         # 单条语句在自动提交模式下本身就是原子的写事务。
         self._run("publish_node", lambda conn: conn.execute(_sql.UPSERT_NODE, row), "none")
 
@@ -705,7 +692,7 @@ class SqliteTaskStore(TaskStore):
         return [codec.node_from_row(row) for row in rows]
 
     def remove_node(self, owner: str) -> bool:
-        check_node_owner(owner)
+        checks.check_node_owner(owner)
         return self._run(
             "remove_node",
             lambda conn: conn.execute("DELETE FROM nodes WHERE owner = ?", (owner,)).rowcount > 0,
@@ -715,7 +702,7 @@ class SqliteTaskStore(TaskStore):
     # -- upkeep -------------------------------------------------------------------------------------
 
     def prune(self, keep_terminal: int) -> int:
-        check_count("keep_terminal", keep_terminal)
+        checks.check_count("keep_terminal", keep_terminal)
 
         def tx(conn: sqlite3.Connection) -> int:
             total = conn.execute(
