@@ -317,7 +317,6 @@ def _repause_latencies(run: TaskRun, rounds: int) -> list[float]:
     return latencies
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.3：恢复后立刻再暂停要等满整个暂停窗口（5 秒）才确认")
 def test_repause_right_after_resume_confirms_promptly_thread() -> None:
     run = TaskRun(loop)
     run.start()
@@ -331,7 +330,6 @@ def test_repause_right_after_resume_confirms_promptly_thread() -> None:
         run.wait(timeout=10)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.3：进程执行器上恢复后立刻再暂停要等满整个窗口")
 def test_repause_right_after_resume_confirms_promptly_process() -> None:
     run = TaskRun(checkpoint_loop, executor=ProcessExecutor())
     run.start()
@@ -359,7 +357,6 @@ def fetch_ok(ctx: TaskContext, url: str) -> str:
     return url
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.8：没有任何位置参数的任务函数在 register 时不报错")
 def test_register_refuses_a_function_that_cannot_take_ctx() -> None:
     controller = Controller()
     try:
@@ -483,7 +480,6 @@ def needs_artifacts(ctx: TaskContext) -> str:
     return str(ctx.artifact_dir)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.9：任务体里的 ConfigurationError 被当成可重试失败")
 def test_configuration_error_inside_a_task_is_not_retried() -> None:
     outcome = run_task(needs_artifacts, retry=RetryPolicy(max_attempts=3, backoff=FixedBackoff(0)))
     assert outcome.status is S.FAILED
@@ -591,12 +587,25 @@ def test_duplicate_task_id_in_store_tells_what_is_true(tmp_path: Path) -> None:
         second.close(close_store=True)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 16.13：result_invalid 的消息里'任务返回值'与'必须'之间多一个空格"
-)
 def test_result_invalid_message_has_no_stray_space() -> None:
     outcome = run_task(lambda ctx: object())
     assert outcome.failure is not None and outcome.failure.kind is FailureKind.RESULT_INVALID
     message = outcome.failure.message
     assert message.startswith("任务返回值必须可 JSON 序列化"), message
     assert " 必须" not in message
+
+
+# -- 16.14 close()：排队中的任务直接落 stopped（用户指南 §8.3） ------------------------------------
+
+
+def test_close_sends_queued_tasks_straight_to_stopped(gate: threading.Event) -> None:
+    controller = Controller(max_parallel=1, graceful_stop=1.0)
+    controller.register("g", wait_gate)
+    running = controller.submit("g", gate, task_id="running")
+    queued = controller.submit("g", gate, task_id="queued")
+    wait_until(lambda: running.status is S.RUNNING)
+    controller.close(reason="下班")
+    assert queued.status is S.STOPPED
+    assert edges(queued.transitions) == [("pending", "queued"), ("queued", "stopped")]  # 没有先 starting
+    assert queued.snapshot.attempt == 0  # 任务体一行都没执行
+    assert running.status is S.STOPPED

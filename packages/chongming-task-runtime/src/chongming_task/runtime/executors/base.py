@@ -61,6 +61,8 @@ class AttemptSpec:
     upstream: Mapping[str, Any]
     artifact_root: Path | None
     logs: deque[LogEntry]
+    artifact_hint: str | None = None
+    """没配产物目录时告诉用户去哪儿配（None：默认指向 TaskRun / run_task）。"""
 
 
 class AttemptEvents(ContextEvents):
@@ -144,6 +146,7 @@ def build_context(spec: AttemptSpec, events: ContextEvents) -> TaskContext:
         artifact_root=spec.artifact_root,
         logs=spec.logs,
         events=events,
+        artifact_hint=spec.artifact_hint,
     )
 
 
@@ -173,10 +176,7 @@ def execute_body(
     try:
         check_json_value(value, what="任务返回值")
     except ConfigurationError as exc:
-        message = (
-            f"{exc}；返回值会写入存储，请返回 dict / list / str / 数字 / bool / None，"
-            "大数据请返回指针（路径、对象存储 key）"
-        )
+        message = f"{exc}；返回值会写入存储，大数据请返回指针（路径、对象存储 key）"
         failure = Failure(
             FailureKind.RESULT_INVALID, message, retryable=False, exc_type=type(value).__qualname__
         )
