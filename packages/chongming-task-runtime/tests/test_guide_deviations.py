@@ -36,6 +36,13 @@ from chongming_task import (
     run_task,
     task,
 )
+from chongming_task.core.triggers import (
+    TRIGGER_PAUSE_ABORTED,
+    TRIGGER_STOPPING,
+    TRIGGER_SUCCEEDED,
+    TRIGGER_TIMEOUT_ATTEMPT,
+    TRIGGER_TIMEOUT_IDLE,
+)
 from chongming_task.run import TaskRun
 from chongming_task.runtime.executors.base import AttemptEvents, AttemptSpec
 from chongming_task.runtime.executors.process import ProcessExecutor
@@ -88,7 +95,6 @@ def _expire(clock: FakeClock, run: TaskRun, seconds: float) -> None:
     clock.advance(seconds)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.1：任务以 return 响应超时的停止请求时被记成 succeeded")
 def test_per_attempt_timeout_answered_by_return_is_a_timeout_failure() -> None:
     clock = FakeClock()
     run = TaskRun(graceful_worker, clock=clock, timeout=Timeout(per_attempt=60))
@@ -100,11 +106,10 @@ def test_per_attempt_timeout_answered_by_return_is_a_timeout_failure() -> None:
     assert outcome.failure.retryable is True  # 默认可重试，只是预算（1 次）用完了
     last = run.transitions[-1]
     assert (last.from_status, last.to_status) == (S.RUNNING, S.FAILED)
-    assert "timeout" in last.trigger and "attempt" in last.trigger  # 历史点名是哪一档超时
+    assert last.trigger == TRIGGER_TIMEOUT_ATTEMPT  # 历史点名是哪一档超时
     assert S.SUCCEEDED not in {t.to_status for t in run.transitions}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.1：idle 超时后正常返回的任务被记成 succeeded")
 def test_idle_timeout_answered_by_return_is_a_timeout_failure() -> None:
     clock = FakeClock()
     run = TaskRun(silent_graceful_worker, clock=clock, timeout=Timeout(idle=30))
@@ -113,10 +118,9 @@ def test_idle_timeout_answered_by_return_is_a_timeout_failure() -> None:
     outcome = run.wait(timeout=10)
     assert outcome.status is S.FAILED
     assert outcome.failure is not None and outcome.failure.kind is FailureKind.TIMEOUT_IDLE
-    assert "timeout" in run.transitions[-1].trigger and "idle" in run.transitions[-1].trigger
+    assert run.transitions[-1].trigger == TRIGGER_TIMEOUT_IDLE
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.1：超时后正常返回不进重试")
 def test_timeout_answered_by_return_retries_per_policy() -> None:
     clock = FakeClock()
     run = TaskRun(
@@ -143,10 +147,10 @@ def test_timeout_answered_by_return_retries_per_policy() -> None:
         ("running", "failed"),
     ]
     retry_record = run.transitions[3]
-    assert "timeout" in retry_record.trigger and "attempt" in retry_record.trigger
+    assert retry_record.trigger == TRIGGER_TIMEOUT_ATTEMPT
+    assert run.transitions[-1].trigger == TRIGGER_TIMEOUT_ATTEMPT
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.1：Controller 下超时后正常返回同样被记成 succeeded")
 def test_timeout_answered_by_return_under_controller_is_a_timeout_failure() -> None:
     clock = FakeClock()
     controller = Controller(clock=clock)
@@ -172,6 +176,7 @@ def test_person_stop_answered_by_return_stays_a_success() -> None:
     assert outcome.status is S.SUCCEEDED and outcome.failure is None
     assert isinstance(outcome.value, int)
     assert edges(run.transitions)[-2:] == [("running", "stopping"), ("stopping", "succeeded")]
+    assert [t.trigger for t in run.transitions[-2:]] == [TRIGGER_STOPPING, TRIGGER_SUCCEEDED]
 
 
 # -- 16.2 starting 中的 pause() 被缓冲 ----------------------------------------------------------------
@@ -210,7 +215,6 @@ def _pause_in_background(pause: Callable[[], bool]) -> tuple[threading.Thread, l
     return thread, result
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.2：starting 中的 pause() 立即返回 False 且不留记录")
 def test_pause_during_starting_is_buffered_and_confirmed_at_first_checkpoint() -> None:
     executor = GatedThreadExecutor()
     run = TaskRun(loop, executor=executor)
@@ -231,7 +235,6 @@ def test_pause_during_starting_is_buffered_and_confirmed_at_first_checkpoint() -
     assert run.wait(timeout=10).status is S.STOPPED
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.2：starting 中的 pause() 被丢弃，没有 pause_aborted 回滚")
 def test_pause_during_starting_rolls_back_when_the_window_expires() -> None:
     executor = GatedThreadExecutor()
     run = TaskRun(loop, executor=executor)
@@ -239,14 +242,13 @@ def test_pause_during_starting_rolls_back_when_the_window_expires() -> None:
     assert run.pause(timeout=0.2) is False  # 载体 0.2 秒内没就位：暂停没生效
     assert run.status is S.RUNNING
     assert edges(run.transitions)[-2:] == [("starting", "pausing"), ("pausing", "running")]
-    assert run.transitions[-1].trigger == "runtime:pause_aborted"
+    assert run.transitions[-1].trigger == TRIGGER_PAUSE_ABORTED
     executor.gate.set()
     wait_until(lambda: run.snapshot.last_heartbeat_at is not None or run.snapshot.pid is None)
     run.stop()
     assert run.wait(timeout=10).status is S.STOPPED
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.2：进程执行器 starting 期间的 pause() 被丢弃")
 def test_pause_right_after_start_with_process_executor() -> None:
     run = TaskRun(checkpoint_loop, executor=ProcessExecutor())
     run.start()
@@ -258,7 +260,6 @@ def test_pause_right_after_start_with_process_executor() -> None:
     assert run.wait(timeout=20).status is S.STOPPED
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.2：Controller.pause() 对 starting 的任务直接返回 False")
 def test_controller_pause_during_starting_is_buffered() -> None:
     executor = GatedThreadExecutor()
     controller = Controller(executor=executor)
@@ -278,7 +279,6 @@ def test_controller_pause_during_starting_is_buffered() -> None:
         controller.close(timeout=10)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.2：跨进程的 pause 指令遇到 starting 的任务被丢弃")
 def test_remote_pause_command_during_starting_is_buffered(tmp_path: Path) -> None:
     path = tmp_path / "tasks.db"
     executor = GatedThreadExecutor()
@@ -369,7 +369,6 @@ def test_register_refuses_a_function_that_cannot_take_ctx() -> None:
         controller.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.8：忘写 ctx 要等任务跑起来才以 TypeError 失败")
 def test_submit_and_run_task_catch_a_forgotten_ctx() -> None:
     def fetch_untyped(url):  # type: ignore[no-untyped-def]
         return url
@@ -493,7 +492,6 @@ def test_configuration_error_explicitly_listed_in_retry_on_is_still_honoured() -
     assert policy.is_retryable(ConfigurationError("x"))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.9：Controller 下的产物目录提示指向 TaskRun")
 def test_artifact_dir_hint_under_controller_names_the_controller() -> None:
     controller = Controller()
     try:
@@ -536,7 +534,6 @@ def wait_gate(ctx: TaskContext, gate: threading.Event) -> str:
     return "done"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.13：重复 id 的提示总说'停止过的任务想再跑'")
 def test_duplicate_task_id_message_tells_what_is_true(gate: threading.Event) -> None:
     controller = Controller()
     try:
@@ -567,7 +564,6 @@ def test_duplicate_task_id_message_tells_what_is_true(gate: threading.Event) -> 
         controller.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16.13：存储里已有的重复 id 同样说'停止过的任务想再跑'")
 def test_duplicate_task_id_in_store_tells_what_is_true(tmp_path: Path) -> None:
     path = tmp_path / "tasks.db"
     first = Controller(store=SqliteTaskStore(path), owner="a")

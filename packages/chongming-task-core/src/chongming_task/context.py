@@ -41,7 +41,9 @@ LOGGER_PREFIX = "chongming_task.task"
 MAX_LOGS = 200
 """``ctx.logs`` 在内存里保留的条数。"""
 
-DEFAULT_ARTIFACT_HINT = "请给 TaskRun / run_task 传 artifact_dir=...（单测时给 make_context 传 artifact_dir=）"
+DEFAULT_ARTIFACT_HINT = (
+    "请给 TaskRun / run_task 传 artifact_dir=...（单测时给 make_context 传 artifact_dir=）"
+)
 """没配产物目录时的默认提示；Controller 管的任务换成指向 ``Controller(artifact_dir=...)`` 的提示。"""
 
 
