@@ -106,7 +106,7 @@ def main() -> None:
     try:
         Controller(executor=InlineExecutor())
     except ConfigurationError as exc:
-        print("Controller 拒绝 InlineExecutor：", str(exc)[:40], "…")
+        print("Controller 拒绝 InlineExecutor：", exc)
     else:
         raise AssertionError("Controller 应当拒绝 InlineExecutor")
 
@@ -131,7 +131,7 @@ def main() -> None:
     wait_until(lambda: run.status is S.RUNNING)
     run.stop(reason="必须停下")
     outcome = run.wait(timeout=10)
-    print("stubborn:", outcome.status.value, "|", outcome.failure.message[:50] if outcome.failure else "")
+    print("stubborn:", outcome.status.value, "|", outcome.failure.message if outcome.failure else "")
     assert outcome.status is S.STOPPED
     assert outcome.failure is not None and outcome.failure.kind is FailureKind.CANCELLED
 

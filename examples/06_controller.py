@@ -67,7 +67,7 @@ def main() -> None:
         try:
             bad()
         except ConfigurationError as exc:
-            print("拒绝：", str(exc)[:60], "…")
+            print("拒绝：", exc)
         else:
             raise AssertionError("应当拒绝")
     try:

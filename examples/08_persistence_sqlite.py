@@ -133,7 +133,7 @@ def main() -> None:
         snap = console.get("job-2")
         assert snap is not None and snap.status is S.LOST
         assert snap.failure is not None and snap.failure.kind is FailureKind.LOST and snap.failure.retryable
-        print("job-2:", snap.status.value, "|", snap.failure.message[:40], "…")
+        print("job-2:", snap.status.value, "|", snap.failure.message)
         assert recovery.reconcile().total == 0  # 幂等：再跑一次什么都不做
 
         recovery.close(close_store=True)

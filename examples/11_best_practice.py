@@ -186,7 +186,7 @@ def main() -> None:
             try:
                 bad_submit()
             except ConfigurationError as exc:
-                print("提交被拒绝：", str(exc)[:50], "…")
+                print("提交被拒绝：", exc)
             else:
                 raise AssertionError("投错节点 / 缺 bucket_key 的提交应当被拒绝")
 

@@ -1,7 +1,10 @@
 """12 跨机器多节点（PostgreSQL）：两个节点进程共用一个 Postgres，互相看得见、停得了。
 
 需要环境变量 ``CHONGMING_TEST_POSTGRES``（例如 ``postgresql://postgres@127.0.0.1:5432/test``）；没有它时
-打印一句说明并以 0 退出。示例用一个一次性的 schema（``?schema=...`` 写在连接串里）隔离自己的表，
+在 stderr 打印"跳过：……"并以退出码 77 结束（自动化测试约定的"跳过"，既不是成功也不是失败）；设置了
+``CHONGMING_REQUIRE_POSTGRES=1``（CI）时没有它就是失败，退出码 1。
+
+示例用一个一次性的 schema（``?schema=...`` 写在连接串里）隔离自己的表，
 结束时删掉它，不碰库里别的数据。
 
 演示并断言（两个真实的 OS 进程，各自一个 Controller + PostgresTaskStore）：
@@ -28,6 +31,8 @@ from chongming_task import BucketPolicy, Controller, TaskContext, TaskStatus, op
 S = TaskStatus
 NUM_BUCKETS = 8
 OWNED = {"node-a": range(4), "node-b": range(4, 8)}
+EXIT_SKIPPED = 77
+"""没有数据库可连时的退出码：自动化测试里约定俗成的"跳过"（automake / meson 同样用 77）。"""
 
 
 @task
@@ -138,10 +143,18 @@ if __name__ == "__main__":
     else:
         dsn = os.environ.get("CHONGMING_TEST_POSTGRES", "").strip()
         if not dsn:
-            print(
-                "跳过：没有设置 CHONGMING_TEST_POSTGRES。请给出一个可连接的 PostgreSQL，例如\n"
+            hint = (
+                "没有设置 CHONGMING_TEST_POSTGRES。请给出一个可连接的 PostgreSQL，例如\n"
                 "  CHONGMING_TEST_POSTGRES=postgresql://postgres@127.0.0.1:5432/test "
                 "python examples/12_postgres_multinode.py"
             )
-            sys.exit(0)
+            # 跳过必须看得出是跳过：退出码 0 会让"什么都没验证"冒充"验证通过"。
+            # CI 要求 Postgres 时，跳过即失败。
+            if os.environ.get("CHONGMING_REQUIRE_POSTGRES", "").strip() not in ("", "0", "false", "no"):
+                print(
+                    f"失败：CHONGMING_REQUIRE_POSTGRES=1 要求真的连上 PostgreSQL，但{hint}", file=sys.stderr
+                )
+                sys.exit(1)
+            print(f"跳过：{hint}", file=sys.stderr)
+            sys.exit(EXIT_SKIPPED)
         main(dsn)

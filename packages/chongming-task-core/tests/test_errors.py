@@ -143,3 +143,32 @@ def test_errors_exported_from_the_facade() -> None:
     for cls in [TaskError, TaskCancelled, *GUIDE_CHILDREN]:
         assert getattr(chongming_task, cls.__name__) is cls
         assert cls.__name__ in errors.__all__
+
+
+@pytest.mark.parametrize(
+    ("status", "must_say", "must_not_say"),
+    [
+        ("running", ["仍在进行（running）", "不要重复提交"], ["停止过", "换一个 task_id"]),
+        ("queued", ["仍在进行（queued）"], ["停止过"]),
+        ("succeeded", ["已成功（succeeded）", "换一个 task_id"], ["停止过", "仍在"]),
+        ("stopped", ["已结束（stopped）", "换一个 task_id"], ["仍在", "成功"]),
+        ("failed", ["已结束（failed）"], ["仍在", "成功"]),
+        (None, ["换一个 task_id"], ["仍在", "停止过", "成功"]),
+    ],
+)
+def test_duplicate_task_id_advice_follows_the_existing_status(
+    status: str | None, must_say: list[str], must_not_say: list[str]
+) -> None:
+    from chongming_task.errors import DuplicateTaskId
+    from chongming_task.states import TaskStatus
+
+    error = DuplicateTaskId.for_existing(
+        "job-1", None if status is None else TaskStatus(status), where="于存储中"
+    )
+    text = str(error)
+    assert isinstance(error, DuplicateTaskId) and isinstance(error, ConfigurationError)
+    assert text.startswith("task_id 'job-1' 已存在于存储中")
+    for phrase in must_say:
+        assert phrase in text, (phrase, text)
+    for phrase in must_not_say:
+        assert phrase not in text, (phrase, text)

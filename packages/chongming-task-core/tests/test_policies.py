@@ -448,3 +448,17 @@ def test_every_policy_explains_bad_input_in_chinese(owner: str, build: Any) -> N
     message = str(info.value)
     assert any("\u4e00" <= ch <= "\u9fff" for ch in message), message
     assert len(message) > 10
+
+
+def test_configuration_error_is_never_retried_unless_named() -> None:
+    """配置错误不会在两次尝试之间自己变好（issue 16.9）；只有 retry_on 点名它时才重试。"""
+    from chongming_task.errors import ConfigurationError, DuplicateTaskId
+
+    default = RetryPolicy(max_attempts=3)
+    assert not default.is_retryable(ConfigurationError("没有配置产物目录"))
+    assert not default.should_retry(DuplicateTaskId("x"), attempt=1)
+    assert not RetryPolicy(max_attempts=3, retry_on=(ValueError,)).is_retryable(ConfigurationError("x"))
+    assert default.is_retryable(ValueError("普通的值错误照旧重试"))
+    named = RetryPolicy(max_attempts=3, retry_on=(ConfigurationError,))
+    assert named.is_retryable(ConfigurationError("x"))
+    assert not named.is_retryable(ValueError("x"))

@@ -41,6 +41,12 @@ LOGGER_PREFIX = "chongming_task.task"
 MAX_LOGS = 200
 """``ctx.logs`` 在内存里保留的条数。"""
 
+DEFAULT_ARTIFACT_HINT = (
+    "请给 TaskRun / run_task 传 artifact_dir=...（单测时给 make_context 传 artifact_dir=）"
+)
+"""没配产物目录时的默认提示；Controller 管的任务换成指向 ``Controller(artifact_dir=...)`` 的提示。"""
+
+
 _MISSING: Any = object()
 
 
@@ -114,6 +120,7 @@ class TaskContext:
     __slots__ = (
         "__weakref__",
         "_artifact_dir",
+        "_artifact_hint",
         "_artifact_root",
         "_async_waiters",
         "_attempt",
@@ -149,7 +156,9 @@ class TaskContext:
         artifact_root: str | Path | None = None,
         logs: deque[LogEntry] | None = None,
         events: ContextEvents | None = None,
+        artifact_hint: str | None = None,
     ) -> None:
+        """``artifact_hint``：没配产物目录时告诉用户去哪儿配（谁在跑这个任务，就指向谁的 artifact_dir=）。"""
         validate_task_id(task_id)
         if name is not None:
             validate_task_id(name, what="name")
@@ -168,6 +177,7 @@ class TaskContext:
         self._upstream: Mapping[str, Any] = MappingProxyType(dict(upstream or {}))
         self._artifact_root = None if artifact_root is None else Path(artifact_root)
         self._artifact_dir: Path | None = None
+        self._artifact_hint = artifact_hint or DEFAULT_ARTIFACT_HINT
         self._logs: deque[LogEntry] = logs if logs is not None else deque(maxlen=MAX_LOGS)
         self._events = events or ContextEvents()
         self._logger_name = f"{LOGGER_PREFIX}.{task_id}"
@@ -213,6 +223,9 @@ class TaskContext:
                 wake.wait()
                 if self._leave_park_if_released():
                     return
+                # 被叫醒却仍要挂起：恢复之后紧接着又来了暂停请求，调用栈一直没离开这里。再报一次
+                # "已挂起"，新的暂停请求立刻得到确认，而不是等满整个暂停窗口才发现任务早就挂着。
+                self._events.parked()
         finally:
             self._events.unparked()
 
@@ -231,6 +244,7 @@ class TaskContext:
                 await future
                 if self._leave_park_if_released():
                     return
+                self._events.parked()  # 同 _slow_checkpoint：恢复后紧接着的再次暂停立刻得到确认
         finally:
             self._events.unparked()
 
@@ -413,10 +427,7 @@ class TaskContext:
         """本次尝试的产物目录 ``<root>/<task_id>/attempt-<n>/``，首次访问时创建。"""
         if self._artifact_dir is None:
             if self._artifact_root is None:
-                raise ConfigurationError(
-                    "没有配置产物目录：请给 TaskRun / run_task 传 artifact_dir=..."
-                    "（单测时给 make_context 传 artifact_dir=）"
-                )
+                raise ConfigurationError(f"没有配置产物目录：{self._artifact_hint}")
             path = self._artifact_root / _artifact_component(self._task_id) / f"attempt-{self._attempt}"
             path.mkdir(parents=True, exist_ok=True)
             self._artifact_dir = path
@@ -526,6 +537,7 @@ RuntimeContext = TaskContext
 
 
 __all__ = [
+    "DEFAULT_ARTIFACT_HINT",
     "LOGGER_PREFIX",
     "MAX_LOGS",
     "ContextEvents",

@@ -95,7 +95,26 @@ class TaskNotFound(StoreError, LookupError):
 
 
 class DuplicateTaskId(ConfigurationError):
-    """task_id 已存在：存储拒绝重复创建（停止过的任务想再跑，请换一个 task_id 提交）。"""
+    """task_id 已存在：存储拒绝重复创建。想再跑请换一个 task_id 提交（已落终态的 id 不会被复用）。"""
+
+    @classmethod
+    def for_existing(cls, task_id: str, status: TaskStatus | None, *, where: str = "") -> DuplicateTaskId:
+        """按已有任务的真实状态给建议：还在跑的不该再提交一份，已结束的换 id 再跑。
+
+        ``status`` 为 None 表示不知道已有任务处于什么状态（例如存储只报告了主键冲突）。
+        ``where`` 说明是在哪里撞上的（例如"于存储中"）。
+        """
+        head = f"task_id {task_id!r} 已存在{where}"
+        if status is None:
+            return cls(f"{head}；想再跑一次请换一个 task_id 提交")
+        if not status.is_terminal:
+            return cls(
+                f"{head}，任务仍在进行（{status.value}）；不要重复提交：用 get() / wait() 查看它，"
+                "不想要它了就 stop()"
+            )
+        if status.value == "succeeded":
+            return cls(f"{head}，任务已成功（succeeded）；想再跑一次请换一个 task_id 提交")
+        return cls(f"{head}，任务已结束（{status.value}）；想再跑请换一个 task_id 提交")
 
 
 class TaskCancelled(BaseException):

@@ -149,11 +149,20 @@ class RetryPolicy:
         object.__setattr__(self, "give_up_on", _exception_types("RetryPolicy", "give_up_on", self.give_up_on))
 
     def is_retryable(self, exc: BaseException) -> bool:
-        """这个异常本身是否值得重试（不看次数）。取消永不重试；give_up_on 优先于 retry_on。"""
+        """这个异常本身是否值得重试（不看次数）。取消永不重试；give_up_on 优先于 retry_on。
+
+        ConfigurationError（例如没配产物目录就读 ``ctx.artifact_dir``）默认不重试：配置不会在两次尝试
+        之间自己变好，重试只会把同一个错误再报几遍、白等几轮退避。只有 retry_on 里**点名**了
+        ConfigurationError（或它的子类）时才照办——宽泛的 ``(Exception,)`` / ``(ValueError,)`` 不算。
+        """
         if isinstance(exc, TaskCancelled):
             return False
         if self.give_up_on and isinstance(exc, self.give_up_on):
             return False
+        if isinstance(exc, ConfigurationError):
+            return any(issubclass(kind, ConfigurationError) for kind in self.retry_on) and isinstance(
+                exc, self.retry_on
+            )
         return isinstance(exc, self.retry_on)
 
     def should_retry(self, exc: BaseException, attempt: int) -> bool:

@@ -53,7 +53,11 @@ TRIGGER_CANCEL = "orchestrator:cancel"
 TRIGGER_RETRY_DUE = "runtime:retry_due"
 """重试等待到期，由控制器放回就绪队列（retry_wait → queued）。"""
 TRIGGER_TIMEOUT_START = "runtime:timeout_start"
-"""提交后 start 超时仍没拿到执行槽（queued → stopped）。"""
+"""start 超时：排队中没拿到执行槽（queued → stopped），或载体迟迟没就位、这次尝试记成 timeout_start 失败。"""
+TRIGGER_TIMEOUT_ATTEMPT = "runtime:timeout_attempt"
+"""per_attempt 超时：本次尝试记成 timeout_attempt 失败（→ failed / retry_wait），任务 return 也一样。"""
+TRIGGER_TIMEOUT_IDLE = "runtime:timeout_idle"
+"""idle 超时：这次尝试记成 timeout_idle 失败（→ failed / retry_wait），任务以 return 响应停止也一样。"""
 
 # -- 编排层与重启恢复 --------------------------------------------------------------------------------
 TRIGGER_RELEASED = "pipeline:released"
@@ -94,6 +98,8 @@ ALL_TRIGGERS: frozenset[str] = frozenset(
         TRIGGER_CANCEL,
         TRIGGER_RETRY_DUE,
         TRIGGER_TIMEOUT_START,
+        TRIGGER_TIMEOUT_ATTEMPT,
+        TRIGGER_TIMEOUT_IDLE,
         TRIGGER_RELEASED,
         TRIGGER_DEPENDENCY_FAILED,
         TRIGGER_RECONCILE,
@@ -137,5 +143,7 @@ __all__ = [
     "TRIGGER_STOPPED",
     "TRIGGER_STOPPING",
     "TRIGGER_SUCCEEDED",
+    "TRIGGER_TIMEOUT_ATTEMPT",
+    "TRIGGER_TIMEOUT_IDLE",
     "TRIGGER_TIMEOUT_START",
 ]

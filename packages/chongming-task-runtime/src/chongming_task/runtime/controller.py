@@ -57,6 +57,9 @@ logger = logging.getLogger("chongming_task.controller")
 # submit() 自己用的关键字；其余关键字参数原样交给任务。
 SUBMIT_KEYWORDS = ("task_id", "label", "tags", "priority", "bucket_key")
 
+ARTIFACT_HINT = "请给 Controller(artifact_dir=...) 传产物根目录（它管的每个任务在其下各有一个目录）"
+"""Controller 管的任务没配产物目录时的提示：指向 Controller 自己的参数，而不是 TaskRun 的。"""
+
 
 def default_owner() -> str:
     """默认的发起者/持有者标识：主机名:pid，便于事后追溯是谁按的停止。"""
@@ -384,6 +387,7 @@ class Controller:
             timeout=definition.timeout,
             graceful_stop=self.graceful_stop,
             artifact_dir=self.artifact_dir,
+            artifact_hint=ARTIFACT_HINT,
             clock=self.clock,
             upstream=upstream,
             on_requeue=self._requeue,
@@ -391,10 +395,11 @@ class Controller:
         with self._lock:
             if self._closed:
                 raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
-            if task_id in self._runs or task_id in self._reserved_ids:
-                raise DuplicateTaskId(
-                    f"task_id {task_id!r} 已存在；停止过的任务想再跑，请换一个 task_id 提交"
-                )
+            existing = self._runs.get(task_id)
+            if existing is not None or task_id in self._reserved_ids:
+                # 建议按已有任务的真实状态给（还在跑 / 已成功 / 已结束）；正在别的线程里提交的算"仍在进行"。
+                status = existing.status if existing is not None else TaskStatus.QUEUED
+                raise DuplicateTaskId.for_existing(task_id, status)
             self._reserved_ids.add(task_id)  # 先占住 id，落库（可能较慢）在锁外做
         try:
             self._link.create(machine)

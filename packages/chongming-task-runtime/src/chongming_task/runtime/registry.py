@@ -16,6 +16,7 @@ from typing import Any
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import normalize_tags, validate_task_id
 from chongming_task.policies import RetryPolicy, Timeout
+from chongming_task.runtime.signature import check_task_signature
 
 SPEC_ATTRIBUTE = "__chongming_task__"
 
@@ -62,6 +63,7 @@ class TaskRegistry:
         validate_task_id(name, what="任务名")
         if not callable(fn):
             raise ConfigurationError(f"register({name!r}, ...) 的第二个参数必须是函数，收到 {fn!r}")
+        check_task_signature(fn)  # 忘了 ctx 在登记时就说清楚，别等到任务跑起来
         if name in self._definitions:
             raise ConfigurationError(
                 f"任务名 {name!r} 已经登记过（{self._definitions[name].fn!r}）；"

@@ -168,9 +168,13 @@ class StoreLink(LocalLink):
         try:
             self._write.create(machine)
         except DuplicateTaskId:
-            raise DuplicateTaskId(
-                f"task_id {machine.task_id!r} 已存在于存储中；停止过的任务想再跑，请换一个 task_id 提交"
-            ) from None
+            # 建议按存储里那个任务的真实状态给（还在跑 / 已成功 / 已结束）；读不到就只说"已存在"。
+            try:
+                existing = self._store.get(machine.task_id)
+            except TaskError:
+                existing = None
+            status = existing.status if existing is not None else None
+            raise DuplicateTaskId.for_existing(machine.task_id, status, where="于存储中") from None
 
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         self._write.on_transition(machine, snapshot, record)

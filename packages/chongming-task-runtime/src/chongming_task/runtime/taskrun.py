@@ -49,6 +49,8 @@ from chongming_task.core.triggers import (
     TRIGGER_RETRY_DUE,
     TRIGGER_START,
     TRIGGER_STOP,
+    TRIGGER_TIMEOUT_ATTEMPT,
+    TRIGGER_TIMEOUT_IDLE,
     TRIGGER_TIMEOUT_START,
 )
 from chongming_task.decorators import task_spec
@@ -72,6 +74,7 @@ from chongming_task.runtime.executors.base import (
     ResultKind,
 )
 from chongming_task.runtime.executors.thread import ThreadExecutor
+from chongming_task.runtime.signature import check_task_signature
 from chongming_task.runtime.supervisor import Timer, Watchdog
 from chongming_task.states import TERMINAL_STATUSES, TRANSITIONS, TaskStatus
 
@@ -84,6 +87,13 @@ DEFAULT_PAUSE_TIMEOUT = 5.0
 _DEFAULT_EXECUTOR = ThreadExecutor()
 
 _NOT_STARTED = frozenset({S.PENDING, S.BLOCKED, S.QUEUED, S.RETRY_WAIT})
+
+# 超时失败的迁移记在哪个触发源下：历史里要看得出"这是哪一档超时"，而不是一次普通的 executor:failed。
+_TIMEOUT_TRIGGERS: dict[FailureKind, str] = {
+    FailureKind.TIMEOUT_START: TRIGGER_TIMEOUT_START,
+    FailureKind.TIMEOUT_ATTEMPT: TRIGGER_TIMEOUT_ATTEMPT,
+    FailureKind.TIMEOUT_IDLE: TRIGGER_TIMEOUT_IDLE,
+}
 
 
 class _Attempt:
@@ -204,7 +214,9 @@ class TaskRun:
         machine: StateMachine | None = None,
         on_requeue: Callable[[TaskRun], None] | None = None,
         pause_timeout: float = DEFAULT_PAUSE_TIMEOUT,
+        artifact_hint: str | None = None,
     ) -> None:
+        """``artifact_hint``：没配产物目录时告诉用户去哪儿配（Controller 传指向它自己参数的提示）。"""
         if not callable(fn):
             raise ConfigurationError(f"TaskRun 的第一个参数必须是任务函数，收到 {fn!r}")
         spec = task_spec(fn)
@@ -238,6 +250,9 @@ class TaskRun:
         self.pause_timeout = _number("pause_timeout", pause_timeout, allow_none=False) or 0.0
         self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
         self.upstream: dict[str, Any] = dict(upstream or {})
+        self.artifact_hint = artifact_hint
+        # 忘了 ctx 在提交时就说清楚（run_task / TaskRun / Controller.submit 都经过这里）。
+        check_task_signature(fn, self.args, self.kwargs)
         executor.check_submittable(
             fn, self.args, self.kwargs, {"upstream": self.upstream, "retry": retry, "timeout": timeout}
         )
@@ -480,12 +495,15 @@ class TaskRun:
                 machine.mark_paused(trigger=TRIGGER_PAUSE, actor=actor, reason="未启动的任务直接暂停")
                 return True
             attempt = self._attempt
-            if status not in (S.RUNNING, S.PAUSING) or attempt is None or attempt.settled:
+            if status not in (S.STARTING, S.RUNNING, S.PAUSING) or attempt is None or attempt.settled:
                 return False
             if not self.executor.supports_pause or attempt.stop_requested:
                 return False
             assert attempt.handle is not None
-            if status is S.RUNNING:
+            # starting 也经 pausing 缓冲（转移表有 starting → pausing）：载体就位之前暂停标志就已拨好，
+            # 任务的第一个 checkpoint() 就挂起；窗口内没到检查点照样 pause_aborted 回滚。直接丢掉它的话，
+            # 提交后紧接着的暂停（进程执行器的 starting 有 100 ms+）会被静默吞掉。
+            if status is not S.PAUSING:
                 signal = attempt.pause_signal(fresh=True)
                 machine.mark_pausing(actor=actor)
                 attempt.handle.request_pause()
@@ -620,6 +638,7 @@ class TaskRun:
             upstream=self.upstream,
             artifact_root=self.artifact_dir,
             logs=self._log_buffer(),
+            artifact_hint=self.artifact_hint,
         )
         self._attempt = attempt
         attempt.handle = self.executor.prepare(spec, _Events(self, attempt))
@@ -718,7 +737,9 @@ class TaskRun:
             status = machine.status
             kind = result.kind
             failure = result.failure
-            if kind is ResultKind.RETURNED:
+            # 正常返回只有两种情形算成功：没有超时，或有人按了停止（stopping → succeeded，§4.4）。
+            # 超时发出的停止请求被任务以 return 响应时，结果仍是 timeout_* 失败（§6）——否则超时等于没设。
+            if kind is ResultKind.RETURNED and (attempt.timeout_failure is None or status is S.STOPPING):
                 machine.mark_succeeded(outcome=result.value)
             elif status is S.STOPPING:
                 if kind is ResultKind.CANCELLED:
@@ -747,7 +768,9 @@ class TaskRun:
                         f"{timeout_failure.message}；任务没有在优雅窗口内响应，子进程已被终止（{failure.message}）",
                         retryable=timeout_failure.retryable,
                     )
-                retry_due_now = self._fail_or_retry_locked(timeout_failure)
+                retry_due_now = self._fail_or_retry_locked(
+                    timeout_failure, trigger=_TIMEOUT_TRIGGERS[timeout_failure.kind]
+                )
             elif kind is ResultKind.CANCELLED:
                 machine.mark_failed(
                     failure=Failure(
@@ -772,15 +795,21 @@ class TaskRun:
             self._sync_heartbeat_locked(attempt)
         attempt.wake_pauser()
 
-    def _fail_or_retry_locked(self, failure: Failure) -> bool:
-        """可重试且预算没用完 → retry_wait（返回"立即到期"与否）；否则 failed。"""
+    def _fail_or_retry_locked(self, failure: Failure, *, trigger: str | None = None) -> bool:
+        """可重试且预算没用完 → retry_wait（返回"立即到期"与否）；否则 failed。
+
+        ``trigger`` 给了就记在这次迁移上（超时失败记成对应的超时触发源），否则用状态机的默认值。
+        """
         machine = self.machine
         snapshot = machine.snapshot
+        triggered: dict[str, str] = {} if trigger is None else {"trigger": trigger}
         if not (failure.retryable and snapshot.attempt < snapshot.max_attempts):
-            machine.mark_failed(failure=failure)
+            machine.mark_failed(failure=failure, **triggered)
             return False
         delay = max(0.0, float(self.retry.delay_for(snapshot.attempt)))
-        machine.mark_retry_wait(failure=failure, retry_at=self.clock.now() + timedelta(seconds=delay))
+        machine.mark_retry_wait(
+            failure=failure, retry_at=self.clock.now() + timedelta(seconds=delay), **triggered
+        )
         if self.executor.blocking:
             self._retry_deadline = self.clock.monotonic() + delay
             return False

@@ -44,8 +44,10 @@ def check_json_value(value: Any, *, what: str = "outcome") -> str:
     try:
         return _STRICT_JSON.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
+        # 中文名词与"必须"之间不留空格；英文标识符（outcome、NodeRecord.info）后面照常空一格。
+        gap = " " if what[-1:].isascii() else ""
         raise ConfigurationError(
-            f"{what} 必须可 JSON 序列化（dict / list / str / 数字 / bool / None）：{exc}"
+            f"{what}{gap}必须可 JSON 序列化（dict / list / str / 数字 / bool / None）：{exc}"
         ) from None
 
 

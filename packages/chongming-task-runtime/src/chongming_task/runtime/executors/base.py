@@ -62,6 +62,8 @@ class AttemptSpec:
     upstream: Mapping[str, Any]
     artifact_root: Path | None
     logs: deque[LogEntry]
+    artifact_hint: str | None = None
+    """没配产物目录时告诉用户去哪儿配（None：默认指向 TaskRun / run_task）。"""
 
 
 class AttemptEvents(ContextEvents):
@@ -145,6 +147,7 @@ def build_context(spec: AttemptSpec, events: ContextEvents) -> TaskContext:
         artifact_root=spec.artifact_root,
         logs=spec.logs,
         events=events,
+        artifact_hint=spec.artifact_hint,
     )
 
 
@@ -179,10 +182,7 @@ def execute_body(
         # 结果检查里的任何异常都必须落成 result_invalid：漏出去会让载体线程死掉，任务永远停在 running、
         # 槽位泄漏（issue 22.4）。
         detail = str(exc) if isinstance(exc, ConfigurationError) else f"检查返回值时出错：{exc!r}"
-        message = (
-            f"{detail}；返回值会写入存储，请返回 dict / list / str / 数字 / bool / None，"
-            "大数据请返回指针（路径、对象存储 key）"
-        )
+        message = f"{detail}；返回值会写入存储，大数据请返回指针（路径、对象存储 key）"
         failure = Failure(
             FailureKind.RESULT_INVALID, message, retryable=False, exc_type=type(value).__qualname__
         )

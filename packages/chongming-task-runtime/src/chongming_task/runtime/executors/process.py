@@ -83,6 +83,7 @@ class _ChildPayload:
     retry: RetryPolicy
     upstream: dict[str, Any]
     artifact_root: str | None
+    artifact_hint: str | None = None
 
 
 # -- the child side ---------------------------------------------------------------------------------
@@ -190,6 +191,7 @@ def _child_main(conn: multiprocessing.connection.Connection, payload: _ChildPayl
         upstream=payload.upstream,
         artifact_root=payload.artifact_root,
         events=_ChildEvents(send),
+        artifact_hint=payload.artifact_hint,
     )
     listener = threading.Thread(
         target=_child_listen, args=(conn, ctx, send), name="chongming-task-control", daemon=True
@@ -317,6 +319,7 @@ class ProcessAttempt(AttemptHandle):
             retry=spec.retry,
             upstream=dict(spec.upstream),
             artifact_root=None if spec.artifact_root is None else str(spec.artifact_root),
+            artifact_hint=spec.artifact_hint,
         )
         process = self._executor.mp_context.Process(
             target=_child_main,

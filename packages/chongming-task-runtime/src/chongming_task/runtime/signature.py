@@ -1,0 +1,119 @@
+"""任务函数签名的提交前检查：第一个位置参数收上下文（用户指南 §2.1）。
+
+新手最常见的错误是忘了写 ``ctx``（``def fetch(url)``）：执行器按 ``fn(ctx, *args, **kwargs)`` 调用，
+于是 url 收到了上下文、真正的参数多出来一个，任务跑起来才以一个看不懂的 TypeError 失败（还可能被
+重试几轮）。这里在 register / submit / run_task 时就把它拦下，并直说该怎么改。
+
+只拦"确定是忘了 ctx"的情形，绝不误伤合法写法：
+
+* 登记时（还没有参数）：函数根本没有能收上下文的位置参数（``def f()``、``def f(*, url)``），或第一个
+  位置参数标注成了 str / int 这类不可能是上下文的值类型；
+* 提交时：``fn(ctx, *args, **kwargs)`` 绑不上、而 ``fn(*args, **kwargs)`` 绑得上——差的正好是 ctx。
+  别的绑定错误（少传、多传了参数）照旧留给任务自己报：那不是"忘了 ctx"，改判会改变既有行为。
+
+``inspect.signature`` 认得 ``@task`` 函数（原样返回）、``async def``、``functools.partial``、绑定方法、
+``functools.wraps`` 包装与带 ``__call__`` 的对象；取不到签名的（部分 C 实现的可调用对象）不检查。
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from chongming_task.errors import ConfigurationError
+
+_P = inspect.Parameter
+_POSITIONAL = (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)
+
+# 第一个位置参数标注成这些类型时，它不可能是上下文。
+_VALUE_TYPES: frozenset[Any] = frozenset({str, int, float, bool, bytes, list, dict, tuple, set, frozenset})
+_VALUE_TYPE_NAMES = frozenset(t.__name__ for t in _VALUE_TYPES)
+
+_CONTEXT = object()
+"""绑定检查时代替上下文的占位对象（只用于 Signature.bind，不会被调用）。"""
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _display_name(fn: Callable[..., Any]) -> str:
+    target: Any = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    name = getattr(target, "__name__", None)
+    return name if isinstance(name, str) else type(target).__name__
+
+
+def _suggested(name: str, signature: inspect.Signature) -> str:
+    """把 ctx 加在最前面的写法，例如 ``def fetch(ctx, url)``（只写参数名，不抄标注）。"""
+    parts = ["ctx"]
+    star_written = False
+    for parameter in signature.parameters.values():
+        if parameter.kind is _P.VAR_POSITIONAL:
+            parts.append(f"*{parameter.name}")
+            star_written = True
+        elif parameter.kind is _P.KEYWORD_ONLY:
+            if not star_written:
+                parts.append("*")
+                star_written = True
+            parts.append(parameter.name)
+        elif parameter.kind is _P.VAR_KEYWORD:
+            parts.append(f"**{parameter.name}")
+        else:
+            parts.append(parameter.name)
+    return f"def {name}({', '.join(parts)})"
+
+
+def _is_value_type(annotation: object) -> bool:
+    if isinstance(annotation, str):  # from __future__ import annotations：标注是字符串
+        return annotation.split("[", 1)[0].strip() in _VALUE_TYPE_NAMES
+    origin = typing.get_origin(annotation) or annotation
+    return origin in _VALUE_TYPES
+
+
+def _refuse(fn: Callable[..., Any], signature: inspect.Signature, why: str) -> ConfigurationError:
+    name = _display_name(fn)
+    return ConfigurationError(
+        f"任务函数 {name}{signature} {why}：执行器按 fn(ctx, *args, **kwargs) 调用，第一个位置参数收到的是"
+        f"上下文 ctx（TaskContext），你传的参数从第二个开始；请写成 {_suggested(name, signature)}"
+    )
+
+
+def check_task_signature(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> None:
+    """确定是忘了 ctx 时抛 ConfigurationError。``args`` 为 None 表示登记时（还没有参数）。"""
+    signature = _signature(fn)
+    if signature is None:
+        return
+    parameters = list(signature.parameters.values())
+    positional = [p for p in parameters if p.kind in _POSITIONAL]
+    takes_var_positional = any(p.kind is _P.VAR_POSITIONAL for p in parameters)
+    if not positional and not takes_var_positional:
+        raise _refuse(fn, signature, "没有能接收上下文的位置参数")
+    if positional and positional[0].annotation is not _P.empty and _is_value_type(positional[0].annotation):
+        first = positional[0]
+        raise _refuse(fn, signature, f"的第一个位置参数 {first.name} 标注成了值类型（{first.annotation}）")
+    if args is None:
+        return
+    given = dict(kwargs or {})
+    try:
+        signature.bind(_CONTEXT, *args, **given)
+    except TypeError:
+        try:
+            signature.bind(*args, **given)
+        except TypeError:
+            return  # 别的参数错误：不是"忘了 ctx"，照旧由任务自己报
+        raise _refuse(fn, signature, "收不下上下文加上你传的参数") from None
+
+
+__all__ = ["check_task_signature"]
