@@ -1,7 +1,10 @@
 """崩溃矩阵的工作节点：在独立 OS 进程里跑一个持久化 Controller，持续制造各种生命周期阶段，
 直到被测试进程 SIGKILL。
 
-用法：python crash_worker.py <store-url> <owner> <prefix> <seed> <lease_ttl>
+用法：python crash_worker.py <store-url> <owner> <prefix> <seed> <lease_ttl> [thread|process:<start_method>]
+
+第六个参数选执行器：默认线程执行器；``process:spawn`` / ``process:forkserver`` 让任务跑在 ProcessExecutor 的
+子进程里（崩溃矩阵的"进程执行器监督进程"车道：监督进程被杀后，子进程一个都不许活下来）。
 
 它做的事（都在一个循环里，随机交错）：
 
@@ -23,7 +26,15 @@ import threading
 import time
 from typing import Any
 
-from chongming_task import Controller, FixedBackoff, RetryPolicy, TaskCancelled, open_store
+from chongming_task import (
+    Controller,
+    FixedBackoff,
+    ProcessExecutor,
+    RetryPolicy,
+    TaskCancelled,
+    ThreadExecutor,
+    open_store,
+)
 
 COMMAND_HOLD_SECONDS = 0.12
 MAX_TASKS = 36
@@ -70,6 +81,11 @@ def slow_stop(ctx: Any) -> None:
 
 def main() -> int:
     url, owner, prefix, seed_text, lease_text = sys.argv[1:6]
+    executor_spec = sys.argv[6] if len(sys.argv) > 6 else "thread"
+    if executor_spec.startswith("process:"):
+        executor: ThreadExecutor | ProcessExecutor = ProcessExecutor(start_method=executor_spec[8:])
+    else:
+        executor = ThreadExecutor()
     rng = random.Random(int(seed_text))
     store = open_store(url)
     print_lock = threading.Lock()
@@ -105,6 +121,7 @@ def main() -> int:
         side_channel_interval=0.1,
         command_poll_interval=0.03,
         graceful_stop=5.0,
+        executor=executor,
     )
     controller.register("quick", quick)
     controller.register("boom", boom)

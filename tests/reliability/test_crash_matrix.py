@@ -19,6 +19,10 @@
    已完成的不会再被投递。
 
 两条试验"车道"并行（各自一个 SQLite 文件 / 一个 Postgres schema），把墙钟时间压在两分钟左右。
+
+另有一组"进程执行器监督进程"试验（issue 22.3）：工作节点用 ProcessExecutor（spawn / forkserver 交替），
+被杀前记下它的全部后代进程（任务子进程、forkserver），被杀后除了上面三条，还要求这些后代在
+``ORPHAN_EXIT_BOUND`` 秒内全部退出——存储说 ``lost`` 的任务，不许还有子进程在后台接着跑、接着写。
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import pytest
 from reliability_support import check_history, expected_reconcile, peek_commands, report
 
 from chongming_task import CommandAction, Controller, TaskStatus, open_store
+from chongming_task.runtime.executors.process import ORPHAN_EXIT_BOUND
 from chongming_task.runtime.reconcile import TRIGGER_RECONCILE
 from chongming_task.states import NON_TERMINAL_STATUSES, RESOURCE_HOLDING_STATUSES
 from chongming_task.storage import TaskQuery, TaskStore
@@ -69,15 +74,42 @@ class Trial:
     commands_redelivered: int = 0
     held_lines_not_done: int = 0
     missing_last_submit: bool = False
+    descendants: int = 0
+    survivors: list[int] = field(default_factory=list)
     seconds: float = 0.0
+
+
+def _alive(pid: int) -> bool:
+    """进程还在跑（僵尸不算：它只是还没被回收）。"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def descendants_of(pid: int) -> set[int]:
+    """pid 的全部后代（按 /proc/<pid>/task/*/children 递归）。"""
+    found: set[int] = set()
+    frontier = [pid]
+    while frontier:
+        current = frontier.pop()
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                pids = {int(text) for text in children.read_text().split()}
+            except OSError:
+                continue
+            frontier.extend(pids - found)
+            found |= pids
+    return found
 
 
 class WorkerProcess:
     """crash_worker.py 子进程 + 一个读 stdout 的线程（行事件可被等待）。"""
 
-    def __init__(self, url: str, owner: str, prefix: str, seed: int) -> None:
+    def __init__(self, url: str, owner: str, prefix: str, seed: int, executor: str = "thread") -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), url, owner, prefix, str(seed), str(LEASE_TTL)],
+            [sys.executable, str(WORKER), url, owner, prefix, str(seed), str(LEASE_TTL), executor],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -150,13 +182,15 @@ def console_loop(store: TaskStore, prefix: str, stop: threading.Event, rng: rand
         store.submit_command(rng.choice(live), action, issuer="console", reason="崩溃矩阵", payload=payload)
 
 
-def run_trial(url: str, lane: int, index: int, scenario: str, console_store: TaskStore) -> Trial:
+def run_trial(
+    url: str, lane: int, index: int, scenario: str, console_store: TaskStore, executor: str = "thread"
+) -> Trial:
     started = time.monotonic()
     trial = Trial(scenario, index)
     rng = random.Random(1000 * lane + index)
     owner = f"dead-{lane}-{index}"
     prefix = f"L{lane}T{index:03d}-"
-    worker = WorkerProcess(url, owner, prefix[:-1], rng.randrange(1 << 30))
+    worker = WorkerProcess(url, owner, prefix[:-1], rng.randrange(1 << 30), executor)
     stop_console = threading.Event()
     console = threading.Thread(
         target=console_loop, args=(console_store, prefix, stop_console, random.Random(index)), daemon=True
@@ -189,10 +223,19 @@ def run_trial(url: str, lane: int, index: int, scenario: str, console_store: Tas
             trial.target_hit = worker.wait_for(holding, TARGET_TIMEOUT)
             time.sleep(rng.uniform(0.0, 0.08))
     finally:
+        watched = descendants_of(worker.proc.pid) if executor != "thread" else set()
         worker.kill()
         killed_at = time.monotonic()
         stop_console.set()
         console.join(timeout=10)
+    if executor != "thread":
+        # 监督进程死了：它的子进程（连同 forkserver）必须在界限内全部退出。
+        trial.descendants = len(watched)
+        while any(_alive(pid) for pid in watched) and time.monotonic() < killed_at + ORPHAN_EXIT_BOUND:
+            time.sleep(0.005)
+        trial.survivors = [pid for pid in watched if _alive(pid)]
+        for pid in trial.survivors:  # 别让失败的试验把进程留在机器上
+            os.kill(pid, signal.SIGKILL)
 
     # 1. 存储能打开；历史自洽。
     store = open_store(url)
@@ -279,8 +322,16 @@ def run_trial(url: str, lane: int, index: int, scenario: str, console_store: Tas
     return trial
 
 
-def run_matrix(store_kind: str, url_for_lane: Callable[[int, int], str], figures_dir: Path) -> dict[str, Any]:
-    plan = [(scenario, n) for n in range(TRIALS_PER_SCENARIO) for scenario in SCENARIOS]
+def run_matrix(
+    store_kind: str,
+    url_for_lane: Callable[[int, int], str],
+    figures_dir: Path,
+    *,
+    scenarios: tuple[str, ...] = SCENARIOS,
+    trials_per_scenario: int = TRIALS_PER_SCENARIO,
+    executor_for: Callable[[int], str] = lambda index: "thread",
+) -> dict[str, Any]:
+    plan = [(scenario, n) for n in range(trials_per_scenario) for scenario in scenarios]
     lanes: list[list[tuple[int, str]]] = [[] for _ in range(LANES)]
     for index, (scenario, _) in enumerate(plan):
         lanes[index % LANES].append((index, scenario))
@@ -297,7 +348,7 @@ def run_matrix(store_kind: str, url_for_lane: Callable[[int, int], str], figures
                     if console_store is not None:
                         console_store.close()
                     console_store, console_url = open_store(url), url
-                results.append(run_trial(url, lane, index, scenario, console_store))
+                results.append(run_trial(url, lane, index, scenario, console_store, executor_for(index)))
         finally:
             if console_store is not None:
                 console_store.close()
@@ -306,7 +357,7 @@ def run_matrix(store_kind: str, url_for_lane: Callable[[int, int], str], figures
     with ThreadPoolExecutor(max_workers=LANES) as pool:
         trials = [t for lane_results in pool.map(run_lane, range(LANES)) for t in lane_results]
     by_scenario: dict[str, dict[str, Any]] = {}
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         group = [t for t in trials if t.scenario == scenario]
         states: collections.Counter[str] = collections.Counter()
         for t in group:
@@ -331,6 +382,8 @@ def run_matrix(store_kind: str, url_for_lane: Callable[[int, int], str], figures
         "commands_held_by_dead": sum(t.commands_held_by_dead for t in trials),
         "commands_redelivered": sum(t.commands_redelivered for t in trials),
         "trials_killed_while_holding_command": sum(t.held_lines_not_done > 0 for t in trials),
+        "child_processes_at_kill": sum(t.descendants for t in trials),
+        "surviving_child_processes": sum(len(t.survivors) for t in trials),
         "by_scenario": by_scenario,
     }
     report(figures_dir, f"crash_matrix_{store_kind}", figures)
@@ -361,3 +414,23 @@ def test_crash_matrix_postgres(pg_schema_factory: Callable[[str], str], figures_
     lane_urls = [pg_schema_factory(f"crash{lane}") for lane in range(LANES)]
     figures = run_matrix("postgres", lambda lane, index: lane_urls[lane], figures_dir)
     check_coverage(figures)
+
+
+PROCESS_SCENARIOS = ("random", "save", "paused", "stopping")
+
+
+@pytest.mark.slow
+def test_crash_matrix_process_executor_supervisors(tmp_path: Path, figures_dir: Path) -> None:
+    """ProcessExecutor 的监督进程被 SIGKILL：存储照样自洽可恢复，子进程一个都不留（issue 22.3）。"""
+    figures = run_matrix(
+        "sqlite_process_executor",
+        lambda lane, index: f"sqlite:///{tmp_path}/proc-trial-{index:03d}.db",
+        figures_dir,
+        scenarios=PROCESS_SCENARIOS,
+        trials_per_scenario=3,
+        executor_for=lambda index: "process:forkserver" if index % 2 else "process:spawn",
+    )
+    assert figures["trials"] == len(PROCESS_SCENARIOS) * 3
+    assert figures["child_processes_at_kill"] > 0, f"没有一次试验杀在子进程活着的时候：{figures}"
+    assert figures["lost"] > 0, figures
+    assert figures["surviving_child_processes"] == 0, figures
