@@ -613,7 +613,8 @@ class PostgresTaskStore(TaskStore):
             f"PostgreSQL 角色 {role!r} 没有建表权限，而 schema {self._schema!r} 里的表还不存在：缺少{missing}；"
             "请让有权限的账号执行 chongming-task schema-sql 打印的建表 SQL"
             f"（即 PostgresTaskStore.schema_sql({self._schema!r})）再授权，或执行 {grant}"
-            f"\n数据库报错：{str(exc).strip()}"
+            # 驱动的报错后面跟着出错语句的原文（LINE 1: CREATE TABLE …）：只留第一行。
+            f"\n数据库报错：{(str(exc).strip().splitlines() or [''])[0]}"
             f"\n授权本角色读写（建表之后）：{' '.join(_schema.grant_sql(self._schema, role).split())}"
         )
         return SchemaPrivilegeError(
