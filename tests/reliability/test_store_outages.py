@@ -30,8 +30,8 @@ import pytest
 from reliability_support import report
 
 from chongming_task import Controller, SqliteTaskStore, TaskStatus, open_store
-from chongming_task.storage import TaskStore
 from chongming_task.errors import StoreError
+from chongming_task.storage import TaskStore
 
 S = TaskStatus
 BOUND_SECONDS = 120.0

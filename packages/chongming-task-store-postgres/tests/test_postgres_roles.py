@@ -79,7 +79,8 @@ def test_role_without_ddl_rights_on_empty_schema_gets_a_clear_error(
     assert f"schema {schema!r} 上的 CREATE 权限" in message
     assert f'GRANT CREATE ON SCHEMA "{schema}"' in message
     assert "PostgresTaskStore.schema_sql" in message
-    # 16.7：建表 SQL 不塞进消息（原先是 4,784 个字符的一行），而在异常的 ddl 属性里；第一行短，说清缺什么、运行什么。
+    # 16.7：建表 SQL 不塞进消息（原先是 4,784 个字符的一行），而在异常的 ddl 属性里；
+    # 第一行短，说清缺什么、运行什么。
     assert "CREATE TABLE" not in message
     first = message.splitlines()[0]
     assert len(first) <= 300 and "chongming-task schema-sql" in first

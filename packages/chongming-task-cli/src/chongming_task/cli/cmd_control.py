@@ -22,10 +22,10 @@ from chongming_task.cli.params import NON_NEGATIVE_INT, SECONDS
 from chongming_task.cli.state import AppState
 from chongming_task.clock import SYSTEM_CLOCK
 from chongming_task.controller import Controller
-from chongming_task.runtime.controller import default_owner
-from chongming_task.runtime.reconcile import reconcile_store
 from chongming_task.models import TaskSnapshot
 from chongming_task.run import DEFAULT_PAUSE_TIMEOUT
+from chongming_task.runtime.controller import default_owner
+from chongming_task.runtime.reconcile import reconcile_store
 from chongming_task.states import TaskStatus
 
 # pause --wait 在持有者的暂停窗口之外多等的时间：指令要等持有者下一轮轮询才被取走（默认 0.5 秒一轮），

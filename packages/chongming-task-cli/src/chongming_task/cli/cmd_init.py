@@ -34,10 +34,15 @@ def init_command(state: AppState) -> int:
 
 
 @cli.command("schema-sql")
-@click.option("--grant", "role", metavar="ROLE", help="Postgres：再打印给只读写、不建表的角色 ROLE 授权的 SQL。")
+@click.option(
+    "--grant", "role", metavar="ROLE", help="Postgres：再打印给只读写、不建表的角色 ROLE 授权的 SQL。"
+)
 @pass_state
 def schema_sql_command(state: AppState, role: str | None) -> int:
-    """打印建表 SQL（不连接数据库），交给有权限的账号执行：--store postgresql://...?schema=名字 或 --db 文件。"""
+    """打印建表 SQL（不连接数据库），交给有权限的账号执行。
+
+    --store postgresql://...?schema=名字 或 --db 文件。
+    """
     url = f"sqlite:{state.db}" if state.db is not None else state.store_url
     if url is None:
         raise CliError(

@@ -122,7 +122,9 @@ class AppState:
                     error="store_damaged",
                 )
         try:
-            store = open_store(url, **self._opening(url, create=create, readonly=readonly, mode=create_schema))
+            store = open_store(
+                url, **self._opening(url, create=create, readonly=readonly, mode=create_schema)
+            )
         except (SchemaMissing, SchemaPrivilegeError) as exc:
             if exc.ddl:
                 exc.add_note(exc.ddl)  # 完整建表 SQL 只在 --debug 的堆栈里出现，不进那一行报错

@@ -17,7 +17,13 @@ from datetime import datetime, timedelta
 
 from chongming_task.clock import Clock
 from chongming_task.core.state_machine import StateMachine
-from chongming_task.errors import ConcurrencyConflict, ConfigurationError, DuplicateTaskId, StoreError, TaskError
+from chongming_task.errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    DuplicateTaskId,
+    StoreError,
+    TaskError,
+)
 from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.storage import TaskStore
 

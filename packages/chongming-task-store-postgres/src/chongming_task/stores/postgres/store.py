@@ -254,7 +254,8 @@ class PostgresTaskStore(TaskStore):
       永远卡住——写入失败会进 persist_failures，任务照常，恢复后存储自动追平。
     * ``clock``：写进指令与租约的"现在"（测试注入 FakeClock）。
     * ``readonly``：只读打开——不建 schema、不建表、不补建，每条连接都是
-      ``default_transaction_read_only``（写方法一律失败）；schema 里没有 chongming-task 的表 → ``SchemaMissing``。
+      ``default_transaction_read_only``（写方法一律失败）；schema 里没有 chongming-task 的表 →
+      ``SchemaMissing``。
     * ``create_schema``：``"auto"``（默认：只在 schema 不存在或里面一张表也没有时建表）、``"always"``
       （schema 里有别的表也建）、``"never"``（从不建表，表由 DBA 按 ``schema_sql()`` 建）。
       约定见 ``chongming_task.core.storage.opening``。
@@ -506,12 +507,15 @@ class PostgresTaskStore(TaskStore):
         """
         ddl = _schema.schema_sql(self._schema)
         if self._create_schema == "never":
-            row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s)", [self._schema])
+            row = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s)", [self._schema]
+            )
             found = row.fetchone()
             what = " 里没有 chongming-task 的表" if found and found[0] else " 不存在"
             raise SchemaMissing(
                 f"PostgreSQL schema {self._schema!r}{what}（{self._display}）：请检查 ?schema= 的拼写；"
-                "新部署的表由写入方（run / chongming-task init）创建，或由 DBA 执行 chongming-task schema-sql 打印的建表 SQL",
+                "新部署的表由写入方（run / chongming-task init）创建，"
+                "或由 DBA 执行 chongming-task schema-sql 打印的建表 SQL",
                 ddl=ddl,
             )
         if self._create_schema == "auto":
@@ -523,8 +527,9 @@ class PostgresTaskStore(TaskStore):
             if rows:
                 names = ", ".join(str(r[0]) for r in rows[:3]) + (" 等" if len(rows) > 3 else "")
                 raise SchemaMissing(
-                    f"PostgreSQL schema {self._schema!r} 里已有别的表（{names}），没有 chongming-task 的表：确实要"
-                    "把任务表建在这里，请先运行 chongming-task init（代码里传 create_schema='always'），否则换一个 schema",
+                    f"PostgreSQL schema {self._schema!r} 里已有别的表（{names}），没有 chongming-task 的表："
+                    "确实要把任务表建在这里，请先运行 chongming-task init"
+                    "（代码里传 create_schema='always'），否则换一个 schema",
                     ddl=ddl,
                 )
 
@@ -610,7 +615,8 @@ class PostgresTaskStore(TaskStore):
             missing = f"数据库 {database!r} 上的 CREATE 权限（schema {self._schema!r} 还不存在）"
             grant = f"GRANT CREATE ON DATABASE {_schema.quote_ident(database)} TO {q_role};"
         message = (
-            f"PostgreSQL 角色 {role!r} 没有建表权限，而 schema {self._schema!r} 里的表还不存在：缺少{missing}；"
+            f"PostgreSQL 角色 {role!r} 没有建表权限，而 schema {self._schema!r} 里的表还不存在："
+            f"缺少{missing}；"
             "请让有权限的账号执行 chongming-task schema-sql 打印的建表 SQL"
             f"（即 PostgresTaskStore.schema_sql({self._schema!r})）再授权，或执行 {grant}"
             # 驱动的报错后面跟着出错语句的原文（LINE 1: CREATE TABLE …）：只留第一行。

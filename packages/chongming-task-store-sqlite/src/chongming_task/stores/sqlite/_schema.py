@@ -149,7 +149,8 @@ def missing_tables(conn: sqlite3.Connection) -> bool:
 def foreign_tables(conn: sqlite3.Connection) -> list[str]:
     """库里不属于 chongming-task 的表（按名字排序；SQLite 内部表除外）。非空说明这是别的应用的库。"""
     rows = conn.execute(
-        "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' ORDER BY name"
+        "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' "
+        "ORDER BY name"
     ).fetchall()
     return [str(row[0]) for row in rows if row[0] not in _REQUIRED_TABLES]
 

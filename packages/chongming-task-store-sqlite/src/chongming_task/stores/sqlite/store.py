@@ -305,14 +305,17 @@ class SqliteTaskStore(TaskStore):
         version = schema.read_version(conn)
         schema.check_not_newer(version, self._path)
         where = "内存数据库" if self._memory else f"数据库文件 {self._path}"
-        if version == schema.SCHEMA_VERSION and (self._create_schema == "never" or not schema.missing_tables(conn)):
+        if version == schema.SCHEMA_VERSION and (
+            self._create_schema == "never" or not schema.missing_tables(conn)
+        ):
             # 只读 / 不许建表时，同一版本里后补的表（节点表）缺了也照常打开：用到它的方法才报错。
             self._use_wal(conn)
             return
         if self._create_schema == "never":
             if version is not None:
                 raise SchemaMissing(
-                    f"{where} 的表结构版本是 {version}，低于当前的 {schema.SCHEMA_VERSION}：只读（或不许建表）"
+                    f"{where} 的表结构版本是 {version}，低于当前的 {schema.SCHEMA_VERSION}："
+                    "只读（或不许建表）"
                     "的打开不会升级它；请用可写方式打开一次（chongming-task init）"
                 )
             raise SchemaMissing(
@@ -352,7 +355,9 @@ class SqliteTaskStore(TaskStore):
         if code == _SQLITE_CANTOPEN:
             return StoreError(f"无法打开{where}（{exc}）：请检查所在目录是否存在、是否有读写权限")
         if code == _SQLITE_READONLY and self._readonly:
-            return StoreError(f"{where} 是只读打开的（readonly=True）：不能写入（{what}）；要写入请去掉 readonly")
+            return StoreError(
+                f"{where} 是只读打开的（readonly=True）：不能写入（{what}）；要写入请去掉 readonly"
+            )
         if code == _SQLITE_READONLY:
             return StoreError(f"{where} 是只读的（{exc}）：请检查文件与所在目录的写权限")
         if code == _SQLITE_FULL:
