@@ -167,10 +167,11 @@ def readonly_role() -> Iterator[str]:
 def test_ddl_permission_error_is_one_short_line_and_the_sql_is_behind_debug(
     tmp_path: Path, readonly_role: str
 ) -> None:
-    line = error_line(cli("--store", readonly_role, "ps", cwd=tmp_path))
+    # 只读命令在空 schema 上不建表（16.5，报"没有 chongming-task 的表"）；要建表的是写入方：init / run。
+    line = error_line(cli("--store", readonly_role, "init", cwd=tmp_path))
     assert "没有建表权限" in line and "CREATE 权限" in line  # 原因与该补的权限都在这一行里
     assert "CREATE TABLE" not in line and "--debug" in line  # 建表 SQL 不在这一行，提示去哪里看
-    debug = cli("--debug", "--store", readonly_role, "ps", cwd=tmp_path)
+    debug = cli("--debug", "--store", readonly_role, "init", cwd=tmp_path)
     assert debug.returncode == 1
     assert "CREATE TABLE IF NOT EXISTS" in debug.stderr  # --debug 时完整说明（含建表 SQL）都在
     assert len(debug.stderr.strip().splitlines()[-1]) <= MAX_ERROR_CHARS

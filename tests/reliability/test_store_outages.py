@@ -30,6 +30,7 @@ import pytest
 from reliability_support import report
 
 from chongming_task import Controller, SqliteTaskStore, TaskStatus, open_store
+from chongming_task.errors import StoreError
 from chongming_task.storage import TaskStore
 
 S = TaskStatus
@@ -108,7 +109,16 @@ def outage_workload(
     inject()
     outage_started = time.monotonic()
     progress_at_start = {r.task_id: r.snapshot.progress.done if r.snapshot.progress else 0 for r in runs}
-    during = [controller.submit("work", 100 + i, task_id=f"during-{i}") for i in range(3)]
+    # 故障期间的提交：首次落库必须成功任务才会执行（issue 16.6）。写不进去就抛 StoreError、任务不存在于
+    # 控制器里；恰好写进去了（连接池已重连）就照常运行到底。两种都不许"跑了却在存储里看不见"。
+    during, refused = [], []
+    for i in range(3):
+        try:
+            during.append(controller.submit("work", 100 + i, task_id=f"during-{i}"))
+        except StoreError as exc:
+            assert "已拒绝提交" in str(exc)
+            refused.append(f"during-{i}")
+    assert not {r.task_id for r in controller.runs()} & set(refused), "被拒绝的提交不能留下在跑的任务"
     assert controller.stop("before-0", reason="故障期间停止") is True
     paused = controller.pause("before-1", timeout=5)
     time.sleep(max(0.0, outage_seconds - (time.monotonic() - outage_started)) / 2)
@@ -141,6 +151,7 @@ def outage_workload(
         "failure_ops": sorted({f.operation for f in failures}),
         "sample_error": failures[-1].error[:200],
         "pause_confirmed_during_outage": paused,
+        "submits_refused_during_outage": len(refused),
         "seconds_to_converge_after_recovery": round(convergence, 2),
     }
 

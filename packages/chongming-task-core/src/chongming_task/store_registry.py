@@ -41,6 +41,22 @@ def available_schemes() -> dict[str, str]:
     return schemes
 
 
+def installed_schemes() -> list[str]:
+    """真正能导入的 scheme（按名字排序）。
+
+    登记表里有、但实现包没装（只装了 core 时的 sqlite / postgres）或它的依赖缺失的不算：报错里列出一个
+    随后又说"未安装"的 scheme，只会让人更糊涂（issue 16.10）。只在报错路径上调用：要逐个导入实现。
+    """
+    usable = []
+    for name, target in available_schemes().items():
+        try:
+            _load(target, name)
+        except (ImportError, ConfigurationError, AttributeError):
+            continue
+        usable.append(name)
+    return sorted(usable)
+
+
 def _load(target: str, scheme: str) -> type[TaskStore]:
     module_name, _, attr = target.partition(":")
     try:
@@ -79,8 +95,10 @@ def open_store(url: str, **kwargs: Any) -> TaskStore:
     schemes = available_schemes()
     target = schemes.get(scheme)
     if target is None:
-        known = ", ".join(sorted(schemes))
-        raise ConfigurationError(f"未知的存储 scheme '{scheme}'；已安装的有：{known}")
+        known = ", ".join(installed_schemes()) or "（只有 memory）"
+        raise ConfigurationError(
+            f"未知的存储 scheme '{scheme}'；已安装、可用的有：{known}（连接串写成 scheme:... 或 scheme://...）"
+        )
     cls = _load(target, scheme)
     from_url = getattr(cls, "from_url", None)
     store = from_url(url, **kwargs) if callable(from_url) else cls(url, **kwargs)  # type: ignore[call-arg]
@@ -89,4 +107,4 @@ def open_store(url: str, **kwargs: Any) -> TaskStore:
     return store
 
 
-__all__ = ["ENTRY_POINT_GROUP", "available_schemes", "open_store", "split_url"]
+__all__ = ["ENTRY_POINT_GROUP", "available_schemes", "installed_schemes", "open_store", "split_url"]

@@ -20,9 +20,12 @@ from chongming_task.cli.errors import EXIT_OK, CliError
 from chongming_task.cli.output import echo_json, fmt_time, table
 from chongming_task.cli.params import NON_NEGATIVE_INT, SECONDS
 from chongming_task.cli.state import AppState
+from chongming_task.clock import SYSTEM_CLOCK
 from chongming_task.controller import Controller
 from chongming_task.models import TaskSnapshot
 from chongming_task.run import DEFAULT_PAUSE_TIMEOUT
+from chongming_task.runtime.controller import default_owner
+from chongming_task.runtime.reconcile import reconcile_store
 from chongming_task.states import TaskStatus
 
 # pause --wait 在持有者的暂停窗口之外多等的时间：指令要等持有者下一轮轮询才被取走（默认 0.5 秒一轮），
@@ -211,8 +214,21 @@ def resume_command(state: AppState, task_id: str) -> int:
 @pass_state
 def reconcile_command(state: AppState, dry_run: bool) -> int:
     """把租约过期、失去监督者的任务如实标记为 lost（只看 --owned-buckets 负责的桶）。"""
-    controller = state.controller(state.open_store(), claim_buckets=True)
-    report = controller.reconcile(dry_run=dry_run)
+    if dry_run:
+        # 只报告：只读打开，也不建声明归属的 Controller——那会登记节点、认领指令，都是写。
+        report = reconcile_store(
+            state.open_store(readonly=True),
+            clock=SYSTEM_CLOCK,
+            actor=state.owner or default_owner(),
+            # 与 Controller 一致：声明了全部桶等于不限定。
+            buckets=None
+            if state.owned_buckets is None or len(state.owned_buckets) == state.num_buckets
+            else state.owned_buckets,
+            live_task_ids=(),
+            dry_run=True,
+        )
+    else:
+        report = state.controller(state.open_store(), claim_buckets=True).reconcile(dry_run=False)
     groups = (("lost", report.lost), ("adoptable", report.adoptable), ("skipped", report.skipped))
     if state.json:
         echo_json({"dry_run": dry_run, **{name: [s.to_dict() for s in items] for name, items in groups}})

@@ -34,7 +34,7 @@ from chongming_task.runtime.cluster import DEFAULT_ORPHAN_LIMIT, check_cluster, 
 def doctor_command(state: AppState, orphan_limit: int) -> int:
     """集群体检：数据库文件完整性、节点登记的桶有没有重复/空洞、有没有没人负责的任务。不健康时退出码 3。"""
     integrity = _check_integrity(state)
-    store = state.open_store()
+    store = state.open_store(readonly=True)  # 体检只读：不建表、不改文件
     try:
         report = check_cluster(store, num_buckets=state.num_buckets, orphan_limit=orphan_limit)
     finally:

@@ -34,7 +34,8 @@ from chongming_task.states import TaskStatus
 
 
 def _console(state: AppState) -> Controller:
-    return state.controller(state.open_store())
+    # 查询命令只读打开存储（issue 16.5）：别的应用的库、空文件、拼错的 schema 报一行并退出 1，一个字节也不改。
+    return state.controller(state.open_store(readonly=True))
 
 
 def _snapshot_or_fail(controller: Controller, state: AppState, task_id: str) -> TaskSnapshot:

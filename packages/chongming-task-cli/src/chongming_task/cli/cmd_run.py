@@ -27,7 +27,7 @@ from chongming_task.cli.output import LiveDisplay, echo_json, fmt_time, fmt_valu
 from chongming_task.cli.params import EXECUTOR, INT, SECONDS, parse_task_argument
 from chongming_task.cli.state import AppState, load_task_module, register_tasks
 from chongming_task.controller import SUBMIT_KEYWORDS, Controller
-from chongming_task.errors import DuplicateTaskId, TaskError
+from chongming_task.errors import DuplicateTaskId, StoreError, TaskError
 from chongming_task.models import Progress, TaskSnapshot
 from chongming_task.run import TaskRun
 from chongming_task.runtime.executors import ProcessExecutor, ThreadExecutor
@@ -232,6 +232,9 @@ def run_command(
         )
     except DuplicateTaskId as exc:
         raise _duplicate_id(state, controller, run_id=task_id, exc=exc) from exc
+    except StoreError as exc:
+        # 首次落库失败（没有写权限的角色、只读文件……）：任务体一行也没跑（issue 16.6）。
+        raise CliError(f"提交被拒绝：{state.mask(str(exc))}", error="store_error") from exc
     except TaskError as exc:
         raise CliError(f"提交被拒绝：{state.mask(str(exc))}", error="submit_rejected") from exc
     display = LiveDisplay()

@@ -39,6 +39,8 @@ ERROR_CODES: dict[str, str] = {
     "no_store": "没有指定存储（--db / --store 或对应的环境变量）",
     "store_not_found": "--db 指向的数据库文件不存在，或路径是一个目录",
     "store_unavailable": "存储打不开或连不上（连接串写法不对、数据库没在运行、没有权限……）",
+    "store_not_initialized": "存储里没有 chongming-task 的表（别的应用的库、空文件、拼错的 schema）；"
+    "只读命令从不建表，要建请用 init",
     "store_damaged": "SQLite 数据库文件损坏（完整性检查没通过）",
     "store_error": "存储在执行命令的过程中出错",
     "task_not_found": "存储里没有这个任务 id",

@@ -22,6 +22,7 @@ import click
 from chongming_task.cli.buckets import format_bucket_spec
 from chongming_task.cli.errors import CliError, mask_secrets, secrets_in
 from chongming_task.controller import Controller
+from chongming_task.core.storage.opening import CreateSchema, SchemaMissing, SchemaPrivilegeError
 from chongming_task.errors import TaskError
 from chongming_task.storage import TaskStore
 from chongming_task.store_registry import open_store, split_url
@@ -79,9 +80,17 @@ class AppState:
 
     # -- 存储 -----------------------------------------------------------------------------------------
 
-    def open_store(self, *, create: bool = False) -> TaskStore:
+    def open_store(
+        self, *, create: bool = False, readonly: bool = False, create_schema: CreateSchema | None = None
+    ) -> TaskStore:
         """打开全局选项指定的存储。``create=False`` 时 --db 指向不存在的文件算错：多半是路径写错了，
         静默建一个空库再报"找不到任务"只会把人引向错误的方向。
+
+        建不建表（issue 16.5，约定见 ``chongming_task.core.storage.opening``）：``readonly`` ——只读命令
+        （ps / status / history / stats / buckets / doctor / reconcile --dry-run）只读打开，绝不改存储；
+        不是 ``create`` 的写命令（stop / pause / resume / prune / reconcile）从不建表（``"never"``）；
+        ``create``（run）只在新的或空的存储上建表（``"auto"``），库里有别的表就拒绝并提示 init；
+        ``create_schema`` 显式给出时优先（init 用 ``"always"``）。
 
         打开之前先在命令行这一侧把能查的查掉，报出真正的原因（issue 16.13、22.12）：
         路径是目录、Postgres 连接串写法不对（而不是"请确认数据库在运行"）、SQLite 文件已损坏
@@ -113,13 +122,30 @@ class AppState:
                     error="store_damaged",
                 )
         try:
-            store = open_store(url)
+            store = open_store(
+                url, **self._opening(url, create=create, readonly=readonly, mode=create_schema)
+            )
+        except (SchemaMissing, SchemaPrivilegeError) as exc:
+            if exc.ddl:
+                exc.add_note(exc.ddl)  # 完整建表 SQL 只在 --debug 的堆栈里出现，不进那一行报错
+            error = "store_not_initialized" if isinstance(exc, SchemaMissing) else "store_unavailable"
+            raise CliError(self.mask(str(exc)), error=error) from exc
         except (TaskError, ImportError, OSError) as exc:
             raise CliError(
                 self.mask(f"无法打开存储 {self.store_display}：{exc}"), error="store_unavailable"
             ) from exc
         self._closers.append(store.close)
         return store
+
+    @staticmethod
+    def _opening(url: str, *, create: bool, readonly: bool, mode: CreateSchema | None) -> dict[str, Any]:
+        """给内置的 SQLite / Postgres 存储的打开参数。第三方 scheme 与 memory:// 不认识这两个参数，不传。"""
+        with contextlib.suppress(TaskError):
+            if split_url(url)[0] not in ("sqlite", "postgresql", "postgres"):
+                return {}
+        if readonly:
+            return {"readonly": True}
+        return {"create_schema": mode or ("auto" if create else "never")}
 
     def sqlite_file(self) -> str | None:
         """全局选项指向的 SQLite 文件路径（不是 SQLite 或是 :memory: 时为 None）。"""

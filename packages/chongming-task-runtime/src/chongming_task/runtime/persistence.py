@@ -17,7 +17,13 @@ from datetime import datetime, timedelta
 
 from chongming_task.clock import Clock
 from chongming_task.core.state_machine import StateMachine
-from chongming_task.errors import ConcurrencyConflict, DuplicateTaskId, TaskError
+from chongming_task.errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    DuplicateTaskId,
+    StoreError,
+    TaskError,
+)
 from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.storage import TaskStore
 
@@ -67,19 +73,23 @@ class WriteThrough:
         return self.clock.now() + timedelta(seconds=self.lease_ttl)
 
     def create(self, machine: StateMachine) -> None:
-        """提交时落库。重复 id 原样抛出（调用方据此拒绝提交）；其他故障记下，之后追平。"""
+        """提交时落库：必须成功，任务才会执行（issue 16.6）。
+
+        首次落库失败（没有写权限的角色、只读文件、存储宕机）抛 StoreError，调用方据此拒绝提交、任务体一行
+        也不跑——否则任务在存储里永远不可见，只留下一串"写存储失败（任务照常运行）"。"存储故障不让任务失败"
+        只从这一步成功之后开始：之后的 save / touch 失败记进 persist_failures，恢复后追平。
+        重复 id 原样抛出。
+        """
         # 先在状态机上记下租约，再把这同一个快照对象交给存储（不另造一份副本）。
         snapshot = machine.update_side(lease_owner=self.owner, lease_until=self.lease_until())
         try:
             self.store.create(snapshot, machine.transitions)
-        except DuplicateTaskId:
+        except (DuplicateTaskId, ConfigurationError):
             raise
         except TaskError as exc:
-            self._tasks[snapshot.task_id] = _TaskState(persisted_version=None)
-            self.record(snapshot.task_id, "create", exc)
-            with self._lock:
-                self._behind[snapshot.task_id] = machine
-            return
+            raise StoreError(
+                f"任务 {snapshot.task_id!r} 没能写进存储，已拒绝提交（任务没有执行）：{exc}"
+            ) from exc
         self._tasks[snapshot.task_id] = _TaskState(persisted_version=snapshot.status_version)
 
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:

@@ -11,6 +11,7 @@ import os
 import click
 
 from chongming_task import ConfigurationError, TaskError, open_store
+from chongming_task.store_registry import split_url
 from chongming_task.web.app import DEFAULT_POLL_INTERVAL, WebSettings
 from chongming_task.web.security import InsecureBind
 from chongming_task.web.server import serve
@@ -84,8 +85,13 @@ def web_command(
         default_operator=operator,
         store_display=display,
     )
+    # 控制台从不建表（issue 16.5）：--read-only 时只读打开，否则只写指令、不建表（"never"）。
+    # 内置后端之外的 scheme 不认这两个参数，不传。
+    opening: dict[str, object] = {}
+    if split_url(url)[0] in ("sqlite", "postgresql", "postgres"):
+        opening = {"readonly": True} if read_only else {"create_schema": "never"}
     try:
-        store = open_store(url)
+        store = open_store(url, **opening)
     except (TaskError, ImportError, OSError) as exc:
         raise ConfigurationError(f"无法打开存储 {display}：{exc}") from exc
     try:

@@ -25,6 +25,12 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
 from chongming_task.core.storage.contract import TaskStore
+from chongming_task.core.storage.opening import (
+    CreateSchema,
+    SchemaMissing,
+    SchemaPrivilegeError,
+    check_opening,
+)
 from chongming_task.core.storage.values import (
     Command,
     CommandAction,
@@ -85,6 +91,44 @@ def redact(conninfo: str) -> str:
         return make_conninfo("", **params)
     except psycopg.Error:
         return "<无法解析的连接串>"
+
+
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+# 不写成 "postgresql://用户:口令@…"：那正是口令遮盖要找的模式，提示本身会被遮成 ***。
+_DSN_FORMAT = "postgresql://用户@主机:端口/库名?schema=名字（有口令时写成 用户:口令@主机）"
+
+
+def _dsn_problem(dsn: str) -> str | None:
+    """连接串本身的写法问题（不连接）。返回原因，写法没问题时返回 None。
+
+    为什么在连接之前查（issue 16.7 / 16.13）：驱动对这些问题的报错常常是"解析主机失败"之类，
+    再配上"请确认数据库在运行"，把人引向排查服务器，而问题在连接串本身。
+    """
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        text = str(exc).strip()
+        if "IPv6" in text:
+            return "IPv6 地址的方括号没有配对"
+        if "percent-encoded" in text:
+            return "有不完整的百分号转义（% 后面必须是两位十六进制数，口令里的 % 要写成 %25）"
+        if "invalid URI query parameter" in text:
+            return f"有 libpq 不认识的参数（{text[:80]}）"
+        return f"libpq 无法解析它（{text[:80]}）"
+    if dsn.startswith(("postgresql://", "postgres://")):
+        try:
+            port: object = urlsplit(dsn).port
+        except ValueError:
+            return "端口必须是 1-65535 的数字"
+        if port == 0:
+            return "端口必须是 1-65535 的数字"
+    for value in str(params.get("port") or "").split(","):
+        if value and not (value.isdigit() and 1 <= int(value) <= 65535):
+            return "端口必须是 1-65535 的数字"
+    sslmode = params.get("sslmode")
+    if sslmode is not None and sslmode not in _SSLMODES:
+        return f"sslmode 只能是 {' / '.join(_SSLMODES)}"
+    return None
 
 
 def _validate_schema_name(schema: object) -> str:
@@ -196,6 +240,12 @@ class PostgresTaskStore(TaskStore):
       默认 10 秒：Controller 在任务自己的锁内写穿，一张被锁住的表或挂住的服务器不能让 stop() / get()
       永远卡住——写入失败会进 persist_failures，任务照常，恢复后存储自动追平。
     * ``clock``：写进指令与租约的"现在"（测试注入 FakeClock）。
+    * ``readonly``：只读打开——不建 schema、不建表、不补建，每条连接都是
+      ``default_transaction_read_only``（写方法一律失败）；schema 里没有 chongming-task 的表 →
+      ``SchemaMissing``。
+    * ``create_schema``：``"auto"``（默认：只在 schema 不存在或里面一张表也没有时建表）、``"always"``
+      （schema 里有别的表也建）、``"never"``（从不建表，表由 DBA 按 ``schema_sql()`` 建）。
+      约定见 ``chongming_task.core.storage.opening``。
     """
 
     def __init__(
@@ -212,12 +262,21 @@ class PostgresTaskStore(TaskStore):
         application_name: str = "chongming-task",
         statement_timeout: float | None = 10.0,
         connect_kwargs: Mapping[str, Any] | None = None,
+        readonly: bool = False,
+        create_schema: CreateSchema = "auto",
     ) -> None:
         if not isinstance(dsn, str) or not dsn.strip():
             raise ConfigurationError(
                 f"PostgresTaskStore 需要连接串，例如 postgresql://user:pw@host:5432/db，收到 {dsn!r}"
             )
+        problem = _dsn_problem(dsn)
+        if problem is not None:
+            raise ConfigurationError(
+                f"PostgreSQL 连接串 {redact(dsn)} 写法不对：{problem}；请按 {_DSN_FORMAT} 的格式改正"
+            )
         self._schema = _validate_schema_name(schema)
+        self._create_schema = check_opening(readonly, create_schema)
+        self._readonly = readonly
         min_size = _positive_int("min_size", min_size, minimum=0)
         max_size = _positive_int("max_size", max_size, minimum=max(1, min_size))
         self._connect_timeout = checks.check_positive_seconds("connect_timeout", connect_timeout)
@@ -264,6 +323,8 @@ class PostgresTaskStore(TaskStore):
                 # 才重连上；这里收短，让"数据库回来了 → 存储恢复"在几秒内发生。
                 reconnect_timeout=reconnect_timeout,
                 name=f"chongming-task:{self._schema}",
+                # 只读打开：每条连接都设成只读事务，哪条代码路径都写不进去（服务器拒绝）。
+                configure=self._make_readonly if readonly else None,
             )
         except psycopg.Error as exc:
             raise ConfigurationError(f"无法解析 PostgreSQL 连接串 {self._display}：{exc}") from exc
@@ -335,6 +396,14 @@ class PostgresTaskStore(TaskStore):
         return self._schema
 
     @property
+    def readonly(self) -> bool:
+        return self._readonly
+
+    @staticmethod
+    def _make_readonly(conn: Conn) -> None:
+        conn.execute("SET default_transaction_read_only = on")
+
+    @property
     def channel(self) -> str:
         """指令通知的频道名（由 schema 推导）。"""
         return self._channel
@@ -371,6 +440,8 @@ class PostgresTaskStore(TaskStore):
                 "请确认数据库在运行、地址端口与账号正确、网络可达。"
             ) from exc
         with conn:
+            if self._readonly:
+                self._make_readonly(conn)
             try:
                 self._check_schema_usage(conn)
             except psycopg.Error as exc:
@@ -380,6 +451,7 @@ class PostgresTaskStore(TaskStore):
             try:
                 version = self._read_version(conn)
                 if version is None:
+                    self._refuse_creation(conn)
                     with conn.transaction():
                         conn.execute(
                             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
@@ -389,10 +461,14 @@ class PostgresTaskStore(TaskStore):
                         if version is None:
                             self._create_tables(conn)
                             version = _schema.SCHEMA_VERSION
-                if version == _schema.SCHEMA_VERSION and not self._has_nodes_table(conn):
+                if (
+                    version == _schema.SCHEMA_VERSION
+                    and self._create_schema != "never"
+                    and not self._has_nodes_table(conn)
+                ):
                     self._add_nodes_table(conn)
             except pg_errors.InsufficientPrivilege as exc:
-                raise StoreError(self._privilege_message(conn, exc)) from exc
+                raise self._privilege_error(conn, exc) from exc
             except psycopg.Error as exc:
                 raise StoreError(
                     f"检查/创建 schema {self._schema!r} 的表时 PostgreSQL 报错（{self._display}）："
@@ -409,6 +485,40 @@ class PostgresTaskStore(TaskStore):
                 f"PostgreSQL schema {self._schema!r} 的表结构版本是 {version}，低于本程序的 "
                 f"{_schema.SCHEMA_VERSION}，且没有可用的迁移路径；请联系维护者或换一个新 schema。"
             )
+
+    def _refuse_creation(self, conn: Conn) -> None:
+        """schema 里没有我们的表：按 readonly / create_schema 决定能不能建（见 ``core.storage.opening``）。
+
+        只读与 ``"never"`` 一律不建——``?schema=拼错的名字`` 不能悄悄建出一个新 schema；``"auto"`` 只在
+        schema 不存在或一张表也没有时建，里面已有别的应用的表就要调用方明确说"建在这里"。
+        """
+        ddl = _schema.schema_sql(self._schema)
+        if self._create_schema == "never":
+            row = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s)", [self._schema]
+            )
+            found = row.fetchone()
+            what = " 里没有 chongming-task 的表" if found and found[0] else " 不存在"
+            raise SchemaMissing(
+                f"PostgreSQL schema {self._schema!r}{what}（{self._display}）：请检查 ?schema= 的拼写；"
+                "新部署的表由写入方（run / chongming-task init）创建，"
+                "或由 DBA 执行 chongming-task schema-sql 打印的建表 SQL",
+                ddl=ddl,
+            )
+        if self._create_schema == "auto":
+            rows = conn.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f') ORDER BY c.relname LIMIT 4",
+                [self._schema],
+            ).fetchall()
+            if rows:
+                names = ", ".join(str(r[0]) for r in rows[:3]) + (" 等" if len(rows) > 3 else "")
+                raise SchemaMissing(
+                    f"PostgreSQL schema {self._schema!r} 里已有别的表（{names}），没有 chongming-task 的表："
+                    "确实要把任务表建在这里，请先运行 chongming-task init"
+                    "（代码里传 create_schema='always'），否则换一个 schema",
+                    ddl=ddl,
+                )
 
     def _has_nodes_table(self, conn: Conn) -> bool:
         row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [f"{self._sql.s}.nodes"]).fetchone()
@@ -472,7 +582,8 @@ class PostgresTaskStore(TaskStore):
         for statement in statements[start:]:
             conn.execute(statement)
 
-    def _privilege_message(self, conn: Conn, exc: BaseException) -> str:
+    def _privilege_error(self, conn: Conn, exc: BaseException) -> SchemaPrivilegeError:
+        """没有建表权限：第一行短——缺哪项权限、该运行什么；完整建表 SQL 在 ``ddl`` 属性里，不塞进消息。"""
         role = database = "?"
         schema_exists = False
         # 只为把报错写得更具体：连这几个查询都失败时，按"schema 不存在"给建议，原始错误照样出现在消息里。
@@ -485,21 +596,22 @@ class PostgresTaskStore(TaskStore):
             schema_exists = bool(row and row[0])
         q_schema, q_role = _schema.quote_ident(self._schema), _schema.quote_ident(role)
         if schema_exists:
-            missing = f"schema {self._schema!r} 上的 CREATE 权限（用于在其中建表）"
+            missing = f"schema {self._schema!r} 上的 CREATE 权限"
             grant = f"GRANT CREATE ON SCHEMA {q_schema} TO {q_role};"
         else:
-            missing = f"数据库 {database!r} 上的 CREATE 权限（schema {self._schema!r} 还不存在，要先建它）"
+            missing = f"数据库 {database!r} 上的 CREATE 权限（schema {self._schema!r} 还不存在）"
             grant = f"GRANT CREATE ON DATABASE {_schema.quote_ident(database)} TO {q_role};"
-        return (
-            f"PostgreSQL 角色 {role!r} 没有建表权限，而 schema {self._schema!r} 里的表还不存在"
-            f"（数据库报错：{str(exc).strip()}）。\n"
-            f"缺少的权限：{missing}。\n"
-            "二选一：\n"
-            "  1. 让有权限的账号执行一次下面的建表 SQL"
-            f"（也可用 PostgresTaskStore.schema_sql({self._schema!r}) 取得），再给本角色授权读写：\n"
-            f"{_schema.schema_sql(self._schema)}\n"
-            f"{_schema.grant_sql(self._schema, role)}\n"
-            f"  2. 或者授予本角色建表权限，让它首次连接时自己建：{grant}"
+        message = (
+            f"PostgreSQL 角色 {role!r} 没有建表权限，而 schema {self._schema!r} 里的表还不存在："
+            f"缺少{missing}；"
+            "请让有权限的账号执行 chongming-task schema-sql 打印的建表 SQL"
+            f"（即 PostgresTaskStore.schema_sql({self._schema!r})）再授权，或执行 {grant}"
+            # 驱动的报错后面跟着出错语句的原文（LINE 1: CREATE TABLE …）：只留第一行。
+            f"\n数据库报错：{(str(exc).strip().splitlines() or [''])[0]}"
+            f"\n授权本角色读写（建表之后）：{' '.join(_schema.grant_sql(self._schema, role).split())}"
+        )
+        return SchemaPrivilegeError(
+            message, ddl=_schema.schema_sql(self._schema), detail=_schema.grant_sql(self._schema, role)
         )
 
     # -- connection handling --------------------------------------------------------------------------
@@ -537,6 +649,11 @@ class PostgresTaskStore(TaskStore):
             raise StoreError(
                 f"PostgreSQL 角色没有操作 schema {self._schema!r} 的权限：{str(exc).strip()}。需要 USAGE 与 "
                 f"SELECT/INSERT/UPDATE/DELETE，可参考 PostgresTaskStore.grant_sql({self._schema!r}, 角色名)。"
+            ) from exc
+        except pg_errors.ReadOnlySqlTransaction as exc:
+            raise StoreError(
+                f"PostgresTaskStore（schema {self._schema!r}）是只读打开的（readonly=True）：不能写入；"
+                "要写入请去掉 readonly"
             ) from exc
         except psycopg.Error as exc:
             raise StoreError(f"PostgreSQL 操作失败（{self._display}）：{str(exc).strip()}") from exc

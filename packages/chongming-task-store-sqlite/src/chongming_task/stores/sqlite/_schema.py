@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import sqlite3
+import textwrap
 from collections.abc import Callable
 
 from chongming_task.errors import StoreError
@@ -145,6 +146,22 @@ def missing_tables(conn: sqlite3.Connection) -> bool:
     return not {row[0] for row in rows} >= _REQUIRED_TABLES
 
 
+def foreign_tables(conn: sqlite3.Connection) -> list[str]:
+    """库里不属于 chongming-task 的表（按名字排序；SQLite 内部表除外）。非空说明这是别的应用的库。"""
+    rows = conn.execute(
+        "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' "
+        "ORDER BY name"
+    ).fetchall()
+    return [str(row[0]) for row in rows if row[0] not in _REQUIRED_TABLES]
+
+
+def schema_sql() -> str:
+    """可直接交给 sqlite3 命令行执行的完整建表脚本（含事务）——与新库建表执行的是同一份语句。"""
+    statements = [textwrap.dedent(statement).strip() for statement in _DDL_V1]
+    statements.append(f"INSERT INTO schema_version (version) VALUES ({SCHEMA_VERSION})")
+    return "BEGIN;\n" + ";\n".join(statements) + ";\nCOMMIT;\n"
+
+
 def check_not_newer(version: int | None, where: str) -> None:
     if version is not None and version > SCHEMA_VERSION:
         raise StoreError(
@@ -182,6 +199,8 @@ __all__ = [
     "TRANSITION_COLUMNS",
     "check_not_newer",
     "create_or_migrate",
+    "foreign_tables",
     "missing_tables",
     "read_version",
+    "schema_sql",
 ]

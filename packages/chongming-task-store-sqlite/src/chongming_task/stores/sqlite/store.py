@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
 from chongming_task.core.storage.contract import TaskStore
+from chongming_task.core.storage.opening import CreateSchema, SchemaMissing, check_opening
 from chongming_task.core.storage.values import (
     Command,
     CommandAction,
@@ -45,7 +46,7 @@ _Mode = Literal["write", "read", "none"]
 MEMORY = ":memory:"
 
 _SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
-_URL_OPTIONS = frozenset({"clock", "busy_timeout", "synchronous"})
+_URL_OPTIONS = frozenset({"clock", "busy_timeout", "synchronous", "readonly", "create_schema"})
 
 # SQLite 主错误码（扩展码的低 8 位）。
 _SQLITE_BUSY = 5
@@ -180,6 +181,10 @@ class SqliteTaskStore(TaskStore):
     * ``busy_timeout``：等待别的连接/进程释放写锁的总秒数；超时抛 StoreError。
     * ``synchronous``：``OFF`` / ``NORMAL``（默认：WAL 下崩溃安全，断电可能丢最后几个事务）/
       ``FULL`` / ``EXTRA``。
+    * ``readonly``：只读打开——不建文件、不建表、不改 journal 模式，连接带 ``PRAGMA query_only``，
+      写方法一律抛 StoreError；文件里没有 chongming-task 的表就抛 ``SchemaMissing``。
+    * ``create_schema``：``"auto"``（默认，只在新文件 / 0 字节 / 一张表也没有的库上建表）、``"always"``
+      （库里有别的应用的表也建）、``"never"``（从不建表）。约定见 ``chongming_task.core.storage.opening``。
     """
 
     def __init__(
@@ -189,6 +194,8 @@ class SqliteTaskStore(TaskStore):
         clock: Clock | None = None,
         busy_timeout: float = 30.0,
         synchronous: str = "NORMAL",
+        readonly: bool = False,
+        create_schema: CreateSchema = "auto",
     ) -> None:
         if isinstance(path, os.PathLike):
             path = os.fspath(path)
@@ -203,8 +210,16 @@ class SqliteTaskStore(TaskStore):
             raise ConfigurationError(
                 f"synchronous 只能是 {', '.join(sorted(_SYNCHRONOUS_MODES))} 之一，收到 {synchronous!r}"
             )
+        self._create_schema = check_opening(readonly, create_schema)
+        self._readonly = readonly
         self._path = path
         self._memory = path == MEMORY
+        if readonly and not self._memory and not os.path.isfile(path):
+            # sqlite3.connect 会顺手建出一个空文件：只读打开必须在连接之前就拒绝，什么也不留下。
+            raise SchemaMissing(
+                f"数据库文件 {path} 不存在：只读打开不会创建它；请检查路径（新库由写入方——run 或 "
+                "chongming-task init——创建）"
+            )
         self._clock: Clock = clock or SYSTEM_CLOCK
         self._busy_timeout = float(busy_timeout)
         self._synchronous = synchronous.upper()
@@ -234,6 +249,15 @@ class SqliteTaskStore(TaskStore):
         return self._path
 
     @property
+    def readonly(self) -> bool:
+        return self._readonly
+
+    @staticmethod
+    def schema_sql() -> str:
+        """建表脚本（含事务）：与打开新库时执行的是同一份语句，可交给 sqlite3 命令行手工执行。"""
+        return schema.schema_sql()
+
+    @property
     def clock(self) -> Clock:
         return self._clock
 
@@ -251,22 +275,59 @@ class SqliteTaskStore(TaskStore):
         )
         try:
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            if self._readonly:
+                # 连接级的只读：即使某条代码路径忘了检查 readonly，SQLite 自己也拒绝任何修改。
+                conn.execute("PRAGMA query_only = ON")
         except BaseException:
             conn.close()
             raise
         return conn
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
-        """首次打开：WAL、检查/建立表结构。可重入——撞锁时整个重跑。"""
-        if not self._memory:
-            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-            if str(mode).lower() != "wal":
-                conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        """首次打开：检查/建立表结构，然后切到 WAL。可重入——撞锁时整个重跑。
+
+        先判定"能不能用、该不该建"，再动文件：别人的库、只读打开、不许建表时，文件一个字节都不改
+        （连 journal 模式也不切——那会改写文件头）。
+        """
         version = schema.read_version(conn)
         schema.check_not_newer(version, self._path)
-        if version == schema.SCHEMA_VERSION and not schema.missing_tables(conn):
+        where = "内存数据库" if self._memory else f"数据库文件 {self._path}"
+        if version == schema.SCHEMA_VERSION and (
+            self._create_schema == "never" or not schema.missing_tables(conn)
+        ):
+            # 只读 / 不许建表时，同一版本里后补的表（节点表）缺了也照常打开：用到它的方法才报错。
+            self._use_wal(conn)
             return
+        if self._create_schema == "never":
+            if version is not None:
+                raise SchemaMissing(
+                    f"{where} 的表结构版本是 {version}，低于当前的 {schema.SCHEMA_VERSION}："
+                    "只读（或不许建表）"
+                    "的打开不会升级它；请用可写方式打开一次（chongming-task init）"
+                )
+            raise SchemaMissing(
+                f"{where} 里没有 chongming-task 的表：请确认路径指向 chongming-task 的数据库"
+                "（它可能是别的应用的库或空文件；新库由 run 或 chongming-task init 创建）",
+                ddl=schema.schema_sql(),
+            )
+        if version is None and self._create_schema == "auto":
+            others = schema.foreign_tables(conn)
+            if others:
+                raise SchemaMissing(
+                    f"{where} 里已有别的表（{', '.join(others[:3])}{' 等' if len(others) > 3 else ''}），"
+                    "没有 chongming-task 的表：确实要把任务表建在这个库里，请先运行 chongming-task init"
+                    "（代码里传 create_schema='always'），否则换一个新文件",
+                    ddl=schema.schema_sql(),
+                )
         _execute(conn, lambda c: schema.create_or_migrate(c, self._path), "write")
+        self._use_wal(conn)
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        if self._memory or self._readonly:
+            return  # 只读打开不改 journal 模式：那会改写文件头
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        if str(mode).lower() != "wal":
+            conn.execute("PRAGMA journal_mode = WAL").fetchone()
 
     def _wrap(self, exc: sqlite3.Error, what: str) -> StoreError:
         code = _error_code(exc) & 0xFF
@@ -280,6 +341,10 @@ class SqliteTaskStore(TaskStore):
             return StoreError(f"{where} 已损坏（{exc}）：请从备份恢复，或换一个新文件")
         if code == _SQLITE_CANTOPEN:
             return StoreError(f"无法打开{where}（{exc}）：请检查所在目录是否存在、是否有读写权限")
+        if code == _SQLITE_READONLY and self._readonly:
+            return StoreError(
+                f"{where} 是只读打开的（readonly=True）：不能写入（{what}）；要写入请去掉 readonly"
+            )
         if code == _SQLITE_READONLY:
             return StoreError(f"{where} 是只读的（{exc}）：请检查文件与所在目录的写权限")
         if code == _SQLITE_FULL:
