@@ -691,12 +691,39 @@ class Controller:
         return self._link.remote_command(task_id, CommandAction.RESUME, None, {})
 
     def stop_all(self, *, reason: str | None = None) -> int:
-        """对本进程持有的全部未终结任务发出停止请求；返回本轮**发出**的请求数（不是"已停止"数）。"""
+        """对本进程持有的全部未终结任务发出停止请求；返回本轮**发出**的请求数（不是"已停止"数）。
+
+        先冻结派发再停：扫荡期间停掉在跑的任务让出的槽不会交给排队任务，排队中的任务一个个直接落
+        ``stopped``、任务体一行不执行，所以积压几千个时也是"每个任务一个请求"。扫荡完解冻，
+        之后（扫荡开始后）新提交的任务照常派发。
+        """
+        with self._lock:
+            self._scheduler.freeze()
+        try:
+            return self._stop_sweep(reason)
+        finally:
+            with self._lock:
+                self._scheduler.thaw()
+                to_start = self._scheduler.take_runnable()
+            self._start_runs(to_start)
+
+    def _stop_sweep(self, reason: str | None) -> int:
+        """对此刻持有的每个可停的任务发一次停止请求（调用方已冻结派发）；返回发出的请求数。
+
+        占着执行槽的先停（它们的优雅窗口早一点开始计），排队的随后；已在 stopping 的不再发请求、不计数。
+        """
+        runs = self.runs()
+        with self._lock:
+            scheduler = self._scheduler
+            holding = [run for run in runs if scheduler.is_active(run.task_id)]
+            rest = [run for run in runs if not scheduler.is_active(run.task_id)]
         issued = 0
-        for run in self.runs():
-            # 已在 stopping 的任务本轮不再发请求，不计数。
-            if run.machine.can_stop and run.status is not TaskStatus.STOPPING and run.stop(reason=reason):
-                issued += 1
+        for run in (*holding, *rest):
+            if not run.machine.can_stop or run.status is TaskStatus.STOPPING:
+                continue
+            with contextlib.suppress(TaskError):  # 与任务自己落终态擦肩而过：状态机拒绝，不算发出
+                if run.stop(reason=reason):
+                    issued += 1
         return issued
 
     def wait(self, task_id: str, *, timeout: float | None = None) -> Outcome:
@@ -752,12 +779,11 @@ class Controller:
         with self._lock:
             already = self._closed
             self._closed = True
-            runs = list(self._runs.values())
+            if not already:
+                # 先冻结派发、且永不解冻：停在跑的任务让出的槽不能再交给排队任务（§8.3 的承诺）。
+                self._scheduler.freeze()
         if not already:
-            for run in runs:
-                if run.machine.can_stop:
-                    with contextlib.suppress(TaskError):
-                        run.stop(reason=reason)
+            self._stop_sweep(reason)
             wait_for = timeout if timeout is not None else self.graceful_stop + 2.0
             with contextlib.suppress(TimeoutError):
                 self.wait_all(timeout=wait_for)
