@@ -37,6 +37,7 @@ from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.context import MAX_LOGS, LogEntry
+from chongming_task.core.numbers import MAX_INT32, MAX_SECONDS, MIN_INT32, check_int, check_seconds
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.triggers import (
     TRIGGER_CANCEL,
@@ -168,11 +169,16 @@ class _Events(AttemptEvents):
 
 
 def _number(name: str, value: object, *, allow_none: bool) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
-        raise ConfigurationError(f"{name} 必须是非负的秒数，收到 {value!r}")
-    return float(value)
+    """非负的有限秒数、不超过 10 年（core/numbers.py 的唯一数值检查点）：inf / NaN / 1e308 在这里就被拒绝，
+    不会在 ``Event.wait`` 里变成 OverflowError，也不会让一个窗口永远不到期。"""
+    return check_seconds(
+        name,
+        value,
+        low=0.0,
+        low_open=False,
+        hint="不想限制请传 None" if allow_none else "",
+        allow_none=allow_none,
+    )
 
 
 class TaskRun:
@@ -243,6 +249,7 @@ class TaskRun:
         )
 
         if machine is None:
+            check_int("priority", priority, low=MIN_INT32, high=MAX_INT32)
             resolved_name = name or (spec.name if spec else getattr(fn, "__name__", None) or "task")
             all_tags = normalize_tags(tags) | (spec.tags if spec else frozenset())
             clock = clock or SYSTEM_CLOCK
@@ -390,6 +397,7 @@ class TaskRun:
 
         ``timeout`` 是调用方愿意等的真实秒数，与注入的 clock 无关。
         """
+        _number("wait() 的 timeout", timeout, allow_none=True)
         if not self.done_event.wait(timeout):
             raise TimeoutError(
                 f"等待任务 {self.task_id!r} 超时（{timeout} 秒）；任务状态未改变，"
@@ -469,7 +477,11 @@ class TaskRun:
         ``runtime:pause_aborted`` 记录。InlineExecutor 上的运行中任务无法暂停，如实返回 False。
         ``timeout`` 缺省为构造时的 ``pause_timeout``（按注入的 clock 计）。
         """
-        window = self.pause_timeout if timeout is None else _number("timeout", timeout, allow_none=False)
+        window = (
+            self.pause_timeout
+            if timeout is None
+            else _number("pause() 的 timeout", timeout, allow_none=False)
+        )
         with self._lock:
             machine = self.machine
             status = machine.status
@@ -779,7 +791,10 @@ class TaskRun:
         if not (failure.retryable and snapshot.attempt < snapshot.max_attempts):
             machine.mark_failed(failure=failure)
             return False
-        delay = max(0.0, float(self.retry.delay_for(snapshot.attempt)))
+        # 退避是纯值对象，可以算出 1e308 这种等待（或自定义 Backoff 返回 NaN）：在用的地方夹到 [0, 10 年]，
+        # 否则 timedelta(seconds=...) 与看门狗的 Event.wait 会在这里抛 OverflowError，任务卡在半路。
+        raw = float(self.retry.delay_for(snapshot.attempt))
+        delay = min(max(0.0, raw), float(MAX_SECONDS)) if raw == raw else 0.0
         machine.mark_retry_wait(failure=failure, retry_at=self.clock.now() + timedelta(seconds=delay))
         if self.executor.blocking:
             self._retry_deadline = self.clock.monotonic() + delay
