@@ -102,7 +102,12 @@ def check_number(
         return None
     kind = "整数" if integer else "有限数"
     allowed = range_text(low, high, low_open=low_open, unit=unit)
-    message = f"{name} 必须是 {allowed}的{kind}，收到 {_short_repr(value)}".replace("是 的", "是")
+    if not allowed:
+        message = f"{name} 必须是{kind}，收到 {_short_repr(value)}"
+    elif allowed.endswith("之间"):
+        message = f"{name} 必须是 {allowed}的{kind}，收到 {_short_repr(value)}"
+    else:  # "大于 0 秒、不超过 … 秒" / "不小于 0" 这类比较短语直接跟在"必须"后面
+        message = f"{name} 必须{allowed.rstrip()}（{kind}），收到 {_short_repr(value)}"
     if hint:
         message = f"{message}；{hint}"
     if isinstance(value, bool):

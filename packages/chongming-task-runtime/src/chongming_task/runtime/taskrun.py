@@ -415,6 +415,9 @@ class TaskRun:
         没占执行槽的任务立即落 stopped；在跑的任务进入 stopping，在优雅窗口内响应 checkpoint() 则落
         stopped（正常返回则 succeeded），窗口用尽：线程记 lost，子进程被终止后记 stopped。
         """
+        # 优雅窗口从"请求到达"这一刻算起，而不是从 stopping 写穿存储之后：负载下一次写可能要几百毫秒，
+        # 不能让它叠加到窗口上（用户指南 §4.1 的超时上界只含收尾那一次写）。
+        requested_at = self.clock.monotonic()
         with self._lock:
             machine = self.machine
             status = machine.status
@@ -436,7 +439,7 @@ class TaskRun:
                 )
             attempt.wake_pauser()
             machine.mark_stopping(reason=reason, actor=actor)
-            self._request_stop_locked(attempt, reason)
+            self._request_stop_locked(attempt, reason, requested_at=requested_at)
             return True
 
     def cancel(self, reason: str | None = None) -> bool:
@@ -482,6 +485,9 @@ class TaskRun:
             if timeout is None
             else _number("pause() 的 timeout", timeout, allow_none=False)
         )
+        assert window is not None
+        # 窗口从调用这一刻算起：pausing 的写穿（负载下可能几百毫秒）算在窗口里，不叠加在窗口之后。
+        deadline = self.clock.monotonic() + window
         with self._lock:
             machine = self.machine
             status = machine.status
@@ -503,7 +509,7 @@ class TaskRun:
                 attempt.handle.request_pause()
             else:
                 signal = attempt.pause_signal(fresh=False)
-        self.clock.wait(signal, window)
+        self.clock.wait(signal, max(0.0, deadline - self.clock.monotonic()))
         with self._lock:
             machine = self.machine
             status = machine.status
@@ -833,7 +839,10 @@ class TaskRun:
 
     # -- stop, timeouts, grace windows --------------------------------------------------------------
 
-    def _request_stop_locked(self, attempt: _Attempt, reason: str | None) -> None:
+    def _request_stop_locked(
+        self, attempt: _Attempt, reason: str | None, *, requested_at: float | None = None
+    ) -> None:
+        """``requested_at``：请求到达时的单调读数（缺省为现在）；优雅窗口从它起算。"""
         if attempt.stop_requested:
             return
         attempt.stop_requested = True
@@ -841,8 +850,9 @@ class TaskRun:
         assert attempt.handle is not None
         attempt.handle.request_stop(reason)
         attempt.cancel_timers()
-        attempt.timers["grace"] = self._watchdog.schedule(
-            self.graceful_stop, lambda: self._grace_expired(attempt)
+        start = self.clock.monotonic() if requested_at is None else requested_at
+        attempt.timers["grace"] = self._watchdog.schedule_at(
+            start + self.graceful_stop, lambda: self._grace_expired(attempt)
         )
 
     def _grace_expired(self, attempt: _Attempt) -> None:
