@@ -15,26 +15,32 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
+from chongming_task.core.numbers import MAX_INT32, MAX_SECONDS, MIN_INT32, check_int, check_number
 from chongming_task.errors import ConfigurationError, TaskCancelled
 
 
 def _require_number(
-    owner: str, name: str, value: object, *, positive: bool, allow_none: bool = False
+    owner: str, name: str, value: object, *, positive: bool, allow_none: bool = False, bounded: bool = True
 ) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigurationError(f"{owner}.{name} 必须是有限的数字（秒），收到 {value!r}")
-    if positive and value <= 0:
-        raise ConfigurationError(f"{owner}.{name} 必须大于 0，收到 {value!r}；不想限制请传 None")
-    if not positive and value < 0:
-        raise ConfigurationError(f"{owner}.{name} 不能为负数，收到 {value!r}")
+    """策略里的秒数参数（经 core/numbers.py 这唯一的数值检查点）：有限，默认不超过 10 年。
+
+    ``bounded=False`` 只给退避用：退避是纯值对象，算出的等待由运行时在使用处夹到 10 年以内，
+    所以 ``max_delay=1e308`` 这类"几乎永远"的写法照样合法。
+    """
+    check_number(
+        f"{owner}.{name}",
+        value,
+        low=0,
+        low_open=positive,
+        high=MAX_SECONDS if bounded else None,
+        unit="秒",
+        hint="不想限制请传 None" if allow_none else "",
+        allow_none=allow_none,
+    )
 
 
 def _require_positive_int(owner: str, name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"{owner}.{name} 必须是 >= 1 的整数，收到 {value!r}")
-    return value
+    return check_int(f"{owner}.{name}", value, low=1)
 
 
 class Jitter(enum.StrEnum):
@@ -58,7 +64,7 @@ class FixedBackoff:
     delay_seconds: float = 0.0
 
     def __init__(self, delay: float = 0.0) -> None:
-        _require_number("FixedBackoff", "delay", delay, positive=False)
+        _require_number("FixedBackoff", "delay", delay, positive=False, bounded=False)
         object.__setattr__(self, "delay_seconds", float(delay))
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
@@ -75,13 +81,10 @@ class ExponentialBackoff:
     jitter: Jitter = Jitter.FULL
 
     def __post_init__(self) -> None:
-        _require_number("ExponentialBackoff", "base", self.base, positive=True)
-        _require_number("ExponentialBackoff", "max_delay", self.max_delay, positive=True)
-        _require_number("ExponentialBackoff", "factor", self.factor, positive=True)
-        if self.factor < 1:
-            raise ConfigurationError(
-                f"ExponentialBackoff.factor 必须 >= 1（否则等待越来越短），收到 {self.factor!r}"
-            )
+        _require_number("ExponentialBackoff", "base", self.base, positive=True, bounded=False)
+        _require_number("ExponentialBackoff", "max_delay", self.max_delay, positive=True, bounded=False)
+        # factor < 1 会让等待越来越短；上限不必设（ceiling() 在指数大到必然封顶时不做乘方）。
+        check_number("ExponentialBackoff.factor", self.factor, low=1, hint="小于 1 会让等待越来越短")
         jitter: object = self.jitter
         if not isinstance(jitter, Jitter):
             try:
@@ -224,8 +227,7 @@ class ConcurrencyPolicy:
                 raise ConfigurationError(f"ConcurrencyPolicy.limits 的键必须是非空字符串标签，收到 {tag!r}")
             _require_positive_int("ConcurrencyPolicy", f"limits[{tag!r}]", amount)
         object.__setattr__(self, "limits", MappingProxyType(dict(self.limits)))
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
-            raise ConfigurationError(f"ConcurrencyPolicy.priority 必须是整数，收到 {self.priority!r}")
+        check_int("ConcurrencyPolicy.priority", self.priority, low=MIN_INT32, high=MAX_INT32)
 
     def __hash__(self) -> int:
         return hash((self.max_parallel, tuple(sorted(self.limits.items())), self.priority))
@@ -309,7 +311,13 @@ class BucketPolicy:
             raise ConfigurationError(
                 f"bucket_key 必须是非空字符串（租户 id、数据源、日期分区……），收到 {key!r}"
             )
-        digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+        try:
+            encoded = key.encode("utf-8")
+        except UnicodeEncodeError:  # 孤立代理项（"\\ud800"）编码不了：不让 UnicodeEncodeError 漏给调用方
+            raise ConfigurationError(
+                f"bucket_key 含有无法编码为 UTF-8 的字符（孤立代理项），收到 {key!r}；请换一个合法的字符串"
+            ) from None
+        digest = hashlib.blake2b(encoded, digest_size=8).digest()
         return int.from_bytes(digest, "big") % self.num_buckets
 
     def validate_buckets(self, buckets: Iterable[int]) -> frozenset[int]:

@@ -8,12 +8,12 @@
 from __future__ import annotations
 
 import enum
-import math
 import traceback as traceback_module
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, ClassVar
 
+from chongming_task.core.numbers import check_number
 from chongming_task.core.statuses import TaskStatus
 from chongming_task.core.storage.columns import OPTIONAL_TEXT_FIELDS, TIMESTAMP_FIELDS
 from chongming_task.errors import ConfigurationError
@@ -141,12 +141,7 @@ class Failure:
 
 
 def _check_number(name: str, value: object, *, allow_none: bool) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(f"Progress.{name} 必须是数字，收到 {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ConfigurationError(f"Progress.{name} 必须是非负的有限数，收到 {value!r}")
+    check_number(f"Progress.{name}", value, low=0, allow_none=allow_none)
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 
+from chongming_task.core.numbers import check_seconds
 from chongming_task.errors import ConfigurationError
 
 _DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -54,10 +54,9 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         value: object = seconds
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigurationError(f"advance() 的参数必须是有限的秒数，收到 {value!r}")
-        if value < 0:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             raise ConfigurationError("时间不能倒流：advance() 的参数必须 >= 0")
+        check_seconds("advance() 的参数", value, low=0.0, low_open=False)
         with self._cond:
             self._offset += seconds
             self._cond.notify_all()

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 from collections import Counter
@@ -27,6 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.numbers import check_int, check_seconds
 from chongming_task.core.version import __version__
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import TaskSnapshot
@@ -221,9 +221,7 @@ class ClusterReport:
 
 
 def _check_limit(orphan_limit: object) -> int:
-    if isinstance(orphan_limit, bool) or not isinstance(orphan_limit, int) or orphan_limit < 0:
-        raise ConfigurationError(f"orphan_limit 必须是非负整数，收到 {orphan_limit!r}")
-    return orphan_limit
+    return check_int("orphan_limit", orphan_limit, low=0)
 
 
 def _infer_num_buckets(alive: Sequence[NodeRecord]) -> int:
@@ -340,8 +338,7 @@ def node_record(
     按租约节奏 lease_ttl/3 发布、ttl 取 lease_ttl），偶尔慢一拍的心跳才不会让节点"假死"。
     """
     check_node_owner(owner)
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
-        raise ConfigurationError(f"节点记录的 ttl 必须是正的秒数，收到 {ttl!r}")
+    check_seconds("节点记录的 ttl", ttl)
     policy = BucketPolicy(num_buckets)
     if owned_buckets is not None and isinstance(owned_buckets, (int, str)):
         raise ConfigurationError(

@@ -35,6 +35,7 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.numbers import MAX_INT32, MIN_INT32, check_int, check_seconds
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.errors import ConfigurationError, DuplicateTaskId, TaskError
 from chongming_task.models import Outcome, TaskSnapshot, Transition, normalize_tags
@@ -54,6 +55,12 @@ from chongming_task.storage import CommandAction, QueryOrder, TaskQuery, TaskSta
 
 logger = logging.getLogger("chongming_task.controller")
 
+MIN_LEASE_TTL = 0.1
+"""lease_ttl 的下限（秒）：每 lease_ttl/3 续租一次，再短就是对存储的空转。"""
+
+MIN_INTERVAL = 0.01
+"""command_poll_interval / side_channel_interval 的下限（秒）：再短的间隔只会让后台循环空转。"""
+
 # submit() 自己用的关键字；其余关键字参数原样交给任务。
 SUBMIT_KEYWORDS = ("task_id", "label", "tags", "priority", "bucket_key")
 
@@ -70,10 +77,20 @@ def _status_set(status: object) -> frozenset[TaskStatus] | None:
     if status is None:
         return None
     if isinstance(status, (str, TaskStatus)):
-        return frozenset({TaskStatus(status)})
+        return frozenset({_one_status(status)})
     if isinstance(status, Iterable):
-        return frozenset(TaskStatus(s) for s in status)
+        return frozenset(_one_status(s) for s in status)
     raise ConfigurationError(f"status 必须是 TaskStatus、状态名或它们的集合，收到 {status!r}")
+
+
+def _one_status(value: object) -> TaskStatus:
+    if isinstance(value, TaskStatus):
+        return value
+    if isinstance(value, str) and value in TaskStatus._value2member_map_:
+        return TaskStatus(value)
+    # 不让 enum 的 ValueError 漏给调用方：说清楚有哪些状态名
+    names = "、".join(status.value for status in TaskStatus)
+    raise ConfigurationError(f"未知的状态 {value!r}；可选：{names}")
 
 
 class _TransitionListener:
@@ -119,40 +136,34 @@ class Controller:
         if not isinstance(concurrency, ConcurrencyPolicy):
             raise ConfigurationError(f"concurrency 必须是 ConcurrencyPolicy(...)，收到 {concurrency!r}")
         if max_parallel is not None:
-            if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
-                raise ConfigurationError(f"max_parallel 必须是 >= 1 的整数，收到 {max_parallel!r}")
+            check_int("max_parallel", max_parallel, low=1)
             if concurrency.max_parallel is not None and concurrency.max_parallel != max_parallel:
                 raise ConfigurationError(
                     f"max_parallel={max_parallel} 与 concurrency.max_parallel={concurrency.max_parallel} "
                     "不一致；只给一处即可"
                 )
         effective_parallel = max_parallel if max_parallel is not None else concurrency.max_parallel
-        if max_parallel_per_bucket is not None and (
-            isinstance(max_parallel_per_bucket, bool)
-            or not isinstance(max_parallel_per_bucket, int)
-            or max_parallel_per_bucket < 1
-        ):
-            raise ConfigurationError(
-                f"max_parallel_per_bucket 必须是 >= 1 的整数或 None，收到 {max_parallel_per_bucket!r}"
-            )
-        for name, value in (
-            ("lease_ttl", lease_ttl),
-            ("graceful_stop", graceful_stop),
-            ("command_poll_interval", command_poll_interval),
-            ("side_channel_interval", side_channel_interval),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigurationError(f"{name} 必须是正的秒数，收到 {value!r}")
+        if max_parallel_per_bucket is not None:
+            check_int("max_parallel_per_bucket（不限请传 None）", max_parallel_per_bucket, low=1)
+        # 每个时长都是有限的、有上下限的秒数（core/numbers.py 的唯一数值检查点）。NaN 的间隔会让后台循环
+        # 的期限永远"已到"（空转占满 CPU）或永远不到（跨进程指令永远不被认领），inf / 1e308 的租约在提交时
+        # 才变成 OverflowError——都在构造时拒绝。间隔的下限防的是同一种空转。
+        lease_ttl = check_seconds("lease_ttl", lease_ttl, low=MIN_LEASE_TTL, low_open=False)
+        graceful_stop = check_seconds("graceful_stop", graceful_stop)
+        command_poll_interval = check_seconds(
+            "command_poll_interval", command_poll_interval, low=MIN_INTERVAL, low_open=False
+        )
+        side_channel_interval = check_seconds(
+            "side_channel_interval", side_channel_interval, low=MIN_INTERVAL, low_open=False
+        )
         if executor is not None and getattr(executor, "blocking", False):
             raise ConfigurationError(
                 "Controller 不能使用 InlineExecutor：它在调用线程里同步跑完任务，会把调度器本身卡住，"
                 "也无法被暂停。请用 ThreadExecutor()（默认）或 ProcessExecutor()；"
                 "需要同步、确定性的单个执行时直接用 run_task(..., executor=InlineExecutor())"
             )
-        if keep_finished is not None and (
-            isinstance(keep_finished, bool) or not isinstance(keep_finished, int) or keep_finished < 0
-        ):
-            raise ConfigurationError(f"keep_finished 必须是非负整数或 None（不限），收到 {keep_finished!r}")
+        if keep_finished is not None:
+            check_int("keep_finished（不限请传 None）", keep_finished, low=0)
         if store is not None and not isinstance(store, TaskStore):
             raise ConfigurationError(
                 f"store 必须是 TaskStore 的实例（如 SqliteTaskStore(...)），收到 {store!r}"
@@ -208,9 +219,9 @@ class Controller:
                 owned_buckets=self.owned_buckets,
                 bucket_policy=self.bucket_policy,
                 clock=self.clock,
-                lease_ttl=float(lease_ttl),
-                command_poll_interval=float(command_poll_interval),
-                side_channel_interval=float(side_channel_interval),
+                lease_ttl=lease_ttl,
+                command_poll_interval=command_poll_interval,
+                side_channel_interval=side_channel_interval,
                 wake=self._wake,
                 live_ids=self._live_ids,
                 side_snapshots=self._side_snapshots,
@@ -346,8 +357,8 @@ class Controller:
             raise ConfigurationError(f"label 必须是字符串，收到 {label!r}")
         if priority is None:
             priority = self.concurrency.priority
-        elif isinstance(priority, bool) or not isinstance(priority, int):
-            raise ConfigurationError(f"priority 必须是整数（越大越先执行），收到 {priority!r}")
+        else:
+            check_int("priority（越大越先执行）", priority, low=MIN_INT32, high=MAX_INT32)
         extra_tags = normalize_tags(tags)
         all_tags = definition.tags | extra_tags if extra_tags else definition.tags
         bucket = self._bucket_for_submit(bucket_key)
@@ -683,6 +694,7 @@ class Controller:
 
     def pause(self, task_id: str, *, timeout: float | None = None) -> bool:
         """请求暂停并等待确认。True = 已确认挂起；False = 没生效（状态已回滚）或跨进程未确认。"""
+        check_seconds("pause() 的 timeout", timeout, low=0.0, low_open=False, allow_none=True)
         run = self._runs.get(task_id)
         if run is not None:
             return bool(run.pause(timeout=timeout))
@@ -696,16 +708,44 @@ class Controller:
         return self._link.remote_command(task_id, CommandAction.RESUME, None, {})
 
     def stop_all(self, *, reason: str | None = None) -> int:
-        """对本进程持有的全部未终结任务发出停止请求；返回本轮**发出**的请求数（不是"已停止"数）。"""
+        """对本进程持有的全部未终结任务发出停止请求；返回本轮**发出**的请求数（不是"已停止"数）。
+
+        先冻结派发再停：扫荡期间停掉在跑的任务让出的槽不会交给排队任务，排队中的任务一个个直接落
+        ``stopped``、任务体一行不执行，所以积压几千个时也是"每个任务一个请求"。扫荡完解冻，
+        之后（扫荡开始后）新提交的任务照常派发。
+        """
+        with self._lock:
+            self._scheduler.freeze()
+        try:
+            return self._stop_sweep(reason)
+        finally:
+            with self._lock:
+                self._scheduler.thaw()
+                to_start = self._scheduler.take_runnable()
+            self._start_runs(to_start)
+
+    def _stop_sweep(self, reason: str | None) -> int:
+        """对此刻持有的每个可停的任务发一次停止请求（调用方已冻结派发）；返回发出的请求数。
+
+        占着执行槽的先停（它们的优雅窗口早一点开始计），排队的随后；已在 stopping 的不再发请求、不计数。
+        """
+        runs = self.runs()
+        with self._lock:
+            scheduler = self._scheduler
+            holding = [run for run in runs if scheduler.is_active(run.task_id)]
+            rest = [run for run in runs if not scheduler.is_active(run.task_id)]
         issued = 0
-        for run in self.runs():
-            # 已在 stopping 的任务本轮不再发请求，不计数。
-            if run.machine.can_stop and run.status is not TaskStatus.STOPPING and run.stop(reason=reason):
-                issued += 1
+        for run in (*holding, *rest):
+            if not run.machine.can_stop or run.status is TaskStatus.STOPPING:
+                continue
+            with contextlib.suppress(TaskError):  # 与任务自己落终态擦肩而过：状态机拒绝，不算发出
+                if run.stop(reason=reason):
+                    issued += 1
         return issued
 
     def wait(self, task_id: str, *, timeout: float | None = None) -> Outcome:
         """等某个任务落终态。超时抛 TimeoutError，任务状态不变。"""
+        check_seconds("wait() 的 timeout", timeout, low=0.0, low_open=False, allow_none=True)
         run = self._runs.get(task_id)
         if run is not None:
             outcome: Outcome = run.wait(timeout=timeout)
@@ -717,6 +757,7 @@ class Controller:
 
         返回内存里仍保留的句柄的结果（设了 ``keep_finished`` 时，更早落地的已被清出内存）。
         """
+        check_seconds("wait_all() 的 timeout", timeout, low=0.0, low_open=False, allow_none=True)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._settled:
             while self._unfinished:
@@ -731,8 +772,7 @@ class Controller:
 
     def prune(self, keep_terminal: int) -> int:
         """丢弃最旧的终态记录，只保留最新 keep_terminal 个（内存里的句柄；有 store 时也清存储）。"""
-        if isinstance(keep_terminal, bool) or not isinstance(keep_terminal, int) or keep_terminal < 0:
-            raise ConfigurationError(f"keep_terminal 必须是非负整数，收到 {keep_terminal!r}")
+        check_int("keep_terminal", keep_terminal, low=0)
         return max(self._forget_finished(keep_terminal), self._link.prune(keep_terminal))
 
     def _forget_finished(self, keep: int) -> int:
@@ -754,15 +794,15 @@ class Controller:
         self, *, reason: str = "控制器关闭", timeout: float | None = None, close_store: bool = False
     ) -> None:
         """停止一切并收尾：排队中的任务不会执行任务体（直接落 stopped），在跑的走优雅停止。幂等。"""
+        check_seconds("close() 的 timeout", timeout, low=0.0, low_open=False, allow_none=True)
         with self._lock:
             already = self._closed
             self._closed = True
-            runs = list(self._runs.values())
+            if not already:
+                # 先冻结派发、且永不解冻：停在跑的任务让出的槽不能再交给排队任务（§8.3 的承诺）。
+                self._scheduler.freeze()
         if not already:
-            for run in runs:
-                if run.machine.can_stop:
-                    with contextlib.suppress(TaskError):
-                        run.stop(reason=reason)
+            self._stop_sweep(reason)
             wait_for = timeout if timeout is not None else self.graceful_stop + 2.0
             with contextlib.suppress(TimeoutError):
                 self.wait_all(timeout=wait_for)

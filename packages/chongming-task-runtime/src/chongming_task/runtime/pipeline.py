@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chongming_task.core.numbers import check_seconds
 from chongming_task.errors import CircularDependency, ConfigurationError, TaskError
 from chongming_task.models import Outcome, TaskSnapshot, Transition, validate_task_id
 from chongming_task.policies import AggregationPolicy, JoinMode
@@ -354,6 +355,7 @@ class PipelineRun:
 
     def wait(self, timeout: float | None = None) -> PipelineOutcome:
         """等全部节点落终态。超时抛 TimeoutError，不改变任何状态。"""
+        check_seconds("wait() 的 timeout", timeout, low=0.0, low_open=False, allow_none=True)
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._done.wait(timeout):
             raise TimeoutError(f"等待管道 {self.pipeline_id!r} 超时（{timeout} 秒）；状态未改变")

@@ -51,6 +51,25 @@ class SlotScheduler:
         self._active: dict[str, tuple[Resource, ...]] = {}
         self._usage: dict[Resource, int] = {}
         self._dirty: set[Resource] = set()
+        # 派发冻结的层数（close / stop_all 的扫荡期间 > 0）：冻结时 take_runnable 一个都不取。
+        # 为什么需要：扫荡中每停掉一个在跑的任务就让出一个槽，不冻结的话让出的槽会立刻交给下一个
+        # 排队任务、把它的任务体跑起来——排队中的任务"不会真的执行任务体"（用户指南 §8.3）就不成立了。
+        self._frozen = 0
+
+    # -- dispatch freeze ----------------------------------------------------------------------------
+
+    def freeze(self) -> None:
+        """冻结派发（可嵌套）：之后 ``take_runnable`` 返回空，排队、让出额度照常记账。"""
+        self._frozen += 1
+
+    def thaw(self) -> None:
+        """撤销一层冻结。调用方随后应当 ``take_runnable`` 一次，把冻结期间攒下的空槽派发出去。"""
+        if self._frozen > 0:
+            self._frozen -= 1
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen > 0
 
     # -- accounting ---------------------------------------------------------------------------------
 
@@ -149,6 +168,8 @@ class SlotScheduler:
     def take_runnable(self) -> list[str]:
         """取出现在就能启动的任务（按优先级），并为它们预占全部额度。"""
         started: list[str] = []
+        if self._frozen:
+            return started
         while True:
             while self._ready and not self._global_full():
                 entry = heapq.heappop(self._ready)

@@ -37,6 +37,7 @@ from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.context import MAX_LOGS, LogEntry
+from chongming_task.core.numbers import MAX_INT32, MAX_SECONDS, MIN_INT32, check_int, check_seconds
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.triggers import (
     TRIGGER_CANCEL,
@@ -178,11 +179,16 @@ class _Events(AttemptEvents):
 
 
 def _number(name: str, value: object, *, allow_none: bool) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
-        raise ConfigurationError(f"{name} 必须是非负的秒数，收到 {value!r}")
-    return float(value)
+    """非负的有限秒数、不超过 10 年（core/numbers.py 的唯一数值检查点）：inf / NaN / 1e308 在这里就被拒绝，
+    不会在 ``Event.wait`` 里变成 OverflowError，也不会让一个窗口永远不到期。"""
+    return check_seconds(
+        name,
+        value,
+        low=0.0,
+        low_open=False,
+        hint="不想限制请传 None" if allow_none else "",
+        allow_none=allow_none,
+    )
 
 
 class TaskRun:
@@ -258,6 +264,7 @@ class TaskRun:
         )
 
         if machine is None:
+            check_int("priority", priority, low=MIN_INT32, high=MAX_INT32)
             resolved_name = name or (spec.name if spec else getattr(fn, "__name__", None) or "task")
             all_tags = normalize_tags(tags) | (spec.tags if spec else frozenset())
             clock = clock or SYSTEM_CLOCK
@@ -405,6 +412,7 @@ class TaskRun:
 
         ``timeout`` 是调用方愿意等的真实秒数，与注入的 clock 无关。
         """
+        _number("wait() 的 timeout", timeout, allow_none=True)
         if not self.done_event.wait(timeout):
             raise TimeoutError(
                 f"等待任务 {self.task_id!r} 超时（{timeout} 秒）；任务状态未改变，"
@@ -422,6 +430,9 @@ class TaskRun:
         没占执行槽的任务立即落 stopped；在跑的任务进入 stopping，在优雅窗口内响应 checkpoint() 则落
         stopped（正常返回则 succeeded），窗口用尽：线程记 lost，子进程被终止后记 stopped。
         """
+        # 优雅窗口从"请求到达"这一刻算起，而不是从 stopping 写穿存储之后：负载下一次写可能要几百毫秒，
+        # 不能让它叠加到窗口上（用户指南 §4.1 的超时上界只含收尾那一次写）。
+        requested_at = self.clock.monotonic()
         with self._lock:
             machine = self.machine
             status = machine.status
@@ -443,7 +454,7 @@ class TaskRun:
                 )
             attempt.wake_pauser()
             machine.mark_stopping(reason=reason, actor=actor)
-            self._request_stop_locked(attempt, reason)
+            self._request_stop_locked(attempt, reason, requested_at=requested_at)
             return True
 
     def cancel(self, reason: str | None = None) -> bool:
@@ -484,7 +495,14 @@ class TaskRun:
         ``runtime:pause_aborted`` 记录。InlineExecutor 上的运行中任务无法暂停，如实返回 False。
         ``timeout`` 缺省为构造时的 ``pause_timeout``（按注入的 clock 计）。
         """
-        window = self.pause_timeout if timeout is None else _number("timeout", timeout, allow_none=False)
+        window = (
+            self.pause_timeout
+            if timeout is None
+            else _number("pause() 的 timeout", timeout, allow_none=False)
+        )
+        assert window is not None
+        # 窗口从调用这一刻算起：pausing 的写穿（负载下可能几百毫秒）算在窗口里，不叠加在窗口之后。
+        deadline = self.clock.monotonic() + window
         with self._lock:
             machine = self.machine
             status = machine.status
@@ -509,7 +527,7 @@ class TaskRun:
                 attempt.handle.request_pause()
             else:
                 signal = attempt.pause_signal(fresh=False)
-        self.clock.wait(signal, window)
+        self.clock.wait(signal, max(0.0, deadline - self.clock.monotonic()))
         with self._lock:
             machine = self.machine
             status = machine.status
@@ -806,7 +824,10 @@ class TaskRun:
         if not (failure.retryable and snapshot.attempt < snapshot.max_attempts):
             machine.mark_failed(failure=failure, **triggered)
             return False
-        delay = max(0.0, float(self.retry.delay_for(snapshot.attempt)))
+        # 退避是纯值对象，可以算出 1e308 这种等待（或自定义 Backoff 返回 NaN）：在用的地方夹到 [0, 10 年]，
+        # 否则 timedelta(seconds=...) 与看门狗的 Event.wait 会在这里抛 OverflowError，任务卡在半路。
+        raw = float(self.retry.delay_for(snapshot.attempt))
+        delay = min(max(0.0, raw), float(MAX_SECONDS)) if raw == raw else 0.0
         machine.mark_retry_wait(
             failure=failure, retry_at=self.clock.now() + timedelta(seconds=delay), **triggered
         )
@@ -847,7 +868,10 @@ class TaskRun:
 
     # -- stop, timeouts, grace windows --------------------------------------------------------------
 
-    def _request_stop_locked(self, attempt: _Attempt, reason: str | None) -> None:
+    def _request_stop_locked(
+        self, attempt: _Attempt, reason: str | None, *, requested_at: float | None = None
+    ) -> None:
+        """``requested_at``：请求到达时的单调读数（缺省为现在）；优雅窗口从它起算。"""
         if attempt.stop_requested:
             return
         attempt.stop_requested = True
@@ -855,8 +879,9 @@ class TaskRun:
         assert attempt.handle is not None
         attempt.handle.request_stop(reason)
         attempt.cancel_timers()
-        attempt.timers["grace"] = self._watchdog.schedule(
-            self.graceful_stop, lambda: self._grace_expired(attempt)
+        start = self.clock.monotonic() if requested_at is None else requested_at
+        attempt.timers["grace"] = self._watchdog.schedule_at(
+            start + self.graceful_stop, lambda: self._grace_expired(attempt)
         )
 
     def _grace_expired(self, attempt: _Attempt) -> None:

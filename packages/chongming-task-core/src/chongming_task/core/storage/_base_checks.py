@@ -14,13 +14,14 @@ from datetime import datetime
 from typing import Any
 
 from chongming_task.core.json_depth import check_json_depth
+from chongming_task.core.numbers import MAX_SECONDS, check_seconds
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import Progress, TaskSnapshot, Transition
 
 # 非默认参数的 json.dumps 每次都要新建一个编码器；复用一个（JSONEncoder.encode 无状态，线程安全）。
 _STRICT_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
-MAX_LEASE_SECONDS = 10 * 365 * 24 * 3600
+MAX_LEASE_SECONDS = MAX_SECONDS  # 与其它时长参数同一个上限（10 年）
 
 TOUCH_FIELDS = frozenset({"progress", "heartbeat_at", "lease_owner", "lease_until"})
 """touch / touch_many 接受的参数名（heartbeat_at 写进快照的 last_heartbeat_at）。"""
@@ -89,15 +90,8 @@ def check_count(name: str, value: object) -> None:
 
 
 def check_positive_seconds(name: str, value: object) -> float:
-    """正的有限秒数（超时、租约、间隔）。"""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigurationError(f"{name} 必须是正的秒数，收到 {value!r}")
-    return float(value)
+    """正的有限秒数（超时、租约、间隔），不超过 10 年（core/numbers.py 的唯一数值检查点）。"""
+    return check_seconds(name, value)
 
 
 def check_claimant(value: object) -> None:
