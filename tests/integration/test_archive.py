@@ -115,7 +115,7 @@ def test_archive_moves_old_history_out_and_reads_it_back(tmp_path: Path) -> None
     assert all(e["state"] == "deleted" for e in load_manifest(tmp_path)["segments"])
     for i in range(30):
         assert store.get(f"done-{i:03d}") is None
-        assert [t.version for t in store.history(f"live-{i:03d}")][0] == 21, "在线只留窗口内的后缀"
+        assert store.history(f"live-{i:03d}")[0].version == 21, "在线只留窗口内的后缀"
     _assert_complete(store, tmp_path, expected)
     view = read_task(tmp_path, "done-003")
     assert view.snapshot is not None and view.snapshot.status is S.SUCCEEDED
@@ -212,7 +212,8 @@ from datetime import datetime
 from chongming_task.core.archive import Archiver
 from chongming_task.stores import open_store
 store = open_store(sys.argv[1])
-Archiver(store, sys.argv[2], batch_size=int(sys.argv[4]), task_batch=5).run(datetime.fromisoformat(sys.argv[3]))
+archiver = Archiver(store, sys.argv[2], batch_size=int(sys.argv[4]), task_batch=5)
+archiver.run(datetime.fromisoformat(sys.argv[3]))
 store.close()
 """
 
