@@ -13,9 +13,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from chongming_task.core.storage.checks import (
     check_aware,
@@ -36,8 +37,18 @@ from chongming_task.stores.postgres._codec import (
     transition_from_row,
 )
 
-if TYPE_CHECKING:
-    from chongming_task.stores.postgres.store import PostgresTaskStore
+_T = TypeVar("_T")
+
+
+class PostgresTaskStore(Protocol):
+    """本模块用到的存储管道（写成协议而不是导入 store.py：两个模块之间不能有导入环）。"""
+
+    _archive_sql: ArchiveSql
+
+    def _read(self, fn: Callable[[Any], _T]) -> _T: ...
+
+    def _connection(self) -> AbstractContextManager[Any]: ...
+
 
 DELETE_CHUNK = 1000
 """每个删除事务最多删多少行。"""
@@ -175,7 +186,7 @@ def purge_commands(store: PostgresTaskStore, completed_before: datetime) -> int:
     deleted = 0
     while True:
         with store._connection() as conn:
-            count = conn.execute(sql.purge, [completed_before, DELETE_CHUNK]).rowcount
+            count = int(conn.execute(sql.purge, [completed_before, DELETE_CHUNK]).rowcount)
         deleted += count
         if count < DELETE_CHUNK:
             return deleted

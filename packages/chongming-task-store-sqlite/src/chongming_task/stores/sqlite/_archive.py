@@ -17,9 +17,9 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from chongming_task.core.storage.checks import (
     check_aware,
@@ -34,8 +34,16 @@ from chongming_task.stores.sqlite import _codec as codec
 from chongming_task.stores.sqlite import _schema as schema
 from chongming_task.stores.sqlite import _sql
 
-if TYPE_CHECKING:
-    from chongming_task.stores.sqlite.store import SqliteTaskStore
+_T = TypeVar("_T")
+
+
+class SqliteTaskStore(Protocol):
+    """本模块只用到存储的这一个管道方法（写成协议而不是导入 store.py：两个模块之间不能有导入环）。"""
+
+    def _run(
+        self, what: str, fn: Callable[[sqlite3.Connection], _T], mode: Literal["write", "read", "none"] = ...
+    ) -> _T: ...
+
 
 _Item = TypeVar("_Item")
 
