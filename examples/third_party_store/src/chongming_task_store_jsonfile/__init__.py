@@ -2,7 +2,8 @@
 
 它演示一个后端最少要做的几件事，刻意写得短：
 
-* 继承 ``TaskStore``，实现 18 个抽象方法；语义不靠猜，靠跑 ``StoreContract``（见 tests/）。
+* 继承 ``TaskStore``，实现 22 个抽象方法（含归档保留的 4 个）；语义不靠猜，靠跑 ``StoreContract``
+  （见 tests/）。
 * 序列化只用核心提供的 ``to_dict()`` / ``from_dict()``：它们保证逐字段精确往返
   （带时区的时间到微秒、frozenset 标签、嵌套的 failure / progress）。每次读取都重新反序列化，
   所以调用方拿到的永远是副本，改它不会改到存储。
@@ -27,21 +28,29 @@ from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage.checks import (
+    check_aware,
     check_count,
     check_json_value,
     check_key,
     check_node_owner,
     check_node_record,
+    check_receipt,
     check_snapshot,
     check_transitions,
     claim_args,
     command_args,
+    export_finished_args,
+    export_transitions_args,
     touch_args,
     validate_save,
 )
 from chongming_task.core.storage.columns import SIDE_CHANNEL_FIELDS
 from chongming_task.core.storage.contract import TaskStore
+from chongming_task.core.storage.retention import archivable_prefix
 from chongming_task.core.storage.values import (
+    ArchiveDeleted,
+    ArchivedTask,
+    ArchiveReceipt,
     Command,
     CommandAction,
     NodeRecord,
@@ -423,6 +432,106 @@ class JsonFileTaskStore(TaskStore):
                 self._history.pop(task_id, None)
             self._commands = {cid: c for cid, c in self._commands.items() if c["task_id"] not in doomed}
             self._flush()
+            return len(doomed)
+
+    # -- retention: archive-then-delete（存储指南 §9）-------------------------------------------------
+    # 前缀规则与键集扫描直接用 core 的 archivable_prefix：后端只需提供"某键之后按键升序的若干条"。
+
+    def export_transitions(
+        self, before: datetime, *, after: tuple[str, int] | None = None, limit: int = 1000
+    ) -> list[Transition]:
+        after = export_transitions_args(before, after, limit)
+
+        def fetch(cursor: tuple[str, int], n: int) -> list[Transition]:
+            with self._lock:
+                self._check_open()
+                keys = sorted(
+                    (task_id, int(version))
+                    for task_id, records in self._history.items()
+                    if task_id >= cursor[0]
+                    for version in records
+                )
+                picked = [key for key in keys if key > cursor][:n]
+                return [Transition.from_dict(self._history[t][str(v)]) for t, v in picked]
+
+        return archivable_prefix(fetch, before, after, limit)
+
+    def export_finished(
+        self, before: datetime, *, after: str | None = None, limit: int = 100
+    ) -> list[ArchivedTask]:
+        after = export_finished_args(before, after, limit)
+        with self._lock:
+            self._check_open()
+            chosen = sorted(
+                (
+                    s
+                    for s in self._matching(None)
+                    if s.is_terminal and (s.finished_at or s.created_at) < before
+                ),
+                key=lambda s: s.task_id,
+            )
+            out: list[ArchivedTask] = []
+            for snapshot in chosen:
+                if after is not None and snapshot.task_id <= after:
+                    continue
+                records = self._history.get(snapshot.task_id, {})
+                history = tuple(Transition.from_dict(records[v]) for v in sorted(records, key=int))
+                commands = tuple(
+                    _thaw_command(c) for c in self._commands.values() if c["task_id"] == snapshot.task_id
+                )
+                out.append(ArchivedTask(snapshot, history, commands))
+                if len(out) >= limit:
+                    break
+            return out
+
+    def delete_archived(self, receipt: ArchiveReceipt) -> ArchiveDeleted:
+        receipt = check_receipt(receipt)
+        doomed = dict(receipt.tasks)
+        with self._lock:
+            self._check_open()
+
+            def leaves(task_id: str) -> bool:
+                data = self._tasks.get(task_id)
+                if data is None or task_id not in doomed or self._history.get(task_id):
+                    return False
+                snapshot = _thaw(data)
+                return snapshot.is_terminal and snapshot.status_version == doomed[task_id]
+
+            transitions = commands = tasks = 0
+            for task_id, version in receipt.transitions:
+                if self._history.get(task_id, {}).pop(str(version), None) is not None:
+                    transitions += 1
+            for command_id in receipt.commands:
+                command = self._commands.get(command_id)
+                # 未完成的指令只随它的任务整体离开，否则它还等着被执行。
+                if command is not None and (
+                    command["completed_at"] is not None or leaves(command["task_id"])
+                ):
+                    del self._commands[command_id]
+                    commands += 1
+            for task_id in doomed:
+                if leaves(task_id) and not any(c["task_id"] == task_id for c in self._commands.values()):
+                    del self._tasks[task_id]
+                    self._history.pop(task_id, None)
+                    tasks += 1
+            if transitions or commands or tasks:
+                self._flush()
+            return ArchiveDeleted(transitions, tasks, commands)
+
+    def purge_commands(self, completed_before: datetime) -> int:
+        check_aware("completed_before", completed_before, required=True)
+        with self._lock:
+            self._check_open()
+            doomed = [
+                cid
+                for cid, c in self._commands.items()
+                if c["completed_at"] is not None
+                and datetime.fromisoformat(c["completed_at"]) < completed_before
+            ]
+            for cid in doomed:
+                del self._commands[cid]
+            if doomed:
+                self._flush()
             return len(doomed)
 
     def close(self) -> None:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -28,7 +29,8 @@ from chongming_task.cli.output import (
 from chongming_task.cli.params import NON_NEGATIVE_INT, POSITIVE_INT, SECONDS, STATUS
 from chongming_task.cli.state import AppState, load_task_module, register_tasks
 from chongming_task.controller import Controller
-from chongming_task.models import TaskSnapshot
+from chongming_task.core.archive import ArchiveError, merged_history, read_task
+from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.policies import BucketPolicy
 from chongming_task.states import TaskStatus
 
@@ -165,19 +167,44 @@ def status_command(state: AppState, task_id: str) -> int:
 
 @cli.command("history")
 @click.argument("task_id")
+@click.option(
+    "--archive",
+    "archive_dir",
+    metavar="DIR",
+    default=None,
+    help="连同归档目录里的历史一起显示（archive --to 的目录）。",
+)
 @json_option
 @pass_state
-def history_command(state: AppState, task_id: str) -> int:
+def history_command(state: AppState, task_id: str, archive_dir: str | None) -> int:
     """任务的每一次状态迁移：时间、from → to、触发源、操作者、原因、版本号。"""
     controller = _console(state)
-    _snapshot_or_fail(controller, state, task_id)
     assert controller.store is not None
-    transitions = controller.store.history(task_id)
+    if archive_dir is None:
+        _snapshot_or_fail(controller, state, task_id)
+        transitions = controller.store.history(task_id)
+    else:
+        transitions = _merged_history(controller, state, task_id, archive_dir)
     if state.json:
         echo_json([t.to_dict() for t in transitions])
     else:
         click.echo(render_history(transitions))
     return EXIT_OK
+
+
+def _merged_history(
+    controller: Controller, state: AppState, task_id: str, archive_dir: str
+) -> list[Transition]:
+    """归档 + 在线历史（版本连续）。任务可能已整体归档、在线库里没有了：以归档里的快照为准。"""
+    assert controller.store is not None
+    if not os.path.isdir(archive_dir):
+        raise CliError(f"归档目录 {archive_dir} 不存在：请给出 archive --to 用过的目录", error="usage")
+    try:
+        if controller.get(task_id) is None and read_task(archive_dir, task_id).snapshot is None:
+            _snapshot_or_fail(controller, state, task_id)
+        return merged_history(controller.store, task_id, archive_dir)
+    except ArchiveError as exc:
+        raise CliError(str(exc), error="archive_error") from exc
 
 
 @cli.command("stats")

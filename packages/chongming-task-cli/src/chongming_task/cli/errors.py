@@ -51,6 +51,7 @@ ERROR_CODES: dict[str, str] = {
     "submit_rejected": "run 提交时被拒绝（桶不归本节点、参数不合法……）",
     "wait_timeout": "--wait 等满了时间，任务仍未到达要等的状态",
     "interrupted": "命令被中断（Ctrl-C）",
+    "archive_error": "归档目录不完整或自相矛盾（段缺失、校验和不符、历史有空洞），或另一个归档进程正在用它",
     "configuration": "库拒绝了某个配置",
     "task_error": "库报告的其他错误",
     "internal": "内部错误（请带 --debug 的输出报告问题）",

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from chongming_task.testing.contract._base import ContractBase, full_snapshot, node, snap, step, walk
+from chongming_task.testing.contract.archive import ArchiveCases
 from chongming_task.testing.contract.commands import CommandCases
 from chongming_task.testing.contract.history import HistoryCases
 from chongming_task.testing.contract.housekeeping import HousekeepingCases
@@ -48,6 +49,7 @@ class StoreContract(
     CommandCases,
     NodeCases,
     HousekeepingCases,
+    ArchiveCases,
     ContractBase,
 ):
     """TaskStore 契约套件。子类实现 ``make_store()``；可选实现 ``make_clocked_store(clock)``。"""

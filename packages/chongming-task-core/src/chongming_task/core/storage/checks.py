@@ -34,7 +34,7 @@ from chongming_task.core.storage._base_checks import (
     validate_lease,
     validate_save,
 )
-from chongming_task.core.storage.values import CommandAction, NodeRecord
+from chongming_task.core.storage.values import ArchiveReceipt, CommandAction, NodeRecord
 from chongming_task.errors import ConfigurationError
 
 
@@ -65,7 +65,56 @@ def command_args(
     return normalized, dict(payload)
 
 
+# -- 归档与保留（issue 20；存储指南 §9）---------------------------------------------------------------
+
+MAX_EXPORT_LIMIT = 100_000
+"""一批最多导出多少条：批是"一次读、一个归档段、一次删除"的单位，太大就失去了"短事务"的意义。"""
+
+
+def _export_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_EXPORT_LIMIT:
+        raise ConfigurationError(f"limit 必须是 1..{MAX_EXPORT_LIMIT} 之间的整数，收到 {limit!r}")
+    return limit
+
+
+def export_transitions_args(before: object, after: object, limit: object) -> tuple[str, int] | None:
+    """export_transitions 的入参：带时区的截止时刻、键集游标 ``(task_id, version)`` 或 None、批大小。"""
+    check_aware("before", before, required=True)
+    _export_limit(limit)
+    if after is None:
+        return None
+    if (
+        not isinstance(after, tuple)
+        or len(after) != 2
+        or isinstance(after[1], bool)
+        or not isinstance(after[1], int)
+    ):
+        raise ConfigurationError(f"after 必须是上一批最后一条的 (task_id, version) 或 None，收到 {after!r}")
+    check_key("after 的 task_id", after[0])
+    return after
+
+
+def export_finished_args(before: object, after: object, limit: object) -> str | None:
+    """export_finished 的入参：带时区的截止时刻、键集游标 task_id 或 None、批大小。"""
+    check_aware("before", before, required=True)
+    _export_limit(limit)
+    if after is None:
+        return None
+    return check_key("after", after)
+
+
+def check_receipt(receipt: object) -> ArchiveReceipt:
+    """delete_archived 的参数：只接受 ArchiveReceipt（键在构造时已校验）。"""
+    if not isinstance(receipt, ArchiveReceipt):
+        raise ConfigurationError(
+            "delete_archived 只接受 ArchiveReceipt（用 ArchiveReceipt.of(...) 构造），"
+            f"收到 {type(receipt).__name__}"
+        )
+    return receipt
+
+
 __all__ = [
+    "MAX_EXPORT_LIMIT",
     "MAX_LEASE_SECONDS",
     "TOUCH_FIELDS",
     "check_aware",
@@ -78,10 +127,13 @@ __all__ = [
     "check_node_record",
     "check_optional_text",
     "check_positive_seconds",
+    "check_receipt",
     "check_snapshot",
     "check_transitions",
     "claim_args",
     "command_args",
+    "export_finished_args",
+    "export_transitions_args",
     "id_set",
     "touch_args",
     "touch_many_fields",

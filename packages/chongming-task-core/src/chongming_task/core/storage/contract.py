@@ -10,6 +10,8 @@
   媒介。取走指令带租约：持有者崩溃后租约到期，指令可被重新取走。
 * 节点成员（publish_node / list_nodes / remove_node）：每个节点定期发布"我是谁、负责哪些桶、
   活到什么时候"。它是运维检查（桶重复 / 空洞、孤儿任务）的权威来源，与任务数据互不影响。
+* 维护：prune（按个数）与归档保留（export_transitions / export_finished / delete_archived /
+  purge_commands，按时间窗口，先归档再删除，见存储指南 §9）。
 
 每个后端都必须通过 ``chongming_task.testing.store_contract.StoreContract``。逐条语义见
 docs/store-guide.md（持久层实现指南）。
@@ -24,6 +26,9 @@ from types import TracebackType
 from typing import Any
 
 from chongming_task.core.storage.values import (
+    ArchiveDeleted,
+    ArchivedTask,
+    ArchiveReceipt,
     Command,
     CommandAction,
     NodeRecord,
@@ -34,7 +39,7 @@ from chongming_task.models import Progress, TaskSnapshot, Transition
 
 
 class TaskStore(ABC):
-    """持久层契约（18 个抽象方法，五类流量）。实现必须线程安全；多进程共享同一存储时语义不变。"""
+    """持久层契约（22 个抽象方法，五类流量 + 维护）。实现必须线程安全；多进程共享同一存储时语义不变。"""
 
     # -- snapshots ----------------------------------------------------------------------------------
 
@@ -184,6 +189,50 @@ class TaskStore(ABC):
         只保留最新 keep_terminal 个。
 
         绝不删除非终态任务。返回删除的任务数。keep_terminal 为负 → ConfigurationError。
+        """
+
+    # -- retention: archive-then-delete (issue 20；存储指南 §9) ---------------------------------------
+    #
+    # 四个方法一起实现"时间窗口保留"：存储只负责"按批导出"与"按回执删除"，归档文件、水位线与崩溃恢复
+    # 由 ``chongming_task.core.archive.Archiver`` 负责。两半分开，是因为"什么算已经落盘"只有写文件的
+    # 一方知道：存储绝不自己决定删什么，只删归档器交回来的那些行（``ArchiveReceipt``）。
+
+    @abstractmethod
+    def export_transitions(
+        self, before: datetime, *, after: tuple[str, int] | None = None, limit: int = 1000
+    ) -> list[Transition]:
+        """全部任务（包括常驻的非终态任务）在线历史里"每条都早于 ``before`` 的最长前缀"，按
+        ``(task_id, version)`` 升序，键集分页：``after`` 是上一批最后一条的键，``limit`` 是批大小。
+
+        前缀规则与扫描算法见 ``chongming_task.core.storage.retention``（后端直接调用它，不要另写一份）。
+        只读，不删除任何东西。``before`` 不带时区、``limit`` 不在 1..100000、``after`` 形状不对 →
+        ConfigurationError。
+        """
+
+    @abstractmethod
+    def export_finished(
+        self, before: datetime, *, after: str | None = None, limit: int = 100
+    ) -> list[ArchivedTask]:
+        """``finished_at`` 早于 ``before`` 的终态任务（缺 ``finished_at`` 的按 ``created_at``），按 task_id
+        升序、键集分页；每项带它仍在线的全部历史与全部指令。只读。参数错误 → ConfigurationError。
+        """
+
+    @abstractmethod
+    def delete_archived(self, receipt: ArchiveReceipt) -> ArchiveDeleted:
+        """删除回执里列出的、已经持久归档的行，别的一概不删；幂等（已经不在的行跳过，重放是空操作）。
+
+        * 迁移记录按键删。
+        * 指令按 id 删，但只删已完成的、或者属于回执里被整体删掉的任务的——还在等待执行的指令不能丢。
+        * 任务（快照）只在它仍是终态、``status_version`` 与回执一致、并且删完回执里的行之后不再有任何
+          迁移记录与指令时才删：否则会留下孤儿行，或者删掉一个归档之后又变化了的任务。
+        * SQL 后端分成短事务（每批几百行）执行：写穿的监督进程不会被长时间挡在写锁外。
+        参数不是 ArchiveReceipt → ConfigurationError。返回实际删掉的行数。
+        """
+
+    @abstractmethod
+    def purge_commands(self, completed_before: datetime) -> int:
+        """删除 ``completed_at`` 早于 ``completed_before`` 的已完成指令（不归档：它们只在"持有者重复
+        完成"的幂等窗口内有用）。未完成的指令永远不删。返回删除条数；参数不带时区 → ConfigurationError。
         """
 
     @abstractmethod

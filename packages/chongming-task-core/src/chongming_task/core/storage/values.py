@@ -22,7 +22,7 @@ from chongming_task.core.storage._base_checks import (
 )
 from chongming_task.core.storage.columns import SIDE_CHANNEL_FIELDS
 from chongming_task.errors import ConfigurationError
-from chongming_task.models import TaskSnapshot, normalize_tags
+from chongming_task.models import TaskSnapshot, Transition, normalize_tags
 from chongming_task.states import NON_TERMINAL_STATUSES, TaskStatus
 
 
@@ -354,8 +354,119 @@ def count_buckets(snapshots: Iterable[TaskSnapshot]) -> dict[int, int]:
     return dict(Counter(snapshot.bucket for snapshot in snapshots if snapshot.bucket is not None))
 
 
+# ===================================================================================================
+# 归档与时间窗口保留（issue 20；存储指南 §9）
+# ===================================================================================================
+
+
+@dataclass(frozen=True)
+class ArchivedTask:
+    """``export_finished`` 的一项：一个整体离开在线库的终态任务。
+
+    ``history`` 是它**此刻仍在线上**的迁移记录（更早的前缀可能已由 ``export_transitions`` 归档过），
+    ``commands`` 是它的全部指令（按提交先后）——任务删掉之后指令就是孤儿，所以一并归档、一并删除。
+    """
+
+    snapshot: TaskSnapshot
+    history: tuple[Transition, ...] = ()
+    commands: tuple[Command, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.snapshot, TaskSnapshot):
+            raise ConfigurationError(f"ArchivedTask.snapshot 必须是 TaskSnapshot，收到 {self.snapshot!r}")
+        object.__setattr__(self, "history", tuple(self.history))
+        object.__setattr__(self, "commands", tuple(self.commands))
+
+
+def _receipt_key(name: str, key: object) -> tuple[str, int]:
+    if (
+        not isinstance(key, tuple)
+        or len(key) != 2
+        or not isinstance(key[0], str)
+        or not key[0]
+        or isinstance(key[1], bool)
+        or not isinstance(key[1], int)
+        or key[1] < 0
+    ):
+        raise ConfigurationError(
+            f"ArchiveReceipt.{name} 的每一项必须是 (task_id, 非负整数版本)，收到 {key!r}"
+        )
+    return key
+
+
+@dataclass(frozen=True)
+class ArchiveReceipt:
+    """归档器交回给存储的"已经落盘的东西"：``delete_archived`` 只删这里列出的行，别的一概不碰。
+
+    * ``transitions``：迁移记录的键 ``(task_id, version)``（迁移记录只追加、不改写，键即内容）；
+    * ``tasks``：整体归档的任务 ``(task_id, status_version)``——存储里的版本已经前进（终态任务又被
+      重试了）就不删快照，归档里那份只是它当时的样子；
+    * ``commands``：指令 id。
+
+    用 ``ArchiveReceipt.of(transitions, tasks)`` 从导出的对象构造，不必手工拼键。
+    """
+
+    transitions: tuple[tuple[str, int], ...] = ()
+    tasks: tuple[tuple[str, int], ...] = ()
+    commands: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("transitions", "tasks"):
+            value: object = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+                raise ConfigurationError(
+                    f"ArchiveReceipt.{name} 必须是 (task_id, 版本) 的序列，收到 {value!r}"
+                )
+            object.__setattr__(self, name, tuple(_receipt_key(name, key) for key in value))
+        commands: object = self.commands
+        if isinstance(commands, (str, bytes)) or not isinstance(commands, Iterable):
+            raise ConfigurationError(f"ArchiveReceipt.commands 必须是指令 id 的序列，收到 {commands!r}")
+        ids = tuple(commands)
+        for command_id in ids:
+            if not isinstance(command_id, str) or not command_id:
+                raise ConfigurationError(
+                    f"ArchiveReceipt.commands 的每一项必须是非空字符串，收到 {command_id!r}"
+                )
+        object.__setattr__(self, "commands", ids)
+
+    @classmethod
+    def of(cls, transitions: Iterable[Transition] = (), tasks: Iterable[ArchivedTask] = ()) -> ArchiveReceipt:
+        keys = [(record.task_id, record.version) for record in transitions]
+        task_keys: list[tuple[str, int]] = []
+        command_ids: list[str] = []
+        for item in tasks:
+            keys.extend((record.task_id, record.version) for record in item.history)
+            task_keys.append((item.snapshot.task_id, item.snapshot.status_version))
+            command_ids.extend(command.command_id for command in item.commands)
+        return cls(transitions=tuple(keys), tasks=tuple(task_keys), commands=tuple(command_ids))
+
+    def __bool__(self) -> bool:
+        return bool(self.transitions or self.tasks or self.commands)
+
+
+@dataclass(frozen=True)
+class ArchiveDeleted:
+    """``delete_archived`` 实际删掉的行数（回执里已经不在的行不计：重放是空操作）。"""
+
+    transitions: int = 0
+    tasks: int = 0
+    commands: int = 0
+
+    def __add__(self, other: ArchiveDeleted) -> ArchiveDeleted:
+        return ArchiveDeleted(
+            self.transitions + other.transitions, self.tasks + other.tasks, self.commands + other.commands
+        )
+
+    @property
+    def total(self) -> int:
+        return self.transitions + self.tasks + self.commands
+
+
 __all__ = [
     "SIDE_CHANNEL_FIELDS",
+    "ArchiveDeleted",
+    "ArchiveReceipt",
+    "ArchivedTask",
     "Command",
     "CommandAction",
     "NodeRecord",

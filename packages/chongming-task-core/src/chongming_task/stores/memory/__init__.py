@@ -30,7 +30,11 @@ from typing import Any
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
 from chongming_task.core.storage.contract import TaskStore
+from chongming_task.core.storage.retention import archivable_prefix
 from chongming_task.core.storage.values import (
+    ArchiveDeleted,
+    ArchivedTask,
+    ArchiveReceipt,
     Command,
     CommandAction,
     NodeRecord,
@@ -489,6 +493,108 @@ class InMemoryTaskStore(TaskStore):
             for command_id in [c.command_id for c in self._commands.values() if c.task_id in doomed]:
                 del self._commands[command_id]
                 self._pending.pop(command_id, None)
+            return len(doomed)
+
+    # -- retention: archive-then-delete (issue 20；存储指南 §9) ---------------------------------------
+
+    def export_transitions(
+        self, before: datetime, *, after: tuple[str, int] | None = None, limit: int = 1000
+    ) -> list[Transition]:
+        after = checks.export_transitions_args(before, after, limit)
+
+        def fetch(cursor: tuple[str, int], n: int) -> list[Transition]:
+            # 内存后端没有有序索引：在锁内排一次键（只排键，不复制记录），锁外不碰内部结构。
+            with self._lock:
+                self._check_open()
+                keys = sorted(
+                    (task_id, version)
+                    for task_id, row in self._rows.items()
+                    if task_id >= cursor[0]
+                    for version in row.history
+                )
+                picked = [key for key in keys if key > cursor][:n]
+                return [self._rows[task_id].history[version] for task_id, version in picked]
+
+        return archivable_prefix(fetch, before, after, limit)
+
+    def export_finished(
+        self, before: datetime, *, after: str | None = None, limit: int = 100
+    ) -> list[ArchivedTask]:
+        after = checks.export_finished_args(before, after, limit)
+        with self._lock:
+            self._check_open()
+            chosen = sorted(
+                task_id
+                for task_id, row in self._rows.items()
+                if row.snapshot.is_terminal
+                and (row.snapshot.finished_at or row.snapshot.created_at) < before
+                and (after is None or task_id > after)
+            )[:limit]
+            picked = []
+            for task_id in chosen:
+                row = self._rows[task_id]
+                history = tuple(row.history[v] for v in sorted(row.history))
+                commands = tuple(c.export() for c in self._commands.values() if c.task_id == task_id)
+                picked.append((row.snapshot, row.outcome_text, history, commands))
+        return [
+            ArchivedTask(
+                snapshot if text is None else snapshot.evolve(outcome=json.loads(text)), history, commands
+            )
+            for snapshot, text, history, commands in picked
+        ]
+
+    def delete_archived(self, receipt: ArchiveReceipt) -> ArchiveDeleted:
+        receipt = checks.check_receipt(receipt)
+        doomed_tasks = dict(receipt.tasks)
+        transitions = tasks = commands = 0
+        with self._lock:
+            self._check_open()
+            for task_id, version in receipt.transitions:
+                row = self._rows.get(task_id)
+                if row is not None and row.history.pop(version, None) is not None:
+                    transitions += 1
+            for command_id in receipt.commands:
+                command = self._commands.get(command_id)
+                if command is None:
+                    continue
+                # 未完成的指令只在它的任务整体离开时才随之删除，否则它还等着被执行。
+                if command.completed_at is None and not self._task_leaves(command.task_id, doomed_tasks):
+                    continue
+                del self._commands[command_id]
+                self._pending.pop(command_id, None)
+                commands += 1
+            for task_id in doomed_tasks:
+                row = self._rows.get(task_id)
+                if row is None or not self._task_leaves(task_id, doomed_tasks):
+                    continue
+                if any(c.task_id == task_id for c in self._commands.values()):
+                    continue
+                del self._rows[task_id]
+                tasks += 1
+        return ArchiveDeleted(transitions, tasks, commands)
+
+    def _task_leaves(self, task_id: str, doomed: Mapping[str, int]) -> bool:
+        """回执里的任务能否整体删除（锁内调用）：仍是终态、版本一致、在线历史已全部归档。"""
+        row = self._rows.get(task_id)
+        return (
+            row is not None
+            and task_id in doomed
+            and row.snapshot.is_terminal
+            and row.snapshot.status_version == doomed[task_id]
+            and not row.history
+        )
+
+    def purge_commands(self, completed_before: datetime) -> int:
+        checks.check_aware("completed_before", completed_before, required=True)
+        with self._lock:
+            self._check_open()
+            doomed = [
+                c.command_id
+                for c in self._commands.values()
+                if c.completed_at is not None and c.completed_at < completed_before
+            ]
+            for command_id in doomed:
+                del self._commands[command_id]
             return len(doomed)
 
     def close(self) -> None:

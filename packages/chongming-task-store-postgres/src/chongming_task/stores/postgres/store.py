@@ -32,6 +32,9 @@ from chongming_task.core.storage.opening import (
     check_opening,
 )
 from chongming_task.core.storage.values import (
+    ArchiveDeleted,
+    ArchivedTask,
+    ArchiveReceipt,
     Command,
     CommandAction,
     NodeRecord,
@@ -49,7 +52,7 @@ from chongming_task.errors import (
 )
 from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.states import TERMINAL_STATUSES, TaskStatus
-from chongming_task.stores.postgres import _schema, _sql
+from chongming_task.stores.postgres import _archive, _schema, _sql
 from chongming_task.stores.postgres._codec import (
     check_text,
     command_from_row,
@@ -292,6 +295,7 @@ class PostgresTaskStore(TaskStore):
         self._display = redact(dsn)
         self._channel = channel_for(self._schema)
         self._sql = _sql.Sql(self._schema)
+        self._archive_sql = _archive.ArchiveSql(self._schema, self._sql.task_cols)
         self._closed = False
         self._close_lock = threading.Lock()
         self._listener: CommandListener | None = None
@@ -1057,6 +1061,24 @@ class PostgresTaskStore(TaskStore):
         with self._connection() as conn:
             row = conn.execute(self._sql.prune, params).fetchone()
         return 0 if row is None else int(row[0])
+
+    # -- retention: archive-then-delete (issue 20；实现在 _archive.py) --------------------------------
+
+    def export_transitions(
+        self, before: datetime, *, after: tuple[str, int] | None = None, limit: int = 1000
+    ) -> list[Transition]:
+        return _archive.export_transitions(self, before, after, limit)
+
+    def export_finished(
+        self, before: datetime, *, after: str | None = None, limit: int = 100
+    ) -> list[ArchivedTask]:
+        return _archive.export_finished(self, before, after, limit)
+
+    def delete_archived(self, receipt: ArchiveReceipt) -> ArchiveDeleted:
+        return _archive.delete_archived(self, receipt)
+
+    def purge_commands(self, completed_before: datetime) -> int:
+        return _archive.purge_commands(self, completed_before)
 
     def close(self) -> None:
         with self._close_lock:

@@ -19,6 +19,9 @@ from chongming_task.core.storage import checks
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.opening import CreateSchema, SchemaMissing, check_opening
 from chongming_task.core.storage.values import (
+    ArchiveDeleted,
+    ArchivedTask,
+    ArchiveReceipt,
     Command,
     CommandAction,
     NodeRecord,
@@ -36,9 +39,9 @@ from chongming_task.errors import (
 )
 from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
+from chongming_task.stores.sqlite import _archive, _sql
 from chongming_task.stores.sqlite import _codec as codec
 from chongming_task.stores.sqlite import _schema as schema
-from chongming_task.stores.sqlite import _sql
 
 T = TypeVar("T")
 _Mode = Literal["write", "read", "none"]
@@ -319,6 +322,8 @@ class SqliteTaskStore(TaskStore):
                     "（代码里传 create_schema='always'），否则换一个新文件",
                     ddl=schema.schema_sql(),
                 )
+        if not self._memory:
+            _archive.use_incremental_vacuum_if_new(conn)  # 见 _archive：只能在建表之前设定
         _execute(conn, lambda c: schema.create_or_migrate(c, self._path), "write")
         self._use_wal(conn)
 
@@ -787,6 +792,24 @@ class SqliteTaskStore(TaskStore):
             return len(doomed)
 
         return self._run("prune", tx)
+
+    # -- retention: archive-then-delete (issue 20；实现在 _archive.py) --------------------------------
+
+    def export_transitions(
+        self, before: datetime, *, after: tuple[str, int] | None = None, limit: int = 1000
+    ) -> list[Transition]:
+        return _archive.export_transitions(self, before, after, limit)
+
+    def export_finished(
+        self, before: datetime, *, after: str | None = None, limit: int = 100
+    ) -> list[ArchivedTask]:
+        return _archive.export_finished(self, before, after, limit)
+
+    def delete_archived(self, receipt: ArchiveReceipt) -> ArchiveDeleted:
+        return _archive.delete_archived(self, receipt)
+
+    def purge_commands(self, completed_before: datetime) -> int:
+        return _archive.purge_commands(self, completed_before)
 
     def close(self) -> None:
         self._pool.close()

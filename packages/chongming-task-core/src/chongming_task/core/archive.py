@@ -1,0 +1,477 @@
+"""历史归档：先归档、再删除（issue 20；存储指南 §9，用户指南"历史归档"）。
+
+存储只会"按批导出"和"按回执删除"（``TaskStore.export_*`` / ``delete_archived``）；这里负责把导出的
+行**持久地**写成归档文件，然后才让存储删除它们，并且在任意时刻被 kill -9 之后都能续跑：
+
+* **段（segment）**：一批一个文件，JSON Lines + gzip，每行 ``{"kind": ..., "record": ...}``，``kind``
+  是 ``transition``（``Transition.to_dict()``）、``snapshot``（``TaskSnapshot.to_dict()``）或
+  ``command``（``Command.to_dict()``）。文件名带序号与时间范围：
+  ``seg-000042-20260101T000000Z-20260105T120000Z.jsonl.gz``。先写临时名 ``*.tmp``，fsync 文件，
+  rename 成正式名，再 fsync 目录——正式名存在，内容就是完整的。
+* **清单（manifest.json）**：每段的名字、sha256、计数、每个任务的首末版本、状态（``recorded`` =
+  已落盘但可能还没删、``deleted`` = 存储已按它删除）。写临时文件 + fsync + rename + fsync 目录，原子替换。
+* **顺序（水位线）**：写段 → 记入清单（recorded）→ 存储删除 → 清单标 deleted。每一步之间崩溃：
+  - 段写了、清单没记：重跑时按**内容**发现这个"孤儿段"，补记进清单，再按它的内容删除；
+  - 记了、没删完：重跑时按段的内容重放删除（``delete_archived`` 幂等）；
+  - 临时文件：没有 rename 就不算数，直接删掉（它的行还在线上，会被重新导出）。
+  新的导出只在所有已知的段都删除完毕之后才开始，所以同一行不会进两个段。
+* 同一目录同时只允许一个归档进程（``archive.lock`` 上的 flock）。
+
+读回：``merged_history(store, task_id, directory)`` 把归档与在线历史拼成一条从版本 1 起连续的序列，
+发现空洞或冲突就报错（``ArchiveError``）；CLI ``history TASK --archive DIR`` 用的就是它。
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from chongming_task.core.storage.contract import TaskStore
+from chongming_task.core.storage.values import ArchiveDeleted, ArchivedTask, ArchiveReceipt, Command
+from chongming_task.errors import ConfigurationError, StoreError
+from chongming_task.models import TaskSnapshot, Transition
+
+try:  # POSIX：同一目录只允许一个归档进程
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+MANIFEST = "manifest.json"
+LOCK = "archive.lock"
+FORMAT = 1
+_SEGMENT = re.compile(r"^seg-(\d{6,})-(\d{8}T\d{6}Z)-(\d{8}T\d{6}Z)\.jsonl\.gz$")
+
+
+class ArchiveError(StoreError):
+    """归档目录的内容不完整或自相矛盾（段的校验和不对、历史有空洞、同一行出现在两个段里……）。"""
+
+
+@dataclass
+class ArchiveSummary:
+    """一次归档运行的结果。``dry_run`` 时什么也没写、什么也没删，计数是"将会归档"的。"""
+
+    transitions: int = 0
+    tasks: int = 0
+    commands: int = 0
+    segments: int = 0
+    purged_commands: int = 0
+    reconciled_segments: int = 0
+    deleted: ArchiveDeleted = field(default_factory=ArchiveDeleted)
+    dry_run: bool = False
+
+    def line(self) -> str:
+        verb = "将归档" if self.dry_run else "已归档"
+        text = (
+            f"{verb} {self.transitions} 条迁移记录、{self.tasks} 个终态任务（{self.commands} 条指令），"
+            f"{'' if self.dry_run else f'写出 {self.segments} 个段'}"
+        ).rstrip("，")
+        if self.reconciled_segments:
+            text += f"，续上次中断的 {self.reconciled_segments} 个段"
+        if self.purged_commands:
+            text += f"，清理已完成的旧指令 {self.purged_commands} 条"
+        return text
+
+
+# -- file primitives -----------------------------------------------------------------------------------
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # 有的文件系统（Windows）不能打开目录
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """写临时名 → fsync → rename → fsync 目录：崩溃后要么是旧内容，要么是完整的新内容。"""
+    temp = path.with_name(path.name + ".tmp")
+    with open(temp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+    _fsync_dir(path.parent)
+
+
+def _stamp(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _encode_segment(lines: list[dict[str, Any]]) -> bytes:
+    raw = io.BytesIO()
+    # mtime=0：同样的内容得到同样的字节（sha256 只取决于内容）。
+    with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz:
+        for line in lines:
+            gz.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+            gz.write(b"\n")
+    return raw.getvalue()
+
+
+def read_segment(path: Path) -> Iterator[dict[str, Any]]:
+    """逐行读一个段（``{"kind", "record"}``）。截断或损坏的段 → ArchiveError。"""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            for number, text in enumerate(handle, 1):
+                if text.strip():
+                    try:
+                        yield json.loads(text)
+                    except ValueError as exc:
+                        raise ArchiveError(f"归档段 {path.name} 第 {number} 行不是 JSON：{exc}") from None
+    except (OSError, EOFError) as exc:
+        raise ArchiveError(f"归档段 {path.name} 读不了（截断或损坏）：{exc}；请从备份恢复这个文件") from exc
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# -- segment content ------------------------------------------------------------------------------------
+
+
+def _lines_for(transitions: list[Transition], tasks: list[ArchivedTask]) -> list[dict[str, Any]]:
+    lines: list[dict[str, Any]] = [{"kind": "transition", "record": t.to_dict()} for t in transitions]
+    for item in tasks:
+        lines.append({"kind": "snapshot", "record": item.snapshot.to_dict()})
+        lines.extend({"kind": "transition", "record": t.to_dict()} for t in item.history)
+        lines.extend({"kind": "command", "record": c.to_dict()} for c in item.commands)
+    return lines
+
+
+def _describe(name: str, sha: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """清单里的一项：由段的**内容**算出，所以孤儿段能按内容补记。"""
+    versions: dict[str, list[int]] = {}
+    counts = {"transition": 0, "snapshot": 0, "command": 0}
+    for line in lines:
+        counts[line["kind"]] += 1
+        if line["kind"] == "transition":
+            record = line["record"]
+            span = versions.setdefault(record["task_id"], [record["version"], record["version"]])
+            span[0] = min(span[0], record["version"])
+            span[1] = max(span[1], record["version"])
+    return {
+        "name": name,
+        "sha256": sha,
+        "transitions": counts["transition"],
+        "tasks": counts["snapshot"],
+        "commands": counts["command"],
+        "versions": versions,
+        "state": "recorded",
+    }
+
+
+def _receipt_of(lines: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> ArchiveReceipt:
+    keys: list[tuple[str, int]] = []
+    tasks: list[tuple[str, int]] = []
+    commands: list[str] = []
+    for line in lines:
+        record = line["record"]
+        if line["kind"] == "transition":
+            keys.append((record["task_id"], record["version"]))
+        elif line["kind"] == "snapshot":
+            tasks.append((record["task_id"], record["status_version"]))
+        elif line["kind"] == "command":
+            commands.append(record["command_id"])
+    return ArchiveReceipt(transitions=tuple(keys), tasks=tuple(tasks), commands=tuple(commands))
+
+
+# -- the archiver ---------------------------------------------------------------------------------------
+
+
+class Archiver:
+    """把 ``store`` 里超出时间窗口的历史归档到 ``directory``，然后让存储删除它们。
+
+    * ``batch_size``：每段最多多少条迁移记录（也是一次导出、一轮删除的单位）；
+    * ``task_batch``：整体归档终态任务时每段最多多少个任务；
+    * ``progress``：每写完一段回调一次（CLI 的进度条用它）。
+    """
+
+    def __init__(
+        self,
+        store: TaskStore,
+        directory: str | os.PathLike[str],
+        *,
+        batch_size: int = 5000,
+        task_batch: int = 200,
+        progress: Callable[[ArchiveSummary], None] | None = None,
+    ) -> None:
+        for name, value in (("batch_size", batch_size), ("task_batch", task_batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+                raise ConfigurationError(f"{name} 必须是 1..100000 之间的整数，收到 {value!r}")
+        self.store = store
+        self.directory = Path(directory)
+        self.batch_size = batch_size
+        self.task_batch = task_batch
+        self.progress = progress
+
+    # -- manifest -------------------------------------------------------------------------------------
+
+    def _load_manifest(self) -> dict[str, Any]:
+        return load_manifest(self.directory)
+
+    def _save_manifest(self, manifest: dict[str, Any]) -> None:
+        body = json.dumps(manifest, ensure_ascii=False, indent=1, sort_keys=True).encode("utf-8")
+        _write_atomic(self.directory / MANIFEST, body)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / LOCK, "a+b") as handle:
+            if fcntl is not None:
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    raise ArchiveError(
+                        f"另一个归档进程正在使用 {self.directory}：等它结束再运行（同一目录同时只能有一个）"
+                    ) from None
+            yield
+
+    # -- run ------------------------------------------------------------------------------------------
+
+    def run(
+        self, before: datetime, *, dry_run: bool = False, purge_commands_before: datetime | None = None
+    ) -> ArchiveSummary:
+        """归档 ``before`` 之前的历史（全部任务的旧前缀 + 在它之前结束的终态任务），并删除在线的那份。"""
+        if not isinstance(before, datetime) or before.utcoffset() is None:
+            raise ConfigurationError(f"before 必须是带时区的 datetime，收到 {before!r}")
+        if dry_run:
+            return self._dry_run(before)
+        summary = ArchiveSummary()
+        with self._locked():
+            manifest = self._load_manifest()
+            summary.reconciled_segments = self._reconcile(manifest)
+            while True:
+                batch = self.store.export_transitions(before, limit=self.batch_size)
+                if not batch:
+                    break
+                self._archive(manifest, summary, batch, [])
+            while True:
+                tasks = self.store.export_finished(before, limit=self.task_batch)
+                if not tasks:
+                    break
+                self._archive(manifest, summary, [], tasks)
+            if purge_commands_before is not None:
+                summary.purged_commands = self.store.purge_commands(purge_commands_before)
+        return summary
+
+    def _dry_run(self, before: datetime) -> ArchiveSummary:
+        summary = ArchiveSummary(dry_run=True)
+        after: tuple[str, int] | None = None
+        while batch := self.store.export_transitions(before, after=after, limit=self.batch_size):
+            summary.transitions += len(batch)
+            after = (batch[-1].task_id, batch[-1].version)
+        last: str | None = None
+        while tasks := self.store.export_finished(before, after=last, limit=self.task_batch):
+            summary.tasks += len(tasks)
+            summary.commands += sum(len(item.commands) for item in tasks)
+            last = tasks[-1].snapshot.task_id
+        return summary
+
+    def _next_sequence(self, manifest: dict[str, Any]) -> int:
+        numbers = [0]
+        for entry in manifest["segments"]:
+            match = _SEGMENT.match(entry["name"])
+            if match:
+                numbers.append(int(match.group(1)))
+        for path in self.directory.iterdir():
+            match = _SEGMENT.match(path.name)
+            if match:
+                numbers.append(int(match.group(1)))
+        return max(numbers) + 1
+
+    def _archive(
+        self,
+        manifest: dict[str, Any],
+        summary: ArchiveSummary,
+        transitions: list[Transition],
+        tasks: list[ArchivedTask],
+    ) -> None:
+        lines = _lines_for(transitions, tasks)
+        times = [t.at for t in transitions] + [t.at for item in tasks for t in item.history]
+        times += [item.snapshot.finished_at or item.snapshot.created_at for item in tasks]
+        name = f"seg-{self._next_sequence(manifest):06d}-{_stamp(min(times))}-{_stamp(max(times))}.jsonl.gz"
+        data = _encode_segment(lines)
+        # 1. 段落盘（临时名 → fsync → rename → fsync 目录）
+        _write_atomic(self.directory / name, data)
+        # 2. 记入清单（水位线）
+        entry = _describe(name, hashlib.sha256(data).hexdigest(), lines)
+        manifest["segments"].append(entry)
+        self._save_manifest(manifest)
+        # 3. 存储按回执删除；4. 标记已删除
+        summary.deleted += self.store.delete_archived(ArchiveReceipt.of(transitions, tasks))
+        entry["state"] = "deleted"
+        self._save_manifest(manifest)
+        summary.segments += 1
+        summary.transitions += entry["transitions"]
+        summary.tasks += entry["tasks"]
+        summary.commands += entry["commands"]
+        if self.progress is not None:
+            self.progress(summary)
+
+    def _reconcile(self, manifest: dict[str, Any]) -> int:
+        """续上次中断的运行：清理临时文件、补记孤儿段、重放没删完的段。返回处理的段数。"""
+        for path in self.directory.glob("*.tmp"):
+            path.unlink()
+        known = {entry["name"] for entry in manifest["segments"]}
+        orphans = sorted(
+            p for p in self.directory.iterdir() if _SEGMENT.match(p.name) and p.name not in known
+        )
+        for path in orphans:
+            lines = list(read_segment(path))
+            manifest["segments"].append(_describe(path.name, _sha256(path), lines))
+        if orphans:
+            self._save_manifest(manifest)
+        replayed = 0
+        for entry in manifest["segments"]:
+            if entry["state"] == "deleted":
+                continue
+            path = self.directory / entry["name"]
+            if not path.exists() or _sha256(path) != entry["sha256"]:
+                raise ArchiveError(
+                    f"归档段 {entry['name']} 缺失或校验和不符：它的行可能还在线上。请从备份恢复该文件后重跑"
+                )
+            self.store.delete_archived(_receipt_of(read_segment(path)))
+            entry["state"] = "deleted"
+            self._save_manifest(manifest)
+            replayed += 1
+        return replayed
+
+
+# -- reading back ---------------------------------------------------------------------------------------
+
+
+def load_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        return {"format": FORMAT, "segments": []}
+    try:
+        manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ArchiveError(f"归档清单 {path} 读不了：{exc}") from exc
+    if manifest.get("format") != FORMAT:
+        raise ArchiveError(f"归档清单 {path} 的格式版本是 {manifest.get('format')!r}，本程序只认 {FORMAT}")
+    return manifest
+
+
+@dataclass
+class ArchivedTaskView:
+    """归档里关于一个任务的全部内容。"""
+
+    transitions: list[Transition] = field(default_factory=list)
+    snapshot: TaskSnapshot | None = None
+    commands: list[Command] = field(default_factory=list)
+
+
+def read_task(directory: str | os.PathLike[str], task_id: str) -> ArchivedTaskView:
+    """从归档里读出一个任务的迁移记录（按版本升序）、最后归档的快照与指令。
+
+    靠清单里每段的 ``versions`` 索引只打开含这个任务的段；快照只出现在整体归档的段里（按内容扫）。
+    同一版本出现两次 → ArchiveError（"同一行不进两个段"被破坏了）。
+    """
+    base = Path(directory)
+    manifest = load_manifest(base)
+    view = ArchivedTaskView()
+    seen: dict[int, Transition] = {}
+    for entry in manifest["segments"]:
+        if task_id not in entry["versions"] and not entry["tasks"]:
+            continue
+        for line in read_segment(base / entry["name"]):
+            record = line["record"]
+            if record.get("task_id") != task_id:
+                continue
+            if line["kind"] == "transition":
+                transition = Transition.from_dict(record)
+                if transition.version in seen:
+                    raise ArchiveError(
+                        f"任务 {task_id!r} 的版本 {transition.version} 在归档里出现了两次"
+                        f"（段 {entry['name']}）"
+                    )
+                seen[transition.version] = transition
+            elif line["kind"] == "snapshot":
+                snapshot = TaskSnapshot.from_dict(record)
+                if view.snapshot is None or snapshot.status_version >= view.snapshot.status_version:
+                    view.snapshot = snapshot
+            else:
+                view.commands.append(Command.from_dict(record))
+    view.transitions = [seen[v] for v in sorted(seen)]
+    return view
+
+
+def merged_history(store: TaskStore, task_id: str, directory: str | os.PathLike[str]) -> list[Transition]:
+    """归档 + 在线历史拼成的完整历史：版本从 1 起逐一连续。
+
+    两边都有的版本必须逐字段相同（崩溃在"写段之后、删除之前"会出现这种重叠，是正常的）；
+    出现空洞或冲突 → ArchiveError，说明缺了哪些版本。
+    """
+    archived = read_task(directory, task_id).transitions
+    online = store.history(task_id)
+    merged: dict[int, Transition] = {t.version: t for t in archived}
+    for record in online:
+        other = merged.get(record.version)
+        if other is not None and other != record:
+            raise ArchiveError(f"任务 {task_id!r} 的版本 {record.version} 在归档与在线库里内容不同")
+        merged[record.version] = record
+    versions = sorted(merged)
+    missing = sorted(set(range(1, (versions[-1] if versions else 0) + 1)) - set(versions))
+    if missing:
+        shown = ", ".join(str(v) for v in missing[:10]) + (" ……" if len(missing) > 10 else "")
+        raise ArchiveError(f"任务 {task_id!r} 的历史有空洞：缺版本 {shown}；请确认归档目录完整（含全部段）")
+    return [merged[v] for v in versions]
+
+
+def verify_archive(directory: str | os.PathLike[str]) -> dict[str, int]:
+    """检查归档目录：每段的校验和、同一行不在两个段里。返回计数；有问题 → ArchiveError。"""
+    base = Path(directory)
+    manifest = load_manifest(base)
+    keys: set[tuple[str, int]] = set()
+    commands: set[str] = set()
+    counts = {"segments": 0, "transitions": 0, "snapshots": 0, "commands": 0}
+    for entry in manifest["segments"]:
+        path = base / entry["name"]
+        if not path.exists() or _sha256(path) != entry["sha256"]:
+            raise ArchiveError(f"归档段 {entry['name']} 缺失或校验和不符")
+        counts["segments"] += 1
+        for line in read_segment(path):
+            record = line["record"]
+            if line["kind"] == "transition":
+                key = (record["task_id"], record["version"])
+                if key in keys:
+                    raise ArchiveError(f"迁移记录 {key} 出现在两个段里（{entry['name']}）")
+                keys.add(key)
+                counts["transitions"] += 1
+            elif line["kind"] == "command":
+                if record["command_id"] in commands:
+                    raise ArchiveError(f"指令 {record['command_id']} 出现在两个段里（{entry['name']}）")
+                commands.add(record["command_id"])
+                counts["commands"] += 1
+            else:
+                counts["snapshots"] += 1
+    return counts
+
+
+__all__ = [
+    "ArchiveError",
+    "ArchiveSummary",
+    "ArchivedTaskView",
+    "Archiver",
+    "load_manifest",
+    "merged_history",
+    "read_segment",
+    "read_task",
+    "verify_archive",
+]

@@ -1,0 +1,69 @@
+"""时间窗口保留的共用算法（issue 20；存储指南 §9）：哪些迁移记录可以离开在线库。
+
+规则只有一条，所有后端共用这一份实现，语义因此逐字一致：
+
+    一个任务可以归档的，是它在线历史里**最长的、每一条都早于截止时刻的前缀**。
+
+为什么是"前缀"而不是"早于截止时刻的全部"：迁移的 ``at`` 来自写入它的节点的时钟，不同节点的时钟
+可能相差几秒，同一任务的 ``at`` 未必随版本单调。只删"早于截止时刻"的行，遇到一条乱序的旧时间就会在
+线上历史中间挖出一个洞；只删前缀，则线上留下的永远是一段连续的后缀（版本从某个 > 1 的数开始），归档
+里是连续的前缀，两者拼起来没有空洞、没有重叠——``merged_history`` 的版本连续性检查就建立在这上面。
+
+扫描按 ``(task_id, version)`` 键集分页：后端只需提供"严格在某键之后、按键升序的若干条"这一个原语。
+一个任务的前缀一旦断开（遇到一条不早于截止时刻的记录），就直接跳到下一个任务（游标设成
+``(task_id, MAX_VERSION)``），不再读它剩下的行——于是一次完整扫描读到的行数约等于"可归档的行数 +
+任务数"，而不是整张表。
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from chongming_task.models import Transition
+
+MAX_VERSION = 2**63 - 1
+"""版本号的上界（SQL 后端的 64 位整数）：游标 ``(task_id, MAX_VERSION)`` 等于"跳过这个任务剩下的行"。"""
+
+START_KEY: tuple[str, int] = ("", -1)
+"""比任何真实键都小的游标（task_id 非空、版本 >= 1）。"""
+
+Fetch = Callable[[tuple[str, int], int], Sequence[Transition]]
+"""``fetch(after, n)``：严格在键 ``after`` 之后、按 (task_id, version) 升序的至多 n 条迁移记录。"""
+
+
+def archivable_prefix(
+    fetch: Fetch, before: datetime, after: tuple[str, int] | None, limit: int
+) -> list[Transition]:
+    """按键升序返回游标 ``after`` 之后、至多 ``limit`` 条"可归档前缀"里的迁移记录（规则见模块说明）。
+
+    ``after`` 落在某任务的中间（上一批在这里截断）时，从它的下一条继续：前面那些都早于截止时刻
+    （否则不会被导出），前缀性质照样成立。
+    """
+    out: list[Transition] = []
+    cursor = START_KEY if after is None else after
+    chunk = min(max(2 * limit, 256), 20_000)
+    # 游标落在某任务中间时，这个任务的前缀此前一直没有断。
+    while len(out) < limit:
+        rows = fetch(cursor, chunk)
+        if not rows:
+            break
+        broken: str | None = None
+        for record in rows:
+            if record.task_id == broken:
+                continue
+            if record.at < before:
+                out.append(record)
+                if len(out) >= limit:
+                    return out
+            else:
+                broken = record.task_id
+        last = rows[-1]
+        # 最后一个任务断了：跳过它剩下的行；没断：从最后一条之后接着读。
+        cursor = (last.task_id, MAX_VERSION) if last.task_id == broken else (last.task_id, last.version)
+        if len(rows) < chunk:
+            break
+    return out
+
+
+__all__ = ["MAX_VERSION", "START_KEY", "Fetch", "archivable_prefix"]

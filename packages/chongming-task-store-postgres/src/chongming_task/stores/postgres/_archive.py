@@ -1,0 +1,202 @@
+"""PostgresTaskStore 的归档与时间窗口保留（issue 20；存储指南 §9）。
+
+与 store.py 分开放，让维护流量的代码不混进热路径（也便于合并）。要点：
+
+* **导出**只读：迁移记录按主键 (task_id, version) 键集分页（``task_id`` 是 ``COLLATE "C"``，行值比较与
+  Python 的 str 顺序一致），"最长的旧前缀"规则由 core 的 ``archivable_prefix`` 判断——与内存、SQLite
+  后端是同一份算法，语义逐字一致。
+* **删除**分成短事务，每个事务最多 ``DELETE_CHUNK`` 行：不长时间持有行锁，也不让一个巨大的事务拖住
+  vacuum。整体删除任务时先 ``FOR UPDATE`` 锁住快照行：与之并发的 ``save`` 要么先提交（版本变了，
+  我们不删），要么等我们删完之后得到 TaskNotFound。
+* 月度分区 + ``DETACH``/``DROP`` 是计划中的下一步（存储指南 §9），目前逐批删除。
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any, Protocol, TypeVar
+
+from chongming_task.core.storage.checks import (
+    check_aware,
+    check_receipt,
+    export_finished_args,
+    export_transitions_args,
+)
+from chongming_task.core.storage.retention import archivable_prefix
+from chongming_task.core.storage.values import ArchiveDeleted, ArchivedTask, ArchiveReceipt
+from chongming_task.models import Transition
+from chongming_task.states import TERMINAL_STATUSES
+from chongming_task.stores.postgres import _schema
+from chongming_task.stores.postgres._codec import (
+    COMMAND_COLUMNS,
+    TRANSITION_COLUMNS,
+    command_from_row,
+    snapshot_from_row,
+    transition_from_row,
+)
+
+_T = TypeVar("_T")
+
+
+class PostgresTaskStore(Protocol):
+    """本模块用到的存储管道（写成协议而不是导入 store.py：两个模块之间不能有导入环）。"""
+
+    _archive_sql: ArchiveSql
+
+    def _read(self, fn: Callable[[Any], _T]) -> _T: ...
+
+    def _connection(self) -> AbstractContextManager[Any]: ...
+
+
+DELETE_CHUNK = 1000
+"""每个删除事务最多删多少行。"""
+
+_TERMINAL = sorted(s.value for s in TERMINAL_STATUSES)
+
+
+def _cols(names: Sequence[str]) -> str:
+    return ", ".join(names)
+
+
+class ArchiveSql:
+    """一个 schema 下的归档语句（构造时渲染一次，schema 名已转义）。"""
+
+    def __init__(self, schema: str, task_cols: str) -> None:
+        s = _schema.quote_ident(schema)
+        transition_cols = _cols(TRANSITION_COLUMNS)
+        self.transitions_after = (
+            f"SELECT {transition_cols} FROM {s}.transitions WHERE (task_id, version) > (%s, %s) "
+            "ORDER BY task_id, version LIMIT %s"
+        )
+        self.finished = (
+            f"SELECT {task_cols} FROM {s}.tasks WHERE status = ANY(%(terminal)s::text[]) "
+            "AND coalesce(finished_at, created_at) < %(before)s AND task_id > %(after)s "
+            "ORDER BY task_id LIMIT %(limit)s"
+        )
+        self.history = f"SELECT {transition_cols} FROM {s}.transitions WHERE task_id = %s ORDER BY version"
+        self.commands_of = (
+            f"SELECT {_cols(COMMAND_COLUMNS)} FROM {s}.commands WHERE task_id = %s "
+            "ORDER BY enqueued_at, command_id"
+        )
+        self.drop_transitions = (
+            f"DELETE FROM {s}.transitions WHERE (task_id, version) IN "
+            "(SELECT * FROM unnest(%s::text[], %s::bigint[]))"
+        )
+        self.drop_completed = (
+            f"DELETE FROM {s}.commands WHERE command_id = ANY(%s::text[]) AND completed_at IS NOT NULL"
+        )
+        self.lock_task = (
+            f"SELECT 1 FROM {s}.tasks WHERE task_id = %s AND status_version = %s "
+            "AND status = ANY(%s::text[]) FOR UPDATE"
+        )
+        self.has_history = f"SELECT EXISTS (SELECT 1 FROM {s}.transitions WHERE task_id = %s)"
+        self.command_ids = f"SELECT command_id FROM {s}.commands WHERE task_id = %s"
+        self.drop_task_commands = f"DELETE FROM {s}.commands WHERE task_id = %s"
+        self.drop_task = f"DELETE FROM {s}.tasks WHERE task_id = %s"
+        self.purge = (
+            f"DELETE FROM {s}.commands WHERE ctid = ANY(ARRAY(SELECT ctid FROM {s}.commands "
+            "WHERE completed_at IS NOT NULL AND completed_at < %s LIMIT %s))"
+        )
+
+
+def _sql(store: PostgresTaskStore) -> ArchiveSql:
+    return store._archive_sql
+
+
+def export_transitions(
+    store: PostgresTaskStore, before: datetime, after: tuple[str, int] | None, limit: int
+) -> list[Transition]:
+    after = export_transitions_args(before, after, limit)
+    sql = _sql(store)
+
+    def fetch(cursor: tuple[str, int], n: int) -> list[Transition]:
+        def run(conn: Any) -> list[Transition]:
+            rows = conn.execute(sql.transitions_after, [cursor[0], cursor[1], n]).fetchall()
+            return [transition_from_row(row) for row in rows]
+
+        return store._read(run)
+
+    return archivable_prefix(fetch, before, after, limit)
+
+
+def export_finished(
+    store: PostgresTaskStore, before: datetime, after: str | None, limit: int
+) -> list[ArchivedTask]:
+    after = export_finished_args(before, after, limit)
+    sql = _sql(store)
+    params = {"terminal": _TERMINAL, "before": before, "after": after or "", "limit": limit}
+
+    def run(conn: Any) -> list[ArchivedTask]:
+        # 一个事务（REPEATABLE READ 不必：每个任务的快照、历史、指令在它自己被删之前不会被归档器之外的人删）。
+        out: list[ArchivedTask] = []
+        for row in conn.execute(sql.finished, params).fetchall():
+            snapshot = snapshot_from_row(row)
+            history = [
+                transition_from_row(r) for r in conn.execute(sql.history, [snapshot.task_id]).fetchall()
+            ]
+            commands = [
+                command_from_row(r) for r in conn.execute(sql.commands_of, [snapshot.task_id]).fetchall()
+            ]
+            out.append(ArchivedTask(snapshot, tuple(history), tuple(commands)))
+        return out
+
+    return store._read(run)
+
+
+def delete_archived(store: PostgresTaskStore, receipt: ArchiveReceipt) -> ArchiveDeleted:
+    receipt = check_receipt(receipt)
+    sql = _sql(store)
+    total = ArchiveDeleted()
+    keys = receipt.transitions
+    for i in range(0, len(keys), DELETE_CHUNK):
+        chunk = keys[i : i + DELETE_CHUNK]
+        with store._connection() as conn:
+            cur = conn.execute(sql.drop_transitions, [[k[0] for k in chunk], [k[1] for k in chunk]])
+            total += ArchiveDeleted(transitions=cur.rowcount)
+    ids = receipt.commands
+    for i in range(0, len(ids), DELETE_CHUNK):
+        with store._connection() as conn:
+            cur = conn.execute(sql.drop_completed, [list(ids[i : i + DELETE_CHUNK])])
+            total += ArchiveDeleted(commands=cur.rowcount)
+    listed = frozenset(ids)
+    tasks = receipt.tasks
+    step = DELETE_CHUNK // 10
+    for i in range(0, len(tasks), step):
+        with store._connection() as conn:
+            removed = commands = 0
+            for task_id, version in tasks[i : i + step]:
+                if conn.execute(sql.lock_task, [task_id, version, _TERMINAL]).fetchone() is None:
+                    continue  # 不在了（重放），或者导出之后又变了：快照留下
+                found = conn.execute(sql.has_history, [task_id]).fetchone()
+                if found is None or found[0]:
+                    continue  # 还有没归档的历史
+                if not listed.issuperset(r[0] for r in conn.execute(sql.command_ids, [task_id]).fetchall()):
+                    continue  # 还有没归档的指令
+                commands += conn.execute(sql.drop_task_commands, [task_id]).rowcount
+                removed += conn.execute(sql.drop_task, [task_id]).rowcount
+            total += ArchiveDeleted(tasks=removed, commands=commands)
+    return total
+
+
+def purge_commands(store: PostgresTaskStore, completed_before: datetime) -> int:
+    check_aware("completed_before", completed_before, required=True)
+    sql = _sql(store)
+    deleted = 0
+    while True:
+        with store._connection() as conn:
+            count = int(conn.execute(sql.purge, [completed_before, DELETE_CHUNK]).rowcount)
+        deleted += count
+        if count < DELETE_CHUNK:
+            return deleted
+
+
+__all__ = [
+    "DELETE_CHUNK",
+    "ArchiveSql",
+    "delete_archived",
+    "export_finished",
+    "export_transitions",
+    "purge_commands",
+]

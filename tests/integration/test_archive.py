@@ -1,0 +1,285 @@
+"""归档器：先归档再删除、崩溃续跑、kill -9、长寿任务（issue 20；存储指南 §9）。
+
+时间一律是显式时间戳（迁移的 ``at`` 由测试给定），不等真实时间。
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from chongming_task.core.archive import (
+    ArchiveError,
+    Archiver,
+    load_manifest,
+    merged_history,
+    read_task,
+    verify_archive,
+)
+from chongming_task.models import TaskSnapshot, Transition
+from chongming_task.states import TaskStatus as S
+from chongming_task.storage import TaskStore
+from chongming_task.stores.memory import InMemoryTaskStore
+from chongming_task.stores.sqlite import SqliteTaskStore
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+DAY = timedelta(days=1)
+CUTOFF = T0 + 20 * DAY
+
+
+def _record(task_id: str, version: int, frm: S, to: S, at: datetime) -> Transition:
+    return Transition(task_id, frm, to, f"test:{to.value}", "test", None, version, at)
+
+
+def _long_lived(task_id: str, cycles: int, *, step: timedelta) -> tuple[TaskSnapshot, list[Transition]]:
+    """常驻任务：QUEUED 之后 RUNNING ⇄ PAUSED 反复 cycles 次，第 i 条在 T0 + i*step。"""
+    records = [_record(task_id, 1, S.PENDING, S.QUEUED, T0)]
+    status = S.QUEUED
+    for version in range(2, cycles + 2):
+        target = S.RUNNING if status is not S.RUNNING else S.PAUSED
+        records.append(_record(task_id, version, status, target, T0 + (version - 1) * step))
+        status = target
+    snap = TaskSnapshot(
+        task_id=task_id, name="long", created_at=T0, status=status, status_version=len(records)
+    )
+    return snap, records
+
+
+def _finished(task_id: str, finished: datetime) -> tuple[TaskSnapshot, list[Transition]]:
+    path = [(S.PENDING, S.QUEUED), (S.QUEUED, S.STARTING), (S.STARTING, S.RUNNING), (S.RUNNING, S.SUCCEEDED)]
+    records = [
+        _record(task_id, i + 1, a, b, finished - timedelta(minutes=4 - i)) for i, (a, b) in enumerate(path)
+    ]
+    snap = TaskSnapshot(
+        task_id=task_id,
+        name="done",
+        created_at=finished - DAY,
+        status=S.SUCCEEDED,
+        status_version=4,
+        finished_at=finished,
+    )
+    return snap, records
+
+
+def _populate(
+    store: TaskStore, *, live: int = 30, done: int = 30, cycles: int = 40
+) -> dict[str, list[Transition]]:
+    """live 个常驻任务（每天一条迁移，40 天）+ done 个早已结束的任务；返回每个任务的完整历史。"""
+    expected: dict[str, list[Transition]] = {}
+    for i in range(live):
+        snap, records = _long_lived(f"live-{i:03d}", cycles, step=DAY)
+        store.create(snap, records)
+        expected[snap.task_id] = records
+    for i in range(done):
+        snap, records = _finished(f"done-{i:03d}", T0 + timedelta(days=1 + i % 10))
+        store.create(snap, records)
+        store.submit_command(snap.task_id, "stop")
+        expected[snap.task_id] = records
+    return expected
+
+
+def _assert_complete(store: TaskStore, directory: Path, expected: dict[str, list[Transition]]) -> None:
+    verify_archive(directory)  # 校验和都对、没有一行出现在两个段里
+    for task_id, records in expected.items():
+        assert merged_history(store, task_id, directory) == records, task_id
+        online = store.history(task_id)
+        assert all(r.at >= CUTOFF for r in online), f"{task_id} 的在线历史里还有窗口外的记录"
+    assert store.export_transitions(CUTOFF) == []
+    assert store.export_finished(CUTOFF) == []
+
+
+# -------------------------------------------------------------------------------------------------------
+
+
+def test_archive_moves_old_history_out_and_reads_it_back(tmp_path: Path) -> None:
+    store = InMemoryTaskStore()
+    expected = _populate(store)
+    progress: list[int] = []
+    summary = Archiver(
+        store, tmp_path, batch_size=100, task_batch=7, progress=lambda s: progress.append(s.segments)
+    ).run(CUTOFF)
+    assert summary.transitions == 30 * 20 + 30 * 4  # 常驻任务的前 20 天 + 结束任务的全部历史
+    assert summary.tasks == 30 and summary.commands == 30
+    assert summary.segments == len(progress) == len(load_manifest(tmp_path)["segments"])
+    assert all(e["state"] == "deleted" for e in load_manifest(tmp_path)["segments"])
+    for i in range(30):
+        assert store.get(f"done-{i:03d}") is None
+        assert store.history(f"live-{i:03d}")[0].version == 21, "在线只留窗口内的后缀"
+    _assert_complete(store, tmp_path, expected)
+    view = read_task(tmp_path, "done-003")
+    assert view.snapshot is not None and view.snapshot.status is S.SUCCEEDED
+    assert [c.action.value for c in view.commands] == ["stop"]
+    again = Archiver(store, tmp_path).run(CUTOFF)
+    assert (again.transitions, again.tasks, again.segments) == (0, 0, 0), "重跑是空操作"
+
+
+def test_dry_run_counts_without_touching_anything(tmp_path: Path) -> None:
+    store = InMemoryTaskStore()
+    _populate(store, live=3, done=2)
+    summary = Archiver(store, tmp_path / "a", batch_size=7).run(CUTOFF, dry_run=True)
+    assert (summary.transitions, summary.tasks, summary.commands) == (3 * 20 + 2 * 4, 2, 2)
+    assert not (tmp_path / "a").exists()
+    assert len(store.history("live-000")) == 41
+
+
+def test_long_lived_task_keeps_only_its_window_online(tmp_path: Path) -> None:
+    """暂停/恢复 10,000 次的常驻任务：在线只留窗口，归档 + 在线 = 完整的 1..10001。"""
+    store = InMemoryTaskStore()
+    snap, records = _long_lived("forever", 10_000, step=timedelta(minutes=5))
+    store.create(snap, records)
+    cutoff = T0 + timedelta(minutes=5 * 9_000)
+    Archiver(store, tmp_path, batch_size=2000).run(cutoff)
+    online = store.history("forever")
+    assert online[0].version == 9_001 and len(online) == 1_001
+    assert merged_history(store, "forever", tmp_path) == records
+    assert store.get("forever") is not None and store.get("forever").status_version == 10_001  # type: ignore[union-attr]
+
+
+def test_segment_written_but_not_recorded_is_reconciled_by_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """崩溃在"段已落盘、清单与删除都没做"：重跑按内容补记孤儿段并删除，同一行不会进第二个段。"""
+    store = InMemoryTaskStore()
+    expected = _populate(store, live=4, done=3)
+    archiver = Archiver(store, tmp_path, batch_size=30)
+
+    def crash(manifest: object) -> None:
+        raise KeyboardInterrupt("模拟 kill：清单还没写")
+
+    monkeypatch.setattr(archiver, "_save_manifest", crash)
+    with pytest.raises(KeyboardInterrupt):
+        archiver.run(CUTOFF)
+    monkeypatch.undo()
+    assert len(list(tmp_path.glob("seg-*.jsonl.gz"))) == 1 and not (tmp_path / "manifest.json").exists()
+    summary = Archiver(store, tmp_path, batch_size=30).run(CUTOFF)
+    assert summary.reconciled_segments == 1
+    _assert_complete(store, tmp_path, expected)
+
+
+def test_gap_in_the_archive_is_reported(tmp_path: Path) -> None:
+    store = InMemoryTaskStore()
+    expected = _populate(store, live=2, done=0)
+    Archiver(store, tmp_path, batch_size=5).run(CUTOFF)
+    first = sorted(tmp_path.glob("seg-*.jsonl.gz"))[0]
+    first.unlink()
+    with pytest.raises(ArchiveError, match="读不了"):
+        merged_history(store, "live-000", tmp_path)
+    with pytest.raises(ArchiveError, match="缺失"):
+        verify_archive(tmp_path)
+    # 连清单里的记录也丢了：拼接时发现版本空洞。
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["segments"] = [e for e in manifest["segments"] if e["name"] != first.name]
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArchiveError, match="空洞"):
+        merged_history(store, "live-000", tmp_path)
+    assert len(merged_history(store, "live-001", tmp_path)) == len(expected["live-001"])
+
+
+def test_sqlite_new_file_uses_incremental_vacuum_and_shrinks(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.db"
+    store = SqliteTaskStore(path)
+    try:
+        _populate(store, live=50, done=200, cycles=60)
+        import sqlite3
+
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2, "新文件以 INCREMENTAL 建库"
+        store._run("checkpoint", lambda c: c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall(), "none")
+        before = path.stat().st_size
+        Archiver(store, tmp_path / "archive", batch_size=500).run(CUTOFF)
+        store._run("checkpoint", lambda c: c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall(), "none")
+        assert path.stat().st_size < before, "删除之后文件变小（incremental_vacuum）"
+    finally:
+        store.close()
+
+
+# -- kill -9 at random instants ---------------------------------------------------------------------------
+
+_CHILD = """
+import sys
+from datetime import datetime
+from chongming_task.core.archive import Archiver
+from chongming_task.stores import open_store
+store = open_store(sys.argv[1])
+archiver = Archiver(store, sys.argv[2], batch_size=int(sys.argv[4]), task_batch=5)
+archiver.run(datetime.fromisoformat(sys.argv[3]))
+store.close()
+"""
+
+
+def _kill_trials(url: str, open_: type[TaskStore] | None, make, tmp_path: Path, trials: int) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(20)
+    for trial in range(trials):
+        store, url_t = make(trial)
+        try:
+            expected = _populate(store, live=25, done=25, cycles=40)
+            directory = tmp_path / f"archive-{trial}"
+            child = subprocess.Popen(
+                [sys.executable, "-c", _CHILD, url_t, str(directory), CUTOFF.isoformat(), "20"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            time.sleep(rng.uniform(0.3, 1.5))  # 解释器启动 ~0.3 秒：杀在启动、导出、写段、删除的任意时刻
+            if child.poll() is None:
+                os.kill(child.pid, signal.SIGKILL)
+            child.wait(30)
+            summary = Archiver(store, directory, batch_size=20, task_batch=5).run(CUTOFF)  # 续跑
+            _assert_complete(store, directory, expected)
+            assert summary.segments >= 0
+        finally:
+            store.close()
+
+
+def test_kill_9_during_archive_on_sqlite(tmp_path: Path) -> None:
+    def make(trial: int) -> tuple[TaskStore, str]:
+        path = tmp_path / f"kill-{trial}.db"
+        return SqliteTaskStore(path), f"sqlite:///{path}"
+
+    _kill_trials("sqlite", None, make, tmp_path, trials=int(os.environ.get("CHONGMING_KILL_TRIALS", "8")))
+
+
+def test_kill_9_during_archive_on_postgres(tmp_path: Path) -> None:
+    dsn = os.environ.get("CHONGMING_TEST_POSTGRES")
+    if not dsn:
+        pytest.skip("需要 CHONGMING_TEST_POSTGRES")
+    from chongming_task.stores.postgres import PostgresTaskStore
+
+    schemas: list[str] = []
+
+    def make(trial: int) -> tuple[TaskStore, str]:
+        schema = f"archive_kill_{uuid.uuid4().hex[:10]}"
+        schemas.append(schema)
+        sep = "&" if "?" in dsn else "?"
+        return PostgresTaskStore(dsn, schema=schema), f"{dsn}{sep}schema={schema}"
+
+    try:
+        _kill_trials(
+            "postgres", None, make, tmp_path, trials=int(os.environ.get("CHONGMING_KILL_TRIALS", "5"))
+        )
+    finally:
+        import psycopg
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for schema in schemas:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_snapshot_round_trip_in_segment(tmp_path: Path) -> None:
+    store = InMemoryTaskStore()
+    snap, records = _finished("fancy", T0 + DAY)
+    snap = dataclasses.replace(snap, outcome={"行": [1, 2]}, tags=frozenset({"a", "b"}))
+    store.create(snap, records)
+    Archiver(store, tmp_path).run(CUTOFF)
+    view = read_task(tmp_path, "fancy")
+    assert view.snapshot == snap
