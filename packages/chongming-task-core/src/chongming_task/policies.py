@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
+from chongming_task.core.records import MAX_BUCKET_KEY_LENGTH, check_storable_text
 from chongming_task.errors import ConfigurationError, TaskCancelled
 
 
@@ -300,6 +301,9 @@ class BucketPolicy:
             raise ConfigurationError(
                 f"bucket_key 必须是非空字符串（租户 id、数据源、日期分区……），收到 {key!r}"
             )
+        # 与快照的 bucket_key 同一份规则（长度、NUL、孤立代理项）：否则孤立代理项在下面的 encode 里变成
+        # 裸的 UnicodeEncodeError，或者算出了桶号、却永远写不进存储（issue 22.5 / 22.7）。
+        check_storable_text("bucket_key", key, limit=MAX_BUCKET_KEY_LENGTH, optional=False)
         digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
         return int.from_bytes(digest, "big") % self.num_buckets
 
