@@ -72,8 +72,10 @@ def check_json_value(value: Any, *, what: str = "outcome", max_bytes: int = MAX_
 
 
 def check_json_text(text: str, *, what: str, max_bytes: int = MAX_JSON_BYTES) -> None:
-    """已编码的 JSON 文本（``ensure_ascii=False``）的可存储性：大小、NUL、孤立代理项（见 check_json_value）。"""
-    if text.isascii() or len(text) > max_bytes:  # 热路径：ASCII 文本的字符数就是字节数，也不可能含代理项
+    """已编码的 JSON 文本（``ensure_ascii=False``）的可存储性：大小、NUL、孤立代理项（见上）。"""
+    # 热路径：ASCII 文本的字符数就是字节数，也不可能含代理项；字符数已超上限时不必编码就知道超了
+    # （每个字符至少一个字节）。
+    if text.isascii() or len(text) > max_bytes:
         size = len(text)
     else:
         try:
