@@ -87,7 +87,7 @@ def check_json_text(text: str, *, what: str, max_bytes: int = MAX_JSON_BYTES) ->
             ) from None
     if size > max_bytes:
         raise ConfigurationError(
-            f"{what} 太大（编码后超过 {max_bytes // (1024 * 1024)} MiB）："
+            f"{what} 太大（编码后至少 {size} 字节，上限 {max_bytes} 字节 = {max_bytes / 2**20:g} MiB）："
             "请把大数据写进文件或对象存储，只返回它的路径 / key"
         )
     if "\\u0000" in text and _JSON_NUL.search(text):
