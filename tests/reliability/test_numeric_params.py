@@ -36,6 +36,7 @@ from chongming_task import (
     Timeout,
 )
 from chongming_task.core.numbers import MAX_SECONDS
+from chongming_task.core.records import MAX_PRIORITY, MIN_PRIORITY
 from chongming_task.run import TaskRun, run_task
 
 NAN = math.nan
@@ -111,7 +112,7 @@ def test_submit_parameters(controller: Controller) -> None:
     for bad in BAD_INTS:
         _assert_clear(lambda bad=bad: controller.submit("noop", priority=bad), "priority")
     _assert_clear(lambda: controller.submit("noop", bucket_key="\ud800"), "bucket_key")
-    assert controller.submit("noop", priority=2**31 - 1).wait(timeout=10).ok
+    assert controller.submit("noop", priority=MAX_PRIORITY).wait(timeout=10).ok
 
 
 @pytest.mark.parametrize("bad", [b for b in BAD_SECONDS if b != -1], ids=repr)
@@ -212,7 +213,7 @@ def test_policy_other_numbers() -> None:
     # 边界上的合法值照常接受
     assert Timeout(per_attempt=MAX_SECONDS).per_attempt == MAX_SECONDS
     assert FixedBackoff(0).delay(1) == 0.0
-    assert ConcurrencyPolicy(priority=-(2**31)).priority == -(2**31)
+    assert ConcurrencyPolicy(priority=MIN_PRIORITY).priority == MIN_PRIORITY
 
 
 # -- 22.8：NaN 间隔的实际症状 -------------------------------------------------------------------------

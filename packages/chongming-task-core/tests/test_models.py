@@ -34,7 +34,8 @@ T0 = datetime(2026, 10, 2, 8, 30, 15, 123456, tzinfo=timezone(timedelta(hours=8)
 # -- strategies ----------------------------------------------------------------------------------------
 
 CJK = st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF)
-ANY_CHAR = st.characters(blacklist_categories=("Cs",))  # 孤立代理项不是合法的 Unicode 文本
+# 孤立代理项不是合法的 Unicode 文本；NUL 任何存储都不接受（用户指南 §13）——可存储的文本里两者都没有。
+ANY_CHAR = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
 TEXT = st.text(st.one_of(CJK, ANY_CHAR), max_size=30)
 IDENT = st.text(
     st.one_of(CJK, st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")), min_size=1

@@ -205,51 +205,78 @@ ODD = "制表\t换行\n引号'\"反斜杠\\百分号%下划线_ emoji🚀 组合
 
 
 @pytest.mark.parametrize("path", [":memory:", "file"])
-def test_odd_strings_and_nul_round_trip(tmp_path: Path, path: str) -> None:
+def test_odd_strings_round_trip_and_nul_is_refused(tmp_path: Path, path: str) -> None:
+    """ODD 里的制表符、引号、通配符、emoji、零宽与 RTL 字符原样往返；NUL 与孤立代理项不行。
+
+    以前 SQLite 能存 NUL，PostgreSQL 不能：同一个任务在一个后端存得下、在另一个后端永远写不进去。
+    现在可存储性是所有后端共用的一条规则（用户指南 §13）：NUL 在快照构造时就被拒绝，绕过构造校验
+    （``evolve``）的快照在写入时同样被拒绝；失败说明里的 NUL 被转义成可见的 ``\\x00``。
+    """
     store = SqliteTaskStore(":memory:" if path == ":memory:" else tmp_path / "odd.db")
     try:
         failure = Failure(kind=FailureKind.EXCEPTION, message="坏\x00了", exc_type="X", traceback="tb\x00")
+        assert failure.message == "坏\\x00了" and failure.traceback == "tb\\x00"
         snapshot = snap(
             ODD,
             name=ODD,
-            label="标签\x00中间有 NUL",
-            description="\x00开头与结尾\x00",
-            owner="o\x00wner",
-            outcome={"文本": "a\x00b", ODD: [ODD, None, 1.5, -(2**80)]},
+            label="标签中间没有 NUL",
+            description=ODD,
+            owner="o-wner",
+            outcome={"文本": "a\tb", ODD: [ODD, None, 1.5, -(2**80)]},
             failure=failure,
-            progress=Progress(done=1, unit="\x00", message=ODD),
+            progress=Progress(done=1, unit="%", message=ODD),
             tags=frozenset({ODD, "%", "_", "\\"}),
         )
         store.create(snapshot)
         loaded = store.get(ODD)
         assert loaded == snapshot
-        assert loaded is not None and loaded.label == "标签\x00中间有 NUL"
+        assert loaded is not None and loaded.failure == failure
         assert [s.task_id for s in store.query(TaskQuery(name_prefix=ODD[:5]))] == [ODD]
         assert [s.task_id for s in store.query(TaskQuery(tag=ODD))] == [ODD]
         assert store.query(TaskQuery(tag="%")) == [snapshot]
-        assert store.query(TaskQuery(owner="o\x00wner")) == [snapshot]
+        assert store.query(TaskQuery(owner="o-wner")) == [snapshot]
+        for field_name in ("label", "description", "owner"):
+            with pytest.raises(ConfigurationError, match="NUL"):
+                snap("nul", **{field_name: "a\x00b"})
+            with pytest.raises(ConfigurationError, match="NUL"):
+                store.create(snap("nul").evolve(**{field_name: "a\x00b"}))
+        with pytest.raises(ConfigurationError, match="NUL"):
+            Progress(done=1, unit="\x00")
+        with pytest.raises(ConfigurationError, match="NUL"):
+            store.create(snap("nul", outcome={"文本": "a\x00b"}))
+        assert store.get("nul") is None
     finally:
         store.close()
 
 
-def test_lone_surrogates_in_json_values_round_trip() -> None:
+def test_lone_surrogates_in_json_values_are_a_configuration_error() -> None:
+    """以前 SQLite 把 JSON 里的孤立代理项转义存下、PostgreSQL 的 jsonb 拒绝：现在同一条规则，都拒绝。"""
     with SqliteTaskStore(":memory:") as store:
-        snapshot = snap("sur", outcome={"x": "\ud800孤立代理项"}, progress=Progress(done=1, message="\udfff"))
-        store.create(snapshot)
-        assert store.get("sur") == snapshot
+        with pytest.raises(ConfigurationError, match="代理项"):
+            store.create(snap("sur", outcome={"x": "\ud800孤立代理项"}))
+        with pytest.raises(ConfigurationError, match="代理项"):
+            store.create(snap("sur", outcome={"\udfff": 1}))
+        with pytest.raises(ConfigurationError, match="代理项"):
+            Progress(done=1, message="\udfff")
+        assert store.get("sur") is None
 
 
 def test_lone_surrogates_in_plain_text_columns_are_a_configuration_error() -> None:
     with SqliteTaskStore(":memory:") as store:
         with pytest.raises(ConfigurationError, match="UTF-8"):
-            store.create(snap("sur", label="\ud800"))
+            store.create(snap("sur").evolve(label="\ud800"))
+        with pytest.raises(ConfigurationError, match="UTF-8"):
+            snap("sur", label="\ud800")
         assert store.get("sur") is None
 
 
 def test_integer_overflow_is_a_configuration_error() -> None:
+    """priority 的范围（±(2**53 - 1)）比 SQLite 的 64 位 INTEGER 还窄：在快照与写入检查处就被拒绝。"""
     with SqliteTaskStore(":memory:") as store:
+        with pytest.raises(ConfigurationError, match="priority"):
+            store.create(snap("big").evolve(priority=2**70))
         with pytest.raises(ConfigurationError, match="64 位"):
-            store.create(snap("big", priority=2**70))
+            store.create(snap("big", pid=2**70))
         assert store.get("big") is None
 
 

@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 from web_testkit import T0, ClientFactory, MakeTask, csrf_of
 
 from chongming_task import Failure, FailureKind, TaskStatus
+from chongming_task.models import MAX_LABEL_LENGTH
 from chongming_task.stores.sqlite import SqliteTaskStore
 from chongming_task.web.security import CONTENT_SECURITY_POLICY
 
@@ -228,8 +229,9 @@ def test_hostile_names_labels_and_failures_are_escaped(
 ) -> None:
     make_task(
         "h1",
-        name=hostile[:500],  # 任务名本身有 512 字符上限；10 KB 的串放进 label 与失败信息
-        label=hostile,
+        # 任务名与 label 都有 512 字符上限（用户指南 §13）；10 KB 的串完整地放进失败信息
+        name=hostile[:500],
+        label=hostile[:MAX_LABEL_LENGTH],
         status=TaskStatus.FAILED,
         finished_at=T0 + timedelta(hours=1),
         failure=Failure(FailureKind.EXCEPTION, hostile, traceback=hostile),
@@ -240,7 +242,8 @@ def test_hostile_names_labels_and_failures_are_escaped(
         assert "<script>alert" not in page and "<img src=x" not in page, path
     page = client.get("/tasks/h1").text
     assert str(escape(hostile)) in page  # 原文完整地、转义后出现（CJK 原样）
-    assert client.get("/api/tasks/h1").json()["label"] == hostile  # API 原样返回（JSON 本身不执行）
+    # API 原样返回（JSON 本身不执行）
+    assert client.get("/api/tasks/h1").json()["label"] == hostile[:MAX_LABEL_LENGTH]
 
 
 def test_security_headers_on_every_response(client: TestClient) -> None:

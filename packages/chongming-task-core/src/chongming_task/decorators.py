@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from chongming_task.errors import ConfigurationError
-from chongming_task.models import normalize_tags, validate_task_id
+from chongming_task.models import (
+    MAX_DESCRIPTION_LENGTH,
+    check_storable_text,
+    normalize_tags,
+    validate_task_id,
+)
 from chongming_task.policies import RetryPolicy, Timeout
 
 SPEC_ATTRIBUTE = "__chongming_task__"
@@ -63,9 +68,13 @@ def _build_spec(
     if resolved is None:
         raise ConfigurationError(f"无法从 {fn!r} 推断任务名：请写 @task(name='...')")
     validate_task_id(resolved, what="name")
+    if description is None:
+        description = _first_doc_line(fn)
+    # 存不下的描述（含取自 docstring 的）在装饰时就拒绝（用户指南 §13），而不是等到第一次提交。
+    check_storable_text("@task 的 description", description, limit=MAX_DESCRIPTION_LENGTH)
     return TaskSpec(
         name=resolved,
-        description=description if description is not None else _first_doc_line(fn),
+        description=description,
         tags=normalize_tags(tags),
         retry=retry,
         timeout=timeout,

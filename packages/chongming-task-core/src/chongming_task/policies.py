@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
-from chongming_task.core.numbers import MAX_INT32, MAX_SECONDS, MIN_INT32, check_int, check_number
+from chongming_task.core.numbers import MAX_SECONDS, check_int, check_number
+from chongming_task.core.records import MAX_BUCKET_KEY_LENGTH, MAX_PRIORITY, MIN_PRIORITY, check_storable_text
 from chongming_task.errors import ConfigurationError, TaskCancelled
 
 
@@ -227,7 +228,7 @@ class ConcurrencyPolicy:
                 raise ConfigurationError(f"ConcurrencyPolicy.limits 的键必须是非空字符串标签，收到 {tag!r}")
             _require_positive_int("ConcurrencyPolicy", f"limits[{tag!r}]", amount)
         object.__setattr__(self, "limits", MappingProxyType(dict(self.limits)))
-        check_int("ConcurrencyPolicy.priority", self.priority, low=MIN_INT32, high=MAX_INT32)
+        check_int("ConcurrencyPolicy.priority", self.priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
 
     def __hash__(self) -> int:
         return hash((self.max_parallel, tuple(sorted(self.limits.items())), self.priority))
@@ -311,13 +312,10 @@ class BucketPolicy:
             raise ConfigurationError(
                 f"bucket_key 必须是非空字符串（租户 id、数据源、日期分区……），收到 {key!r}"
             )
-        try:
-            encoded = key.encode("utf-8")
-        except UnicodeEncodeError:  # 孤立代理项（"\\ud800"）编码不了：不让 UnicodeEncodeError 漏给调用方
-            raise ConfigurationError(
-                f"bucket_key 含有无法编码为 UTF-8 的字符（孤立代理项），收到 {key!r}；请换一个合法的字符串"
-            ) from None
-        digest = hashlib.blake2b(encoded, digest_size=8).digest()
+        # 与快照的 bucket_key 同一份规则（长度、NUL、孤立代理项）：否则孤立代理项在下面的 encode 里变成
+        # 裸的 UnicodeEncodeError，或者算出了桶号、却永远写不进存储（issue 22.5 / 22.7）。
+        check_storable_text("bucket_key", key, limit=MAX_BUCKET_KEY_LENGTH, optional=False)
+        digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
         return int.from_bytes(digest, "big") % self.num_buckets
 
     def validate_buckets(self, buckets: Iterable[int]) -> frozenset[int]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from chongming_task.core.json_depth import loads_bounded
+from chongming_task.core.storage.checks import check_json_value
 from chongming_task.errors import ConfigurationError
 from chongming_task.states import TaskStatus
 
@@ -128,6 +129,12 @@ def parse_task_argument(text: str) -> tuple[str, Any]:
         raise click.BadParameter(str(exc)) from None
     except ValueError:
         value = raw
+    try:
+        # 与返回值、存储同一份可存储性规则（NUL、孤立代理项、大小；用户指南 §13）：命令行参数多半会
+        # 被任务原样返回或写进别处，存不下的值在提交前就说清楚，而不是任务跑完才 result_invalid。
+        check_json_value(value, what=f"参数 {key} 的值")
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc)) from None
     return key, value
 
 

@@ -20,8 +20,122 @@ from chongming_task.errors import ConfigurationError
 
 _new_object = object.__new__
 
+# ---- 可存储值的上限（用户指南 §13、持久层实现指南 §5.2）-----------------------------------------------
+# 这些上限是**唯一**的一份：快照构造、提交入口、返回值检查与各后端的写入检查都调用下面的函数，
+# 所以一个值要么在入口处被拒绝（ConfigurationError / failed/result_invalid），要么每个后端都存得下——
+# 不会出现"任务照常运行、存储永远写不进去、写穿无限重试"（issue 22.5）。上限比任何后端的限制都严：
+# PostgreSQL 的 btree 索引行不超过 2704 字节（task_id 与 created_at 同在一个索引里：512 个字符按 UTF-8
+# 最多 2048 字节），GIN 索引项不超过 8191 字节（标签），jsonb 不超过 255 MiB，bigint 是 64 位；SQLite 的
+# INTEGER 是 64 位、默认单值上限 1e9 字节。
+
 MAX_ID_LENGTH = 512
-"""task_id / name 的长度上限：更长的标识符多半是把数据误当成了 id。"""
+"""task_id / name / pipeline_id / node_id / owner 的长度上限（字符）：更长的标识符多半是把数据误当成了 id。"""
+
+MAX_LABEL_LENGTH = 512
+"""label 的长度上限（字符）：它是给人看的一行字。"""
+
+MAX_BUCKET_KEY_LENGTH = 512
+"""bucket_key 的长度上限（字符）：租户 id、数据源名、日期分区之类。"""
+
+MAX_TAG_LENGTH = 128
+"""单个标签的长度上限（字符）：标签用来筛选，PostgreSQL 为它建 GIN 索引（索引项上限 8191 字节）。"""
+
+MAX_TAGS = 64
+"""一个任务最多带多少个标签（含 @task / register 声明的）：每个标签都是一条索引项。"""
+
+MAX_DESCRIPTION_LENGTH = 4096
+"""description 的长度上限（字符）：一段说明，不是文档。"""
+
+MAX_TEXT_LENGTH = 4096
+"""其余文本（执行器名、租约持有者、进度的 message）的长度上限（字符）。"""
+
+MAX_PROGRESS_UNIT_LENGTH = 64
+"""进度单位（``partitions``、``行``）的长度上限（字符）。"""
+
+MIN_PRIORITY = -(2**53 - 1)
+MAX_PRIORITY = 2**53 - 1
+"""priority 的范围：±(2**53 - 1)。在每个后端的 64 位整数列里都放得下，而且经 JSON 交给浮点数解析的
+消费者（浏览器里的控制台、jq）时仍然精确——用毫秒时间戳当优先级也绰绰有余。"""
+
+MAX_JSON_BYTES = 16 * 1024 * 1024
+"""任务返回值（以及指令 payload、节点 info）编码成 JSON 后的 UTF-8 字节上限：16 MiB。
+
+为什么是 16 MiB：PostgreSQL 的 jsonb 上限约 255 MiB，SQLite 默认单值上限 1e9 字节，这里远低于两者；
+结果随终态快照写穿、被每次 get / list 读回、经 ProcessExecutor 的管道传回，16 MiB 仍在毫秒到百毫秒级，
+再大就该返回指针（文件路径、对象存储 key）而不是数据本身。"""
+
+MAX_FAILURE_MESSAGE_LENGTH = 16 * 1024
+MAX_TRACEBACK_LENGTH = 256 * 1024
+"""失败说明与 traceback 超长时截断（保留 traceback 的结尾：最有用的是最后几帧）。失败来自异常，
+不能拒绝，所以它们不是报错而是被整理成可存储的文本（NUL 与孤立代理项也被转义）。"""
+
+
+def sanitize_reason(value: str | None) -> str | None:
+    """迁移记录的 actor / reason（状态机的写路径用）：整理成可存储的文本而不是报错。
+
+    它们常由运行时拼出（带着异常消息、用户给 stop() 的原因），在停止、超时的路径上抛错会比存一段
+    转义过的文本糟糕得多。热路径：短的、无 NUL 的 ASCII 文本原样返回。
+    """
+    if value is None or (len(value) <= MAX_TEXT_LENGTH and value.isascii() and "\x00" not in value):
+        return value
+    return storable_failure_text(value, MAX_TEXT_LENGTH)
+
+
+def _shown(value: str) -> str:
+    """报错里引用用户的值：截短并转义（原值可能有 1 MB，或含终端控制字符）。"""
+    return repr(value[:40] + "…" if len(value) > 40 else value)
+
+
+def storable_text_problem(value: str) -> str | None:
+    """文本为什么存不下（None 表示存得下）：NUL（PostgreSQL 的 text / jsonb 存不下）或孤立代理项
+    （编码不成 UTF-8，任何后端都存不下）。纯 ASCII 文本只需查 NUL——热路径。"""
+    if value.isascii():
+        return "NUL 字符（\\x00）" if "\x00" in value else None
+    if "\x00" in value:
+        return "NUL 字符（\\x00）"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "孤立的代理项（如 \\ud800，无法用 UTF-8 表示）"
+    return None
+
+
+def check_storable_text(what: str, value: object, *, limit: int, optional: bool = True) -> str | None:
+    """文本字段的统一检查：字符串、长度不超过 ``limit`` 个字符、没有 NUL 与孤立代理项。"""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{what} 必须是字符串{'或 None' if optional else ''}，收到 {value!r}")
+    if len(value) > limit:
+        raise ConfigurationError(
+            f"{what} 过长（{len(value)} 个字符，上限 {limit}）：请缩短它，大段内容放进参数或返回值"
+        )
+    problem = storable_text_problem(value)
+    if problem is not None:
+        raise ConfigurationError(f"{what} 不能包含 {problem}：任何存储都无法原样保存它，收到 {_shown(value)}")
+    return value
+
+
+def check_priority(value: object) -> int:
+    """priority：整数（bool 不算），范围见 ``MIN_PRIORITY`` / ``MAX_PRIORITY``。"""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(f"priority 必须是整数（越大越先执行），收到 {value!r}")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ConfigurationError(
+            f"priority 超出范围（{value}）：必须在 ±(2**53 - 1) 之内，常用的是 -100..100 这样的小整数"
+        )
+    return value
+
+
+def storable_failure_text(value: str, limit: int, *, keep_tail: bool = False) -> str:
+    """把失败说明 / traceback 整理成可存储的文本：转义 NUL 与孤立代理项，超长截断并注明。"""
+    if storable_text_problem(value) is not None:
+        value = value.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(value) > limit:
+        marker = f"…（已截断，原长 {len(value)} 个字符）…"
+        keep = limit - len(marker)
+        value = marker + value[-keep:] if keep_tail else value[:keep] + marker
+    return value
 
 
 class FailureKind(enum.StrEnum):
@@ -98,14 +212,20 @@ class Failure:
                 raise ConfigurationError(f"未知的失败类型 {kind!r}；可选：{known}") from None
         message: object = self.message
         if not isinstance(message, str):
-            object.__setattr__(self, "message", str(message))
+            message = str(message)
+        # 失败来自异常，不能拒绝：把说明整理成每个后端都存得下的文本（转义 NUL / 孤立代理项、截断），
+        # 否则一个消息里带 NUL 的异常会让终态快照永远写不进 PostgreSQL（issue 22.5）。
+        object.__setattr__(self, "message", storable_failure_text(message, MAX_FAILURE_MESSAGE_LENGTH))
         retryable: object = self.retryable
         if not isinstance(retryable, bool):
             raise ConfigurationError(f"Failure.retryable 必须是 True 或 False，收到 {retryable!r}")
-        for name in ("exc_type", "traceback"):
+        for name, limit in (("exc_type", MAX_TEXT_LENGTH), ("traceback", MAX_TRACEBACK_LENGTH)):
             text: object = getattr(self, name)
             if text is not None and not isinstance(text, str):
                 raise ConfigurationError(f"Failure.{name} 必须是字符串或 None，收到 {text!r}")
+            if text is not None:
+                cleaned = storable_failure_text(text, limit, keep_tail=name == "traceback")
+                object.__setattr__(self, name, cleaned)
 
     @classmethod
     def from_exception(
@@ -160,6 +280,9 @@ class Progress:
             raise ConfigurationError(f"Progress.unit 必须是字符串，收到 {self.unit!r}")
         if self.message is not None and not isinstance(self.message, str):
             raise ConfigurationError(f"Progress.message 必须是字符串，收到 {self.message!r}")
+        # 进度经旁路写进存储：存不下的文本在 ctx.progress(...) 处就报错，而不是让旁路写入一直失败。
+        check_storable_text("Progress.unit", self.unit, limit=MAX_PROGRESS_UNIT_LENGTH)
+        check_storable_text("Progress.message", self.message, limit=MAX_TEXT_LENGTH)
 
     @property
     def fraction(self) -> float | None:
@@ -221,6 +344,7 @@ class Transition:
             text: object = getattr(self, name)
             if text is not None and not isinstance(text, str):
                 raise ConfigurationError(f"Transition.{name} 必须是字符串或 None，收到 {text!r}")
+            check_storable_text(f"Transition.{name}", text, limit=MAX_TEXT_LENGTH)
         if self.at is None:
             raise ConfigurationError("Transition.at 不能为空：每条迁移记录都必须带时间")
         require_aware("Transition.at", self.at)
@@ -297,6 +421,11 @@ def validate_task_id(task_id: object, *, what: str = "task_id") -> str:
         raise ConfigurationError(
             f"{what} 过长（{len(task_id)} 个字符，上限 {MAX_ID_LENGTH}）；请用短标识，把数据放进参数"
         )
+    if not task_id.isascii() and storable_text_problem(task_id) is not None:
+        raise ConfigurationError(
+            f"{what} 不能包含无法用 UTF-8 表示的字符（孤立的代理项，如 \\ud800）：任何存储都无法保存它，"
+            f"收到 {_shown(task_id)}"
+        )
     return task_id
 
 
@@ -314,15 +443,55 @@ def normalize_tags(tags: object) -> frozenset[str]:
         raise ConfigurationError(f"tags 必须是字符串的集合，收到 {tags!r}") from None
     for item in items:
         if not isinstance(item, str) or not item:
-            raise ConfigurationError(f"tags 里只能放非空字符串，收到 {item!r}（类型 {type(item).__name__}）")
+            raise ConfigurationError(
+                f"tags 里只能放非空字符串，收到 {_shown(item) if isinstance(item, str) else repr(item)[:80]}"
+                f"（类型 {type(item).__name__}）"
+            )
         if "\x00" in item:
             raise ConfigurationError("标签不能包含 NUL 字符（\\x00）")
-    return frozenset(items)
+        check_storable_text("标签", item, limit=MAX_TAG_LENGTH, optional=False)
+    result = frozenset(items)
+    check_tag_count(result)
+    return result
+
+
+def check_tag_count(tags: frozenset[str]) -> frozenset[str]:
+    """标签个数上限（合并 @task / register 声明的与提交时给的之后再查一次）。"""
+    if len(tags) > MAX_TAGS:
+        raise ConfigurationError(f"标签太多（{len(tags)} 个，上限 {MAX_TAGS}）：标签用来筛选，数据请放进参数")
+    return tags
 
 
 # 字段清单取自持久层的列表（唯一出处），模型层与各后端不再各抄一份。
 _DATETIME_FIELDS = TIMESTAMP_FIELDS
 _OPTIONAL_TEXT_FIELDS = OPTIONAL_TEXT_FIELDS
+
+_TEXT_LIMITS: dict[str, int] = {
+    "label": MAX_LABEL_LENGTH,
+    "bucket_key": MAX_BUCKET_KEY_LENGTH,
+    "description": MAX_DESCRIPTION_LENGTH,
+    "owner": MAX_ID_LENGTH,
+    "pipeline_id": MAX_ID_LENGTH,
+    "node_id": MAX_ID_LENGTH,
+}
+_TEXT_FIELD_LIMITS: tuple[tuple[str, int], ...] = tuple(
+    (name, _TEXT_LIMITS.get(name, MAX_TEXT_LENGTH)) for name in OPTIONAL_TEXT_FIELDS
+)
+
+
+def check_storable_fields(snapshot: TaskSnapshot) -> None:
+    """快照里除 outcome 以外的可存储性：文本字段（长度、NUL、孤立代理项）、priority 范围、标签个数。
+
+    快照构造时调用它，各后端写入前（``checks.check_snapshot``）也调用它——同一个函数，所以绕过构造
+    校验（``evolve``）的快照也逃不过写入检查。outcome 由 ``check_json_value`` 管（返回时与写入时）。
+    每次 save 都会走一遍：纯 ASCII 的短文本只是几次 O(1) 判断。
+    """
+    for name, limit in _TEXT_FIELD_LIMITS:
+        value = getattr(snapshot, name)
+        if value is not None:
+            check_storable_text(name, value, limit=limit)
+    check_priority(snapshot.priority)
+    check_tag_count(snapshot.tags)
 
 
 @dataclass(frozen=True)
@@ -392,10 +561,7 @@ class TaskSnapshot:
                 raise ConfigurationError(f"{name} 必须是整数或 None，收到 {value!r}")
         if self.bucket is not None and self.bucket < 0:
             raise ConfigurationError(f"bucket 不能为负数，收到 {self.bucket}")
-        for name in _OPTIONAL_TEXT_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise ConfigurationError(f"{name} 必须是字符串或 None，收到 {value!r}")
+        check_storable_fields(self)
         if self.status_version < 0 or self.attempt < 0:
             raise ConfigurationError("status_version 与 attempt 不能为负数")
         if self.max_attempts < 1:
@@ -505,7 +671,19 @@ class Outcome:
 
 
 __all__ = [
+    "MAX_BUCKET_KEY_LENGTH",
+    "MAX_DESCRIPTION_LENGTH",
+    "MAX_FAILURE_MESSAGE_LENGTH",
     "MAX_ID_LENGTH",
+    "MAX_JSON_BYTES",
+    "MAX_LABEL_LENGTH",
+    "MAX_PRIORITY",
+    "MAX_PROGRESS_UNIT_LENGTH",
+    "MAX_TAGS",
+    "MAX_TAG_LENGTH",
+    "MAX_TEXT_LENGTH",
+    "MAX_TRACEBACK_LENGTH",
+    "MIN_PRIORITY",
     "TIMEOUT_KINDS",
     "Failure",
     "FailureKind",
@@ -513,7 +691,14 @@ __all__ = [
     "Progress",
     "TaskSnapshot",
     "Transition",
+    "check_priority",
+    "check_storable_fields",
+    "check_storable_text",
+    "check_tag_count",
     "normalize_tags",
     "require_aware",
+    "sanitize_reason",
+    "storable_failure_text",
+    "storable_text_problem",
     "validate_task_id",
 ]

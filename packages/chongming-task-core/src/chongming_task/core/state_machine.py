@@ -33,6 +33,7 @@ from chongming_task.core.records import (
     TaskSnapshot,
     Transition,
     require_aware,
+    sanitize_reason,
 )
 from chongming_task.core.statuses import RETRYABLE_FROM, TERMINAL_STATUSES, TRANSITIONS, TaskStatus
 from chongming_task.core.triggers import (
@@ -308,6 +309,9 @@ class StateMachine:
         state = snapshot.__dict__
         state.update(current.__dict__)
         state.update(changes)
+        # actor / reason 可能来自用户（stop(reason=...)）或拼进了异常消息：整理成每个后端都存得下的文本。
+        actor = sanitize_reason(actor)
+        reason = sanitize_reason(reason)
         record = Transition._trusted(current.task_id, source, target, trigger, actor, reason, version, now)
         self._snapshot = snapshot
         self._transitions.append(record)

@@ -35,7 +35,8 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
-from chongming_task.core.numbers import MAX_INT32, MIN_INT32, check_int, check_seconds
+from chongming_task.core.numbers import check_int, check_seconds
+from chongming_task.core.records import MAX_PRIORITY, MIN_PRIORITY
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.errors import ConfigurationError, DuplicateTaskId, TaskError
 from chongming_task.models import Outcome, TaskSnapshot, Transition, normalize_tags
@@ -358,7 +359,7 @@ class Controller:
         if priority is None:
             priority = self.concurrency.priority
         else:
-            check_int("priority（越大越先执行）", priority, low=MIN_INT32, high=MAX_INT32)
+            check_int("priority（越大越先执行）", priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
         extra_tags = normalize_tags(tags)
         all_tags = definition.tags | extra_tags if extra_tags else definition.tags
         bucket = self._bucket_for_submit(bucket_key)

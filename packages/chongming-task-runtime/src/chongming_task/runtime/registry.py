@@ -14,7 +14,13 @@ from types import ModuleType
 from typing import Any
 
 from chongming_task.errors import ConfigurationError
-from chongming_task.models import normalize_tags, validate_task_id
+from chongming_task.models import (
+    MAX_DESCRIPTION_LENGTH,
+    check_storable_text,
+    check_tag_count,
+    normalize_tags,
+    validate_task_id,
+)
 from chongming_task.policies import RetryPolicy, Timeout
 from chongming_task.runtime.signature import check_task_signature
 
@@ -74,11 +80,13 @@ class TaskRegistry:
         definition = TaskDefinition(
             name=name,
             fn=fn,
-            tags=spec_tags | normalize_tags(tags),
+            tags=check_tag_count(spec_tags | normalize_tags(tags)),
             retry=retry if retry is not None else getattr(spec, "retry", None),
             timeout=timeout if timeout is not None else getattr(spec, "timeout", None),
             description=description or getattr(spec, "description", None) or _first_doc_line(fn),
         )
+        # 存不下的描述（含取自 docstring 的）在登记时就拒绝（用户指南 §13），而不是等到第一次提交。
+        check_storable_text("description", definition.description, limit=MAX_DESCRIPTION_LENGTH)
         if definition.retry is not None and not isinstance(definition.retry, RetryPolicy):
             raise ConfigurationError(f"retry 必须是 RetryPolicy(...)，收到 {definition.retry!r}")
         if definition.timeout is not None and not isinstance(definition.timeout, Timeout):

@@ -37,7 +37,8 @@ from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.context import MAX_LOGS, LogEntry
-from chongming_task.core.numbers import MAX_INT32, MAX_SECONDS, MIN_INT32, check_int, check_seconds
+from chongming_task.core.numbers import MAX_SECONDS, check_int, check_seconds
+from chongming_task.core.records import MAX_PRIORITY, MIN_PRIORITY
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.triggers import (
     TRIGGER_CANCEL,
@@ -264,7 +265,7 @@ class TaskRun:
         )
 
         if machine is None:
-            check_int("priority", priority, low=MIN_INT32, high=MAX_INT32)
+            check_int("priority", priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
             resolved_name = name or (spec.name if spec else getattr(fn, "__name__", None) or "task")
             all_tags = normalize_tags(tags) | (spec.tags if spec else frozenset())
             clock = clock or SYSTEM_CLOCK

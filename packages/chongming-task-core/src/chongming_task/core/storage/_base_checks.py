@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from chongming_task.core.json_depth import check_json_depth
 from chongming_task.core.numbers import MAX_SECONDS, check_seconds
+from chongming_task.core.records import (
+    MAX_ID_LENGTH,
+    MAX_JSON_BYTES,
+    MAX_TEXT_LENGTH,
+    check_storable_fields,
+    check_storable_text,
+)
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import Progress, TaskSnapshot, Transition
 
@@ -36,20 +44,59 @@ def check_aware(name: str, value: object, *, required: bool = False) -> None:
         raise ConfigurationError(f"{name} 必须是带时区的 datetime，收到 {value!r}")
 
 
-def check_json_value(value: Any, *, what: str = "outcome") -> str:
-    """把值序列化为严格 JSON 文本；不可序列化（或含 NaN/inf）时抛 ConfigurationError 说明原因。"""
+# json 编码器把 NUL 写成 \u0000，字面的反斜杠写成 \\：只有前面是偶数个反斜杠的 \u0000 才是 NUL。
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def check_json_value(value: Any, *, what: str = "outcome", max_bytes: int = MAX_JSON_BYTES) -> str:
+    """把值序列化为严格 JSON 文本，并确认每个后端都存得下它；否则抛 ConfigurationError 说明原因。
+
+    这是 JSON 值（任务返回值、指令 payload、节点 info）唯一的可存储性检查：返回时（result_invalid）与
+    各后端写入时调用的是同一个函数（用户指南 §13、持久层实现指南 §5.2）：
+
+    * 可 JSON 序列化、无 NaN / inf、嵌套不超过 ``MAX_JSON_DEPTH`` 层；
+    * 字符串（含键）里没有 NUL（PostgreSQL 的 jsonb 存不下）与孤立代理项（编码不成 UTF-8）；
+    * 编码后的 UTF-8 不超过 ``max_bytes`` 字节（默认 ``MAX_JSON_BYTES`` = 16 MiB）。
+    """
     if value is None:
         return "null"  # 最常见的返回值：不必为它走一遍编码器
     # 先量深度（非递归）：标准库编码器是递归的，过深的值抛的是 RecursionError，不是"不可序列化"。
     check_json_depth(value, what=what)
     try:
-        return _STRICT_JSON.encode(value)
+        text = _STRICT_JSON.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         # 中文名词与"必须"之间不留空格；英文标识符（outcome、NodeRecord.info）后面照常空一格。
         gap = " " if what[-1:].isascii() else ""
         raise ConfigurationError(
             f"{what}{gap}必须可 JSON 序列化（dict / list / str / 数字 / bool / None）：{exc}"
         ) from None
+    check_json_text(text, what=what, max_bytes=max_bytes)
+    return text
+
+
+def check_json_text(text: str, *, what: str, max_bytes: int = MAX_JSON_BYTES) -> None:
+    """已编码的 JSON 文本（``ensure_ascii=False``）的可存储性：大小、NUL、孤立代理项（见上）。"""
+    # 热路径：ASCII 文本的字符数就是字节数，也不可能含代理项；字符数已超上限时不必编码就知道超了
+    # （每个字符至少一个字节）。
+    if text.isascii() or len(text) > max_bytes:
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ConfigurationError(
+                f"{what} 里的字符串不能包含无法用 UTF-8 表示的字符（孤立的代理项，如 \\ud800）："
+                "任何存储都无法保存它，请先清洗文本"
+            ) from None
+    if size > max_bytes:
+        raise ConfigurationError(
+            f"{what} 太大（编码后至少 {size} 字节，上限 {max_bytes} 字节 = {max_bytes / 2**20:g} MiB）："
+            "请把大数据写进文件或对象存储，只返回它的路径 / key"
+        )
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        raise ConfigurationError(
+            f"{what} 里的字符串不能包含 NUL 字符（\\x00）：PostgreSQL 的 jsonb 无法保存它，请先去掉或转义"
+        )
 
 
 def check_node_owner(owner: object) -> str:
@@ -58,6 +105,7 @@ def check_node_owner(owner: object) -> str:
         raise ConfigurationError(f"节点名 owner 必须是非空字符串（例如 'node-a'），收到 {owner!r}")
     if "\x00" in owner:
         raise ConfigurationError("节点名 owner 不能包含 NUL 字符（\\x00）")
+    check_storable_text("节点名 owner", owner, limit=MAX_ID_LENGTH, optional=False)
     return owner
 
 
@@ -80,8 +128,8 @@ def check_key(name: str, value: object) -> str:
 
 
 def check_optional_text(name: str, value: object) -> None:
-    if value is not None and not isinstance(value, str):
-        raise ConfigurationError(f"{name} 必须是字符串或 None，收到 {value!r}")
+    """可为 None 的文本参数（issuer、reason、lease_owner……）：与快照文本字段同一份可存储性规则。"""
+    check_storable_text(name, value, limit=MAX_TEXT_LENGTH)
 
 
 def check_count(name: str, value: object) -> None:
@@ -100,8 +148,14 @@ def check_claimant(value: object) -> None:
 
 
 def check_snapshot(snapshot: object) -> TaskSnapshot:
+    """create / save 的快照：类型，以及与快照构造时同一份的可存储性检查（``check_storable_fields``）。
+
+    状态机用不经校验的 ``evolve`` 复制快照，第三方代码也可能这样做：写入前再查一次，存不下的值在
+    这里得到 ConfigurationError，而不是一个后端存下、另一个后端报驱动错误。
+    """
     if not isinstance(snapshot, TaskSnapshot):
         raise ConfigurationError(f"存储只接受 TaskSnapshot，收到 {type(snapshot).__name__}")
+    check_storable_fields(snapshot)
     return snapshot
 
 

@@ -62,13 +62,19 @@ def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
     经一次 JSON 往返规范化成 SQL 后端会交回的样子。
     """
     kind = type(value)
-    if value is None or kind is str or kind is int or kind is bool:
+    if value is None or kind is int or kind is bool:
+        return value, None
+    if kind is str:
+        # 短的、无 NUL 的 ASCII 文本一定存得下（转义后最多 6 倍，远低于 16 MiB）；其余的交给与 SQL 后端
+        # 同一份的 check_json_value（NUL、孤立代理项、大小）——内存后端不能比别的后端宽松。
+        if len(value) > 1 << 20 or not value.isascii() or "\x00" in value:
+            checks.check_json_value(value, what=what)
         return value, None
     if kind is float:
         if not math.isfinite(value):
-            checks.check_json_value(value, what=what)  # 抛出统一措辞的 ConfigurationError
+            checks.checks.check_json_value(value, what=what)  # 抛出统一措辞的 ConfigurationError
         return value, None
-    text = checks.check_json_value(value, what=what)
+    text = checks.checks.check_json_value(value, what=what)
     if kind is dict or kind is list:
         return None, text
     parsed = json.loads(text)

@@ -7,9 +7,32 @@ import math
 from datetime import datetime, timedelta
 from typing import Any
 
-from chongming_task.errors import ConfigurationError, DuplicateTaskId
-from chongming_task.models import Progress
-from chongming_task.storage import CommandAction, TaskQuery
+from chongming_task.errors import (
+    ConfigurationError,
+    DuplicateTaskId,
+)
+from chongming_task.models import (
+    MAX_BUCKET_KEY_LENGTH,
+    MAX_DESCRIPTION_LENGTH,
+    MAX_FAILURE_MESSAGE_LENGTH,
+    MAX_ID_LENGTH,
+    MAX_JSON_BYTES,
+    MAX_LABEL_LENGTH,
+    MAX_PRIORITY,
+    MAX_PROGRESS_UNIT_LENGTH,
+    MAX_TAG_LENGTH,
+    MAX_TAGS,
+    MAX_TEXT_LENGTH,
+    MAX_TRACEBACK_LENGTH,
+    MIN_PRIORITY,
+    Failure,
+    FailureKind,
+    Progress,
+)
+from chongming_task.storage import (
+    CommandAction,
+    TaskQuery,
+)
 from chongming_task.testing.contract._base import (
     T0,
     TZ_ODD,
@@ -174,6 +197,120 @@ class SnapshotCases(ContractBase):
         assert got is not None
         self.assertEqual(got.status_version, 0)
         self.assertEqual(store.history("ok"), [])
+
+    # ===============================================================================================
+    # 可存储值的上限（用户指南 §13、持久层实现指南 §5.2）：每个后端都必须存得下恰好在上限上的值
+    # ===============================================================================================
+
+    def test_values_at_every_limit_round_trip(self) -> None:
+        """每个文本字段取到上限长度、且全用 4 字节的 UTF-8 字符（🚀）：PostgreSQL 的 btree 索引行
+        （task_id、name、owner、pipeline_id）与 GIN 索引项（标签）都要放得下；priority 取两端。"""
+        store = self.open_store()
+        wide = "🚀"  # UTF-8 下 4 个字节：按字节计的限制在这里最先被撞到
+        tags = frozenset(f"{i:02d}" + wide * (MAX_TAG_LENGTH - 2) for i in range(MAX_TAGS))
+        failure = Failure(
+            FailureKind.EXCEPTION,
+            "失" * MAX_FAILURE_MESSAGE_LENGTH,
+            retryable=True,
+            exc_type="x" * MAX_TEXT_LENGTH,
+            traceback=wide * MAX_TRACEBACK_LENGTH,
+        )
+        self.assertEqual(len(failure.message), MAX_FAILURE_MESSAGE_LENGTH, "恰好在上限上的失败说明不截断")
+        self.assertEqual(len(failure.traceback or ""), MAX_TRACEBACK_LENGTH)
+        cases = []
+        for index, priority in enumerate((MAX_PRIORITY, MIN_PRIORITY)):
+            task_id = f"{index}" + wide * (MAX_ID_LENGTH - 1)
+            cases.append(
+                snap(
+                    task_id,
+                    name=f"{index}" + wide * (MAX_ID_LENGTH - 1),
+                    label=wide * MAX_LABEL_LENGTH,
+                    bucket_key=wide * MAX_BUCKET_KEY_LENGTH,
+                    bucket=7,
+                    description=wide * MAX_DESCRIPTION_LENGTH,
+                    executor=wide * MAX_TEXT_LENGTH,
+                    owner=f"{index}" + wide * (MAX_ID_LENGTH - 1),
+                    lease_owner=wide * MAX_TEXT_LENGTH,
+                    lease_until=T0 + timedelta(seconds=30),
+                    pipeline_id=wide * MAX_ID_LENGTH,
+                    node_id=wide * MAX_ID_LENGTH,
+                    tags=tags,
+                    priority=priority,
+                    failure=failure,
+                    progress=Progress(
+                        done=1, total=2, unit=wide * MAX_PROGRESS_UNIT_LENGTH, message=wide * MAX_TEXT_LENGTH
+                    ),
+                )
+            )
+        for original in cases:
+            store.create(original)
+            self.assertSnapshotEqual(store.get(original.task_id), original)
+        self.assertEqual(len(store.query(TaskQuery(tag=min(tags)))), 2)
+        self.assertEqual(_ids(store.query(TaskQuery(owner=cases[0].owner))), [cases[0].task_id])
+        self.assertEqual(
+            _ids(store.query(TaskQuery(pipeline_id=wide * MAX_ID_LENGTH))), sorted(_ids(cases))[::-1]
+        )
+        # 迁移记录的 actor / reason 也取到上限。
+        first = cases[0]
+        nxt, record = step(first, S.QUEUED, actor=wide * MAX_TEXT_LENGTH, reason=wide * MAX_TEXT_LENGTH)
+        store.save(nxt, expect_version=0, transitions=[record])
+        self.assertEqual(store.history(first.task_id), [record])
+
+    def test_outcome_at_the_size_limit_round_trips_and_one_byte_more_is_refused(self) -> None:
+        """返回值编码后恰好 MAX_JSON_BYTES 字节：存得下、原样读回；多一个字节：拒绝，什么也不写。"""
+        store = self.open_store()
+        base = snap("max-outcome")
+        store.create(base)
+        running, records = walk(base, S.QUEUED, S.STARTING, S.RUNNING)
+        # JSON 文本是 '"' + 内容 + '"'：内容 MAX_JSON_BYTES - 2 字节时总长恰好是上限。
+        fits = "x" * (MAX_JSON_BYTES - 2)
+        over, over_record = step(
+            running, S.SUCCEEDED, outcome=fits + "x", finished_at=T0 + timedelta(hours=1)
+        )
+        with self.assertRaises(ConfigurationError):
+            store.save(over, expect_version=0, transitions=[*records, over_record])
+        got = store.get("max-outcome")
+        assert got is not None
+        self.assertEqual(got.status_version, 0, "被拒绝的 save 不能留下任何改动")
+        self.assertEqual(store.history("max-outcome"), [])
+        done, last = step(running, S.SUCCEEDED, outcome=fits, finished_at=T0 + timedelta(hours=1))
+        store.save(done, expect_version=0, transitions=[*records, last])
+        got = store.get("max-outcome")
+        assert got is not None
+        self.assertEqual(got.status, S.SUCCEEDED)
+        self.assertTrue(got.outcome == fits, "恰好 16 MiB 的返回值没有原样往返")
+
+    def test_unstorable_values_are_refused_even_when_construction_was_bypassed(self) -> None:
+        """``evolve`` 不做校验：后端写入前必须再查一次（``checks.check_snapshot``），规则与构造时同一份。"""
+        store = self.open_store()
+        base = snap("bypass")
+        bad_fields: list[dict[str, Any]] = [
+            {"label": "a\x00b"},
+            {"label": "x" * (MAX_LABEL_LENGTH + 1)},
+            {"bucket_key": "k\ud800"},
+            {"description": "d" * (MAX_DESCRIPTION_LENGTH + 1)},
+            {"owner": "o" * (MAX_ID_LENGTH + 1)},
+            {"priority": MAX_PRIORITY + 1},
+            {"priority": MIN_PRIORITY - 1},
+            {"tags": frozenset(f"t{i}" for i in range(MAX_TAGS + 1))},
+            {"outcome": {"k": "a\x00b"}},
+            {"outcome": ["\ud800"]},
+        ]
+        for fields in bad_fields:
+            with self.subTest(fields=repr(fields)[:60]):
+                with self.assertRaises(ConfigurationError):
+                    store.create(base.evolve(**fields))
+                self.assertIsNone(store.get("bypass"))
+        store.create(base)
+        for fields in bad_fields:
+            with self.subTest(save=repr(fields)[:60]):
+                bad, record = step(base, S.QUEUED)
+                with self.assertRaises(ConfigurationError):
+                    store.save(bad.evolve(**fields), expect_version=0, transitions=[record])
+        got = store.get("bypass")
+        assert got is not None
+        self.assertEqual(got.status_version, 0)
+        self.assertEqual(store.history("bypass"), [])
 
     # ===============================================================================================
     # copies
