@@ -58,6 +58,8 @@ THIRD_PARTY = [
     "wcwidth",
     "psycopg",
     "psycopg-binary",
+    "prometheus-client",
+    "opentelemetry-api",
     "psycopg-pool",
     "typing-extensions",
 ]
@@ -473,6 +475,53 @@ def test_all_wheels_import_is_lazy(full_venv: Venv) -> None:
             """
         ),
         "惰性导入",
+    )
+
+
+def test_observability_extras_are_optional(wheels: dict[str, Path]) -> None:
+    """runtime 的 [metrics] / [otel] 只是可选依赖（只要 opentelemetry-api，不要 SDK）。
+
+    伞包转出它们，[all] 也带上。
+    """
+    meta, _ = _metadata(wheels["chongming-task-runtime"])
+    assert {"metrics", "otel"} <= set(meta.get_all("Provides-Extra") or [])
+    requires = meta.get_all("Requires-Dist") or []
+    assert any(r.startswith("prometheus-client") and 'extra == "metrics"' in r for r in requires), requires
+    assert any(r.startswith("opentelemetry-api") and 'extra == "otel"' in r for r in requires), requires
+    assert not any("opentelemetry-sdk" in r for r in requires), requires
+    unconditional = [r for r in requires if "extra ==" not in r]
+    assert not any(r.startswith(("prometheus", "opentelemetry")) for r in unconditional), unconditional
+    umbrella, _ = _metadata(wheels["chongming-task"])
+    assert {"metrics", "otel", "all"} <= set(umbrella.get_all("Provides-Extra") or [])
+    umbrella_requires = umbrella.get_all("Requires-Dist") or []
+    assert any(
+        r.startswith("chongming-task-runtime[metrics,otel]") and 'extra == "all"' in r
+        for r in umbrella_requires
+    ), umbrella_requires
+
+
+def test_all_wheels_metrics_instrument(full_venv: Venv) -> None:
+    """需要：[all] 带来的 prometheus-client，instrument() 在装好的 wheel 上能注册并导出指标。"""
+    _check(
+        full_venv.python_code(
+            """
+            from prometheus_client import CollectorRegistry, generate_latest
+            from chongming_task import Controller
+            from chongming_task.metrics import instrument
+
+            registry = CollectorRegistry()
+            with Controller() as controller:
+                instrument(controller, registry=registry)
+                controller.register("noop", lambda ctx: 1)
+                controller.submit("noop").wait(timeout=30)
+                controller.flush_events(timeout=10)
+                text = generate_latest(registry).decode()
+            line = ('chongming_task_transitions_total'
+                    '{from_status="running",task="noop",to_status="succeeded"} 1.0')
+            assert line in text, text
+            """
+        ),
+        "instrument",
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import itertools
 import logging
 import os
@@ -420,7 +421,11 @@ class Controller:
                 if self._events.listeners:
                     # 第一次迁移（pending → queued/blocked）发生在控制器挂上监听器之前，在这里补发；
                     # 必须在入队之前：入队后别的线程可能立刻启动它，它的 starting 事件不能抢在前面。
-                    self._events.emit(TransitionEvent.of(machine.snapshot, machine.transitions[-1]))
+                    self._events.emit(
+                        TransitionEvent.of(
+                            machine.snapshot, machine.transitions[-1], contextvars.copy_context()
+                        )
+                    )
                 if not blocked:
                     self._enqueue_locked(run)
             to_start = self._scheduler.take_runnable()

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import collections
+import contextvars
 import logging
 import threading
 import time
@@ -44,7 +45,12 @@ _FAILURE_TARGETS = frozenset({TaskStatus.FAILED, TaskStatus.RETRY_WAIT, TaskStat
 
 @dataclass(frozen=True, slots=True)
 class TransitionEvent:
-    """一次状态迁移。``version`` 是迁移后的 status_version；``snapshot`` 是迁移后的完整快照。"""
+    """一次状态迁移。``version`` 是迁移后的 status_version；``snapshot`` 是迁移后的完整快照。
+
+    ``submit_context`` 只在任务的第一条迁移（pending → queued / blocked）上有：提交者线程在 ``submit()``
+    那一刻的 contextvars（``contextvars.copy_context()``）。追踪据此把每次尝试的 span 挂在提交时的 span
+    下面（§15.3）——监听器在交付线程里运行，那里的"当前上下文"不是提交者的；靠这份拷贝，不靠全局表。
+    """
 
     task_id: str
     name: str
@@ -58,9 +64,12 @@ class TransitionEvent:
     attempt: int
     failure_kind: FailureKind | None
     snapshot: TaskSnapshot
+    submit_context: contextvars.Context | None = None
 
     @classmethod
-    def of(cls, snapshot: TaskSnapshot, record: Transition) -> TransitionEvent:
+    def of(
+        cls, snapshot: TaskSnapshot, record: Transition, submit_context: contextvars.Context | None = None
+    ) -> TransitionEvent:
         failure = snapshot.failure
         kind = failure.kind if failure is not None and record.to_status in _FAILURE_TARGETS else None
         return cls(
@@ -76,6 +85,7 @@ class TransitionEvent:
             snapshot.attempt,
             kind,
             snapshot,
+            submit_context,
         )
 
 
