@@ -58,6 +58,8 @@ THIRD_PARTY = [
     "wcwidth",
     "psycopg",
     "psycopg-binary",
+    "prometheus-client",
+    "opentelemetry-api",
     "psycopg-pool",
     "typing-extensions",
 ]
@@ -473,6 +475,66 @@ def test_all_wheels_import_is_lazy(full_venv: Venv) -> None:
             """
         ),
         "惰性导入",
+    )
+
+
+def test_observability_extras_are_optional(wheels: dict[str, Path]) -> None:
+    """runtime 的 [metrics] / [otel] 只是可选依赖（只要 opentelemetry-api，不要 SDK）。
+
+    伞包转出它们，[all] 也带上。
+    """
+    from packaging.requirements import Requirement
+
+    def requirements(dist: str) -> list[Requirement]:
+        meta, _ = _metadata(wheels[dist])
+        return [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
+
+    def extra_of(req: Requirement) -> str | None:
+        if req.marker is None:
+            return None
+        return next(
+            e
+            for e in ("metrics", "otel", "all", "postgres", "cli", "web")
+            if req.marker.evaluate({"extra": e})
+        )
+
+    meta, _ = _metadata(wheels["chongming-task-runtime"])
+    assert {"metrics", "otel"} <= set(meta.get_all("Provides-Extra") or [])
+    runtime = {(r.name, extra_of(r)) for r in requirements("chongming-task-runtime")}
+    assert ("prometheus-client", "metrics") in runtime and ("opentelemetry-api", "otel") in runtime, runtime
+    assert not any(
+        name.startswith(("prometheus", "opentelemetry")) for name, extra in runtime if extra is None
+    )
+    assert not any(name == "opentelemetry-sdk" for name, _ in runtime)
+    umbrella_meta, _ = _metadata(wheels["chongming-task"])
+    assert {"metrics", "otel", "all"} <= set(umbrella_meta.get_all("Provides-Extra") or [])
+    umbrella = [(r.name, sorted(r.extras), extra_of(r)) for r in requirements("chongming-task")]
+    assert ("chongming-task-runtime", ["metrics", "otel"], "all") in umbrella, umbrella
+    assert ("chongming-task-runtime", ["metrics"], "metrics") in umbrella, umbrella
+
+
+def test_all_wheels_metrics_instrument(full_venv: Venv) -> None:
+    """需要：[all] 带来的 prometheus-client，instrument() 在装好的 wheel 上能注册并导出指标。"""
+    _check(
+        full_venv.python_code(
+            """
+            from prometheus_client import CollectorRegistry, generate_latest
+            from chongming_task import Controller
+            from chongming_task.metrics import instrument
+
+            registry = CollectorRegistry()
+            with Controller() as controller:
+                instrument(controller, registry=registry)
+                controller.register("noop", lambda ctx: 1)
+                controller.submit("noop").wait(timeout=30)
+                controller.flush_events(timeout=10)
+                text = generate_latest(registry).decode()
+            line = ('chongming_task_transitions_total'
+                    '{from_status="running",task="noop",to_status="succeeded"} 1.0')
+            assert line in text, text
+            """
+        ),
+        "instrument",
     )
 
 

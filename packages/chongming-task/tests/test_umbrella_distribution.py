@@ -8,7 +8,14 @@ from packaging.requirements import Requirement
 def test_umbrella_requirements_and_extras() -> None:
     dist = distribution("chongming-task")
     assert dist.version == "0.1.0"
-    assert sorted(dist.metadata.get_all("Provides-Extra") or []) == ["all", "cli", "postgres", "web"]
+    assert sorted(dist.metadata.get_all("Provides-Extra") or []) == [
+        "all",
+        "cli",
+        "metrics",
+        "otel",
+        "postgres",
+        "web",
+    ]
     requires = {
         (r.name, str(r.specifier), str(r.marker or "")) for r in map(Requirement, dist.requires or [])
     }
@@ -22,4 +29,8 @@ def test_umbrella_requirements_and_extras() -> None:
         ("chongming-task-cli", "==0.1.0", 'extra == "all"'),
         ("chongming-task-web", "==0.1.0", 'extra == "web"'),
         ("chongming-task-web", "==0.1.0", 'extra == "all"'),
+        # 可观测性（用户指南 §15）：runtime 的可选 extras，伞包转出，[all] 也带上
+        ("chongming-task-runtime", "==0.1.0", 'extra == "metrics"'),
+        ("chongming-task-runtime", "==0.1.0", 'extra == "otel"'),
+        ("chongming-task-runtime", "==0.1.0", 'extra == "all"'),
     }

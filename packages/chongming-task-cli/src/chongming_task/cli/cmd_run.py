@@ -24,7 +24,7 @@ from chongming_task.cli.app import cli, json_option, pass_state, tasks_option
 from chongming_task.cli.buckets import format_bucket_spec
 from chongming_task.cli.errors import EXIT_OK, EXIT_TASK_NOT_SUCCEEDED, CliError
 from chongming_task.cli.output import LiveDisplay, echo_json, fmt_time, fmt_value, progress_bar
-from chongming_task.cli.params import EXECUTOR, INT, SECONDS, parse_task_argument
+from chongming_task.cli.params import EXECUTOR, INT, SECONDS, IntType, parse_task_argument
 from chongming_task.cli.state import AppState, load_task_module, register_tasks
 from chongming_task.controller import SUBMIT_KEYWORDS, Controller
 from chongming_task.errors import DuplicateTaskId, StoreError, TaskError
@@ -185,6 +185,19 @@ def _resolve_name(controller: Controller, module_name: str, name: str) -> None:
     metavar="SECONDS",
     help="不是终端时，进度行最多每隔几秒打印一次。",
 )
+@click.option(
+    "--metrics-port",
+    type=IntType(minimum=1, maximum=65535),
+    metavar="PORT",
+    help="在这个端口提供 Prometheus 指标（/metrics），直到本命令退出；需要 chongming-task-runtime[metrics]。",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    metavar="ADDR",
+    help="指标端点监听的地址；要让别的机器上的 Prometheus 来抓，给 0.0.0.0。",
+)
 @json_option
 @pass_state
 def run_command(
@@ -199,6 +212,8 @@ def run_command(
     priority: int | None,
     executor_name: str,
     progress_interval: float,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> int:
     """提交一个任务并在前台执行到落终态（Ctrl-C / SIGTERM 会把它停干净）。
 
@@ -220,6 +235,9 @@ def run_command(
     register_tasks(controller, module)
     _resolve_name(controller, module.__name__, task_name)
     _check_signature(controller, task_name, kwargs)
+    metrics_url = None
+    if metrics_port is not None:
+        metrics_url = _serve_metrics(state, controller, metrics_host, metrics_port)
     try:
         run = controller.submit(
             task_name,
@@ -244,6 +262,8 @@ def run_command(
         f"已提交 {run.task_id}（任务 {task_name}，桶 {bucket}，持有者 {controller.owner}，"
         f"存储 {state.store_display if store is not None else '无（仅本进程内存）'}）"
     )
+    if metrics_url is not None:
+        display.line(f"指标：{metrics_url}")
     interrupted: str | None = None
     with _interrupts_as_exceptions():
         watcher = _Watcher(run, display, progress_interval)
@@ -257,6 +277,48 @@ def run_command(
         watcher.render(final=True)
         display.finish()
         return _report(state, run.snapshot, interrupted)
+
+
+def _serve_metrics(state: AppState, controller: Controller, host: str, port: int) -> str:
+    """instrument() 本进程的控制器，并在 host:port 上起 /metrics（守护线程），命令退出时关掉。
+
+    在提交之前做：端口占用、没装 prometheus-client 这类问题要在任务开始跑之前说清楚（退出码 1）。
+    """
+    from chongming_task.metrics import instrument
+
+    try:
+        metrics = instrument(controller, registry=_new_registry())
+    except TaskError as exc:
+        raise CliError(f"--metrics-port：{exc}", error="configuration") from exc
+    import prometheus_client
+
+    try:
+        server, thread = prometheus_client.start_http_server(port, addr=host, registry=metrics.registry)
+    except OSError as exc:
+        metrics.close()
+        raise CliError(
+            f"--metrics-port {port}：无法在 {host}:{port} 上监听（{exc.strerror or exc}）；请换一个端口",
+            error="configuration",
+        ) from None
+
+    def shutdown() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+        metrics.close()
+
+    state.on_close(shutdown)
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/metrics"
+
+
+def _new_registry() -> Any:
+    """每条 run 命令一个自己的 registry：不混进 prometheus-client 全局 REGISTRY 里的进程指标。"""
+    try:
+        import prometheus_client
+    except ImportError:
+        return None  # instrument() 会报"请 pip install ..."
+    return prometheus_client.CollectorRegistry()
 
 
 def _duplicate_id(state: AppState, controller: Controller, *, run_id: str | None, exc: TaskError) -> CliError:

@@ -239,6 +239,10 @@ class AppState:
         self._closers.append(lambda: controller.close(reason="命令行退出"))
         return controller
 
+    def on_close(self, closer: Any) -> None:
+        """命令结束时调用 ``closer()``（逆序：后登记的先关）。"""
+        self._closers.append(closer)
+
     def close(self) -> None:
         """逆序关闭本次命令打开的一切（Controller 先于存储）。"""
         while self._closers:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import itertools
 import logging
 import os
@@ -43,6 +44,7 @@ from chongming_task.models import Outcome, TaskSnapshot, Transition, normalize_t
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ConcurrencyPolicy, RetryPolicy, Timeout
 from chongming_task.runtime.cluster import DEFAULT_ORPHAN_LIMIT, ClusterReport
 from chongming_task.runtime.commands import remote_payload
+from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent, TransitionEvent
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
 from chongming_task.runtime.reconcile import ReconcileReport
@@ -132,6 +134,7 @@ class Controller:
         command_poll_interval: float = 0.1,
         side_channel_interval: float = 1.0,
         keep_finished: int | None = None,
+        listeners: Iterable[Listener] = (),
     ) -> None:
         concurrency = concurrency if concurrency is not None else ConcurrencyPolicy()
         if not isinstance(concurrency, ConcurrencyPolicy):
@@ -169,6 +172,8 @@ class Controller:
             raise ConfigurationError(
                 f"store 必须是 TaskStore 的实例（如 SqliteTaskStore(...)），收到 {store!r}"
             )
+        if callable(listeners) or isinstance(listeners, (str, bytes)):
+            raise ConfigurationError(f"listeners 必须是监听器的列表（如 listeners=[fn]），收到 {listeners!r}")
         if owner is not None and (not isinstance(owner, str) or not owner.strip()):
             raise ConfigurationError(f"owner 必须是非空字符串，收到 {owner!r}")
 
@@ -211,6 +216,9 @@ class Controller:
         # 监听器在任务锁内运行，不能回调别的任务；需要碰别的任务的后续工作（管道放行/连坐）放到这里，
         # 由后台循环在任何锁之外按顺序执行。
         self._deferred: collections.deque[Callable[[], None]] = collections.deque()
+        # 公开的事件钩子（runtime/events.py）：监听器在专用交付线程里、任何锁之外被调用。
+        self._events = EventHub(name=f"chongming-events[{self.owner}]")
+        self._events.add_all(listeners)
         self._link: LocalLink = (
             LocalLink()
             if store is None
@@ -227,6 +235,7 @@ class Controller:
                 live_ids=self._live_ids,
                 side_snapshots=self._side_snapshots,
                 local_run=self._runs.get,
+                on_persist_failure=self._on_persist_failure,
             )
         )
         self._loop = threading.Thread(
@@ -403,6 +412,7 @@ class Controller:
             clock=self.clock,
             upstream=upstream,
             on_requeue=self._requeue,
+            on_progress=self._on_progress,
         )
         with self._lock:
             if self._closed:
@@ -425,6 +435,14 @@ class Controller:
                 closed_meanwhile = False
                 self._runs[task_id] = run
                 self._unfinished.add(task_id)
+                if self._events.listeners:
+                    # 第一次迁移（pending → queued/blocked）发生在控制器挂上监听器之前，在这里补发；
+                    # 必须在入队之前：入队后别的线程可能立刻启动它，它的 starting 事件不能抢在前面。
+                    self._events.emit(
+                        TransitionEvent.of(
+                            machine.snapshot, machine.transitions[-1], contextvars.copy_context()
+                        )
+                    )
                 if not blocked:
                     self._enqueue_locked(run)
             to_start = self._scheduler.take_runnable()
@@ -516,6 +534,8 @@ class Controller:
 
     def _on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         self._link.on_transition(machine, snapshot, record)
+        if self._events.listeners:  # 没有监听器时连事件对象都不造
+            self._events.emit(TransitionEvent.of(snapshot, record))
         task_id = snapshot.task_id
         target = record.to_status
         with self._lock:
@@ -545,6 +565,45 @@ class Controller:
             # 就绪队列取出的排队任务，而持有排队任务锁的线程（停止/暂停它）从不去拿正在让出额度
             # 的任务的锁——它只会从就绪队列里另取新的任务。
             self._start_runs(to_start)
+
+    def _on_progress(self, snapshot: TaskSnapshot) -> None:
+        # 在任务锁内被调用（TaskRun 报进度）：只入队，出错也绝不能传回任务线程。
+        if self._events.listeners and snapshot.progress is not None:
+            try:
+                self._events.emit(
+                    ProgressEvent(
+                        snapshot.task_id, snapshot.name, snapshot.attempt, snapshot.progress, self.clock.now()
+                    )
+                )
+            except Exception:
+                logger.exception("投递任务 %s 的进度事件时出错", snapshot.task_id)
+
+    def _on_persist_failure(self, failure: PersistFailure) -> None:
+        if self._events.listeners:
+            self._events.emit(StoreErrorEvent(failure.task_id, failure.operation, failure.error, failure.at))
+
+    # -- event hook (public) --------------------------------------------------------------------------
+
+    def add_listener(self, listener: Listener) -> None:
+        """登记一个事件监听器 ``fn(event)``（事件类型见 ``chongming_task.events``；用户指南 §15.1）。
+
+        它在控制器的交付线程里、任何锁之外被调用，同一任务的事件按版本顺序到达；抛异常的监听器记一次
+        日志后被移除。只看得到登记之后发生的事件。
+        """
+        self._events.add(listener)
+
+    def remove_listener(self, listener: Listener) -> bool:
+        """摘掉一个监听器；返回它原先是否登记着。"""
+        return self._events.remove(listener)
+
+    def flush_events(self, timeout: float | None = None) -> bool:
+        """等到此刻之前发生的事件都已交给监听器。返回是否在 ``timeout`` 秒内等到。"""
+        return self._events.flush(timeout)
+
+    @property
+    def dropped_events(self) -> int:
+        """因监听器跟不上（积压超过上限）而丢弃的事件数。"""
+        return self._events.dropped
 
     def _enqueue_locked_by_snapshot(self, snapshot: TaskSnapshot) -> None:
         self._scheduler.enqueue(
@@ -807,6 +866,7 @@ class Controller:
             wait_for = timeout if timeout is not None else self.graceful_stop + 2.0
             with contextlib.suppress(TimeoutError):
                 self.wait_all(timeout=wait_for)
+            self._events.close()  # 把已发生的事件送完（监听器看得到每个任务的终态），再停交付线程
             self._link.stop_listening()
             self._stop_loop.set()
             self._wake.set()

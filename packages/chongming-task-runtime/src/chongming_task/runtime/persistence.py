@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -52,8 +53,18 @@ class _TaskState:
 class WriteThrough:
     """一个 Controller 的写穿状态。"""
 
-    def __init__(self, store: TaskStore, *, owner: str, lease_ttl: float, clock: Clock) -> None:
+    def __init__(
+        self,
+        store: TaskStore,
+        *,
+        owner: str,
+        lease_ttl: float,
+        clock: Clock,
+        on_failure: Callable[[PersistFailure], None] | None = None,
+    ) -> None:
         self.store = store
+        # 每次失败都告诉它（事件钩子的 StoreErrorEvent）；failures 只留最新 20 条，计数得靠这个。
+        self.on_failure = on_failure
         self.owner = owner
         self.lease_ttl = lease_ttl
         self.clock = clock
@@ -68,6 +79,8 @@ class WriteThrough:
         with self._lock:
             self.failures.append(failure)
         logger.warning("写存储失败（任务照常运行）：%s %s：%s", operation, task_id, failure.error)
+        if self.on_failure is not None:
+            self.on_failure(failure)
 
     def lease_until(self) -> datetime:
         return self.clock.now() + timedelta(seconds=self.lease_ttl)

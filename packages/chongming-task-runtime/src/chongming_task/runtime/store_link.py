@@ -134,6 +134,7 @@ class StoreLink(LocalLink):
         live_ids: Callable[[], Collection[str]],
         side_snapshots: Callable[[bool], list[TaskSnapshot]],
         local_run: Callable[[str], TaskRun | None],
+        on_persist_failure: Callable[[PersistFailure], None] | None = None,
     ) -> None:
         self.store = store
         self._store: TaskStore = store
@@ -149,7 +150,9 @@ class StoreLink(LocalLink):
         self._live_ids = live_ids
         self._side_snapshots = side_snapshots
         self._local_run = local_run
-        self._write = WriteThrough(store, owner=owner, lease_ttl=lease_ttl, clock=clock)
+        self._write = WriteThrough(
+            store, owner=owner, lease_ttl=lease_ttl, clock=clock, on_failure=on_persist_failure
+        )
         self._lock = threading.Lock()
         self._polling = False
         self._poll_now = threading.Event()

@@ -222,6 +222,7 @@ class TaskRun:
         on_requeue: Callable[[TaskRun], None] | None = None,
         pause_timeout: float = DEFAULT_PAUSE_TIMEOUT,
         artifact_hint: str | None = None,
+        on_progress: Callable[[TaskSnapshot], None] | None = None,
     ) -> None:
         """``artifact_hint``：没配产物目录时告诉用户去哪儿配（Controller 传指向它自己参数的提示）。"""
         if not callable(fn):
@@ -290,6 +291,9 @@ class TaskRun:
         self._lock = machine.lock
         self._watchdog = Watchdog.for_clock(clock)
         self._on_requeue = on_requeue
+        # 进度通知（控制器的事件钩子）：在本任务的锁内以更新后的快照调用，所以必须只做常数时间的事、
+        # 不碰别的锁（控制器只把事件放进交付队列）。
+        self._progress_hook = on_progress
         # 日志缓冲与"已落终态"事件都按需创建：排队中的任务可能成千上万，每个省下的几个容器对象
         # 直接减轻循环 GC 的扫描量（在管任务越多越明显）。
         self._logs: deque[LogEntry] | None = None
@@ -734,7 +738,9 @@ class TaskRun:
     def _on_progress(self, attempt: _Attempt, progress: Progress) -> None:
         with self._lock:
             if attempt is self._attempt and not attempt.settled:
-                self.machine.update_side(progress=progress)
+                snapshot = self.machine.update_side(progress=progress)
+                if self._progress_hook is not None:
+                    self._progress_hook(snapshot)
 
     def _settle(self, attempt: _Attempt, result: AttemptResult) -> None:
         """一次尝试结束：决定终态、重试或继续等。迟到的结果（已放弃的线程）在这里被忽略。"""

@@ -1,0 +1,237 @@
+"""公开的事件钩子：``Controller(listeners=[...])`` / ``controller.add_listener(fn)``（用户指南 §15.1）。
+
+监听器收到三种事件（都是冻结的 dataclass，字段即文档）：
+
+* ``TransitionEvent``：任务的每一次状态迁移（和存储里的迁移记录一一对应）；
+* ``ProgressEvent``：任务每一次 ``ctx.progress(...)``；
+* ``StoreErrorEvent``：每一次写存储失败（任务照常运行，同一条也进 ``controller.persist_failures``）。
+
+交付规则（为什么这样定）：
+
+* **从不在任务的锁里调用监听器。** 迁移通知发生在任务自己的锁内（设计文档 §13）；那里只把事件放进
+  一个队列，由控制器的一条专用交付线程在任何锁之外按顺序调用监听器。慢监听器因此拖不慢任务，也拖不慢
+  调度；监听器里调用 ``controller.get()`` / ``stop()`` 之类也不会死锁。
+* **顺序**：同一任务的事件按版本顺序到达（入队发生在该任务的锁内）；不同任务之间按入队先后。
+* **绝不能把任务搞坏。** 监听器抛异常：记一次日志（带堆栈），然后把它摘掉、不再调用——一个坏掉的监听器
+  每个事件都刷一遍堆栈，只会淹没真正的日志；任务、其他监听器照常。
+* **没有监听器时不花任何代价**：控制器连事件对象都不构造，交付线程也不启动。
+* **有界**：积压超过 ``MAX_PENDING_EVENTS`` 条（监听器太慢）时丢弃新事件并计数（``dropped``），记一次
+  警告——内存不能因为一个慢的看板而无限增长。
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from chongming_task.errors import ConfigurationError
+from chongming_task.models import FailureKind, Progress, TaskSnapshot, Transition
+from chongming_task.states import TaskStatus
+
+logger = logging.getLogger("chongming_task.events")
+
+MAX_PENDING_EVENTS = 100_000
+"""交付队列的上限（条）。超过时新事件被丢弃并计入 ``EventHub.dropped``。"""
+
+# 会带失败分类的目标状态：其余迁移上快照里可能还留着上一次尝试的 failure，不能算在这次迁移头上。
+_FAILURE_TARGETS = frozenset({TaskStatus.FAILED, TaskStatus.RETRY_WAIT, TaskStatus.LOST, TaskStatus.STOPPED})
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionEvent:
+    """一次状态迁移。``version`` 是迁移后的 status_version；``snapshot`` 是迁移后的完整快照。
+
+    ``submit_context`` 只在任务的第一条迁移（pending → queued / blocked）上有：提交者线程在 ``submit()``
+    那一刻的 contextvars（``contextvars.copy_context()``）。追踪据此把每次尝试的 span 挂在提交时的 span
+    下面（§15.3）——监听器在交付线程里运行，那里的"当前上下文"不是提交者的；靠这份拷贝，不靠全局表。
+    """
+
+    task_id: str
+    name: str
+    from_status: TaskStatus
+    to_status: TaskStatus
+    trigger: str
+    actor: str | None
+    reason: str | None
+    version: int
+    at: datetime
+    attempt: int
+    failure_kind: FailureKind | None
+    snapshot: TaskSnapshot
+    submit_context: contextvars.Context | None = None
+
+    @classmethod
+    def of(
+        cls, snapshot: TaskSnapshot, record: Transition, submit_context: contextvars.Context | None = None
+    ) -> TransitionEvent:
+        failure = snapshot.failure
+        kind = failure.kind if failure is not None and record.to_status in _FAILURE_TARGETS else None
+        return cls(
+            record.task_id,
+            snapshot.name,
+            record.from_status,
+            record.to_status,
+            record.trigger,
+            record.actor,
+            record.reason,
+            record.version,
+            record.at,
+            snapshot.attempt,
+            kind,
+            snapshot,
+            submit_context,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    """任务报了一次进度（``ctx.progress``）。"""
+
+    task_id: str
+    name: str
+    attempt: int
+    progress: Progress
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StoreErrorEvent:
+    """一次写存储失败（任务照常运行）。``operation`` 如 ``save`` / ``touch`` / ``create``。"""
+
+    task_id: str
+    operation: str
+    error: str
+    at: datetime
+
+
+Event = TransitionEvent | ProgressEvent | StoreErrorEvent
+Listener = Callable[[Event], object]
+
+
+class EventHub:
+    """一个控制器的监听器表与交付队列（交付线程按需启动）。
+
+    ``listeners`` 是不可变元组，整体替换（写时复制）：热路径上读它不需要锁，``active`` 只是一次属性读。
+    """
+
+    def __init__(self, name: str = "chongming-events") -> None:
+        self._name = name
+        self.listeners: tuple[Listener, ...] = ()
+        self.dropped = 0
+        self._queue: collections.deque[Event] = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._busy = False  # 交付线程手里正拿着一条事件（flush 要等它送完）
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._warned_drop = False
+
+    @property
+    def active(self) -> bool:
+        """有没有监听器。控制器据此决定要不要构造事件（没有时什么都不做）。"""
+        return bool(self.listeners)
+
+    def add(self, listener: Listener) -> None:
+        if not callable(listener):
+            raise ConfigurationError(f"监听器必须是可调用对象 fn(event)，收到 {listener!r}")
+        with self._cond:
+            if self._closed:
+                raise ConfigurationError("控制器已关闭，不能再添加监听器；请在 close() 之前添加")
+            self.listeners = (*self.listeners, listener)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._deliver_loop, name=self._name, daemon=True)
+                self._thread.start()
+
+    def add_all(self, listeners: Iterable[Listener]) -> None:
+        for listener in listeners:
+            self.add(listener)
+
+    def remove(self, listener: Listener) -> bool:
+        """摘掉一个监听器；返回它原先是否在表里。"""
+        with self._cond:
+            if listener not in self.listeners:
+                return False
+            items = list(self.listeners)
+            items.remove(listener)
+            self.listeners = tuple(items)
+            return True
+
+    def emit(self, event: Event) -> None:
+        """入队（可在任何锁内调用：只拿本对象的叶子锁，做常数时间的事）。"""
+        with self._cond:
+            if self._closed:
+                return
+            if len(self._queue) >= MAX_PENDING_EVENTS:
+                self.dropped += 1
+                warn = not self._warned_drop
+                self._warned_drop = True
+            else:
+                self._queue.append(event)
+                self._cond.notify()
+                return
+        if warn:
+            logger.warning(
+                "事件监听器跟不上：积压已达 %d 条，新事件被丢弃（计数见 dropped）；请让监听器更快返回",
+                MAX_PENDING_EVENTS,
+            )
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """等到此刻之前入队的事件都已交付（或被丢弃）。返回是否在 timeout 内等到。"""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                if self._thread is None:
+                    return True
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        """把已入队的事件送完，然后停掉交付线程。之后的事件被忽略。幂等。"""
+        self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _deliver_loop(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                self._busy = False
+                cond.notify_all()  # 叫醒 flush()
+                while not self._queue and not self._closed:
+                    cond.wait()
+                if self._closed:
+                    return
+                event = self._queue.popleft()
+                self._busy = True
+                listeners = self.listeners
+            for listener in listeners:
+                try:
+                    listener(event)
+                except Exception:
+                    # 记一次、摘掉：任务与其他监听器照常（模块文档里写了为什么不保留它）。
+                    self.remove(listener)
+                    logger.exception("事件监听器 %r 抛出异常，已被移除，不再调用；任务不受影响", listener)
+
+
+__all__ = [
+    "MAX_PENDING_EVENTS",
+    "Event",
+    "EventHub",
+    "Listener",
+    "ProgressEvent",
+    "StoreErrorEvent",
+    "TransitionEvent",
+]

@@ -1,0 +1,251 @@
+"""Prometheus 指标：``instrument(controller, registry=...)``（用户指南 §15.2）。
+
+只建立在公开事件钩子（``runtime/events.py``）之上：登记一个监听器，在交付线程里把事件折算成指标；
+不碰控制器的任何内部状态，也不在任务的锁里做任何事。额度上限这类**配置**从控制器的公开属性读。
+
+命名遵守 Prometheus 的规矩：基本单位（秒），``_total`` 只给计数器，标签里没有 task_id（任务成千上万，
+每个 id 一条时间序列会撑爆 Prometheus）——``task`` 标签是任务**名**（登记过的有限集合）。
+
+依赖 ``prometheus-client``（可选 extra ``chongming-task-runtime[metrics]``）；没装时 ``instrument()``
+说清楚该 ``pip install`` 什么，而 ``import chongming_task.metrics`` 本身不需要它。
+"""
+
+from __future__ import annotations
+
+import importlib
+from datetime import datetime
+from typing import Any
+
+from chongming_task.errors import ConfigurationError
+from chongming_task.runtime.controller import Controller
+from chongming_task.runtime.events import Event, StoreErrorEvent, TransitionEvent
+from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
+
+S = TaskStatus
+
+INSTALL_HINT = (
+    "Prometheus 指标需要 prometheus-client：请 pip install 'chongming-task-runtime[metrics]'"
+    "（或 pip install 'chongming-task[metrics]'）"
+)
+
+# 秒。尝试可能很长（小时级），排队与停止通常是毫秒到分钟：一套桶覆盖两端。
+DURATION_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+METRIC_NAMES = (
+    "chongming_task_transitions_total",
+    "chongming_task_tasks",
+    "chongming_task_attempt_duration_seconds",
+    "chongming_task_queue_wait_seconds",
+    "chongming_task_stop_latency_seconds",
+    "chongming_task_slots",
+    "chongming_task_resource_slots",
+    "chongming_task_lost_total",
+    "chongming_task_store_errors_total",
+)
+"""``instrument()`` 注册的全部指标名（与用户指南 §15.2 的表一致）。"""
+
+# 一次尝试在这些迁移上结束；值是 attempt_duration_seconds 的 outcome 标签。
+_ATTEMPT_OUTCOME = {
+    S.SUCCEEDED: "succeeded",
+    S.FAILED: "failed",
+    S.RETRY_WAIT: "failed",
+    S.STOPPED: "stopped",
+    S.CANCELLED: "stopped",
+    S.LOST: "lost",
+}
+
+
+def _prometheus() -> Any:
+    try:
+        return importlib.import_module("prometheus_client")
+    except ImportError:
+        raise ConfigurationError(INSTALL_HINT) from None
+
+
+def _holds_slot(event: TransitionEvent) -> bool:
+    # 与控制器的记账同一条规则：排队中/重试等待中被暂停的任务从未占槽。
+    return event.to_status in SLOT_HOLDING_STATUSES and not (
+        event.to_status is S.PAUSED and event.from_status in (S.QUEUED, S.RETRY_WAIT)
+    )
+
+
+class ControllerMetrics:
+    """一个控制器的指标。它自己就是控制器的监听器（只在交付线程里被调用，所以账本不需要锁）。"""
+
+    def __init__(self, controller: Controller, registry: Any) -> None:
+        prom = _prometheus()
+        self.controller = controller
+        self.registry = registry
+        self._closed = False
+        self._registered: list[Any] = []
+        kw: dict[str, Any] = {"registry": registry}
+        try:
+            self._create(prom, kw)
+        except ValueError:
+            for collector in self._registered:  # 半途撞名：已注册的那几个也撤掉，registry 保持原样
+                registry.unregister(collector)
+            raise
+        self._init_values(controller)
+        controller.add_listener(self)
+
+    def _metric(self, factory: Any, *args: Any, **kwargs: Any) -> Any:
+        metric = factory(*args, **kwargs)
+        self._registered.append(metric)
+        return metric
+
+    def _create(self, prom: Any, kw: dict[str, Any]) -> None:
+        self.transitions = self._metric(
+            prom.Counter,
+            "chongming_task_transitions",
+            "任务状态迁移次数（本节点）",
+            ["task", "from_status", "to_status"],
+            **kw,
+        )
+        self.tasks = self._metric(
+            prom.Gauge,
+            "chongming_task_tasks",
+            "本节点各状态的任务数（终态为 instrument 以来在本节点落地的个数）",
+            ["status"],
+            **kw,
+        )
+        self.attempt_duration = self._metric(
+            prom.Histogram,
+            "chongming_task_attempt_duration_seconds",
+            "一次尝试从 starting 到结束的秒数（含暂停）",
+            ["task", "outcome"],
+            buckets=DURATION_BUCKETS,
+            **kw,
+        )
+        self.queue_wait = self._metric(
+            prom.Histogram,
+            "chongming_task_queue_wait_seconds",
+            "从进入 queued 到拿到执行槽（starting）的秒数",
+            ["task"],
+            buckets=DURATION_BUCKETS,
+            **kw,
+        )
+        self.stop_latency = self._metric(
+            prom.Histogram,
+            "chongming_task_stop_latency_seconds",
+            "从 stopping 到落终态的秒数",
+            buckets=DURATION_BUCKETS,
+            **kw,
+        )
+        self.slots = self._metric(
+            prom.Gauge, "chongming_task_slots", "本节点的执行槽：used 占用、limit 上限", ["kind"], **kw
+        )
+        self.resource_slots = self._metric(
+            prom.Gauge,
+            "chongming_task_resource_slots",
+            "具名资源（ConcurrencyPolicy.limits）的名额：used 占用、limit 上限",
+            ["resource", "kind"],
+            **kw,
+        )
+        self.lost = self._metric(prom.Counter, "chongming_task_lost", "本节点观察到的 lost 次数", **kw)
+        self.store_errors = self._metric(
+            prom.Counter, "chongming_task_store_errors", "写存储失败次数（任务照常运行）", ["operation"], **kw
+        )
+
+    def _init_values(self, controller: Controller) -> None:
+        for status in S:
+            self.tasks.labels(status=status.value).set(0)
+        self.slots.labels(kind="used").set(0)
+        if controller.max_parallel is not None:
+            self.slots.labels(kind="limit").set(controller.max_parallel)
+        self._limits: dict[str, int] = dict(controller.concurrency.limits)
+        for resource, limit in self._limits.items():
+            self.resource_slots.labels(resource=resource, kind="limit").set(limit)
+            self.resource_slots.labels(resource=resource, kind="used").set(0)
+        self._status: dict[str, TaskStatus] = {}
+        self._holding: dict[str, frozenset[str]] = {}
+        self._queued_at: dict[str, datetime] = {}
+        self._started_at: dict[str, datetime] = {}
+        self._stopping_at: dict[str, datetime] = {}
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, TransitionEvent):
+            self._on_transition(event)
+        elif isinstance(event, StoreErrorEvent):
+            # "touch×12" 是批量写：标签只留操作名，不让批大小变成新的时间序列。
+            self.store_errors.labels(operation=event.operation.split("×", 1)[0]).inc()
+
+    def _on_transition(self, event: TransitionEvent) -> None:
+        task_id, name, target = event.task_id, event.name, event.to_status
+        self.transitions.labels(task=name, from_status=event.from_status.value, to_status=target.value).inc()
+        previous = self._status.get(task_id)
+        if previous is not None:
+            self.tasks.labels(status=previous.value).dec()
+        self.tasks.labels(status=target.value).inc()
+        if target.is_terminal:
+            self._status.pop(task_id, None)  # 终态只计数，不再记账（内存不随历史增长）
+        else:
+            self._status[task_id] = target
+        self._account_slots(task_id, event)
+        if target is S.QUEUED:
+            self._queued_at[task_id] = event.at
+        elif target is S.STARTING:
+            queued = self._queued_at.pop(task_id, None)
+            if queued is not None:
+                self.queue_wait.labels(task=name).observe(max(0.0, (event.at - queued).total_seconds()))
+            self._started_at[task_id] = event.at
+        outcome = _ATTEMPT_OUTCOME.get(target)
+        if outcome is not None:
+            started = self._started_at.pop(task_id, None)
+            if started is not None:
+                seconds = max(0.0, (event.at - started).total_seconds())
+                self.attempt_duration.labels(task=name, outcome=outcome).observe(seconds)
+        if target is S.STOPPING:
+            self._stopping_at[task_id] = event.at
+        elif target.is_terminal:
+            stopping = self._stopping_at.pop(task_id, None)
+            if stopping is not None:
+                self.stop_latency.observe(max(0.0, (event.at - stopping).total_seconds()))
+            self._queued_at.pop(task_id, None)
+            self._started_at.pop(task_id, None)
+        if target is S.LOST:
+            self.lost.inc()
+
+    def _account_slots(self, task_id: str, event: TransitionEvent) -> None:
+        held = self._holding.get(task_id)
+        if _holds_slot(event):
+            if held is None:
+                tags = frozenset(tag for tag in event.snapshot.tags if tag in self._limits)
+                self._holding[task_id] = tags
+                self.slots.labels(kind="used").inc()
+                for tag in tags:
+                    self.resource_slots.labels(resource=tag, kind="used").inc()
+        elif held is not None:
+            del self._holding[task_id]
+            self.slots.labels(kind="used").dec()
+            for tag in held:
+                self.resource_slots.labels(resource=tag, kind="used").dec()
+
+    def close(self) -> None:
+        """摘掉监听器，并从 registry 里注销这些指标（之后可以对同一个 registry 再 instrument）。幂等。"""
+        if self._closed:
+            return
+        self._closed = True
+        self.controller.remove_listener(self)
+        for collector in self._registered:
+            self.registry.unregister(collector)
+
+
+def instrument(controller: Controller, *, registry: Any = None) -> ControllerMetrics:
+    """给控制器挂上 Prometheus 指标，返回 ``ControllerMetrics``（``.close()`` 摘掉）。
+
+    ``registry`` 默认是 prometheus-client 的全局 ``REGISTRY``；同一个 registry 上只能 instrument 一个
+    控制器（指标名相同），多控制器请各给一个 ``CollectorRegistry()``。只统计 instrument 之后发生的事件。
+    """
+    prom = _prometheus()
+    if not isinstance(controller, Controller):
+        raise ConfigurationError(f"instrument() 的参数必须是 Controller，收到 {controller!r}")
+    try:
+        return ControllerMetrics(controller, prom.REGISTRY if registry is None else registry)
+    except ValueError as exc:  # prometheus-client 对重名指标抛 ValueError
+        raise ConfigurationError(
+            f"这个 registry 上已经有 chongming_task_* 指标（{exc}）：每个控制器请给一个自己的 "
+            "CollectorRegistry()，或先 close() 之前的那个"
+        ) from None
+
+
+__all__ = ["DURATION_BUCKETS", "INSTALL_HINT", "METRIC_NAMES", "ControllerMetrics", "instrument"]

@@ -1,0 +1,221 @@
+"""公开事件钩子（用户指南 §15.1）：Controller(listeners=[...]) / add_listener，全部经公开 API 验证。"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from chongming_task import ConfigurationError, Controller, FailureKind, FixedBackoff, RetryPolicy, TaskStatus
+from chongming_task.events import ProgressEvent, StoreErrorEvent, TransitionEvent
+from chongming_task.stores.memory import InMemoryTaskStore
+
+S = TaskStatus
+
+
+def wait_until(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("条件在超时内没有成立")
+        time.sleep(0.005)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, event: Any) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def transitions(self, task_id: str) -> list[TransitionEvent]:
+        return [e for e in self.events if isinstance(e, TransitionEvent) and e.task_id == task_id]
+
+
+def counting(ctx: Any, n: int) -> int:
+    for i in range(n):
+        ctx.progress(i + 1, total=n)
+        ctx.checkpoint()
+    return n
+
+
+def boom(ctx: Any) -> None:
+    raise ValueError("坏输入")
+
+
+def test_every_transition_arrives_in_version_order_with_the_documented_fields() -> None:
+    recorder = Recorder()
+    with Controller(max_parallel=2, listeners=[recorder]) as controller:
+        controller.register("counting", counting)
+        run = controller.submit("counting", 3, task_id="t-ok")
+        assert run.wait(timeout=10).ok
+        assert controller.flush_events(timeout=5)
+        events = recorder.transitions("t-ok")
+    history = run.transitions
+    # 和任务自己的迁移历史一一对应：从 pending → queued 起，一条不少、一条不多、按版本顺序。
+    assert [(e.from_status, e.to_status, e.trigger, e.version) for e in events] == [
+        (t.from_status, t.to_status, t.trigger, t.version) for t in history
+    ]
+    assert events[0].from_status is S.PENDING and events[0].to_status is S.QUEUED
+    assert events[-1].to_status is S.SUCCEEDED
+    last = events[-1]
+    assert last.name == "counting" and last.attempt == 1 and last.failure_kind is None
+    assert last.at == history[-1].at and last.snapshot.status is S.SUCCEEDED
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        last.task_id = "x"  # type: ignore[misc]
+    progress = [e for e in recorder.events if isinstance(e, ProgressEvent)]
+    assert [p.progress.done for p in progress] == [1, 2, 3]
+    assert all(p.task_id == "t-ok" and p.attempt == 1 and p.name == "counting" for p in progress)
+
+
+def test_failure_kind_and_attempt_on_retries() -> None:
+    recorder = Recorder()
+    with Controller(listeners=[recorder]) as controller:
+        controller.register("boom", boom, retry=RetryPolicy(max_attempts=2, backoff=FixedBackoff(0.01)))
+        assert not controller.submit("boom", task_id="t-bad").wait(timeout=10).ok
+        controller.flush_events(timeout=5)
+        events = recorder.transitions("t-bad")
+    retry_wait = [e for e in events if e.to_status is S.RETRY_WAIT]
+    assert [e.attempt for e in retry_wait] == [1]
+    assert retry_wait[0].failure_kind is FailureKind.EXCEPTION
+    assert events[-1].to_status is S.FAILED and events[-1].attempt == 2
+    assert events[-1].failure_kind is FailureKind.EXCEPTION
+    # 失败分类只挂在失败类迁移上，不会被带到后面的 queued / starting 上
+    assert all(e.failure_kind is None for e in events if e.to_status in (S.QUEUED, S.STARTING, S.RUNNING))
+
+
+def test_listener_is_never_called_under_a_task_lock_and_may_call_back_into_the_controller() -> None:
+    seen: list[tuple[str, TaskStatus | None]] = []
+    threads: set[str] = set()
+    controller = Controller(max_parallel=1)
+    gate = threading.Event()
+
+    def gated(ctx: Any) -> str:
+        while not gate.wait(0.002):
+            ctx.checkpoint()
+        return "a"
+
+    def reentrant(event: Any) -> None:
+        # 在任务锁内调用的话，这里去读别的任务、停别的任务都可能死锁；交付线程里随便调。
+        threads.add(threading.current_thread().name)
+        if isinstance(event, TransitionEvent):
+            other = "t-b" if event.task_id == "t-a" else "t-a"
+            snap = controller.get(other)
+            seen.append((event.task_id, None if snap is None else snap.status))
+            if event.task_id == "t-b" and event.to_status is S.QUEUED:
+                controller.stop("t-b", reason="监听器停掉排队的兄弟")
+                gate.set()
+
+    controller.add_listener(reentrant)
+    with controller:
+        controller.register("counting", counting)
+        controller.register("gated", gated)
+        a = controller.submit("gated", task_id="t-a")
+        b = controller.submit("counting", 1, task_id="t-b")
+        assert a.wait(timeout=10).ok
+        assert b.wait(timeout=10).status is S.STOPPED
+    assert seen
+    assert all(name.startswith("chongming-events") for name in threads)
+
+
+def test_a_raising_listener_is_logged_once_removed_and_the_task_is_unharmed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls: list[Any] = []
+    recorder = Recorder()
+
+    def broken(event: Any) -> None:
+        calls.append(event)
+        raise RuntimeError("监听器里的 bug")
+
+    with (
+        caplog.at_level(logging.ERROR, logger="chongming_task.events"),
+        Controller(listeners=[broken, recorder]) as controller,
+    ):
+        controller.register("counting", counting)
+        assert controller.submit("counting", 2, task_id="t1").wait(timeout=10).ok
+        assert controller.submit("counting", 2, task_id="t2").wait(timeout=10).ok
+        controller.flush_events(timeout=5)
+        assert controller.remove_listener(broken) is False  # 已经被摘掉了
+    assert len(calls) == 1
+    assert len([r for r in caplog.records if "已被移除" in r.getMessage()]) == 1
+    # 其他监听器照常收到全部事件
+    assert recorder.transitions("t2")[-1].to_status is S.SUCCEEDED
+
+
+def test_a_slow_listener_does_not_slow_the_tasks() -> None:
+    release = threading.Event()
+
+    def slow(event: Any) -> None:
+        release.wait(10)
+
+    with Controller(max_parallel=4, listeners=[slow]) as controller:
+        controller.register("counting", counting)
+        started = time.monotonic()
+        runs = [controller.submit("counting", 1) for _ in range(20)]
+        for run in runs:
+            assert run.wait(timeout=5).ok
+        assert time.monotonic() - started < 5
+        release.set()
+
+
+def test_add_and_remove_listener_and_configuration_errors() -> None:
+    recorder = Recorder()
+    with Controller() as controller:
+        controller.register("counting", counting)
+        controller.submit("counting", 1, task_id="before").wait(timeout=10)
+        controller.add_listener(recorder)
+        controller.submit("counting", 1, task_id="after").wait(timeout=10)
+        controller.flush_events(timeout=5)
+        assert controller.remove_listener(recorder) is True
+        controller.submit("counting", 1, task_id="removed").wait(timeout=10)
+        controller.flush_events(timeout=5)
+        with pytest.raises(ConfigurationError, match="可调用"):
+            controller.add_listener("not callable")  # type: ignore[arg-type]
+    ids = {e.task_id for e in recorder.events if isinstance(e, TransitionEvent)}
+    assert ids == {"after"}
+    with pytest.raises(ConfigurationError, match="listeners"):
+        Controller(listeners=recorder)  # type: ignore[arg-type]
+
+
+def test_close_delivers_pending_events_before_returning() -> None:
+    recorder = Recorder()
+    controller = Controller(listeners=[recorder])
+    controller.register("counting", counting)
+    controller.submit("counting", 1, task_id="t").wait(timeout=10)
+    controller.close()
+    assert recorder.transitions("t")[-1].to_status is S.SUCCEEDED
+    with pytest.raises(ConfigurationError):
+        controller.add_listener(recorder)
+
+
+class FlakyStore(InMemoryTaskStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = True
+
+    def save(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fail:
+            from chongming_task.errors import StoreError
+
+            raise StoreError("磁盘满了")
+        return super().save(*args, **kwargs)
+
+
+def test_store_errors_are_events_and_the_task_still_succeeds() -> None:
+    recorder = Recorder()
+    store = FlakyStore()
+    with Controller(store=store, listeners=[recorder]) as controller:
+        controller.register("counting", counting)
+        assert controller.submit("counting", 1, task_id="t").wait(timeout=10).ok
+        store.fail = False
+        controller.flush_events(timeout=5)
+    errors = [e for e in recorder.events if isinstance(e, StoreErrorEvent)]
+    assert errors and errors[0].task_id == "t" and "磁盘满了" in errors[0].error
+    assert errors[0].operation == "save"

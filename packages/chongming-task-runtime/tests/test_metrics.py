@@ -1,0 +1,165 @@
+"""Prometheus 指标（用户指南 §15.2）：名字、单位、标签，以及与任务迁移历史逐条对得上的计数。"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from chongming_task import (
+    ConcurrencyPolicy,
+    ConfigurationError,
+    Controller,
+    FixedBackoff,
+    RetryPolicy,
+    TaskStatus,
+)
+from chongming_task.metrics import METRIC_NAMES, instrument
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(registry).decode()
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return samples(registry).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def counting(ctx: Any, n: int) -> int:
+    for i in range(n):
+        ctx.progress(i + 1, total=n)
+    return n
+
+
+def flaky(ctx: Any) -> None:
+    raise ValueError("坏")
+
+
+def test_counters_match_the_transition_history() -> None:
+    registry = CollectorRegistry()
+    with Controller(max_parallel=2) as controller:
+        metrics = instrument(controller, registry=registry)
+        controller.register("counting", counting)
+        controller.register("flaky", flaky, retry=RetryPolicy(max_attempts=2, backoff=FixedBackoff(0.01)))
+        runs = [controller.submit("counting", 2) for _ in range(5)] + [controller.submit("flaky")]
+        for run in runs:
+            run.wait(timeout=10)
+        assert controller.flush_events(timeout=5)
+        expected = Counter(
+            (run.name, t.from_status.value, t.to_status.value) for run in runs for t in run.transitions
+        )
+        for (task, frm, to), count in expected.items():
+            got = value(
+                registry, "chongming_task_transitions_total", task=task, from_status=frm, to_status=to
+            )
+            assert got == count, (task, frm, to)
+        assert value(registry, "chongming_task_tasks", status="succeeded") == 5
+        assert value(registry, "chongming_task_tasks", status="failed") == 1
+        assert value(registry, "chongming_task_tasks", status="running") == 0
+        assert value(registry, "chongming_task_slots", kind="used") == 0
+        assert value(registry, "chongming_task_slots", kind="limit") == 2
+        # 每次尝试一个观测：counting 5 次成功，flaky 2 次失败（一次转 retry_wait、一次落 failed）
+        assert (
+            value(
+                registry,
+                "chongming_task_attempt_duration_seconds_count",
+                task="counting",
+                outcome="succeeded",
+            )
+            == 5
+        )
+        assert (
+            value(registry, "chongming_task_attempt_duration_seconds_count", task="flaky", outcome="failed")
+            == 2
+        )
+        assert value(registry, "chongming_task_queue_wait_seconds_count", task="counting") == 5
+        assert value(registry, "chongming_task_queue_wait_seconds_count", task="flaky") == 2
+        metrics.close()
+    assert not any(name.startswith("chongming_task") for name, _ in samples(registry))
+
+
+def test_naming_rules() -> None:
+    registry = CollectorRegistry()
+    with Controller(concurrency=ConcurrencyPolicy(limits={"db": 1})) as controller:
+        instrument(controller, registry=registry)
+        controller.register("counting", counting, tags={"db"})
+        run = controller.submit("counting", 1, task_id="secret-task-id")
+        run.wait(timeout=10)
+        controller.flush_events(timeout=5)
+        text = generate_latest(registry).decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert "secret-task-id" not in text  # 没有 task_id 标签
+    for name in METRIC_NAMES:
+        base = name.removesuffix("_total")
+        assert base in families, name
+        kind = families[base].type
+        # _total 只在计数器上；时长是秒
+        assert (kind == "counter") == name.endswith("_total"), name
+        if kind == "histogram":
+            assert name.endswith("_seconds"), name
+    assert value(registry, "chongming_task_resource_slots", resource="db", kind="limit") == 1
+    assert value(registry, "chongming_task_resource_slots", resource="db", kind="used") == 0
+
+
+def test_slot_gauges_while_running_and_stop_latency() -> None:
+    registry = CollectorRegistry()
+    gate = threading.Event()
+
+    def gated(ctx: Any) -> None:
+        while not gate.wait(0.002):
+            ctx.checkpoint()
+
+    with Controller(max_parallel=1, concurrency=ConcurrencyPolicy(limits={"db": 1})) as controller:
+        instrument(controller, registry=registry)
+        controller.register("gated", gated, tags={"db"})
+        run = controller.submit("gated")
+        queued = controller.submit("gated")
+        deadline = threading.Event()
+        for _ in range(500):
+            controller.flush_events(timeout=5)
+            if value(registry, "chongming_task_tasks", status="running") == 1:
+                break
+            deadline.wait(0.01)
+        assert value(registry, "chongming_task_slots", kind="used") == 1
+        assert value(registry, "chongming_task_resource_slots", resource="db", kind="used") == 1
+        assert value(registry, "chongming_task_tasks", status="queued") == 1
+        controller.stop(queued.task_id)  # 排队中的：立即落 stopped，不经过 stopping
+        assert queued.wait(timeout=10).status is TaskStatus.STOPPED
+        controller.stop(run.task_id)
+        assert run.wait(timeout=10).status is TaskStatus.STOPPED
+        controller.flush_events(timeout=5)
+        assert value(registry, "chongming_task_stop_latency_seconds_count") == 1
+        assert value(registry, "chongming_task_tasks", status="stopped") == 2
+        assert value(registry, "chongming_task_slots", kind="used") == 0
+
+
+def test_missing_prometheus_client_says_which_pip_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import 它会抛 ImportError
+    with (
+        Controller() as controller,
+        pytest.raises(ConfigurationError, match=r"pip install 'chongming-task-runtime\[metrics\]'"),
+    ):
+        instrument(controller)
+
+
+def test_one_registry_per_controller() -> None:
+    registry = CollectorRegistry()
+    with Controller() as a, Controller() as b:
+        instrument(a, registry=registry)
+        with pytest.raises(ConfigurationError, match="CollectorRegistry"):
+            instrument(b, registry=registry)
+        with pytest.raises(ConfigurationError, match="Controller"):
+            instrument("not a controller", registry=CollectorRegistry())  # type: ignore[arg-type]
