@@ -605,11 +605,11 @@ class PostgresTaskStore(TaskStore):
         else:
             missing = f"数据库 {database!r} 上的 CREATE 权限（schema {self._schema!r} 还不存在）"
             grant = f"GRANT CREATE ON DATABASE {_schema.quote_ident(database)} TO {q_role};"
+        # 第一行要短（命令行只显示第一行，≤ 300 字符）：缺什么、运行什么；schema 名只出现在 missing 里一次。
         message = (
-            f"PostgreSQL 角色 {role!r} 没有建表权限，而 schema {self._schema!r} 里的表还不存在："
-            f"缺少{missing}；"
-            "请让有权限的账号执行 chongming-task schema-sql 打印的建表 SQL"
-            f"（即 PostgresTaskStore.schema_sql({self._schema!r})）再授权，或执行 {grant}"
+            f"PostgreSQL 角色 {role!r} 没有建表权限，表还不存在：缺少{missing}；"
+            f"请让有权限的账号执行 chongming-task schema-sql 打印的建表 SQL 再授权，或执行 {grant}"
+            f"\n建表 SQL 也可以在代码里取：PostgresTaskStore.schema_sql({self._schema!r})"
             # 驱动的报错后面跟着出错语句的原文（LINE 1: CREATE TABLE …）：只留第一行。
             f"\n数据库报错：{(str(exc).strip().splitlines() or [''])[0]}"
             f"\n授权本角色读写（建表之后）：{' '.join(_schema.grant_sql(self._schema, role).split())}"
