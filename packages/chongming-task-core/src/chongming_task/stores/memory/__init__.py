@@ -72,9 +72,9 @@ def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
         return value, None
     if kind is float:
         if not math.isfinite(value):
-            checks.checks.check_json_value(value, what=what)  # 抛出统一措辞的 ConfigurationError
+            checks.check_json_value(value, what=what)  # 抛出统一措辞的 ConfigurationError
         return value, None
-    text = checks.checks.check_json_value(value, what=what)
+    text = checks.check_json_value(value, what=what)
     if kind is dict or kind is list:
         return None, text
     parsed = json.loads(text)
