@@ -22,6 +22,7 @@ MEMBERS := \
 	packages/chongming-task-store-sqlite \
 	packages/chongming-task-store-postgres \
 	packages/chongming-task-cli \
+	packages/chongming-task-web \
 	packages/chongming-task
 
 # mypy 的检查对象：等价于 packages/*/src，但跳过还没有任何 .py 的成员（否则 mypy 报 "no .py files" 而失败）。

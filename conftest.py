@@ -13,6 +13,9 @@ CI 照样变绿。
 
 同一条规则挂在两处：用例执行（setup/call/teardown 的报告）与收集（模块级 skip / importorskip
 会让整个模块在收集阶段就被跳过，根本走不到用例执行）。xfail 不是跳过，不受影响。
+
+真实浏览器测试（网页控制台，``@pytest.mark.browser``）用同一套规则：本地没有 chromium / playwright
+时跳过；``.ci/run`` 设置 ``CHONGMING_REQUIRE_BROWSER=1``，此时跳过即失败。
 """
 
 from __future__ import annotations
@@ -30,9 +33,15 @@ REQUIRE_POSTGRES_ENV = "CHONGMING_REQUIRE_POSTGRES"
 
 _POSTGRES_REASON = re.compile(r"postgres|psycopg|CHONGMING_TEST_POSTGRES", re.IGNORECASE)
 
+REQUIRE_BROWSER_ENV = "CHONGMING_REQUIRE_BROWSER"
+
+
+def _required(env: str) -> bool:
+    return os.environ.get(env, "").strip() not in ("", "0", "false", "no")
+
 
 def _postgres_required() -> bool:
-    return os.environ.get(REQUIRE_POSTGRES_ENV, "").strip() not in ("", "0", "false", "no")
+    return _required(REQUIRE_POSTGRES_ENV)
 
 
 def _skip_reason(longrepr: object) -> str:
@@ -40,6 +49,19 @@ def _skip_reason(longrepr: object) -> str:
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         return str(longrepr[2])
     return str(longrepr)
+
+
+def _fail_browser_skip(report: pytest.TestReport | pytest.CollectReport, marked: bool) -> None:
+    if not marked or not report.skipped or hasattr(report, "wasxfail") or not _required(REQUIRE_BROWSER_ENV):
+        return
+    reason = _skip_reason(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = (
+        f"{REQUIRE_BROWSER_ENV}=1：真实浏览器测试不允许跳过，这里按失败处理。\n"
+        f"原跳过原因：{reason}\n"
+        "请安装 chromium 与 fonts-noto-cjk（apt-get install -y chromium fonts-noto-cjk），"
+        "再 pip install playwright。"
+    )
 
 
 def _fail_instead_of_skip(report: pytest.TestReport | pytest.CollectReport, marked: bool) -> None:
@@ -62,6 +84,7 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     _fail_instead_of_skip(report, marked=item.get_closest_marker("postgres") is not None)
+    _fail_browser_skip(report, marked=item.get_closest_marker("browser") is not None)
     return report
 
 
@@ -71,6 +94,7 @@ def pytest_make_collect_report(
 ) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
     report = yield
     _fail_instead_of_skip(report, marked=collector.get_closest_marker("postgres") is not None)
+    _fail_browser_skip(report, marked=collector.get_closest_marker("browser") is not None)
     return report
 
 

@@ -1,6 +1,6 @@
 """命令行控制台（docs/cli.md）用的任务模块。
 
-CLI 只运行模块 ``register(controller)`` 登记过的名字（用户指南 §8.5）：把这个文件所在目录放进
+CLI 只运行模块 ``register(controller)`` 登记过的名字（用户指南 §8.1）：把这个文件所在目录放进
 PYTHONPATH，然后
 
     chongming-task --db tasks.db tasks --tasks cli_tasks

@@ -1,6 +1,6 @@
 """单仓多包的结构约束：版本同步（lockstep）、包间钉版本、依赖方向、命名空间文件归属、工具配置覆盖全部成员。
 
-这些约束都写在 ARCHITECTURE.md 里；这里把它们变成会失败的检查，免得某次改动悄悄破坏。
+这些约束写在根目录 README.md 的「包地图」与「开发」两节里；这里把它们变成会失败的检查，免得某次改动悄悄破坏。
 只读源码树里的 pyproject.toml，不依赖任何已安装的包。
 
 发版时改版本：把 packages/*/pyproject.toml 里的 version 与所有 ``chongming-task-*==X`` 一起改，
@@ -26,6 +26,7 @@ MEMBERS = [
     "chongming-task-store-sqlite",
     "chongming-task-store-postgres",
     "chongming-task-cli",
+    "chongming-task-web",
 ]
 ALL = [*MEMBERS, UMBRELLA]
 
@@ -40,6 +41,13 @@ ALLOWED_INTERNAL = {
         "chongming-task-runtime",
         "chongming-task-store-sqlite",
         "chongming-task-store-postgres",
+    },
+    # 网页控制台以 CLI 子命令的形式启动（入口点 chongming_task.cli_commands），所以依赖 cli。
+    "chongming-task-web": {
+        "chongming-task-core",
+        "chongming-task-runtime",
+        "chongming-task-store-sqlite",
+        "chongming-task-cli",
     },
     UMBRELLA: set(MEMBERS),
 }

@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import email.message
+import email.parser
 import importlib.metadata
 import json
 import os
@@ -39,10 +41,18 @@ DISTRIBUTIONS = [
     "chongming-task-store-sqlite",
     "chongming-task-store-postgres",
     "chongming-task-cli",
+    "chongming-task-web",
     "chongming-task",
 ]
 # 全量 venv 里第三方依赖钉成与开发 venv 相同的版本：结果可复现，也让 pip 命中本机缓存。
 THIRD_PARTY = [
+    "starlette",
+    "uvicorn",
+    "jinja2",
+    "markupsafe",
+    "anyio",
+    "h11",
+    "idna",
     "click",
     "tabulate",
     "wcwidth",
@@ -205,6 +215,63 @@ def test_umbrella_wheel_is_metadata_only(wheels: dict[str, Path]) -> None:
 def test_every_member_wheel_is_typed(wheels: dict[str, Path]) -> None:
     for name in DISTRIBUTIONS[:-1]:
         assert any(p.endswith("py.typed") for p in _payload(wheels[name])), f"{name} 的 wheel 缺 py.typed"
+
+
+def _metadata(wheel: Path) -> tuple[email.message.Message, dict[str, bytes]]:
+    """wheel 里的 METADATA（解析成头部）与 .dist-info/licenses/ 下的文件。"""
+    with zipfile.ZipFile(wheel) as zf:
+        (meta_name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        meta = email.parser.BytesParser().parsebytes(zf.read(meta_name))
+        licenses = {
+            n.split(".dist-info/licenses/", 1)[1]: zf.read(n)
+            for n in zf.namelist()
+            if ".dist-info/licenses/" in n
+        }
+    return meta, licenses
+
+
+def test_every_wheel_carries_pypi_metadata(wheels: dict[str, Path]) -> None:
+    """许可证（SPDX ``MIT`` + 许可证全文）、分类、指向文档的项目链接：``pip show`` 像一个正常的 PyPI 家族。"""
+    license_text = (ROOT / "LICENSE").read_bytes()
+    assert b"MIT License" in license_text
+    urls_by_dist: dict[str, dict[str, str]] = {}
+    for name, wheel in wheels.items():
+        assert (PACKAGES / name / "LICENSE").read_bytes() == license_text, f"{name}/LICENSE 与仓库根的不一致"
+        meta, licenses = _metadata(wheel)
+        assert meta["Name"] == name
+        version = tuple(int(part) for part in meta["Metadata-Version"].split("."))
+        assert version >= (2, 4), (
+            f"{name}：Metadata-Version {meta['Metadata-Version']} 不支持 License-Expression"
+        )
+        assert meta["License-Expression"] == "MIT", name
+        assert meta.get_all("License-File") == ["LICENSE"], name
+        assert licenses == {"LICENSE": license_text}, f"{name} 的 wheel 没带许可证全文"
+        # PEP 639：有了 License-Expression 就不能再写 License :: 分类
+        classifiers = meta.get_all("Classifier") or []
+        assert not [c for c in classifiers if c.startswith("License ::")], name
+        for required in (
+            "Development Status :: 3 - Alpha",
+            "Intended Audience :: Developers",
+            "Operating System :: OS Independent",
+            "Programming Language :: Python :: 3.11",
+            "Typing :: Typed",
+        ):
+            assert required in classifiers, f"{name} 缺分类 {required!r}"
+        assert any(c.startswith("Topic :: ") for c in classifiers), name
+        assert meta["Summary"] and meta["Author"] and meta["Requires-Python"] == ">=3.11", name
+        assert meta["Description-Content-Type"] == "text/markdown" and meta.get_payload().strip(), name
+        urls = dict(entry.split(", ", 1) for entry in meta.get_all("Project-URL") or [])
+        assert {"Homepage", "Documentation", "User Guide", "Source", "Issues"} <= set(urls), (name, urls)
+        assert urls["Documentation"].endswith(".md") and "/docs/" in urls["Documentation"], urls
+        assert urls["User Guide"].endswith("/docs/user-guide.md"), urls
+        assert urls["Source"].endswith(f"/packages/{name}"), urls
+        # 链接指向的文档在仓库里真的存在
+        for label in ("Documentation", "User Guide"):
+            relative = urls[label].split("/blob/main/", 1)[1]
+            assert (ROOT / relative).is_file(), f"{name} 的 {label} 指向不存在的 {relative}"
+        urls_by_dist[name] = urls
+    homepages = {urls["Homepage"] for urls in urls_by_dist.values()}
+    assert len(homepages) == 1, f"六个发行包应指向同一个主页：{homepages}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,6 +438,19 @@ def test_all_wheels_dependencies_are_consistent(full_venv: Venv) -> None:
     _check(full_venv.pip("check"), "pip check")
 
 
+def test_all_wheels_pip_show_looks_like_a_pypi_family(full_venv: Venv) -> None:
+    proc = _check(full_venv.pip("show", *DISTRIBUTIONS), "pip show")
+    blocks = proc.stdout.split("\n---\n")
+    assert len(blocks) == len(DISTRIBUTIONS), proc.stdout
+    for block in blocks:
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        assert fields["Name"] in DISTRIBUTIONS, block
+        assert fields.get("License-Expression") == "MIT", block
+        assert fields.get("Home-page", "").startswith("https://"), block
+        assert fields.get("Author") == "chongming-task developers", block
+        assert fields.get("Summary"), block
+
+
 def test_all_wheels_cli_help(full_venv: Venv) -> None:
     """需要：cli 的 chongming_task.cli:main（click 命令组）。"""
     proc = _check(_run([str(full_venv.script("chongming-task")), "--help"], cwd=full_venv.workdir), "--help")
@@ -498,3 +578,30 @@ def test_all_wheels_open_store_postgres(full_venv: Venv, postgres_dsn: str) -> N
     finally:
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_web_wheel_ships_templates_and_static_files(wheels: dict[str, Path]) -> None:
+    """网页控制台没有构建步骤：模板与手写的 JS/CSS 必须原样进 wheel。"""
+    payload = _payload(wheels["chongming-task-web"])
+    for name in ("templates/base.html", "templates/tasks.html", "static/console.js", "static/console.css"):
+        assert f"chongming_task/web/{name}" in payload, name
+
+
+def test_all_wheels_web_subcommand_is_discovered(full_venv: Venv) -> None:
+    """需要：web 的入口点 chongming_task.cli_commands:web 与它的运行期依赖（starlette、uvicorn、jinja2）。"""
+    cli = str(full_venv.script("chongming-task"))
+    proc = _check(_run([cli, "web", "--help"], cwd=full_venv.workdir), "web --help")
+    assert "运维网页控制台" in proc.stdout, proc.stdout
+    _check(
+        full_venv.python_code(
+            """
+            from chongming_task import open_store
+            from chongming_task.web import WebSettings, create_app
+
+            app = create_app(open_store("memory://"), WebSettings(read_only=True))
+            paths = {getattr(route, "path", "") for route in app.routes}
+            assert {"/tasks", "/overview", "/api/tasks", "/healthz", "/static"} <= paths, paths
+            """
+        ),
+        "create_app",
+    )

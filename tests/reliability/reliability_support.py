@@ -44,7 +44,7 @@ def check_history(store: TaskStore, task_id: str) -> tuple[TaskSnapshot, list[Tr
 
 
 def expected_reconcile(snapshots: Iterable[TaskSnapshot]) -> tuple[set[str], set[str]]:
-    """用户指南 §8.11 的规则表（租约已全部过期时）：占着执行资源 → LOST，其余非终态 → adoptable。"""
+    """用户指南 §9.5 的规则表（租约已全部过期时）：占着执行资源 → LOST，其余非终态 → adoptable。"""
     lost: set[str] = set()
     adoptable: set[str] = set()
     for snapshot in snapshots:

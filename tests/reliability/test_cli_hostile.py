@@ -28,6 +28,8 @@ def assert_clear_failure(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, result.stderr
     assert len(lines) == 1, f"stderr 应当只有一行：{result.stderr!r}"
+    assert len(lines[0]) <= 300, f"错误行不能超过 300 个字符（细节在 --debug 里）：{len(lines[0])}"
+    assert "内部错误" not in lines[0], lines[0]
     assert any("\u4e00" <= ch <= "\u9fff" for ch in lines[0]), lines[0]
     return lines[0]
 

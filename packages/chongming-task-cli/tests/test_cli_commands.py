@@ -611,10 +611,22 @@ def test_stop_is_accepted_and_reaches_the_holder(invoke: Any, db: str, holder: A
     history = json.loads(invoke("--json", "--db", db, "history", "h1").stdout)
     stop = next(t for t in history if t["to_status"] == "stopping")
     assert (stop["actor"], stop["reason"], stop["trigger"]) == ("ops", "发布窗口", "control:stop")
+    # 已结束的任务：stop / pause / resume 同一种出口（docs/cli.md "控制命令与已结束的任务"）——
+    # 什么都不写，退出码 1，错误码 task_finished。
     again = invoke("--db", db, "stop", "h1")
-    assert again.exit_code == 0 and "已经结束（succeeded），无需停止" in again.stdout
-    data = json.loads(invoke("--json", "--db", db, "stop", "h1").stdout)
-    assert data == {"task_id": "h1", "action": "stop", "accepted": False, "status": "succeeded"}
+    assert again.exit_code == 1 and again.stdout == ""
+    assert "已经结束（succeeded），没有可停止的执行：没有写入任何指令" in one_error_line(again.stderr)
+    as_json = invoke("--json", "--db", db, "stop", "h1")
+    assert as_json.exit_code == 1 and as_json.stdout == ""
+    assert len(as_json.stderr.splitlines()) == 1, as_json.stderr
+    data = json.loads(as_json.stderr)
+    assert {k: data[k] for k in ("error", "task_id", "action", "status", "exit_code")} == {
+        "error": "task_finished",
+        "task_id": "h1",
+        "action": "stop",
+        "status": "succeeded",
+        "exit_code": 1,
+    }
 
 
 def test_stop_json_and_wait_timeout(invoke: Any, db: str, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ TASKS = "cli_test_tasks"
 def test_two_terminals_run_then_stop_from_another(
     tmp_path: Path, spawn_cli: Any, run_cli: Any, status_of: Any, wait_until: Any
 ) -> None:
-    """用户指南 §4.5 的"方式二"：分区节点前台 run，另一个终端 status / stop。"""
+    """命令行控制台「两个终端：前台运行，另一个终端停止」：分区节点前台 run，另一个终端 status / stop。"""
     db = str(tmp_path / "tasks.db")
     node = spawn_cli(
         "--db", db, "--num-buckets", "64", "--owned-buckets", "0-15", "--owner", "node-a",

@@ -1,4 +1,4 @@
-"""TaskContext、@task 与 make_context：只用 core 就能单测任务（用户指南 §2、§8.13、§12）。"""
+"""TaskContext、@task 与 make_context：只用 core 就能单测任务（用户指南 §2、§2.4、§14.1）。"""
 
 from __future__ import annotations
 

@@ -10,5 +10,9 @@ def test_core_has_no_runtime_dependencies() -> None:
 
 
 def test_core_registers_memory_store() -> None:
-    eps = {ep.name: ep.value for ep in distribution("chongming-task-core").entry_points}
-    assert eps == {"memory": "chongming_task.stores.memory:InMemoryTaskStore"}
+    eps = {(ep.group, ep.name): ep.value for ep in distribution("chongming-task-core").entry_points}
+    assert eps == {
+        ("chongming_task.stores", "memory"): "chongming_task.stores.memory:InMemoryTaskStore",
+        # pytest 插件（用户指南 §14.4）：只有 pytest 读这个组
+        ("pytest11", "chongming_task"): "chongming_task.testing.pytest_plugin",
+    }

@@ -1,4 +1,4 @@
-"""异常层级（用户指南 §10）：逐个核对父类，TaskCancelled 单独站在 BaseException 下。"""
+"""异常层级（用户指南 §12）：逐个核对父类，TaskCancelled 单独站在 BaseException 下。"""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_task_cancelled_stands_alone() -> None:
 
 
 def test_except_exception_does_not_swallow_cancellation() -> None:
-    # §10 的那条专门用例：except Exception 包住循环，取消信号照样穿出去。
+    # §12.1 的那条专门用例：except Exception 包住循环，取消信号照样穿出去。
     swallowed: list[BaseException] = []
 
     def loop() -> None:

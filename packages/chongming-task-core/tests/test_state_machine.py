@@ -1,4 +1,4 @@
-"""StateMachine：15×15 的穷举、§9.3 的每条守卫、错误消息、retry/reset/force、重建与监听器。
+"""StateMachine：15×15 的穷举、§11.3 的每条守卫、错误消息、retry/reset/force、重建与监听器。
 
 穷举的思路：对每个源状态，用一串合法动作把一台全新的状态机开到那里；再对每个目标状态调用
 "走向它的那个自然动作"。表里有这条边 → 必须成功并留下一条记录；没有 → 必须抛
@@ -164,7 +164,7 @@ def test_table_is_read_only() -> None:
 
 
 def test_table_matches_guide_section_9_2() -> None:
-    # 用户指南 §9.2 的原文，逐行解析后与 TRANSITIONS 比较：表只在 states.py 声明，这里核对的是规格。
+    # 用户指南 §11.2 的原文，逐行解析后与 TRANSITIONS 比较：表只在 states.py 声明，这里核对的是规格。
     guide = """
     PENDING:    {BLOCKED, QUEUED, SKIPPED, CANCELLED, STOPPED}
     BLOCKED:    {QUEUED, SKIPPED, CANCELLED, STOPPED}
@@ -196,11 +196,12 @@ def _status_members_in(node: ast.AST) -> int:
 
 
 def test_nothing_re_encodes_the_transition_table() -> None:
-    # 一张"状态 → 状态集合"的字典字面量（键是 3 个以上的状态成员、值是集合）只允许出现在 states.py。
+    # 一张"状态 → 状态集合"的字典字面量（键是 3 个以上的状态成员、值是集合）只允许出现在 core/statuses.py
+    # （公开路径 chongming_task.states 只是它的转出）。
     root = pathlib.Path(__file__).resolve().parents[2]
     offenders: list[str] = []
     for path in root.glob("*/src/**/*.py"):
-        if path.name == "states.py" and path.parent.name == "chongming_task":
+        if path.name == "statuses.py" and path.parent.name == "core":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
@@ -286,7 +287,7 @@ def test_pausing_to_running_has_two_actions() -> None:
         assert (record.from_status, record.to_status, record.trigger) == (S.PAUSING, S.RUNNING, trigger)
 
 
-# -- guards of §9.3 ------------------------------------------------------------------------------------
+# -- guards of §11.3 -----------------------------------------------------------------------------------
 
 
 def test_mark_running_needs_started_at_queued_pause_resumes_to_queued() -> None:
@@ -676,7 +677,7 @@ def test_can_helpers_follow_the_table(source: TaskStatus) -> None:
     assert machine.can_pause == bool(allowed & {S.PAUSED, S.PAUSING})
     assert machine.can_resume == (source in (S.PAUSED, S.PAUSING))
     assert machine.can_retry == (source in RETRYABLE_FROM)
-    # 不占执行资源的任务停止立即生效；占着的经 stopping 缓冲（§9.2 贯穿全表的规则）。
+    # 不占执行资源的任务停止立即生效；占着的经 stopping 缓冲（§11.2 贯穿全表的规则）。
     if source in (S.PENDING, S.BLOCKED, S.QUEUED, S.PAUSED, S.RETRY_WAIT):
         assert S.STOPPED in allowed and S.STOPPING not in allowed
     if source in (S.STARTING, S.RUNNING, S.PAUSING):

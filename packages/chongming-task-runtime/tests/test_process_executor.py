@@ -1,4 +1,4 @@
-"""ProcessExecutor（用户指南 §7.4）：真的停得住、崩溃隔离、提交时拒绝不可 pickle 的东西。
+"""ProcessExecutor（用户指南 §7.3）：真的停得住、崩溃隔离、提交时拒绝不可 pickle 的东西。
 
 任务函数来自 ``chongming_runtime_test_tasks``（模块级，子进程能按名字 import；见 conftest.py）。
 """
@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -199,3 +202,116 @@ def test_unpicklable_callables_and_arguments_are_refused_at_submit(executor: Pro
         TaskRun(tasks.add, (threading.Lock(),), executor=executor)
     with pytest.raises(ConfigurationError, match="pickle"):
         TaskRun(tasks.report, executor=executor, upstream={"up": threading.Lock()})
+
+
+MAIN_GUARD_SCRIPT = """
+import sys
+
+from chongming_task import ConfigurationError, ProcessExecutor, run_task, task
+
+
+@task
+def top_level(ctx, n: int) -> int:
+    return n * 2
+
+
+if {guard}:
+
+    @task
+    def inside_guard(ctx, n: int) -> int:
+        return n + 1
+
+    fn = inside_guard if sys.argv[1] == "inside" else top_level
+    try:
+        outcome = run_task(fn, 20, executor=ProcessExecutor())
+    except ConfigurationError as exc:
+        print("REFUSED", exc)
+        raise SystemExit(2)
+    print("OUTCOME", outcome.status.value, outcome.value)
+"""
+
+
+@pytest.mark.parametrize("guard", ['__name__ == "__main__"', "'__main__' == __name__"])
+def test_a_function_defined_under_the_main_guard_is_refused_at_submit(
+    guard: str, tmp_path: pathlib.Path
+) -> None:
+    """用户指南 §7.3 约束 2：守卫里定义的函数子进程找不到——提交时就说清楚，而不是一次 nonzero_exit。"""
+    script = tmp_path / "my_script.py"
+    script.write_text(MAIN_GUARD_SCRIPT.format(guard=guard), encoding="utf-8")
+
+    def run(which: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(script), which], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+
+    refused = run("inside")
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert "REFUSED" in refused.stdout and "inside_guard" in refused.stdout
+    assert "my_script.py" in refused.stdout and "守卫之外" in refused.stdout
+    assert "Traceback" not in refused.stderr, (
+        refused.stderr
+    )  # 没有启动子进程，也就没有 multiprocessing 的堆栈
+    # 守卫之外的模块级函数照常在子进程里跑
+    fine = run("top")
+    assert fine.returncode == 0, (fine.stdout, fine.stderr)
+    assert "OUTCOME succeeded 40" in fine.stdout
+
+
+def test_a_function_from_a_main_module_without_a_file_is_refused(tmp_path: pathlib.Path) -> None:
+    code = (
+        "from chongming_task import ConfigurationError, ProcessExecutor, run_task\n"
+        "def job(ctx):\n    return 1\n"
+        "try:\n    run_task(job, executor=ProcessExecutor())\n"
+        "except ConfigurationError as exc:\n    print('REFUSED', exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert "REFUSED" in result.stdout and ".py 模块" in result.stdout, (result.stdout, result.stderr)
+
+
+def test_idle_shorter_than_the_heartbeat_forwarding_allows_is_refused_at_submit(
+    executor: ProcessExecutor,
+) -> None:
+    """issue 22.10：心跳每 0.2 秒转发一次，idle=0.1 曾让 10/10 个健康任务判 idle 超时。提交时就拒绝。"""
+    from chongming_task import Controller
+    from chongming_task.runtime.executors.process import MIN_IDLE_TIMEOUT
+
+    assert MIN_IDLE_TIMEOUT == 1.0
+    for idle in (0.05, 0.1, 0.2, 0.99):
+        with pytest.raises(ConfigurationError, match="idle 超时至少 1 秒"):
+            TaskRun(tasks.cooperative_loop, executor=executor, timeout=Timeout(idle=idle))
+    # 线程执行器的心跳不过进程边界，不受这条限制
+    TaskRun(tasks.cooperative_loop, timeout=Timeout(idle=0.1))
+    # Controller 提交（登记时带的超时）同样在提交那一刻拒绝
+    with Controller(executor=executor) as controller:
+        controller.register("loop", tasks.cooperative_loop, timeout=Timeout(idle=0.1))
+        with pytest.raises(ConfigurationError, match="ThreadExecutor"):
+            controller.submit("loop")
+
+
+def test_the_minimum_idle_keeps_healthy_children_alive_and_still_catches_silent_ones(
+    executor: ProcessExecutor,
+) -> None:
+    from chongming_task.runtime.executors.process import MIN_IDLE_TIMEOUT
+
+    healthy = [
+        TaskRun(
+            tasks.cooperative_loop,
+            (0.01,),
+            executor=executor,
+            timeout=Timeout(idle=MIN_IDLE_TIMEOUT, per_attempt=2.5),
+            graceful_stop=0.5,
+        )
+        for _ in range(4)
+    ]
+    silent = TaskRun(
+        tasks.stubborn, executor=executor, timeout=Timeout(idle=MIN_IDLE_TIMEOUT), graceful_stop=0.1
+    )
+    for run in [*healthy, silent]:
+        run.start()
+    for run in healthy:  # 跑满 per_attempt 才结束：idle 从未误判
+        outcome = run.wait(timeout=30)
+        assert outcome.failure is not None and outcome.failure.kind is FailureKind.TIMEOUT_ATTEMPT, outcome
+    outcome = silent.wait(timeout=30)
+    assert outcome.failure is not None and outcome.failure.kind is FailureKind.TIMEOUT_IDLE

@@ -489,7 +489,8 @@ def test_large_id_filters_use_a_single_json_parameter() -> None:
     ],
 )
 def test_every_query_filter_is_indexed(db: Path, query: TaskQuery, index: str) -> None:
-    from chongming_task.stores.sqlite import _TASK_COLUMNS_T, _select_from
+    from chongming_task.stores.sqlite._sql import TASK_COLUMNS_T as _TASK_COLUMNS_T
+    from chongming_task.stores.sqlite._sql import select_from as _select_from
 
     store = SqliteTaskStore(db)
 

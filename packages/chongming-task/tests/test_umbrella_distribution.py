@@ -1,4 +1,4 @@
-"""伞包 chongming-task：core + runtime + sqlite，外加 [postgres] / [cli] / [all]。"""
+"""伞包 chongming-task：core + runtime + sqlite，外加 [postgres] / [cli] / [web] / [all]。"""
 
 from importlib.metadata import distribution
 
@@ -8,7 +8,7 @@ from packaging.requirements import Requirement
 def test_umbrella_requirements_and_extras() -> None:
     dist = distribution("chongming-task")
     assert dist.version == "0.1.0"
-    assert sorted(dist.metadata.get_all("Provides-Extra") or []) == ["all", "cli", "postgres"]
+    assert sorted(dist.metadata.get_all("Provides-Extra") or []) == ["all", "cli", "postgres", "web"]
     requires = {
         (r.name, str(r.specifier), str(r.marker or "")) for r in map(Requirement, dist.requires or [])
     }
@@ -20,4 +20,6 @@ def test_umbrella_requirements_and_extras() -> None:
         ("chongming-task-cli", "==0.1.0", 'extra == "cli"'),
         ("chongming-task-store-postgres", "==0.1.0", 'extra == "all"'),
         ("chongming-task-cli", "==0.1.0", 'extra == "all"'),
+        ("chongming-task-web", "==0.1.0", 'extra == "web"'),
+        ("chongming-task-web", "==0.1.0", 'extra == "all"'),
     }

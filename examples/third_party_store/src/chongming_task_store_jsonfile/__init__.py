@@ -26,6 +26,30 @@ from pathlib import Path
 from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.storage.checks import (
+    check_count,
+    check_json_value,
+    check_key,
+    check_node_owner,
+    check_node_record,
+    check_snapshot,
+    check_transitions,
+    claim_args,
+    command_args,
+    touch_args,
+    validate_save,
+)
+from chongming_task.core.storage.columns import SIDE_CHANNEL_FIELDS
+from chongming_task.core.storage.contract import TaskStore
+from chongming_task.core.storage.values import (
+    Command,
+    CommandAction,
+    NodeRecord,
+    TaskQuery,
+    TaskStats,
+    as_query,
+    count_buckets,
+)
 from chongming_task.errors import (
     ConcurrencyConflict,
     ConfigurationError,
@@ -34,23 +58,8 @@ from chongming_task.errors import (
     TaskNotFound,
 )
 from chongming_task.models import Progress, TaskSnapshot, Transition
-from chongming_task.storage import (
-    Command,
-    CommandAction,
-    NodeRecord,
-    TaskQuery,
-    TaskStats,
-    TaskStore,
-    check_json_value,
-    check_node_owner,
-    check_node_record,
-    count_buckets,
-    validate_lease,
-    validate_save,
-)
 
 FORMAT_VERSION = 1
-_SIDE_CHANNEL_KEYS = ("progress", "last_heartbeat_at", "lease_owner", "lease_until")
 
 
 def _parse_time(text: str | None) -> datetime | None:
@@ -62,9 +71,7 @@ def _time_text(value: datetime) -> str:
 
 
 def _snapshot_dict(snapshot: TaskSnapshot) -> dict[str, Any]:
-    if not isinstance(snapshot, TaskSnapshot):
-        raise ConfigurationError(f"存储只接受 TaskSnapshot，收到 {type(snapshot).__name__}")
-    data = snapshot.to_dict()
+    data = check_snapshot(snapshot).to_dict()
     # to_dict 不复制 outcome：经一次 JSON 往返既校验可序列化，又切断与调用方对象的联系。
     data["outcome"] = json.loads(check_json_value(snapshot.outcome))
     return data
@@ -81,11 +88,6 @@ def _thaw(data: dict[str, Any]) -> TaskSnapshot:
 
 def _thaw_command(data: dict[str, Any]) -> Command:
     return Command.from_dict({**data, "payload": _copy_json(data["payload"])})
-
-
-def _check_aware(name: str, value: object) -> None:
-    if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
-        raise ConfigurationError(f"{name} 必须是带时区的 datetime，收到 {value!r}")
 
 
 class JsonFileTaskStore(TaskStore):
@@ -176,16 +178,14 @@ class JsonFileTaskStore(TaskStore):
 
     def _matching(self, query: TaskQuery | None) -> list[TaskSnapshot]:
         snapshots = [_thaw(data) for data in self._tasks.values()]
-        return snapshots if query is None else [s for s in snapshots if query.matches(s)]
+        return snapshots if query is None else [s for s in snapshots if as_query(query).matches(s)]
 
     # -- snapshots ----------------------------------------------------------------------------------
 
     def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
         data = _snapshot_dict(snapshot)
         records = list(transitions)
-        for record in records:
-            if record.task_id != snapshot.task_id:
-                raise ConfigurationError(f"迁移记录属于任务 {record.task_id!r}，不属于 {snapshot.task_id!r}")
+        check_transitions(snapshot.task_id, records)
         with self._lock:
             self._check_open()
             if snapshot.task_id in self._tasks:
@@ -209,7 +209,7 @@ class JsonFileTaskStore(TaskStore):
                     f"任务 {snapshot.task_id!r} 的版本已是 {current['status_version']}，"
                     f"不是期望的 {expect_version}"
                 )
-            for key in _SIDE_CHANNEL_KEYS:  # 旁路字段只归 touch 管
+            for key in SIDE_CHANNEL_FIELDS:  # 旁路字段只归 touch 管
                 data[key] = current[key]
             self._tasks[snapshot.task_id] = data
             history = self._history.setdefault(snapshot.task_id, {})
@@ -218,13 +218,14 @@ class JsonFileTaskStore(TaskStore):
             self._flush()
 
     def get(self, task_id: str) -> TaskSnapshot | None:
+        check_key("task_id", task_id)
         with self._lock:
             self._check_open()
             data = self._tasks.get(task_id)
             return None if data is None else _thaw(data)
 
     def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
-        query = query or TaskQuery()
+        query = as_query(query)
         with self._lock:
             self._check_open()
             return query.apply(self._matching(None))
@@ -245,6 +246,7 @@ class JsonFileTaskStore(TaskStore):
 
     def append(self, transitions: Sequence[Transition]) -> None:
         records = list(transitions)
+        check_transitions(None, records)
         with self._lock:
             self._check_open()
             for record in records:
@@ -254,6 +256,7 @@ class JsonFileTaskStore(TaskStore):
             self._flush()
 
     def history(self, task_id: str) -> list[Transition]:
+        check_key("task_id", task_id)
         with self._lock:
             self._check_open()
             records = [Transition.from_dict(data) for data in self._history.get(task_id, {}).values()]
@@ -270,10 +273,7 @@ class JsonFileTaskStore(TaskStore):
         lease_owner: str | None = None,
         lease_until: datetime | None = None,
     ) -> bool:
-        if progress is not None and not isinstance(progress, Progress):
-            raise ConfigurationError(f"progress 必须是 Progress，收到 {type(progress).__name__}")
-        _check_aware("heartbeat_at", heartbeat_at)
-        _check_aware("lease_until", lease_until)
+        touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
         with self._lock:
             self._check_open()
             data = self._tasks.get(task_id)
@@ -302,13 +302,8 @@ class JsonFileTaskStore(TaskStore):
         reason: str | None = None,
         payload: Mapping[str, Any] | None = None,
     ) -> Command:
-        try:
-            action = CommandAction(action)
-        except ValueError:
-            raise ConfigurationError(f"未知的指令动作 {action!r}；可选：stop, pause, resume") from None
-        if payload is not None and not isinstance(payload, Mapping):
-            raise ConfigurationError(f"指令 payload 必须是 dict，收到 {type(payload).__name__}")
-        body = json.loads(check_json_value(dict(payload or {}), what="指令 payload"))
+        action, payload_dict = command_args(task_id, action, issuer, reason, payload)
+        body = json.loads(check_json_value(payload_dict, what="指令 payload"))
         with self._lock:
             self._check_open()
             task = self._require(task_id)
@@ -336,13 +331,7 @@ class JsonFileTaskStore(TaskStore):
         task_ids: Iterable[str] | None = None,
         buckets: Iterable[int] | None = None,
     ) -> list[Command]:
-        if not isinstance(claimant, str) or not claimant:
-            raise ConfigurationError(f"claimant 必须是非空字符串，收到 {claimant!r}")
-        validate_lease(lease)
-        if limit < 0:
-            raise ConfigurationError(f"limit 必须是非负整数，收到 {limit!r}")
-        wanted_tasks = None if task_ids is None else set(task_ids)
-        wanted_buckets = None if buckets is None else set(buckets)
+        wanted_tasks, wanted_buckets = claim_args(claimant, lease, limit, task_ids, buckets)
         claimed: list[Command] = []
         with self._lock:
             self._check_open()
@@ -368,6 +357,7 @@ class JsonFileTaskStore(TaskStore):
         return claimed
 
     def complete_command(self, command_id: str, claimant: str) -> bool:
+        check_key("command_id", command_id)
         with self._lock:
             self._check_open()
             data = self._commands.get(command_id)
@@ -380,6 +370,7 @@ class JsonFileTaskStore(TaskStore):
             return True
 
     def release_command(self, command_id: str, claimant: str) -> bool:
+        check_key("command_id", command_id)
         with self._lock:
             self._check_open()
             data = self._commands.get(command_id)
@@ -417,8 +408,7 @@ class JsonFileTaskStore(TaskStore):
     # -- upkeep -------------------------------------------------------------------------------------
 
     def prune(self, keep_terminal: int) -> int:
-        if keep_terminal < 0:
-            raise ConfigurationError(f"keep_terminal 必须是非负整数，收到 {keep_terminal!r}")
+        check_count("keep_terminal", keep_terminal)
         with self._lock:
             self._check_open()
             terminal = [s for s in self._matching(None) if s.is_terminal]

@@ -1,4 +1,4 @@
-"""异常层级（用户指南 §10）。
+"""异常层级（用户指南 §12）。
 
 ``TaskCancelled`` 刻意继承 ``BaseException`` 而不是 ``TaskError``：它可能从用户代码的任何
 一行冒出来，而 ``except Exception:`` 的写法极其常见——若继承 Exception，停止信号会被吞掉，
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from chongming_task.states import TaskStatus
+    from chongming_task.core.statuses import TaskStatus
 
 
 class TaskError(Exception):

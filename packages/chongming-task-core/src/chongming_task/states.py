@@ -1,100 +1,14 @@
-"""任务生命周期状态与转移表。
+"""公开路径 ``chongming_task.states``：任务状态与转移表（用户指南印出的导入路径，永久有效）。
 
-转移表在这里**只声明一次**（``TRANSITIONS``），状态机、调度器、存储与测试都查它，
-任何地方都不重新编码这张表。终态映射到显式的空集：没有出边是声明出来的，不是漏写的。
+实现在 ``chongming_task.core.statuses``（生命周期的规则都在 ``chongming_task.core`` 里并排放着：
+状态与转移表、触发源 ``core.triggers``、状态机 ``core.state_machine``、记录 ``core.records``）。
+这里只做转出，不定义任何东西；转出的名单就是 statuses 的 ``__all__``。
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping
-from types import MappingProxyType
+from chongming_task.core import statuses as _statuses
+from chongming_task.core.statuses import *  # noqa: F403
+from chongming_task.core.statuses import S as S
 
-
-class TaskStatus(enum.StrEnum):
-    """任务所处的生命周期阶段（15 个，值为小写英文）。"""
-
-    PENDING = "pending"
-    BLOCKED = "blocked"
-    QUEUED = "queued"
-    STARTING = "starting"
-    RUNNING = "running"
-    PAUSING = "pausing"
-    PAUSED = "paused"
-    RETRY_WAIT = "retry_wait"
-    STOPPING = "stopping"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    CANCELLED = "cancelled"
-    SKIPPED = "skipped"
-    LOST = "lost"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in TERMINAL_STATUSES
-
-    @property
-    def holds_slot(self) -> bool:
-        """按状态粗判是否占用执行槽。paused 算占槽（就地暂停不释放槽位）——但排队/重试等待中
-        被暂停的任务从未占槽，只看状态分不出来；要精确判断用 ``TaskSnapshot.holds_slot``。"""
-        return self in SLOT_HOLDING_STATUSES
-
-
-S = TaskStatus
-
-TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = MappingProxyType(
-    {
-        S.PENDING: frozenset({S.BLOCKED, S.QUEUED, S.SKIPPED, S.CANCELLED, S.STOPPED}),
-        S.BLOCKED: frozenset({S.QUEUED, S.SKIPPED, S.CANCELLED, S.STOPPED}),
-        S.QUEUED: frozenset({S.STARTING, S.PAUSED, S.SKIPPED, S.STOPPED, S.CANCELLED}),
-        S.STARTING: frozenset(
-            {S.RUNNING, S.RETRY_WAIT, S.PAUSING, S.STOPPING, S.FAILED, S.CANCELLED, S.LOST}
-        ),
-        S.RUNNING: frozenset(
-            {S.SUCCEEDED, S.FAILED, S.RETRY_WAIT, S.PAUSING, S.STOPPING, S.CANCELLED, S.LOST}
-        ),
-        S.PAUSING: frozenset({S.PAUSED, S.RUNNING, S.STOPPING, S.FAILED, S.CANCELLED, S.LOST}),
-        S.PAUSED: frozenset({S.QUEUED, S.RUNNING, S.STOPPED, S.CANCELLED}),
-        S.RETRY_WAIT: frozenset({S.STARTING, S.QUEUED, S.PAUSED, S.STOPPED, S.FAILED, S.CANCELLED}),
-        S.STOPPING: frozenset({S.STOPPED, S.SUCCEEDED, S.FAILED, S.LOST}),
-        S.SUCCEEDED: frozenset(),
-        S.FAILED: frozenset(),
-        S.STOPPED: frozenset(),
-        S.CANCELLED: frozenset(),
-        S.SKIPPED: frozenset(),
-        S.LOST: frozenset(),
-    }
-)
-"""完整转移表：状态 → 允许到达的状态集合。终态映射到空集。"""
-
-TERMINAL_STATUSES: frozenset[TaskStatus] = frozenset(s for s, targets in TRANSITIONS.items() if not targets)
-"""六个终态：没有出边的状态。由转移表推导，不另行维护。"""
-
-NON_TERMINAL_STATUSES: frozenset[TaskStatus] = frozenset(TaskStatus) - TERMINAL_STATUSES
-
-SLOT_HOLDING_STATUSES: frozenset[TaskStatus] = frozenset(
-    {S.STARTING, S.RUNNING, S.PAUSING, S.PAUSED, S.STOPPING}
-)
-"""占用执行槽的状态。paused 在内：暂停是就地挂起，调用栈还在，槽位不释放。"""
-
-RESOURCE_HOLDING_STATUSES: frozenset[TaskStatus] = frozenset({S.STARTING, S.RUNNING, S.PAUSING, S.STOPPING})
-"""载体（线程/进程）正在执行的状态：控制动作要经中间态缓冲；reconcile 时租约过期即判 LOST。"""
-
-RETRYABLE_FROM: frozenset[TaskStatus] = frozenset({S.FAILED, S.STOPPED, S.CANCELLED, S.LOST})
-"""``retry()`` 允许复活的终态。"""
-
-
-def allowed_targets(status: TaskStatus) -> frozenset[TaskStatus]:
-    return TRANSITIONS[status]
-
-
-def is_edge(source: TaskStatus, target: TaskStatus) -> bool:
-    return target in TRANSITIONS[source]
-
-
-assert len(TRANSITIONS) == len(TaskStatus), "转移表必须覆盖全部状态"
-assert len(TERMINAL_STATUSES) == 6
+__all__ = list(_statuses.__all__)

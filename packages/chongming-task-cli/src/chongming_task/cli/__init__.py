@@ -1,4 +1,4 @@
-"""``chongming-task`` 命令行控制台（用户指南 §8.10）：Controller 之上的一层薄适配。
+"""``chongming-task`` 命令行控制台（docs/cli.md）：Controller 之上的一层薄适配。
 
 解析参数、调用库、渲染输出；不引入库里没有的概念，也不绕过任何不变量。模块划分：
 

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -18,14 +17,17 @@ from chongming_task.cli.errors import EXIT_OK, CliError
 from chongming_task.cli.output import (
     definition_dict,
     echo_json,
+    echo_json_line,
+    echo_text,
     render_definitions,
     render_detail,
     render_history,
+    render_tasks,
     table,
 )
 from chongming_task.cli.params import NON_NEGATIVE_INT, POSITIVE_INT, SECONDS, STATUS
 from chongming_task.cli.state import ENV_MODULE, AppState, load_task_module, register_tasks
-from chongming_task.controller import Controller, render_table
+from chongming_task.controller import Controller
 from chongming_task.models import TaskSnapshot
 from chongming_task.policies import BucketPolicy
 from chongming_task.states import TaskStatus
@@ -38,7 +40,10 @@ def _console(state: AppState) -> Controller:
 def _snapshot_or_fail(controller: Controller, state: AppState, task_id: str) -> TaskSnapshot:
     snapshot = controller.get(task_id)
     if snapshot is None:
-        raise CliError(f"找不到任务 {task_id!r}（存储 {state.store_display}）：请用 ps 查看已有的任务 id")
+        raise CliError(
+            f"找不到任务 {task_id!r}（存储 {state.store_display}）：请用 ps 查看已有的任务 id",
+            error="task_not_found",
+        )
     return snapshot
 
 
@@ -62,7 +67,7 @@ def tasks_command(state: AppState, module_name: str | None) -> int:
     if state.json:
         echo_json([definition_dict(d) for d in definitions])
     elif definitions:
-        click.echo(render_definitions(definitions))
+        echo_text(render_definitions(definitions))
     else:
         click.echo(f"模块 {module.__name__} 的 register(controller) 没有登记任何任务")
     return EXIT_OK
@@ -121,23 +126,25 @@ def ps_command(
         if state.json:
             echo_json([s.to_dict() for s in found])
         else:
-            click.echo(render_table(found) if found else "（没有符合条件的任务）")
+            click.echo(render_tasks(found, controller.clock.now()) if found else "（没有符合条件的任务）")
         return EXIT_OK
-    return _watch(state, snapshots, watch)
+    return _watch(state, controller, snapshots, watch)
 
 
-def _watch(state: AppState, snapshots: Callable[[], list[TaskSnapshot]], interval: float) -> int:
+def _watch(
+    state: AppState, controller: Controller, snapshots: Callable[[], list[TaskSnapshot]], interval: float
+) -> int:
     """原地刷新直到 Ctrl-C。终端上清屏重画；不是终端时逐次追加（JSON 则每次一行）。"""
     tty = sys.stdout.isatty()
     try:
         while True:
             found: list[TaskSnapshot] = snapshots()
             if state.json:
-                click.echo(json.dumps([s.to_dict() for s in found], ensure_ascii=False))
+                echo_json_line([s.to_dict() for s in found])
             else:
                 now = datetime.now().astimezone().strftime("%H:%M:%S")
                 header = f"{now}  每 {interval:g} 秒刷新，Ctrl-C 退出  存储 {state.store_display}"
-                body = render_table(found) if found else "（没有符合条件的任务）"
+                body = render_tasks(found, controller.clock.now()) if found else "（没有符合条件的任务）"
                 if tty:
                     click.echo("\x1b[H\x1b[2J" + header + "\n\n" + body)
                 else:
@@ -229,7 +236,7 @@ def buckets_command(state: AppState, show_all: bool, keys: tuple[str, ...]) -> i
         return EXIT_OK
     for item in key_rows:
         mark = "本节点负责" if item["owned"] else "不归本节点"
-        click.echo(f"bucket_key {item['key']!r} → 桶 {item['bucket']}（{mark}）")
+        echo_text(f"bucket_key {item['key']!r} → 桶 {item['bucket']}（{mark}）")
     if key_rows:
         click.echo()
     if rows:

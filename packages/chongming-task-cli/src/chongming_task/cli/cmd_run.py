@@ -27,7 +27,7 @@ from chongming_task.cli.output import LiveDisplay, echo_json, fmt_time, fmt_valu
 from chongming_task.cli.params import EXECUTOR, INT, SECONDS, parse_task_argument
 from chongming_task.cli.state import ENV_MODULE, AppState, load_task_module, register_tasks
 from chongming_task.controller import SUBMIT_KEYWORDS, Controller
-from chongming_task.errors import TaskError
+from chongming_task.errors import DuplicateTaskId, TaskError
 from chongming_task.models import Progress, TaskSnapshot
 from chongming_task.run import TaskRun
 from chongming_task.runtime.executors import ProcessExecutor, ThreadExecutor
@@ -100,22 +100,52 @@ def _parse_arguments(raw_args: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _check_signature(controller: Controller, name: str, kwargs: dict[str, Any]) -> None:
-    """参数对不上就在提交前说清楚（退出码 1），而不是让任务跑起来再以 TypeError 失败（退出码 3）。"""
+    """参数对不上就在提交前说清楚（退出码 1），而不是让任务跑起来再以 TypeError 失败（退出码 3）。
+
+    任务函数的第一个位置参数接收上下文 ctx（TaskContext），--arg 只给其余的参数。最常见的错误是
+    忘了写 ctx（``def fetch(url)``）：那时 url 收到的是上下文，--arg url=... 撞名——报错要指出这一点，
+    而不是说"它接受的参数是：（无参数）"（issue 16.8）。
+    """
     definition = next(d for d in controller.definitions() if d.name == name)
     try:
         signature = inspect.signature(definition.fn)
     except (TypeError, ValueError):
         return  # 拿不到签名（C 实现的可调用对象）：交给运行时去报
+    params = list(signature.parameters.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    takes_ctx = bool(params) and (
+        params[0].kind in positional or params[0].kind is inspect.Parameter.VAR_POSITIONAL
+    )
+    fn_name = getattr(definition.fn, "__name__", name)
+    if not takes_ctx:
+        rest = ", ".join(p.name for p in params)
+        raise CliError(
+            f"任务 {name} 的函数没有接收上下文的位置参数：第一个位置参数接收 ctx（TaskContext），"
+            f"请把它写成 def {fn_name}(ctx{', ' + rest if rest else ''})",
+            error="submit_rejected",
+        )
+    first = params[0].name
+    if first in kwargs and params[0].kind is not inspect.Parameter.POSITIONAL_ONLY:
+        raise CliError(
+            f"--arg {first}=... 对不上：任务 {name} 的第一个位置参数 {first} 接收的是"
+            "上下文 ctx（TaskContext），不是任务参数——多半是忘了写 ctx，"
+            f"请把函数写成 def {fn_name}(ctx, {first}, ...)",
+            error="submit_rejected",
+        )
     try:
         signature.bind(None, **kwargs)  # 第一个位置参数是 ctx
     except TypeError as exc:
-        params = list(signature.parameters)[1:]
-        expected = "、".join(params) if params else "（无参数）"
-        raise CliError(f"任务 {name} 的参数与 --arg 对不上：{exc}；它接受的参数是：{expected}") from None
+        names = [p.name for p in params[1:]]
+        expected = "、".join(names) if names else "（除上下文外没有参数）"
+        raise CliError(
+            f"任务 {name} 的参数与 --arg 对不上：{exc}；它接受的参数是：{expected}"
+            f"（第一个位置参数 {first} 接收上下文 ctx，不用 --arg 给）",
+            error="submit_rejected",
+        ) from None
 
 
 def _resolve_name(controller: Controller, module_name: str, name: str) -> None:
-    """只接受登记过的名字（§8.5）。点号路径、冒号路径一律当作"想启动任意可调用对象"拒绝。"""
+    """只接受登记过的名字（§8.1）。点号路径、冒号路径一律当作"想启动任意可调用对象"拒绝。"""
     known = sorted(d.name for d in controller.definitions())
     if name in known:
         return
@@ -123,9 +153,12 @@ def _resolve_name(controller: Controller, module_name: str, name: str) -> None:
     if "." in name or ":" in name:
         raise CliError(
             f"拒绝运行 {name!r}：CLI 只接受模块 {module_name} 的 register(controller) 登记过的任务名，"
-            f"不接受模块路径或可调用对象——能启动任意可调用对象的入口等于任意代码执行。已登记的有：{known_text}"
+            f"不接受模块路径或可调用对象——能启动任意可调用对象的入口等于任意代码执行。已登记的有：{known_text}",
+            error="not_registered",
         )
-    raise CliError(f"任务名 {name!r} 没有登记：模块 {module_name} 登记的有：{known_text}")
+    raise CliError(
+        f"任务名 {name!r} 没有登记：模块 {module_name} 登记的有：{known_text}", error="not_registered"
+    )
 
 
 @cli.command("run")
@@ -141,7 +174,9 @@ def _resolve_name(controller: Controller, module_name: str, name: str) -> None:
 @click.option(
     "--arg", "raw_args", multiple=True, metavar="K=V", help="任务参数，可重复；值能按 JSON 解析就解析。"
 )
-@click.option("--task-id", metavar="ID", help="任务 id（默认自动生成）；停止过的任务再跑要换 id。")
+@click.option(
+    "--task-id", metavar="ID", help="任务 id（默认自动生成）；id 不能重复，同一个任务再跑一次要换一个 id。"
+)
 @click.option("--bucket-key", metavar="KEY", help="业务键；限定了 --owned-buckets 时必需。")
 @click.option("--label", metavar="TEXT", help="给人看的名字（ps 的 NAME 列）。")
 @click.option("--tag", "tags", multiple=True, metavar="TAG", help="附加标签，可重复。")
@@ -174,17 +209,17 @@ def run_command(
 ) -> int:
     """提交一个任务并在前台执行到落终态（Ctrl-C / SIGTERM 会把它停干净）。
 
-    \b
     退出码：0 任务 succeeded；3 任务落在别的终态（failed / stopped / lost ...）；1 命令本身失败。
     """
     module = load_task_module(module_name)
     kwargs = _parse_arguments(raw_args)
     owned = state.owned_buckets
     if bucket_key is None and owned is not None and len(owned) < state.num_buckets:
-        # 与 Controller 的规则相同（§8.14），只是在碰存储之前、用命令行的说法讲出来。
+        # 与 Controller 的规则相同（§9.6），只是在碰存储之前、用命令行的说法讲出来。
         raise CliError(
             f"限定了 --owned-buckets {format_bucket_spec(owned)}（共 {state.num_buckets} 个桶）时必须给出 "
-            "--bucket-key：没有归属桶的任务不会有任何节点认领它，只会永远排队"
+            "--bucket-key：没有归属桶的任务不会有任何节点认领它，只会永远排队",
+            error="submit_rejected",
         )
     store = state.open_store(create=True) if state.has_store() else None
     executor = ProcessExecutor() if executor_name == "process" else ThreadExecutor()
@@ -202,8 +237,10 @@ def run_command(
             bucket_key=bucket_key,
             **kwargs,
         )
+    except DuplicateTaskId as exc:
+        raise _duplicate_id(state, controller, run_id=task_id, exc=exc) from exc
     except TaskError as exc:
-        raise CliError(f"提交被拒绝：{state.mask(str(exc))}") from exc
+        raise CliError(f"提交被拒绝：{state.mask(str(exc))}", error="submit_rejected") from exc
     display = LiveDisplay()
     snapshot = run.snapshot
     bucket = "-" if snapshot.bucket is None else str(snapshot.bucket)
@@ -224,6 +261,41 @@ def run_command(
         watcher.render(final=True)
         display.finish()
         return _report(state, run.snapshot, interrupted)
+
+
+def _duplicate_id(state: AppState, controller: Controller, *, run_id: str | None, exc: TaskError) -> CliError:
+    """--task-id 撞上了已有的任务：按那个任务的真实状态说话。
+
+    库的 DuplicateTaskId 说的是"停止过的任务想再跑"，可占着这个 id 的任务也可能已经成功、或者还在跑
+    （issue 16.13）。这里读出它的状态，给出对它成立的那句话和该怎么办。
+    """
+    existing = None
+    if run_id is not None and controller.store is not None:
+        with contextlib.suppress(TaskError):
+            existing = controller.store.get(run_id)
+    if existing is None:
+        return CliError(f"提交被拒绝：{state.mask(str(exc))}", error="duplicate_task_id")
+    status = existing.status.value
+    if existing.is_terminal:
+        truth = f"提交被拒绝：task_id {run_id!r} 已存在，占着它的任务已经结束（{status}）"
+        advice = (
+            "task_id 不能重复使用：请换一个 --task-id，或先用 prune 清理终态记录；"
+            f"history {run_id} 可看它的经过"
+        )
+    else:
+        holder = _holder_of(existing)
+        truth = f"提交被拒绝：task_id {run_id!r} 已存在，占着它的任务还没结束（{status}，持有者 {holder}）"
+        advice = (
+            f"它还在由别的进程执行：要看它就用 status {run_id}，要停它就用 stop {run_id}，"
+            "想另跑一个请换 --task-id"
+        )
+    return CliError(
+        f"{truth}：{advice}", error="duplicate_task_id", details={"task_id": run_id, "status": status}
+    )
+
+
+def _holder_of(snapshot: TaskSnapshot) -> str:
+    return snapshot.lease_owner or snapshot.owner or "（未知）"
 
 
 def _close_after_interrupt(

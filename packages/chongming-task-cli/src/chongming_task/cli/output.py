@@ -7,6 +7,7 @@ stdout 只有一份 JSON，``run ... > result.txt`` 也只留下最终结果。
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from collections.abc import Iterable, Sequence
@@ -19,27 +20,69 @@ from wcwidth import wcswidth
 
 from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.runtime.registry import TaskDefinition
-from chongming_task.runtime.table import elapsed_text
+from chongming_task.runtime.table import HEADERS as TASK_HEADERS
+from chongming_task.runtime.table import elapsed_text, table_row
 
 # 按显示宽度对齐（中文占两列）；render_table 也开着它，这里显式再写一次，不依赖导入顺序。
 _tabulate.WIDE_CHARS_MODE = True
 
 EMPTY = "-"
 
+# 会驱动终端的字符：C0 控制字符（ESC、BEL、退格、\r……）、DEL、C1 控制字符（0x9b 在很多终端里就是 CSI），
+# 以及改写显示顺序的双向文本控制符。任务 id、标签、返回值、日志都是任务数据，可能来自不可信的输入：
+# 原样打印它们，一个 task_id 就能清屏、改标题、伪造输出行（issue 22.12）。一律显示成 \xNN / \uNNNN。
+_CONTROL_EXCEPT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+# JSON 编码本来就把 C0 写成 \u00XX；剩下的 C1 与双向控制符在 ensure_ascii=False 时会原样输出。
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def escape_text(text: str, *, keep_newlines: bool = True) -> str:
+    """把控制字符显示成转义序列。``keep_newlines``：多行文本（表格、堆栈）保留换行本身。"""
+    pattern = _CONTROL_EXCEPT_NEWLINE if keep_newlines else _CONTROL
+    return pattern.sub(_escape_char, text)
+
+
+def escape_cell(value: Any) -> Any:
+    """表格的一格：连换行也转义（一格里的换行会把表格撕开，也能伪造出一行假数据）。"""
+    return _CONTROL.sub(_escape_char, value) if isinstance(value, str) else value
+
 
 def echo_json(value: Any) -> None:
-    """一份 JSON 文档（中文原样输出，不转义成 \\uXXXX）。"""
-    click.echo(json.dumps(value, ensure_ascii=False, indent=2, default=str))
+    """一份 JSON 文档（中文原样输出，不转义成 \\uXXXX；控制字符一律转义）。"""
+    text = json.dumps(value, ensure_ascii=False, indent=2, default=str)
+    click.echo(_JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
+
+
+def echo_json_line(value: Any) -> None:
+    """一行 JSON（ps --watch --json 每次刷新一行）。"""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    click.echo(_JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
+
+
+def echo_text(text: str) -> None:
+    """给人看的一段输出（可能含任务数据）：转义控制字符后再打印。"""
+    click.echo(escape_text(text))
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str]) -> str:
     return _tabulate.tabulate(
-        [[EMPTY if cell is None else cell for cell in row] for row in rows],
+        [[EMPTY if cell is None else escape_cell(cell) for cell in row] for row in rows],
         headers=list(headers),
         tablefmt="simple",
         disable_numparse=True,
         stralign="left",
     )
+
+
+def render_tasks(snapshots: Iterable[TaskSnapshot], now: datetime) -> str:
+    """ps 的任务表：与 render_table 同样的列与排版（同一个 table_row），只是每格先转义控制字符。"""
+    return table([table_row(snapshot, now) for snapshot in snapshots], TASK_HEADERS)
 
 
 def fmt_time(value: datetime | None, *, date: bool = True) -> str:
@@ -103,7 +146,8 @@ def detail_rows(snapshot: TaskSnapshot, now: datetime) -> list[tuple[str, str]]:
 
 
 def render_detail(snapshot: TaskSnapshot, now: datetime) -> str:
-    return _tabulate.tabulate(detail_rows(snapshot, now), tablefmt="plain", disable_numparse=True)
+    rows = [(key, escape_cell(value)) for key, value in detail_rows(snapshot, now)]
+    return _tabulate.tabulate(rows, tablefmt="plain", disable_numparse=True)
 
 
 HISTORY_HEADERS = ("TIME", "FROM → TO", "TRIGGER", "ACTOR", "REASON", "VERSION")
@@ -183,6 +227,7 @@ class LiveDisplay:
         self._status = ""
 
     def line(self, text: str) -> None:
+        text = escape_text(text, keep_newlines=False)  # 日志与迁移原因是任务数据
         if self.tty and self._status:
             self.stream.write("\r\x1b[K")
         self.stream.write(text + "\n")
@@ -195,7 +240,7 @@ class LiveDisplay:
         if not self.tty:
             return
         width = shutil.get_terminal_size((100, 20)).columns - 1
-        text = _truncate(text, width)
+        text = _truncate(escape_text(text, keep_newlines=False), width)
         if text == self._status:
             return
         self._status = text
@@ -226,11 +271,16 @@ __all__ = [
     "LiveDisplay",
     "definition_dict",
     "echo_json",
+    "echo_json_line",
+    "echo_text",
+    "escape_cell",
+    "escape_text",
     "fmt_time",
     "fmt_value",
     "progress_bar",
     "render_definitions",
     "render_detail",
     "render_history",
+    "render_tasks",
     "table",
 ]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import json
+import math
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from chongming_task.core.json_depth import loads_bounded
+from chongming_task.errors import ConfigurationError
 from chongming_task.states import TaskStatus
 
 if TYPE_CHECKING:
@@ -16,39 +18,66 @@ else:
     _ParamType = click.ParamType
 
 
+# 整数选项的默认范围：64 位有符号整数。存储把整数存进 BIGINT / SQLite INTEGER，超出这个范围的数
+# 要么写不进去、要么在驱动里溢出（issue 22.7）——在命令行就拒绝，而不是让它变成"内部错误"。
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+# 秒数选项的上限：一年。更大的值（1e308）会让 monotonic() + timeout 这类计算溢出或永远不到期。
+MAX_SECONDS = 365 * 24 * 3600.0
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "…"
+
+
 class IntType(_ParamType):
-    """整数，可带下限。"""
+    """整数，带上下限（默认是 64 位有符号整数的范围）。"""
 
     name = "整数"
 
-    def __init__(self, minimum: int | None = None) -> None:
+    def __init__(self, minimum: int | None = None, maximum: int = INT64_MAX) -> None:
         self.minimum = minimum
+        self.maximum = maximum
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             number = value
         else:
+            text = str(value).strip()
+            # 超过 30 位的数字不交给 int()：它一定越界，而 int() 对上千位的输入既慢又有位数上限。
+            digits = text.lstrip("+-")
+            if len(digits) > 30 and digits.isascii() and digits.isdigit():
+                self.fail(f"{_short(value)} 超出范围：{self._range()}", param, ctx)
             try:
-                number = int(str(value).strip())
+                number = int(text)
             except ValueError:
-                self.fail(f"{value!r} 不是整数", param, ctx)
+                self.fail(f"{_short(value)} 不是整数", param, ctx)
         if self.minimum is not None and number < self.minimum:
             self.fail(f"必须 >= {self.minimum}，收到 {number}", param, ctx)
+        if number < INT64_MIN or number > self.maximum:
+            self.fail(f"{number} 超出范围：{self._range()}", param, ctx)
         return number
+
+    def _range(self) -> str:
+        low = INT64_MIN if self.minimum is None else self.minimum
+        return f"必须在 {low} 到 {self.maximum} 之间"
 
 
 class SecondsType(_ParamType):
-    """正的秒数（可带小数）。"""
+    """正的、有限的秒数（可带小数），不超过一年。"""
 
     name = "秒数"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         try:
             seconds = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} 不是秒数（例如 2 或 0.5）", param, ctx)
-        if not seconds > 0 or seconds == float("inf"):
-            self.fail(f"必须是正的秒数，收到 {value!r}", param, ctx)
+        except (TypeError, ValueError, OverflowError):
+            self.fail(f"{_short(value)} 不是秒数（例如 2 或 0.5）", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.fail(f"必须是正的秒数（有限值，例如 2 或 0.5），收到 {_short(value)}", param, ctx)
+        if seconds > MAX_SECONDS:
+            self.fail(f"最多 {MAX_SECONDS:g} 秒（一年），收到 {_short(value)}", param, ctx)
         return seconds
 
 
@@ -66,7 +95,7 @@ class ChoiceType(_ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         text = str(value).strip().lower()
         if text not in self.choices:
-            self.fail(f"{value!r} 不是可选值；可选：{', '.join(self.choices)}", param, ctx)
+            self.fail(f"{_short(value)} 不是可选值；可选：{', '.join(self.choices)}", param, ctx)
         return text
 
 
@@ -94,7 +123,9 @@ def parse_task_argument(text: str) -> tuple[str, Any]:
     if not key.isidentifier():
         raise click.BadParameter(f"参数名 {key!r} 不是合法的 Python 参数名")
     try:
-        value: Any = json.loads(raw)
+        value: Any = loads_bounded(raw, what=f"--arg {key} 的 JSON 值")
+    except ConfigurationError as exc:  # 嵌套过深：json.loads 会抛 RecursionError（issue 22.4）
+        raise click.BadParameter(str(exc)) from None
     except ValueError:
         value = raw
     return key, value
@@ -111,10 +142,14 @@ ORDER = ChoiceType(["oldest", "newest"])
 __all__ = [
     "EXECUTOR",
     "INT",
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_SECONDS",
     "NON_NEGATIVE_INT",
     "ORDER",
     "POSITIVE_INT",
     "SECONDS",
     "STATUS",
+    "IntType",
     "parse_task_argument",
 ]

@@ -1,10 +1,10 @@
 """StateMachine：唯一能改 ``status`` 的地方。
 
-每个动作一个方法。每个方法先查转移表（``chongming_task.states.TRANSITIONS``，只在那里声明一次）
+每个动作一个方法。每个方法先查转移表（``chongming_task.core.statuses.TRANSITIONS``，只在那里声明一次）
 与守卫，再生成新的不可变快照并追加一条 Transition。非法动作抛 InvalidTransition，
 绝不静默返回 False——"停止指令没生效"这类问题靠静默失败是查不出来的。
 
-转移表之外的守卫（用户指南 §9.3）都在这里：
+转移表之外的守卫（用户指南 §11.3）都在这里：
 
 * ``mark_running()`` 必须已有 ``started_at``。``started_at`` 的含义是"当前这次尝试何时开始"：
   ``mark_starting()`` 写入；任务一旦回到"未启动"（进 queued、从 queued / retry_wait 暂停、
@@ -26,37 +26,41 @@ from datetime import datetime
 from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.records import (
+    Failure,
+    FailureKind,
+    Progress,
+    TaskSnapshot,
+    Transition,
+    require_aware,
+)
+from chongming_task.core.statuses import RETRYABLE_FROM, TERMINAL_STATUSES, TRANSITIONS, TaskStatus
+from chongming_task.core.triggers import (
+    AUDITED_TRIGGERS,
+    TRIGGER_BLOCKED,
+    TRIGGER_CANCELLED,
+    TRIGGER_FAILED,
+    TRIGGER_FORCE,
+    TRIGGER_LOST,
+    TRIGGER_PAUSE_ABORTED,
+    TRIGGER_PAUSED,
+    TRIGGER_PAUSING,
+    TRIGGER_QUEUED,
+    TRIGGER_RESET,
+    TRIGGER_RETRY,
+    TRIGGER_RETRY_WAIT,
+    TRIGGER_RUNNING,
+    TRIGGER_SKIPPED,
+    TRIGGER_STARTING,
+    TRIGGER_STOPPED,
+    TRIGGER_STOPPING,
+    TRIGGER_SUCCEEDED,
+)
 from chongming_task.errors import AttemptsExhausted, ConfigurationError, InvalidTransition
-from chongming_task.models import Failure, FailureKind, Progress, TaskSnapshot, Transition, require_aware
-from chongming_task.states import RETRYABLE_FROM, TERMINAL_STATUSES, TRANSITIONS, TaskStatus
 
 S = TaskStatus
 
 TransitionListener = Callable[[TaskSnapshot, Transition], None]
-
-# 各动作的默认触发源。trigger 说明"是谁/什么事件引起的"，出现在历史与错误消息里。
-TRIGGER_BLOCKED = "scheduler:blocked"
-TRIGGER_QUEUED = "scheduler:queued"
-TRIGGER_STARTING = "scheduler:dispatched"
-TRIGGER_RUNNING = "executor:launched"
-TRIGGER_SUCCEEDED = "executor:returned"
-TRIGGER_FAILED = "executor:failed"
-TRIGGER_RETRY_WAIT = "runtime:retry_scheduled"
-TRIGGER_PAUSING = "control:pause"
-TRIGGER_PAUSED = "runtime:paused"
-TRIGGER_PAUSE_ABORTED = "runtime:pause_aborted"
-TRIGGER_STOPPING = "control:stop"
-TRIGGER_STOPPED = "runtime:stopped"
-TRIGGER_CANCELLED = "orchestrator:cancelled"
-TRIGGER_SKIPPED = "orchestrator:skipped"
-TRIGGER_LOST = "runtime:lost"
-TRIGGER_RETRY = "control:retry"
-TRIGGER_RESET = "control:reset"
-TRIGGER_FORCE = "control:force"
-
-AUDITED_TRIGGERS: frozenset[str] = frozenset({TRIGGER_RETRY, TRIGGER_RESET, TRIGGER_FORCE})
-"""不受转移表约束的三个显式入口的触发源。历史里一条不是表中边的记录，必须带其中之一；
-普通 mark_* 动作不得冒用它们（否则审计轨迹里会出现没有 actor/reason 的"强制跳转"）。"""
 
 # 热路径上直接查普通 dict：它就是 TRANSITIONS 本身的内容（同一批 frozenset 对象），不是另一份表。
 _TABLE: dict[TaskStatus, frozenset[TaskStatus]] = dict(TRANSITIONS)
@@ -220,7 +224,7 @@ class StateMachine:
             return tuple(history[start:])
 
     def can(self, target: TaskStatus) -> bool:
-        """预检：对应的动作现在会不会被接受（转移表 + §9.3 的状态守卫 + 尝试预算）。
+        """预检：对应的动作现在会不会被接受（转移表 + §11.3 的状态守卫 + 尝试预算）。
 
         与动作的实际结果一致：``can(x)`` 为 True 时，走向 x 的自然动作不会抛
         InvalidTransition / AttemptsExhausted。
@@ -660,4 +664,26 @@ class StateMachine:
         return f"StateMachine({snap.task_id!r}, status={snap.status.value}, version={snap.status_version})"
 
 
-__all__ = ["AUDITED_TRIGGERS", "StateMachine", "TransitionListener"]
+__all__ = [
+    "AUDITED_TRIGGERS",
+    "TRIGGER_BLOCKED",
+    "TRIGGER_CANCELLED",
+    "TRIGGER_FAILED",
+    "TRIGGER_FORCE",
+    "TRIGGER_LOST",
+    "TRIGGER_PAUSED",
+    "TRIGGER_PAUSE_ABORTED",
+    "TRIGGER_PAUSING",
+    "TRIGGER_QUEUED",
+    "TRIGGER_RESET",
+    "TRIGGER_RETRY",
+    "TRIGGER_RETRY_WAIT",
+    "TRIGGER_RUNNING",
+    "TRIGGER_SKIPPED",
+    "TRIGGER_STARTING",
+    "TRIGGER_STOPPED",
+    "TRIGGER_STOPPING",
+    "TRIGGER_SUCCEEDED",
+    "StateMachine",
+    "TransitionListener",
+]

@@ -1,4 +1,4 @@
-"""集群运维检查：权威的桶声明、桶重复 / 空洞、孤儿任务（分布式设计说明 §11.2–11.3）。
+"""集群运维检查：权威的桶声明、桶重复 / 空洞、孤儿任务（分布式设计说明 §5）。
 
 每个节点定期把"我是谁、负责哪些桶、活到什么时候"写进存储（``TaskStore.publish_node``，记录由
 ``node_record`` 生成）。存储里的这份成员表就是桶归属的**权威声明**：各节点本地的 owned_buckets
@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.version import __version__
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import TaskSnapshot
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy
@@ -320,8 +321,6 @@ def _find_orphans(
 
 def default_node_info() -> dict[str, Any]:
     """节点记录里默认的 info：主机名、pid、chongming-task 版本。"""
-    from chongming_task import __version__
-
     return {"hostname": socket.gethostname(), "pid": os.getpid(), "version": __version__}
 
 

@@ -1,6 +1,6 @@
 """跨进程控制指令的处理：持有者取走指令、执行、完成；不是自己的立刻交还。
 
-规则（用户指南 §8.9）：
+规则（用户指南 §9.4）：
 
 * 只有持有任务的控制器才认领：分区节点按自己的桶认领，不分区的按自己手里的 task_id 认领；
   纯查询的控制台从不认领，免得抢走别人的指令。
@@ -21,7 +21,7 @@ from chongming_task.errors import TaskError
 from chongming_task.storage import Command, CommandAction, TaskStore
 
 if TYPE_CHECKING:
-    from chongming_task.run import TaskRun
+    from chongming_task.runtime.taskrun import TaskRun
 
 logger = logging.getLogger("chongming_task.controller")
 

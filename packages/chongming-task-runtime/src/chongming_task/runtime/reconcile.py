@@ -19,13 +19,12 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from chongming_task.clock import Clock
-from chongming_task.core.state_machine import StateMachine
+from chongming_task.core.triggers import TRIGGER_RECONCILE
 from chongming_task.errors import ConcurrencyConflict
-from chongming_task.models import Failure, FailureKind, TaskSnapshot
+from chongming_task.models import TaskSnapshot
+from chongming_task.runtime.taskrun import lost_failure, mark_lease_expired
 from chongming_task.states import NON_TERMINAL_STATUSES, RESOURCE_HOLDING_STATUSES
 from chongming_task.storage import QueryOrder, TaskQuery, TaskStore
-
-TRIGGER_RECONCILE = "reconcile:lease_expired"
 
 
 @dataclass
@@ -41,17 +40,6 @@ class ReconcileReport:
     @property
     def total(self) -> int:
         return len(self.lost) + len(self.adoptable) + len(self.skipped)
-
-
-def lost_failure(snapshot: TaskSnapshot) -> Failure:
-    owner = snapshot.lease_owner or "（未知）"
-    until = snapshot.lease_until.isoformat(timespec="seconds") if snapshot.lease_until else "（从未续租）"
-    return Failure(
-        FailureKind.LOST,
-        f"监督者 {owner} 的租约已过期（lease_until={until}）：载体随进程消失，结果未知；"
-        "副作用可能已部分发生，请核对后决定是否重新提交",
-        retryable=True,
-    )
 
 
 def reconcile_store(
@@ -78,13 +66,8 @@ def reconcile_store(
         if snapshot.status not in RESOURCE_HOLDING_STATUSES:
             report.adoptable.append(snapshot)
             continue
-        machine = StateMachine(snapshot, (), clock=clock)
-        lost = machine.mark_lost(
-            failure=lost_failure(snapshot),
-            trigger=TRIGGER_RECONCILE,
-            actor=actor,
-            reason="租约过期，载体已消失",
-        )
+        machine = mark_lease_expired(snapshot, clock=clock, actor=actor)
+        lost = machine.snapshot
         if dry_run:
             report.lost.append(lost)
             continue

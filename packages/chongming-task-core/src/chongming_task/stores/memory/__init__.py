@@ -28,6 +28,31 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.storage.checks import (
+    check_count,
+    check_json_value,
+    check_key,
+    check_node_owner,
+    check_node_record,
+    check_snapshot,
+    check_transitions,
+    claim_args,
+    command_args,
+    touch_args,
+    touch_many_fields,
+    validate_save,
+)
+from chongming_task.core.storage.contract import TaskStore
+from chongming_task.core.storage.values import (
+    Command,
+    CommandAction,
+    NodeRecord,
+    QueryOrder,
+    TaskQuery,
+    TaskStats,
+    as_query,
+    count_buckets,
+)
 from chongming_task.errors import (
     ConcurrencyConflict,
     ConfigurationError,
@@ -36,32 +61,6 @@ from chongming_task.errors import (
     TaskNotFound,
 )
 from chongming_task.models import Progress, TaskSnapshot, Transition
-from chongming_task.storage import (
-    Command,
-    CommandAction,
-    NodeRecord,
-    QueryOrder,
-    TaskQuery,
-    TaskStats,
-    TaskStore,
-    as_query,
-    check_json_value,
-    check_node_owner,
-    check_node_record,
-    count_buckets,
-    validate_save,
-)
-from chongming_task.store_checks import (
-    check_aware,
-    check_count,
-    check_optional_text,
-    check_snapshot,
-    check_transitions,
-    claim_args,
-    command_args,
-)
-
-_TOUCH_FIELDS = frozenset({"progress", "heartbeat_at", "lease_owner", "lease_until"})
 
 
 def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
@@ -153,12 +152,6 @@ class _CommandRow:
             deliveries=self.deliveries,
             completed_at=self.completed_at,
         )
-
-
-def _check_key(name: str, value: object) -> None:
-    # 键来自无类型代码（CLI、配置）时，列表之类的值会在 dict 查找里变成 TypeError：在入口处说清楚。
-    if not isinstance(value, str):
-        raise ConfigurationError(f"{name} 必须是字符串，收到 {value!r}")
 
 
 class InMemoryTaskStore(TaskStore):
@@ -262,7 +255,7 @@ class InMemoryTaskStore(TaskStore):
                 row.history.setdefault(record.version, record)
 
     def get(self, task_id: str) -> TaskSnapshot | None:
-        _check_key("task_id", task_id)
+        check_key("task_id", task_id)
         with self._lock:
             self._check_open()
             row = self._rows.get(task_id)
@@ -304,9 +297,7 @@ class InMemoryTaskStore(TaskStore):
 
     def append(self, transitions: Sequence[Transition]) -> None:
         transitions = tuple(transitions)
-        for record in transitions:
-            if not isinstance(record, Transition):
-                raise ConfigurationError(f"迁移记录必须是 Transition，收到 {type(record).__name__}")
+        check_transitions(None, transitions)
         with self._lock:
             self._check_open()
             # 先全部检查再写：一批里有未知任务时整批不写，避免留下半截历史。
@@ -315,7 +306,7 @@ class InMemoryTaskStore(TaskStore):
                 row.history.setdefault(record.version, record)
 
     def history(self, task_id: str) -> list[Transition]:
-        _check_key("task_id", task_id)
+        check_key("task_id", task_id)
         with self._lock:
             self._check_open()
             row = self._rows.get(task_id)
@@ -329,27 +320,20 @@ class InMemoryTaskStore(TaskStore):
 
     @staticmethod
     def _touch_changes(
+        task_id: object,
         progress: Progress | None,
         heartbeat_at: datetime | None,
         lease_owner: str | None,
         lease_until: datetime | None,
     ) -> dict[str, Any]:
-        # 每个运行中的任务每几秒 touch 一次：只校验真正给出的字段。
-        changes: dict[str, Any] = {}
-        if progress is not None:
-            if not isinstance(progress, Progress):
-                raise ConfigurationError(f"progress 必须是 Progress，收到 {type(progress).__name__}")
-            changes["progress"] = progress
-        if heartbeat_at is not None:
-            check_aware("heartbeat_at", heartbeat_at)
-            changes["last_heartbeat_at"] = heartbeat_at
-        if lease_owner is not None:
-            check_optional_text("lease_owner", lease_owner)
-            changes["lease_owner"] = lease_owner
-        if lease_until is not None:
-            check_aware("lease_until", lease_until)
-            changes["lease_until"] = lease_until
-        return changes
+        touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
+        changes = {
+            "progress": progress,
+            "last_heartbeat_at": heartbeat_at,
+            "lease_owner": lease_owner,
+            "lease_until": lease_until,
+        }
+        return {name: value for name, value in changes.items() if value is not None}
 
     def touch(
         self,
@@ -360,8 +344,7 @@ class InMemoryTaskStore(TaskStore):
         lease_owner: str | None = None,
         lease_until: datetime | None = None,
     ) -> bool:
-        _check_key("task_id", task_id)
-        changes = self._touch_changes(progress, heartbeat_at, lease_owner, lease_until)
+        changes = self._touch_changes(task_id, progress, heartbeat_at, lease_owner, lease_until)
         with self._lock:
             self._check_open()
             row = self._rows.get(task_id)
@@ -374,16 +357,13 @@ class InMemoryTaskStore(TaskStore):
     def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """一次加锁处理整批：心跳线程每轮给全部任务续租，不该为每个任务各抢一次锁。"""
         prepared: list[tuple[str, dict[str, Any]]] = []
-        for task_id, fields in updates:
-            unknown = set(fields) - _TOUCH_FIELDS
-            if unknown:
-                raise ConfigurationError(
-                    f"touch_many 只接受 {sorted(_TOUCH_FIELDS)}，收到多余的：{sorted(unknown)}"
-                )
+        for task_id, raw in updates:
+            fields = touch_many_fields(raw)
             prepared.append(
                 (
                     task_id,
                     self._touch_changes(
+                        task_id,
                         fields.get("progress"),
                         fields.get("heartbeat_at"),
                         fields.get("lease_owner"),
@@ -409,7 +389,7 @@ class InMemoryTaskStore(TaskStore):
         reason: str | None = None,
         payload: Mapping[str, Any] | None = None,
     ) -> Command:
-        action, body = command_args(action, issuer, reason, payload)
+        action, body = command_args(task_id, action, issuer, reason, payload)
         payload_text = check_json_value(body, what="指令 payload")
         with self._lock:
             self._check_open()
@@ -460,7 +440,7 @@ class InMemoryTaskStore(TaskStore):
         return claimed
 
     def complete_command(self, command_id: str, claimant: str) -> bool:
-        _check_key("command_id", command_id)
+        check_key("command_id", command_id)
         with self._lock:
             self._check_open()
             command = self._commands.get(command_id)
@@ -473,7 +453,7 @@ class InMemoryTaskStore(TaskStore):
             return True
 
     def release_command(self, command_id: str, claimant: str) -> bool:
-        _check_key("command_id", command_id)
+        check_key("command_id", command_id)
         with self._lock:
             self._check_open()
             command = self._pending.get(command_id)

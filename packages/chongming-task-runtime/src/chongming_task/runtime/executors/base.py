@@ -23,6 +23,7 @@ from typing import Any
 
 from chongming_task.clock import Clock
 from chongming_task.context import ContextEvents, LogEntry, TaskContext
+from chongming_task.core.json_depth import check_json_depth
 from chongming_task.errors import ConfigurationError, TaskCancelled
 from chongming_task.models import Failure, FailureKind
 from chongming_task.policies import RetryPolicy
@@ -171,10 +172,15 @@ def execute_body(
             ResultKind.RAISED, failure=Failure.from_exception(exc, retryable=retry.is_retryable(exc))
         )
     try:
+        # 先量深度（非递归）：过深的值会让编码器抛 RecursionError。
+        check_json_depth(value, what="任务返回值")
         check_json_value(value, what="任务返回值")
-    except ConfigurationError as exc:
+    except Exception as exc:
+        # 结果检查里的任何异常都必须落成 result_invalid：漏出去会让载体线程死掉，任务永远停在 running、
+        # 槽位泄漏（issue 22.4）。
+        detail = str(exc) if isinstance(exc, ConfigurationError) else f"检查返回值时出错：{exc!r}"
         message = (
-            f"{exc}；返回值会写入存储，请返回 dict / list / str / 数字 / bool / None，"
+            f"{detail}；返回值会写入存储，请返回 dict / list / str / 数字 / bool / None，"
             "大数据请返回指针（路径、对象存储 key）"
         )
         failure = Failure(

@@ -1,4 +1,8 @@
-"""快照 / 迁移记录 / 指令与 SQL 参数、结果行之间的转换。
+"""快照 / 迁移记录 / 指令与 SQL 参数、结果行之间的转换：``SqlDialect`` 的 PostgreSQL 钩子。
+
+列清单与"记录 ↔ 行"的推导在 ``chongming_task.core.storage.sql``（由列表 ``columns`` 推导）；这里只说
+PostgreSQL 怎么存：时间是 timestamptz，旁边一个 ``*_off`` 列记下原始 UTC 偏移（微秒）；JSON 值是 jsonb
+（None 存 SQL NULL）；标签是 ``text[]``，桶号集合是 ``bigint[]``。
 
 PostgreSQL 存不下、而 Python 里合法的输入（text 里的 NUL、jsonb 里的 ``\\u0000``、超出 bigint 的整数）
 在这里或在执行时被转换成 ConfigurationError：宁可明确拒绝，也不写入一行被改写过的数据。
@@ -8,15 +12,24 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from decimal import Decimal
 from typing import Any
 
+from chongming_task.core.storage.checks import check_json_value, check_transitions
+from chongming_task.core.storage.columns import Column, Kind
+from chongming_task.core.storage.sql import (
+    CommandCodec,
+    NodeCodec,
+    SnapshotCodec,
+    SqlDialect,
+    TransitionCodec,
+)
+from chongming_task.core.storage.values import NodeRecord
 from chongming_task.errors import ConfigurationError
-from chongming_task.models import Failure, Progress, TaskSnapshot, Transition
+from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
-from chongming_task.storage import Command, CommandAction, NodeRecord, check_json_value
 
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -106,359 +119,163 @@ def optional_json(value: Any, what: str) -> str | None:
     return None if value is None else json_text(value, what)
 
 
-# -- tasks -------------------------------------------------------------------------------------------
+_JSON_KINDS = frozenset({Kind.JSON, Kind.PROGRESS, Kind.FAILURE})
+_TYPES = {
+    Kind.TEXT: "text",
+    Kind.STATUS: "text",
+    Kind.ACTION: "text",
+    Kind.TIMESTAMP: "timestamptz",
+    Kind.JSON: "jsonb",
+    Kind.PROGRESS: "jsonb",
+    Kind.FAILURE: "jsonb",
+    Kind.TAGS: "text[]",
+    Kind.BUCKETS: "bigint[]",
+}
 
-TASK_COLUMNS = (
-    "task_id",
-    "name",
-    "label",
-    "status",
-    "status_version",
-    "attempt",
-    "max_attempts",
-    "created_at",
-    "created_at_off",
-    "queued_at",
-    "queued_at_off",
-    "started_at",
-    "started_at_off",
-    "finished_at",
-    "finished_at_off",
-    "last_heartbeat_at",
-    "last_heartbeat_at_off",
-    "progress",
-    "failure",
-    "outcome",
-    "tags",
-    "priority",
-    "bucket",
-    "bucket_key",
-    "executor",
-    "pid",
-    "owner",
-    "lease_owner",
-    "lease_until",
-    "lease_until_off",
-    "pipeline_id",
-    "node_id",
-    "retry_at",
-    "retry_at_off",
-    "description",
-)
 
-JSONB_COLUMNS = frozenset({"progress", "failure", "outcome"})
+def _in_list(values: list[str]) -> str:
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
 
-SIDE_CHANNEL_COLUMNS = frozenset(
-    {
-        "progress",
-        "last_heartbeat_at",
-        "last_heartbeat_at_off",
-        "lease_owner",
-        "lease_until",
-        "lease_until_off",
-    }
-)
+
+class PostgresDialect(SqlDialect):
+    """PostgreSQL 的存法（见模块说明）。"""
+
+    def time_columns(self, column: Column) -> tuple[str, ...]:
+        return column.name, column.name + "_off"
+
+    def encode_time(self, column: Column, value: datetime | None) -> tuple[Any, ...]:
+        return split_dt(value)
+
+    def decode_time(self, values: Sequence[Any]) -> datetime | None:
+        return join_dt(values[0], values[1])
+
+    def encode_json(self, value: Any, what: str) -> Any:
+        return optional_json(value, what)
+
+    def decode_json(self, raw: Any) -> Any:
+        return raw  # psycopg 已把 jsonb 解析成新的 Python 对象
+
+    def encode_tags(self, tags: list[str]) -> Any:
+        return tags
+
+    def decode_tags(self, raw: Any) -> frozenset[str]:
+        return frozenset(raw)
+
+    def encode_buckets(self, buckets: list[int] | None) -> Any:
+        return buckets
+
+    def decode_buckets(self, raw: Any) -> frozenset[int] | None:
+        return None if raw is None else frozenset(int(b) for b in raw)
+
+    def sql_type(self, column: Column) -> str:
+        if column.kind is Kind.INT:
+            return "integer" if column.int32 else "bigint"
+        return _TYPES[column.kind]
+
+    def column_constraints(self, column: Column) -> str:
+        # 与第 1 版发布时手写的建表语句逐字一致（schema_sql 交给运维的就是这段文本）。
+        text = ' COLLATE "C"' if column.binary_order else ""
+        if column.primary_key:
+            return text + " PRIMARY KEY"
+        if not column.nullable:
+            text += " NOT NULL"
+        if column.kind is Kind.STATUS:
+            text += f" CHECK ({column.name} IN ({_in_list([s.value for s in TaskStatus])}))"
+        if column.minimum is not None:
+            text += f" CHECK ({column.name} >= {column.minimum})"
+        if column.default is not None:
+            text += f" DEFAULT {column.default}"
+        return text
+
+    def extra_ddl(self, column: Column) -> list[str]:
+        if column.kind is not Kind.TIMESTAMP:
+            return []
+        return [self.format_column(column.name + "_off", "bigint" + ("" if column.nullable else " NOT NULL"))]
+
+    def format_column(self, name: str, definition: str) -> str:
+        return f"    {name} {definition}"
+
+    def check_text(self, value: str | None, what: str) -> str | None:
+        return check_text(value, what)
+
+    def value_expr(self, column: Column, name: str) -> str:
+        """INSERT / UPDATE 里一个物理列的占位符（jsonb 与数组列显式转换类型）。"""
+        if column.kind in _JSON_KINDS:
+            return f"%({name})s::jsonb"
+        if column.kind is Kind.BUCKETS:
+            return f"%({name})s::bigint[]"
+        return f"%({name})s"
+
+    def array_type(self, column: Column, name: str) -> str:
+        """``unnest`` 一次插入多行时，一个物理列的数组类型。"""
+        return "bigint[]" if name.endswith("_off") else self.sql_type(column) + "[]"
+
+
+DIALECT = PostgresDialect()
+SNAPSHOTS = SnapshotCodec(DIALECT)
+TRANSITIONS = TransitionCodec(DIALECT)
+COMMANDS = CommandCodec(DIALECT)
+NODES = NodeCodec(DIALECT)
+
+TASK_COLUMNS = SNAPSHOTS.names
+SAVE_COLUMNS = SNAPSHOTS.save_columns
+SIDE_CHANNEL_COLUMNS = SNAPSHOTS.side_channel
 """save 从不改写的列（SIDE_CHANNEL_FIELDS 及其偏移列）：它们只由 create 与 touch 写入。"""
-
-SAVE_COLUMNS = tuple(c for c in TASK_COLUMNS if c not in SIDE_CHANNEL_COLUMNS and c != "task_id")
-
-_TEXT_FIELDS = (
-    "label",
-    "bucket_key",
-    "executor",
-    "owner",
-    "lease_owner",
-    "pipeline_id",
-    "node_id",
-    "description",
-)
+TRANSITION_COLUMNS = TRANSITIONS.names
+COMMAND_COLUMNS = COMMANDS.names
+NODE_COLUMNS = NODES.names
+JSONB_COLUMNS = frozenset(c.name for c in SNAPSHOTS.logical if c.kind in _JSON_KINDS)
 
 
 def task_params(snapshot: TaskSnapshot) -> dict[str, Any]:
     """一个快照对应的全部列值（jsonb 列是 JSON 文本，SQL 里再 ::jsonb）。"""
-    for name in _TEXT_FIELDS:
-        check_text(getattr(snapshot, name), f"快照字段 {name}")
-    params: dict[str, Any] = {
-        "task_id": snapshot.task_id,
-        "name": snapshot.name,
-        "label": snapshot.label,
-        "status": snapshot.status.value,
-        "status_version": snapshot.status_version,
-        "attempt": snapshot.attempt,
-        "max_attempts": snapshot.max_attempts,
-        "progress": None if snapshot.progress is None else json_text(snapshot.progress.to_dict(), "progress"),
-        "failure": None if snapshot.failure is None else json_text(snapshot.failure.to_dict(), "failure"),
-        "outcome": optional_json(snapshot.outcome, "outcome"),
-        "tags": sorted(snapshot.tags),
-        "priority": snapshot.priority,
-        "bucket": snapshot.bucket,
-        "bucket_key": snapshot.bucket_key,
-        "executor": snapshot.executor,
-        "pid": snapshot.pid,
-        "owner": snapshot.owner,
-        "lease_owner": snapshot.lease_owner,
-        "pipeline_id": snapshot.pipeline_id,
-        "node_id": snapshot.node_id,
-        "description": snapshot.description,
-    }
-    for name in (
-        "created_at",
-        "queued_at",
-        "started_at",
-        "finished_at",
-        "last_heartbeat_at",
-        "lease_until",
-        "retry_at",
-    ):
-        params[name], params[name + "_off"] = split_dt(getattr(snapshot, name))
-    return params
+    return SNAPSHOTS.params(snapshot)
 
 
-def snapshot_from_row(row: Sequence[Any]) -> TaskSnapshot:
-    """按 TASK_COLUMNS 的顺序把一行还原成快照。"""
-    (
-        task_id,
-        name,
-        label,
-        status,
-        status_version,
-        attempt,
-        max_attempts,
-        created_at,
-        created_at_off,
-        queued_at,
-        queued_at_off,
-        started_at,
-        started_at_off,
-        finished_at,
-        finished_at_off,
-        last_heartbeat_at,
-        last_heartbeat_at_off,
-        progress,
-        failure,
-        outcome,
-        tags,
-        priority,
-        bucket,
-        bucket_key,
-        executor,
-        pid,
-        owner,
-        lease_owner,
-        lease_until,
-        lease_until_off,
-        pipeline_id,
-        node_id,
-        retry_at,
-        retry_at_off,
-        description,
-    ) = row
-    created = join_dt(created_at, created_at_off)
-    assert created is not None  # NOT NULL 列
-    return TaskSnapshot(
-        task_id=task_id,
-        name=name,
-        label=label,
-        status=TaskStatus(status),
-        status_version=status_version,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        created_at=created,
-        queued_at=join_dt(queued_at, queued_at_off),
-        started_at=join_dt(started_at, started_at_off),
-        finished_at=join_dt(finished_at, finished_at_off),
-        last_heartbeat_at=join_dt(last_heartbeat_at, last_heartbeat_at_off),
-        progress=None if progress is None else Progress.from_dict(progress),
-        failure=None if failure is None else Failure.from_dict(failure),
-        outcome=outcome,
-        tags=frozenset(tags),
-        priority=priority,
-        bucket=bucket,
-        bucket_key=bucket_key,
-        executor=executor,
-        pid=pid,
-        owner=owner,
-        lease_owner=lease_owner,
-        lease_until=join_dt(lease_until, lease_until_off),
-        pipeline_id=pipeline_id,
-        node_id=node_id,
-        retry_at=join_dt(retry_at, retry_at_off),
-        description=description,
-    )
-
-
-# -- transitions -------------------------------------------------------------------------------------
-
-TRANSITION_COLUMNS = (
-    "task_id",
-    "version",
-    "from_status",
-    "to_status",
-    "trigger",
-    "actor",
-    "reason",
-    "at",
-    "at_off",
-)
+snapshot_from_row = SNAPSHOTS.from_row
 
 
 def transition_arrays(transitions: Sequence[Transition]) -> list[list[Any]]:
     """按列拆成数组，供 ``unnest(...)`` 一次插入多行（一条语句、一次往返）。"""
-    columns: list[list[Any]] = [[] for _ in TRANSITION_COLUMNS]
-    for record in transitions:
-        if not isinstance(record, Transition):
-            raise ConfigurationError(f"迁移记录必须是 Transition，收到 {type(record).__name__}")
-        check_text(record.trigger, "迁移记录的 trigger")
-        check_text(record.actor, "迁移记录的 actor")
-        check_text(record.reason, "迁移记录的 reason")
-        at, at_off = split_dt(record.at)
-        values = (
-            record.task_id,
-            record.version,
-            TaskStatus(record.from_status).value,
-            TaskStatus(record.to_status).value,
-            record.trigger,
-            record.actor,
-            record.reason,
-            at,
-            at_off,
-        )
-        for column, value in zip(columns, values, strict=True):
-            column.append(value)
-    return columns
+    check_transitions(None, transitions)
+    rows = [TRANSITIONS.params(record) for record in transitions]
+    return [[row[name] for row in rows] for name in TRANSITIONS.names]
 
 
-def transition_from_row(row: Sequence[Any]) -> Transition:
-    task_id, version, from_status, to_status, trigger, actor, reason, at, at_off = row
-    moment = join_dt(at, at_off)
-    assert moment is not None
-    return Transition(
-        task_id=task_id,
-        from_status=TaskStatus(from_status),
-        to_status=TaskStatus(to_status),
-        trigger=trigger,
-        actor=actor,
-        reason=reason,
-        version=version,
-        at=moment,
-    )
+transition_from_row = TRANSITIONS.from_row
 
 
-# -- commands ----------------------------------------------------------------------------------------
-
-COMMAND_COLUMNS = (
-    "command_id",
-    "task_id",
-    "action",
-    "issuer",
-    "reason",
-    "payload",
-    "created_at",
-    "created_at_off",
-    "bucket",
-    "claimant",
-    "lease_until",
-    "lease_until_off",
-    "deliveries",
-    "completed_at",
-    "completed_at_off",
-)
-
-
-def command_from_row(row: Sequence[Any]) -> Command:
-    (
-        command_id,
-        task_id,
-        action,
-        issuer,
-        reason,
-        payload,
-        created_at,
-        created_at_off,
-        bucket,
-        claimant,
-        lease_until,
-        lease_until_off,
-        deliveries,
-        completed_at,
-        completed_at_off,
-    ) = row
-    created = join_dt(created_at, created_at_off)
-    assert created is not None
-    return Command(
-        command_id=command_id,
-        task_id=task_id,
-        action=CommandAction(action),
-        issuer=issuer,
-        reason=reason,
-        payload=dict(payload) if isinstance(payload, Mapping) else {},
-        created_at=created,
-        bucket=bucket,
-        claimant=claimant,
-        lease_until=join_dt(lease_until, lease_until_off),
-        deliveries=deliveries,
-        completed_at=join_dt(completed_at, completed_at_off),
-    )
-
-
-# -- nodes -------------------------------------------------------------------------------------------
-
-NODE_COLUMNS = (
-    "owner",
-    "buckets",
-    "num_buckets",
-    "heartbeat_at",
-    "heartbeat_at_off",
-    "expires_at",
-    "expires_at_off",
-    "info",
-)
+command_from_row = COMMANDS.from_row
 
 
 def node_params(record: NodeRecord) -> dict[str, Any]:
     """节点记录 → 列值。buckets 升序的 bigint[]；None 存 NULL（与空数组 '{}' 不同）。"""
-    heartbeat_at, heartbeat_off = split_dt(record.heartbeat_at)
-    expires_at, expires_off = split_dt(record.expires_at)
-    return {
-        "owner": check_text(record.owner, "节点名 owner"),
-        "buckets": None if record.buckets is None else sorted(record.buckets),
-        "num_buckets": record.num_buckets,
-        "heartbeat_at": heartbeat_at,
-        "heartbeat_at_off": heartbeat_off,
-        "expires_at": expires_at,
-        "expires_at_off": expires_off,
-        "info": json_text(dict(record.info), "NodeRecord.info"),
-    }
+    return NODES.params(record)
 
 
-def node_from_row(row: Sequence[Any]) -> NodeRecord:
-    owner, buckets, num_buckets, heartbeat_at, heartbeat_off, expires_at, expires_off, info = row
-    heartbeat = join_dt(heartbeat_at, heartbeat_off)
-    expires = join_dt(expires_at, expires_off)
-    assert heartbeat is not None and expires is not None
-    return NodeRecord(
-        owner=owner,
-        buckets=None if buckets is None else frozenset(int(b) for b in buckets),
-        num_buckets=int(num_buckets),
-        heartbeat_at=heartbeat,
-        expires_at=expires,
-        info=dict(info) if isinstance(info, Mapping) else {},
-    )
+node_from_row = NODES.from_row
 
 
 __all__ = [
+    "COMMANDS",
     "COMMAND_COLUMNS",
+    "DIALECT",
     "JSONB_COLUMNS",
+    "NODES",
     "NODE_COLUMNS",
     "SAVE_COLUMNS",
+    "SNAPSHOTS",
     "TASK_COLUMNS",
+    "TRANSITIONS",
     "TRANSITION_COLUMNS",
+    "PostgresDialect",
     "check_text",
     "command_from_row",
     "join_dt",
     "json_text",
     "node_from_row",
     "node_params",
+    "optional_json",
     "snapshot_from_row",
     "split_dt",
     "task_params",

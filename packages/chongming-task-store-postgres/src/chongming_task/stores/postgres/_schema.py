@@ -19,8 +19,10 @@ DDL 只在这里写一次：建表（``ensure_schema``）与"给运维的建表 
 
 from __future__ import annotations
 
+from chongming_task.core.storage.values import CommandAction
 from chongming_task.states import TERMINAL_STATUSES, TaskStatus
-from chongming_task.storage import CommandAction
+from chongming_task.stores.postgres import _codec
+from chongming_task.stores.postgres._codec import _in_list
 
 SCHEMA_VERSION = 1
 """本程序写出、也只认得的表结构版本。数据库里的版本更高 → 明确报错，而不是按旧结构乱写。"""
@@ -34,10 +36,6 @@ MAX_IDENTIFIER_BYTES = 63
 def quote_ident(name: str) -> str:
     """按 SQL 标准给标识符加双引号（内部的双引号写两遍）。调用方保证 name 已通过校验。"""
     return '"' + name.replace('"', '""') + '"'
-
-
-def _in_list(values: list[str]) -> str:
-    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
 
 
 def node_ddl_statements(schema: str) -> list[str]:
@@ -74,43 +72,8 @@ def ddl_statements(schema: str) -> list[str]:
     version integer NOT NULL,
     installed_at timestamptz NOT NULL DEFAULT now()
 )""",
-        f"""CREATE TABLE IF NOT EXISTS {s}.tasks (
-    task_id text COLLATE "C" PRIMARY KEY,
-    name text COLLATE "C" NOT NULL,
-    label text,
-    status text NOT NULL CHECK (status IN ({statuses})),
-    status_version bigint NOT NULL CHECK (status_version >= 0),
-    attempt bigint NOT NULL,
-    max_attempts bigint NOT NULL,
-    created_at timestamptz NOT NULL,
-    created_at_off bigint NOT NULL,
-    queued_at timestamptz,
-    queued_at_off bigint,
-    started_at timestamptz,
-    started_at_off bigint,
-    finished_at timestamptz,
-    finished_at_off bigint,
-    last_heartbeat_at timestamptz,
-    last_heartbeat_at_off bigint,
-    progress jsonb,
-    failure jsonb,
-    outcome jsonb,
-    tags text[] NOT NULL DEFAULT '{{}}',
-    priority bigint NOT NULL DEFAULT 0,
-    bucket integer,
-    bucket_key text,
-    executor text,
-    pid bigint,
-    owner text,
-    lease_owner text,
-    lease_until timestamptz,
-    lease_until_off bigint,
-    pipeline_id text,
-    node_id text,
-    retry_at timestamptz,
-    retry_at_off bigint,
-    description text
-)""",
+        # 列由列表推导（加字段 = 列表加一行 + 一次迁移）。
+        _codec.SNAPSHOTS.create_table(f"{s}.tasks"),
         f"CREATE INDEX IF NOT EXISTS tasks_created_idx ON {s}.tasks (created_at, task_id)",
         f"CREATE INDEX IF NOT EXISTS tasks_status_idx ON {s}.tasks (status)",
         f"CREATE INDEX IF NOT EXISTS tasks_name_idx ON {s}.tasks (name)",

@@ -23,6 +23,30 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.storage.checks import (
+    check_count,
+    check_key,
+    check_node_owner,
+    check_node_record,
+    check_positive_seconds,
+    check_snapshot,
+    check_transitions,
+    claim_args,
+    command_args,
+    touch_args,
+    touch_many_fields,
+    validate_save,
+)
+from chongming_task.core.storage.contract import TaskStore
+from chongming_task.core.storage.values import (
+    Command,
+    CommandAction,
+    NodeRecord,
+    QueryOrder,
+    TaskQuery,
+    TaskStats,
+    as_query,
+)
 from chongming_task.errors import (
     ConcurrencyConflict,
     ConfigurationError,
@@ -30,31 +54,10 @@ from chongming_task.errors import (
     StoreError,
     TaskNotFound,
 )
-from chongming_task.models import Progress, TaskSnapshot, Transition, validate_task_id
+from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.states import TERMINAL_STATUSES, TaskStatus
-from chongming_task.storage import (
-    Command,
-    CommandAction,
-    NodeRecord,
-    QueryOrder,
-    TaskQuery,
-    TaskStats,
-    TaskStore,
-    as_query,
-    check_node_owner,
-    check_node_record,
-    escape_like,
-    validate_lease,
-    validate_save,
-)
-from chongming_task.stores.postgres import _schema
+from chongming_task.stores.postgres import _schema, _sql
 from chongming_task.stores.postgres._codec import (
-    COMMAND_COLUMNS,
-    JSONB_COLUMNS,
-    NODE_COLUMNS,
-    SAVE_COLUMNS,
-    TASK_COLUMNS,
-    TRANSITION_COLUMNS,
     check_text,
     command_from_row,
     json_text,
@@ -63,10 +66,10 @@ from chongming_task.stores.postgres._codec import (
     snapshot_from_row,
     split_dt,
     task_params,
-    transition_arrays,
     transition_from_row,
 )
 from chongming_task.stores.postgres._listener import CommandListener, NoticeCallback
+from chongming_task.stores.postgres._sql import transition_params as _transition_params
 
 logger = logging.getLogger("chongming_task.stores.postgres")
 
@@ -116,17 +119,6 @@ def _positive_int(name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigurationError(f"{name} 必须是 >= {minimum} 的整数，收到 {value!r}")
     return value
-
-
-def _positive_seconds(name: str, value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigurationError(f"{name} 必须是正的秒数，收到 {value!r}")
-    return float(value)
 
 
 def channel_for(schema: str) -> str:
@@ -198,222 +190,6 @@ def _data_error(exc: BaseException) -> ConfigurationError:
     )
 
 
-# -- SQL ---------------------------------------------------------------------------------------------
-
-
-def _cols(columns: Iterable[str], prefix: str = "") -> str:
-    return ", ".join(prefix + c for c in columns)
-
-
-def _value_expr(column: str) -> str:
-    return f"%({column})s::jsonb" if column in JSONB_COLUMNS else f"%({column})s"
-
-
-def _transitions_insert(s: str, guard: str) -> str:
-    """从列数组 unnest 出多行迁移记录；(task_id, version) 已存在则跳过（幂等）。"""
-    return (
-        f"INSERT INTO {s}.transitions ({_cols(TRANSITION_COLUMNS)}) "
-        f"SELECT {_cols(TRANSITION_COLUMNS, 'x.')} FROM unnest("
-        "%(t_task_id)s::text[], %(t_version)s::bigint[], %(t_from)s::text[], %(t_to)s::text[], "
-        "%(t_trigger)s::text[], %(t_actor)s::text[], %(t_reason)s::text[], %(t_at)s::timestamptz[], "
-        f"%(t_at_off)s::bigint[]) AS x({_cols(TRANSITION_COLUMNS)}) {guard} "
-        "ON CONFLICT (task_id, version) DO NOTHING"
-    )
-
-
-def _transition_params(transitions: Sequence[Transition]) -> dict[str, Any]:
-    keys = (
-        "t_task_id",
-        "t_version",
-        "t_from",
-        "t_to",
-        "t_trigger",
-        "t_actor",
-        "t_reason",
-        "t_at",
-        "t_at_off",
-    )
-    return dict(zip(keys, transition_arrays(transitions), strict=True))
-
-
-class _Sql:
-    """一个 schema 下的全部语句，构造时渲染一次（schema 名已转义）。"""
-
-    def __init__(self, schema: str) -> None:
-        s = _schema.quote_ident(schema)
-        self.s = s
-        task_cols = _cols(TASK_COLUMNS)
-        self.task_cols = task_cols
-        self.create = (
-            f"WITH ins AS (INSERT INTO {s}.tasks ({task_cols}) "
-            f"VALUES ({', '.join(_value_expr(c) for c in TASK_COLUMNS)}) "
-            "ON CONFLICT (task_id) DO NOTHING RETURNING task_id), "
-            f"hist AS ({_transitions_insert(s, 'WHERE EXISTS (SELECT 1 FROM ins)')}) "
-            "SELECT count(*) FROM ins"
-        )
-        # 热路径：版本校验的 UPDATE 与迁移记录的 INSERT 在同一条语句里，一次往返、天然原子。
-        # 版本不符时 upd 为空，hist 的 WHERE EXISTS 也就不插入任何一行——冲突时什么也不写。
-        assignments = ", ".join(f"{c} = {_value_expr(c)}" for c in SAVE_COLUMNS)
-        self.save = (
-            f"WITH upd AS (UPDATE {s}.tasks SET {assignments} "
-            "WHERE task_id = %(task_id)s AND status_version = %(expect_version)s RETURNING 1), "
-            f"hist AS ({_transitions_insert(s, 'WHERE EXISTS (SELECT 1 FROM upd)')}) "
-            f"SELECT (SELECT count(*) FROM upd), EXISTS (SELECT 1 FROM {s}.tasks WHERE task_id = %(task_id)s)"
-        )
-        self.save_no_history = (
-            f"WITH upd AS (UPDATE {s}.tasks SET {assignments} "
-            "WHERE task_id = %(task_id)s AND status_version = %(expect_version)s RETURNING 1) "
-            f"SELECT (SELECT count(*) FROM upd), EXISTS (SELECT 1 FROM {s}.tasks WHERE task_id = %(task_id)s)"
-        )
-        self.current_version = f"SELECT status_version FROM {s}.tasks WHERE task_id = %s"
-        self.get = f"SELECT {task_cols} FROM {s}.tasks WHERE task_id = %s"
-        # 批里有不存在的任务 → 整批不写（否则留下 prune 永远删不掉的孤儿历史），并报出是哪些。
-        self.append = (
-            "WITH missing AS (SELECT DISTINCT m.task_id FROM unnest(%(t_task_id)s::text[]) AS m(task_id) "
-            f"WHERE NOT EXISTS (SELECT 1 FROM {s}.tasks t WHERE t.task_id = m.task_id)), "
-            f"ins AS ({_transitions_insert(s, 'WHERE NOT EXISTS (SELECT 1 FROM missing)')}) "
-            "SELECT array_agg(task_id ORDER BY task_id) FROM missing"
-        )
-        self.history = (
-            f"SELECT {_cols(TRANSITION_COLUMNS)} FROM {s}.transitions WHERE task_id = %s ORDER BY version"
-        )
-        self.exists = f"SELECT EXISTS (SELECT 1 FROM {s}.tasks WHERE task_id = %s)"
-        command_cols = _cols(COMMAND_COLUMNS)
-        self.command_cols = command_cols
-        notice = (
-            "json_build_object('command_id', {t}.command_id, 'task_id', {t}.task_id, "
-            "'action', {t}.action, 'bucket', {t}.bucket)::text"
-        )
-        self.submit = (
-            f"WITH ins AS (INSERT INTO {s}.commands "
-            "(command_id, task_id, action, issuer, reason, payload, created_at, created_at_off, bucket) "
-            "SELECT %(command_id)s, t.task_id, %(action)s, %(issuer)s, %(reason)s, %(payload)s::jsonb, "
-            f"%(created_at)s, %(created_at_off)s, t.bucket FROM {s}.tasks t WHERE t.task_id = %(task_id)s "
-            "RETURNING command_id, task_id, action, bucket) "
-            f"SELECT ins.bucket, pg_notify(%(channel)s, {notice.format(t='ins')}) FROM ins"
-        )
-        self.complete = (
-            f"UPDATE {s}.commands SET "
-            "completed_at_off = CASE WHEN completed_at IS NULL THEN %(at_off)s ELSE completed_at_off END, "
-            "completed_at = COALESCE(completed_at, %(at)s) "
-            "WHERE command_id = %(command_id)s AND claimant = %(claimant)s RETURNING 1"
-        )
-        self.release = (
-            f"WITH rel AS (UPDATE {s}.commands "
-            "SET claimant = NULL, lease_until = NULL, lease_until_off = NULL "
-            "WHERE command_id = %(command_id)s AND claimant = %(claimant)s AND completed_at IS NULL "
-            "RETURNING command_id, task_id, action, bucket) "
-            f"SELECT pg_notify(%(channel)s, {notice.format(t='rel')}) FROM rel"
-        )
-        self.prune = (
-            f"WITH victims AS (SELECT task_id FROM {s}.tasks WHERE status = ANY(%(terminal)s::text[]) "
-            "ORDER BY finished_at DESC NULLS LAST, created_at DESC, task_id DESC OFFSET %(keep)s), "
-            f"dh AS (DELETE FROM {s}.transitions WHERE task_id IN (SELECT task_id FROM victims)), "
-            f"dc AS (DELETE FROM {s}.commands WHERE task_id IN (SELECT task_id FROM victims)), "
-            f"dt AS (DELETE FROM {s}.tasks WHERE task_id IN (SELECT task_id FROM victims) RETURNING 1) "
-            "SELECT count(*) FROM dt"
-        )
-        node_cols = _cols(NODE_COLUMNS)
-        node_values = ", ".join(
-            "%(buckets)s::bigint[]" if c == "buckets" else "%(info)s::jsonb" if c == "info" else f"%({c})s"
-            for c in NODE_COLUMNS
-        )
-        # ON CONFLICT DO UPDATE 在并发下也不会撞唯一约束：同一 owner 的并发发布按提交先后覆盖。
-        self.publish_node = (
-            f"INSERT INTO {s}.nodes ({node_cols}) VALUES ({node_values}) ON CONFLICT (owner) DO UPDATE SET "
-            + ", ".join(f"{c} = EXCLUDED.{c}" for c in NODE_COLUMNS if c != "owner")
-        )
-        self.list_nodes = f"SELECT {node_cols} FROM {s}.nodes ORDER BY owner"
-        self.remove_node = f"DELETE FROM {s}.nodes WHERE owner = %s RETURNING 1"
-        self._claim: dict[tuple[bool, bool], str] = {}
-        self._touch: dict[tuple[bool, bool, bool, bool], str] = {}
-
-    def claim(self, by_task: bool, by_bucket: bool) -> str:
-        key = (by_task, by_bucket)
-        text = self._claim.get(key)
-        if text is None:
-            filters = ""
-            if by_task:
-                filters += " AND task_id = ANY(%(task_ids)s::text[])"
-            if by_bucket:
-                filters += " AND bucket = ANY(%(buckets)s::integer[])"
-            # SKIP LOCKED：并发的认领者各自跳过别人正锁着的行，互不等待，也绝不拿到同一条。
-            # READ COMMITTED 下被别人刚提交认领的行会按最新版本复查 WHERE，租约未过期就不会被选中。
-            text = (
-                f"WITH picked AS (SELECT command_id FROM {self.s}.commands "
-                "WHERE completed_at IS NULL AND (lease_until IS NULL OR lease_until <= %(now)s)"
-                f"{filters} ORDER BY enqueued_at, command_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
-                f"UPDATE {self.s}.commands c SET claimant = %(claimant)s, lease_until = %(until)s, "
-                "lease_until_off = %(until_off)s, deliveries = c.deliveries + 1 "
-                f"FROM picked WHERE c.command_id = picked.command_id "
-                f"RETURNING {_cols(COMMAND_COLUMNS, 'c.')}, c.enqueued_at"
-            )
-            self._claim[key] = text
-        return text
-
-    def touch(self, progress: bool, heartbeat: bool, lease_owner: bool, lease_until: bool) -> str:
-        key = (progress, heartbeat, lease_owner, lease_until)
-        text = self._touch.get(key)
-        if text is None:
-            sets = []
-            if progress:
-                sets.append("progress = %(progress)s::jsonb")
-            if heartbeat:
-                sets += [
-                    "last_heartbeat_at = %(heartbeat_at)s",
-                    "last_heartbeat_at_off = %(heartbeat_at_off)s",
-                ]
-            if lease_owner:
-                sets.append("lease_owner = %(lease_owner)s")
-            if lease_until:
-                sets += ["lease_until = %(lease_until)s", "lease_until_off = %(lease_until_off)s"]
-            text = f"UPDATE {self.s}.tasks SET {', '.join(sets)} WHERE task_id = %(task_id)s RETURNING 1"
-            self._touch[key] = text
-        return text
-
-
-def _where(query: TaskQuery) -> tuple[str, dict[str, Any]]:
-    """TaskQuery → WHERE 子句。每一条都与 ``TaskQuery.matches`` 的参照语义逐条对应。"""
-    clauses: list[str] = []
-    params: dict[str, Any] = {}
-    if query.statuses is not None:
-        clauses.append("status = ANY(%(statuses)s::text[])")
-        params["statuses"] = sorted(s.value for s in query.statuses)
-    if query.name_prefix is not None:
-        # 前缀按字面匹配：escape_like 转义 % _ 与转义符本身（列是 COLLATE "C"，按码点比较）。
-        clauses.append("name LIKE %(name_like)s ESCAPE '\\'")
-        params["name_like"] = escape_like(query.name_prefix)
-    if query.tag is not None:
-        clauses.append("tags @> ARRAY[%(tag)s::text]")
-        params["tag"] = query.tag
-    if query.bucket is not None:
-        clauses.append("bucket = %(bucket)s")
-        params["bucket"] = query.bucket
-    if query.buckets is not None:
-        clauses.append("bucket = ANY(%(buckets)s::bigint[])")
-        params["buckets"] = sorted(query.buckets)
-    if query.owner is not None:
-        clauses.append("owner = %(owner)s")
-        params["owner"] = query.owner
-    if query.pipeline_id is not None:
-        clauses.append("pipeline_id = %(pipeline_id)s")
-        params["pipeline_id"] = query.pipeline_id
-    if query.created_after is not None:
-        clauses.append("created_at > %(created_after)s")
-        params["created_after"] = query.created_after
-    if query.created_before is not None:
-        clauses.append("created_at < %(created_before)s")
-        params["created_before"] = query.created_before
-    if query.lease_expired_before is not None:
-        clauses.append("(lease_until IS NULL OR lease_until < %(lease_expired_before)s)")
-        params["lease_expired_before"] = query.lease_expired_before
-    for name in ("name_like", "tag", "owner", "pipeline_id"):
-        if name in params:
-            check_text(params[name], f"TaskQuery.{name}")
-    where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
-    return where, params
-
-
 # -- the store ---------------------------------------------------------------------------------------
 
 
@@ -457,19 +233,19 @@ class PostgresTaskStore(TaskStore):
         self._schema = _validate_schema_name(schema)
         min_size = _positive_int("min_size", min_size, minimum=0)
         max_size = _positive_int("max_size", max_size, minimum=max(1, min_size))
-        self._connect_timeout = _positive_seconds("connect_timeout", connect_timeout)
-        self._pool_timeout = _positive_seconds("pool_timeout", pool_timeout)
-        reconnect_timeout = _positive_seconds("reconnect_timeout", reconnect_timeout)
+        self._connect_timeout = check_positive_seconds("connect_timeout", connect_timeout)
+        self._pool_timeout = check_positive_seconds("pool_timeout", pool_timeout)
+        reconnect_timeout = check_positive_seconds("reconnect_timeout", reconnect_timeout)
         statement_ms = (
             None
             if statement_timeout is None
-            else math.ceil(1000 * _positive_seconds("statement_timeout", statement_timeout))
+            else math.ceil(1000 * check_positive_seconds("statement_timeout", statement_timeout))
         )
         self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
         self._dsn = dsn
         self._display = redact(dsn)
         self._channel = channel_for(self._schema)
-        self._sql = _Sql(self._schema)
+        self._sql = _sql.Sql(self._schema)
         self._closed = False
         self._close_lock = threading.Lock()
         self._listener: CommandListener | None = None
@@ -812,11 +588,8 @@ class PostgresTaskStore(TaskStore):
     # -- snapshots ------------------------------------------------------------------------------------
 
     def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
-        if not isinstance(snapshot, TaskSnapshot):
-            raise ConfigurationError(f"create() 需要 TaskSnapshot，收到 {type(snapshot).__name__}")
-        for record in transitions:
-            if isinstance(record, Transition) and record.task_id != snapshot.task_id:
-                raise ConfigurationError(f"迁移记录属于任务 {record.task_id!r}，不属于 {snapshot.task_id!r}")
+        snapshot = check_snapshot(snapshot)
+        check_transitions(snapshot.task_id, transitions)
         params = task_params(snapshot)
         params.update(_transition_params(transitions))
         with self._connection() as conn:
@@ -827,8 +600,7 @@ class PostgresTaskStore(TaskStore):
     def save(
         self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
     ) -> None:
-        if not isinstance(snapshot, TaskSnapshot):
-            raise ConfigurationError(f"save() 需要 TaskSnapshot，收到 {type(snapshot).__name__}")
+        snapshot = check_snapshot(snapshot)
         validate_save(snapshot, expect_version, transitions)
         params = task_params(snapshot)
         params["expect_version"] = expect_version
@@ -852,8 +624,8 @@ class PostgresTaskStore(TaskStore):
         )
 
     def get(self, task_id: str) -> TaskSnapshot | None:
-        if not isinstance(task_id, str) or "\x00" in task_id:
-            return None
+        if "\x00" in check_key("task_id", task_id):
+            return None  # text 存不下 NUL：这样的任务不可能存在
 
         def run(conn: Conn) -> TaskSnapshot | None:
             row = conn.execute(self._sql.get, [task_id]).fetchone()
@@ -865,7 +637,7 @@ class PostgresTaskStore(TaskStore):
         query = as_query(query)
         if query.limit == 0:
             return []
-        where, params = _where(query)
+        where, params = _sql.where_clause(query)
         direction = "DESC" if query.order is QueryOrder.NEWEST_FIRST else "ASC"
         text = (
             f"SELECT {self._sql.task_cols} FROM {self._sql.s}.tasks{where} "
@@ -882,7 +654,7 @@ class PostgresTaskStore(TaskStore):
 
     def stats(self, query: TaskQuery | None = None) -> TaskStats:
         query = as_query(query)
-        where, params = _where(query)
+        where, params = _sql.where_clause(query)
         text = f"SELECT status, count(*) FROM {self._sql.s}.tasks{where} GROUP BY status"
 
         def run(conn: Conn) -> TaskStats:
@@ -893,7 +665,7 @@ class PostgresTaskStore(TaskStore):
 
     def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
         query = as_query(query)
-        where, params = _where(query)
+        where, params = _sql.where_clause(query)
         where = f"{where} AND bucket IS NOT NULL" if where else " WHERE bucket IS NOT NULL"
         text = f"SELECT bucket, count(*) FROM {self._sql.s}.tasks{where} GROUP BY bucket ORDER BY bucket"
 
@@ -915,7 +687,7 @@ class PostgresTaskStore(TaskStore):
             raise TaskNotFound(f"这些任务不存在，整批迁移记录都没有写入：{', '.join(map(repr, missing))}")
 
     def history(self, task_id: str) -> list[Transition]:
-        if not isinstance(task_id, str) or "\x00" in task_id:
+        if "\x00" in check_key("task_id", task_id):
             return []
 
         def run(conn: Conn) -> list[Transition]:
@@ -933,15 +705,7 @@ class PostgresTaskStore(TaskStore):
         lease_owner: str | None,
         lease_until: datetime | None,
     ) -> tuple[str, dict[str, Any]] | None:
-        if not isinstance(task_id, str):
-            raise ConfigurationError(f"task_id 必须是字符串，收到 {task_id!r}")
-        if progress is not None and not isinstance(progress, Progress):
-            raise ConfigurationError(f"progress 必须是 Progress，收到 {type(progress).__name__}")
-        for name, value in (("heartbeat_at", heartbeat_at), ("lease_until", lease_until)):
-            if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
-                raise ConfigurationError(f"{name} 必须是带时区的 datetime，收到 {value!r}")
-        if lease_owner is not None and not isinstance(lease_owner, str):
-            raise ConfigurationError(f"lease_owner 必须是字符串，收到 {lease_owner!r}")
+        touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
         check_text(lease_owner, "lease_owner")
         if progress is None and heartbeat_at is None and lease_owner is None and lease_until is None:
             return None
@@ -980,12 +744,8 @@ class PostgresTaskStore(TaskStore):
     def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """一次事务、一次管道发送：控制器每轮续租几十个任务，不该付几十次往返。"""
         statements: list[tuple[str, dict[str, Any]]] = []
-        for task_id, fields in updates:
-            unknown = set(fields) - {"progress", "heartbeat_at", "lease_owner", "lease_until"}
-            if unknown:
-                raise ConfigurationError(f"touch_many 里有未知字段：{sorted(unknown)}")
-            if isinstance(task_id, str) and "\x00" in task_id:
-                continue
+        for task_id, raw in updates:
+            fields = touch_many_fields(raw)
             statement = self._touch_statement(
                 task_id,
                 fields.get("progress"),
@@ -993,7 +753,7 @@ class PostgresTaskStore(TaskStore):
                 fields.get("lease_owner"),
                 fields.get("lease_until"),
             )
-            if statement is not None:
+            if statement is not None and "\x00" not in task_id:  # 含 NUL 的任务不可能存在
                 statements.append(statement)
         if not statements:
             return
@@ -1012,19 +772,11 @@ class PostgresTaskStore(TaskStore):
         reason: str | None = None,
         payload: Mapping[str, Any] | None = None,
     ) -> Command:
-        validate_task_id(task_id)
-        try:
-            action = CommandAction(action)
-        except ValueError:
-            known = ", ".join(a.value for a in CommandAction)
-            raise ConfigurationError(f"未知的指令动作 {action!r}；可选：{known}") from None
-        for name, value in (("issuer", issuer), ("reason", reason)):
-            if value is not None and not isinstance(value, str):
-                raise ConfigurationError(f"指令的 {name} 必须是字符串，收到 {value!r}")
-            check_text(value, f"指令的 {name}")
-        if payload is not None and not isinstance(payload, Mapping):
-            raise ConfigurationError(f"指令的 payload 必须是字典，收到 {type(payload).__name__}")
-        body = dict(payload or {})
+        action, body = command_args(task_id, action, issuer, reason, payload)
+        check_text(issuer, "指令的 issuer")
+        check_text(reason, "指令的 reason")
+        if "\x00" in task_id:
+            raise TaskNotFound(f"任务 {task_id!r} 不存在，无法下发指令 {action.value}")  # text 存不下 NUL
         payload_text = json_text(body, "指令 payload")
         created_at = self._clock.now()
         command_id = _new_command_id()
@@ -1064,30 +816,13 @@ class PostgresTaskStore(TaskStore):
         task_ids: Iterable[str] | None = None,
         buckets: Iterable[int] | None = None,
     ) -> list[Command]:
-        if not isinstance(claimant, str) or not claimant:
-            raise ConfigurationError(f"claimant 必须是非空字符串，收到 {claimant!r}")
-        check_text(claimant, "claimant")
-        validate_lease(lease)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ConfigurationError(f"limit 必须是非负整数，收到 {limit!r}")
-        ids: list[str] | None = None
-        if task_ids is not None:
-            if isinstance(task_ids, str):
-                raise ConfigurationError("task_ids 必须是 task_id 的集合，不能是单个字符串")
-            ids = [t for t in task_ids if isinstance(t, str) and "\x00" not in t]
-            if not ids:
-                return []
-        bucket_list: list[int] | None = None
-        if buckets is not None:
-            bucket_list = []
-            for bucket in buckets:
-                if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
-                    raise ConfigurationError(f"buckets 里只能放非负整数桶号，收到 {bucket!r}")
-                if bucket < 2**31:  # 更大的桶号不可能出现在 integer 列里
-                    bucket_list.append(bucket)
-            if not bucket_list:
-                return []
-        if limit == 0:
+        wanted_tasks, wanted_buckets = claim_args(claimant, lease, limit, task_ids, buckets)
+        check_text(claimant, "认领者 claimant")
+        # text 存不下 NUL、integer 存不下 2**31 以上的桶号：这样的过滤值不可能匹配任何指令，直接去掉。
+        ids = None if wanted_tasks is None else sorted(t for t in wanted_tasks if "\x00" not in t)
+        bucket_list = None if wanted_buckets is None else sorted(b for b in wanted_buckets if b < 2**31)
+        if limit == 0 or ids == [] or bucket_list == []:
+            self._check_open()
             return []
         now = self._clock.now()
         until, until_off = split_dt(now + timedelta(seconds=lease))
@@ -1108,20 +843,18 @@ class PostgresTaskStore(TaskStore):
         return [command_from_row(row[:-1]) for row in rows]
 
     def complete_command(self, command_id: str, claimant: str) -> bool:
-        if not isinstance(command_id, str) or not isinstance(claimant, str):
-            return False
-        if "\x00" in command_id or "\x00" in claimant:
-            return False
+        check_key("command_id", command_id)
+        if "\x00" in command_id or not isinstance(claimant, str) or "\x00" in claimant:
+            return False  # 这样的指令 / 持有者不可能存在
         at, at_off = split_dt(self._clock.now())
         params = {"command_id": command_id, "claimant": claimant, "at": at, "at_off": at_off}
         with self._connection() as conn:
             return conn.execute(self._sql.complete, params).fetchone() is not None
 
     def release_command(self, command_id: str, claimant: str) -> bool:
-        if not isinstance(command_id, str) or not isinstance(claimant, str):
-            return False
-        if "\x00" in command_id or "\x00" in claimant:
-            return False
+        check_key("command_id", command_id)
+        if "\x00" in command_id or not isinstance(claimant, str) or "\x00" in claimant:
+            return False  # 这样的指令 / 持有者不可能存在
         params = {"command_id": command_id, "claimant": claimant, "channel": self._channel}
         with self._connection() as conn:
             return conn.execute(self._sql.release, params).fetchone() is not None
@@ -1215,8 +948,7 @@ class PostgresTaskStore(TaskStore):
     # -- upkeep ---------------------------------------------------------------------------------------
 
     def prune(self, keep_terminal: int) -> int:
-        if isinstance(keep_terminal, bool) or not isinstance(keep_terminal, int) or keep_terminal < 0:
-            raise ConfigurationError(f"keep_terminal 必须是非负整数，收到 {keep_terminal!r}")
+        check_count("keep_terminal", keep_terminal)
         params = {"terminal": _TERMINAL, "keep": keep_terminal}
         with self._connection() as conn:
             row = conn.execute(self._sql.prune, params).fetchone()

@@ -1,0 +1,211 @@
+"""不依赖存储值类型的入参校验（``checks`` 的下半部分）。
+
+拆成两个文件只为避免导入环：``values`` 里的值类型在构造时要用这些校验（时间带时区、JSON 可序列化、
+节点名），而 ``checks`` 的上半部分（指令动作、节点记录）又要用到值类型。后端与第三方实现一律从
+``chongming_task.core.storage.checks`` 导入——那里重新导出这里的全部名字。
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from chongming_task.core.json_depth import check_json_depth
+from chongming_task.errors import ConfigurationError
+from chongming_task.models import Progress, TaskSnapshot, Transition
+
+# 非默认参数的 json.dumps 每次都要新建一个编码器；复用一个（JSONEncoder.encode 无状态，线程安全）。
+_STRICT_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+MAX_LEASE_SECONDS = 10 * 365 * 24 * 3600
+
+TOUCH_FIELDS = frozenset({"progress", "heartbeat_at", "lease_owner", "lease_until"})
+"""touch / touch_many 接受的参数名（heartbeat_at 写进快照的 last_heartbeat_at）。"""
+
+
+def check_aware(name: str, value: object, *, required: bool = False) -> None:
+    """带时区的 datetime（``required=False`` 时也可以是 None）。
+
+    naive 时间在不同机器上会被按不同的本地时区解释，所以一律拒绝。
+    """
+    if (required or value is not None) and (not isinstance(value, datetime) or value.utcoffset() is None):
+        raise ConfigurationError(f"{name} 必须是带时区的 datetime，收到 {value!r}")
+
+
+def check_json_value(value: Any, *, what: str = "outcome") -> str:
+    """把值序列化为严格 JSON 文本；不可序列化（或含 NaN/inf）时抛 ConfigurationError 说明原因。"""
+    if value is None:
+        return "null"  # 最常见的返回值：不必为它走一遍编码器
+    # 先量深度（非递归）：标准库编码器是递归的，过深的值抛的是 RecursionError，不是"不可序列化"。
+    check_json_depth(value, what=what)
+    try:
+        return _STRICT_JSON.encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ConfigurationError(
+            f"{what} 必须可 JSON 序列化（dict / list / str / 数字 / bool / None）：{exc}"
+        ) from None
+
+
+def check_node_owner(owner: object) -> str:
+    """节点名：非空字符串、不含 NUL（PostgreSQL 的 text 存不下 NUL）。"""
+    if not isinstance(owner, str) or not owner:
+        raise ConfigurationError(f"节点名 owner 必须是非空字符串（例如 'node-a'），收到 {owner!r}")
+    if "\x00" in owner:
+        raise ConfigurationError("节点名 owner 不能包含 NUL 字符（\\x00）")
+    return owner
+
+
+def check_bucket(name: str, value: object) -> int:
+    """桶号：非负整数（bool 不算整数——True 当桶号几乎总是写错了）。"""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(f"{name} 里只能放非负整数桶号，收到 {value!r}")
+    return value
+
+
+def check_key(name: str, value: object) -> str:
+    """按键读取的参数（task_id、command_id）：必须是字符串。
+
+    键来自无类型代码（CLI、配置）时，列表之类的值会在 dict 查找里变成 TypeError、在 SQL 里变成驱动错误：
+    在入口处说清楚。
+    """
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{name} 必须是字符串，收到 {value!r}")
+    return value
+
+
+def check_optional_text(name: str, value: object) -> None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigurationError(f"{name} 必须是字符串或 None，收到 {value!r}")
+
+
+def check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(f"{name} 必须是非负整数，收到 {value!r}")
+
+
+def check_positive_seconds(name: str, value: object) -> float:
+    """正的有限秒数（超时、租约、间隔）。"""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigurationError(f"{name} 必须是正的秒数，收到 {value!r}")
+    return float(value)
+
+
+def check_claimant(value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"认领者 claimant 必须是非空字符串，收到 {value!r}")
+
+
+def check_snapshot(snapshot: object) -> TaskSnapshot:
+    if not isinstance(snapshot, TaskSnapshot):
+        raise ConfigurationError(f"存储只接受 TaskSnapshot，收到 {type(snapshot).__name__}")
+    return snapshot
+
+
+def check_transitions(task_id: str | None, transitions: Sequence[Transition]) -> None:
+    """每条都是 Transition；给了 task_id 时还必须都属于它（append 的批可以跨任务，传 None）。"""
+    for record in transitions:
+        if not isinstance(record, Transition):
+            raise ConfigurationError(f"迁移记录必须是 Transition，收到 {type(record).__name__}")
+        if task_id is not None and record.task_id != task_id:
+            raise ConfigurationError(f"迁移记录属于任务 {record.task_id!r}，不属于 {task_id!r}")
+
+
+def validate_save(snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]) -> None:
+    """save() 的参数一致性：迁移记录必须正好覆盖 expect_version+1 .. snapshot.status_version。
+
+    各后端在写入之前调用它，保证历史不会因调用方的错误而出现空洞或重复。
+    """
+    if isinstance(expect_version, bool) or not isinstance(expect_version, int) or expect_version < 0:
+        raise ConfigurationError(f"expect_version 必须是非负整数，收到 {expect_version!r}")
+    if snapshot.status_version < expect_version:
+        raise ConfigurationError(
+            f"快照版本 {snapshot.status_version} 小于 expect_version {expect_version}：版本号只能前进"
+        )
+    if transitions:
+        check_transitions(None, transitions)  # 先确认都是 Transition，才能读 version
+        versions = [t.version for t in transitions]
+        expected = list(range(expect_version + 1, snapshot.status_version + 1))
+        if versions != expected:
+            raise ConfigurationError(f"随 save 提交的迁移记录版本必须正好是 {expected}，收到 {versions}")
+        check_transitions(snapshot.task_id, transitions)
+        if transitions[-1].to_status is not snapshot.status:
+            raise ConfigurationError("最后一条迁移记录的目标状态必须等于快照状态")
+
+
+def validate_lease(lease: float) -> None:
+    if (
+        isinstance(lease, bool)
+        or not isinstance(lease, (int, float))
+        or not math.isfinite(lease)
+        or lease <= 0
+    ):
+        raise ConfigurationError(f"指令租约必须是正的秒数，收到 {lease!r}")
+    if lease > MAX_LEASE_SECONDS:
+        # 否则 now + lease 越过 datetime 的上限，在后端深处变成 OverflowError。
+        raise ConfigurationError(f"指令租约过长（{lease!r} 秒）：上限是 {MAX_LEASE_SECONDS} 秒（10 年）")
+
+
+def touch_args(
+    task_id: object,
+    progress: object,
+    heartbeat_at: object,
+    lease_owner: object,
+    lease_until: object,
+) -> None:
+    """touch 的入参（None 表示不改）。每个运行中的任务每几秒 touch 一次：检查都是 O(1) 的类型判断。"""
+    check_key("task_id", task_id)
+    if progress is not None and not isinstance(progress, Progress):
+        raise ConfigurationError(f"progress 必须是 Progress，收到 {type(progress).__name__}")
+    check_aware("heartbeat_at", heartbeat_at)
+    check_optional_text("lease_owner", lease_owner)
+    check_aware("lease_until", lease_until)
+
+
+def touch_many_fields(fields: object) -> dict[str, Any]:
+    """touch_many 一项里的字段字典：只接受 ``TOUCH_FIELDS``。"""
+    if not isinstance(fields, dict):
+        raise ConfigurationError(f"touch_many 的每一项必须是 (task_id, dict)，收到 {fields!r}")
+    unknown = set(fields) - TOUCH_FIELDS
+    if unknown:
+        raise ConfigurationError(f"touch_many 里有未知字段 {sorted(unknown)}：只接受 {sorted(TOUCH_FIELDS)}")
+    return fields
+
+
+def id_set(name: str, values: Iterable[Any] | None, kind: type) -> frozenset[Any] | None:
+    """task_ids / buckets 这类过滤集合：None 表示不限；单个值（而不是集合）是常见误用，明确拒绝。
+
+    桶号还必须非负（与 ``TaskQuery.buckets`` 一致）：负的桶号不可能出现在任何任务上，多半是算错了。
+    """
+    if values is None:
+        return None
+    if isinstance(values, (str, int)):
+        raise ConfigurationError(f"{name} 必须是集合（例如 [{values!r}]），不能是单个值")
+    result = frozenset(values)
+    for item in result:
+        if isinstance(item, bool) or not isinstance(item, kind):
+            raise ConfigurationError(f"{name} 里只能放 {kind.__name__}，收到 {item!r}")
+        if kind is int:
+            check_bucket(name, item)
+    return result
+
+
+def claim_args(
+    claimant: object,
+    lease: float,
+    limit: object,
+    task_ids: Iterable[Any] | None,
+    buckets: Iterable[Any] | None,
+) -> tuple[frozenset[str] | None, frozenset[int] | None]:
+    """claim_commands 的入参：校验认领者、租约与 limit，返回规范化后的 (task_ids, buckets) 过滤集合。"""
+    check_claimant(claimant)
+    validate_lease(lease)
+    check_count("limit", limit)
+    return id_set("task_ids", task_ids, str), id_set("buckets", buckets, int)

@@ -1,0 +1,204 @@
+"""持久层契约：TaskStore 抽象基类（值类型见 ``values``，入参校验见 ``checks``）。
+
+五类流量刻意分开，因为写入频次与一致性要求不同：
+
+* 快照（create / save / get / query / stats / bucket_counts）：参与乐观并发（status_version）。
+* 审计轨迹（append / history）：只追加，按 (task_id, version) 幂等。
+* 高频旁路（touch）：进度、心跳、租约。不碰版本号，也不与 save 冲突——save 从不改写这四个
+  字段，它们只由 create（初值）与 touch 写入。否则进度上报会与状态写入持续冲突。
+* 控制指令（submit_command / claim_commands / complete_command / release_command）：跨进程控制的
+  媒介。取走指令带租约：持有者崩溃后租约到期，指令可被重新取走。
+* 节点成员（publish_node / list_nodes / remove_node）：每个节点定期发布"我是谁、负责哪些桶、
+  活到什么时候"。它是运维检查（桶重复 / 空洞、孤儿任务）的权威来源，与任务数据互不影响。
+
+每个后端都必须通过 ``chongming_task.testing.store_contract.StoreContract``。逐条语义见
+docs/store-guide.md（持久层实现指南）。
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from chongming_task.core.storage.values import (
+    Command,
+    CommandAction,
+    NodeRecord,
+    TaskQuery,
+    TaskStats,
+)
+from chongming_task.models import Progress, TaskSnapshot, Transition
+
+
+class TaskStore(ABC):
+    """持久层契约（18 个抽象方法，五类流量）。实现必须线程安全；多进程共享同一存储时语义不变。"""
+
+    # -- snapshots ----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
+        """写入新任务（连同已有的迁移记录）。task_id 已存在 → DuplicateTaskId，什么也不写。
+
+        旁路字段（progress / last_heartbeat_at / lease_*）以快照里的值为初值。outcome 必须能通过
+        ``check_json_value``，否则 ConfigurationError，什么也不写。
+        """
+
+    @abstractmethod
+    def save(
+        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+    ) -> None:
+        """原子地写入快照与它新增的迁移记录。
+
+        存储中的 status_version 不等于 expect_version → ConcurrencyConflict，什么也不写。
+        任务不存在 → TaskNotFound。不改写旁路字段（progress / last_heartbeat_at / lease_*）。
+        参数自相矛盾（``validate_save`` 不通过、outcome 不是 JSON）→ ConfigurationError，什么也不写。
+        """
+
+    @abstractmethod
+    def get(self, task_id: str) -> TaskSnapshot | None:
+        """单个快照；不存在返回 None。返回的对象与存储无共享可变状态（改返回的 outcome 不影响存储）。"""
+
+    @abstractmethod
+    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        """按条件查询，语义与 ``TaskQuery.apply`` 逐条一致。"""
+
+    @abstractmethod
+    def stats(self, query: TaskQuery | None = None) -> TaskStats:
+        """满足条件（忽略 limit）的任务按状态计数。"""
+
+    @abstractmethod
+    def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
+        """满足条件（忽略 limit）的任务按桶计数；无桶任务不计。"""
+
+    # -- history ------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def append(self, transitions: Sequence[Transition]) -> None:
+        """只追加；(task_id, version) 已存在的记录被忽略（幂等，先写者为准）。
+
+        批中有存储里不存在的任务 → TaskNotFound，整批不写（否则会留下 prune 永远删不掉的孤儿历史）。
+        """
+
+    @abstractmethod
+    def history(self, task_id: str) -> list[Transition]:
+        """某任务的全部迁移记录，按版本升序。"""
+
+    # -- side channel -------------------------------------------------------------------------------
+
+    @abstractmethod
+    def touch(
+        self,
+        task_id: str,
+        *,
+        progress: Progress | None = None,
+        heartbeat_at: datetime | None = None,
+        lease_owner: str | None = None,
+        lease_until: datetime | None = None,
+    ) -> bool:
+        """更新旁路字段（None 表示不改）。不递增 status_version，不与 save 冲突。任务不存在返回 False。"""
+
+    def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """批量 touch：``[(task_id, {"progress": ..., ...}), ...]``。后端可覆盖为一次事务。"""
+        for task_id, fields in updates:
+            self.touch(task_id, **fields)
+
+    # -- commands -----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def submit_command(
+        self,
+        task_id: str,
+        action: CommandAction | str,
+        *,
+        issuer: str | None = None,
+        reason: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> Command:
+        """写一条指令。任务不存在 → TaskNotFound。指令记下任务当时的桶号，供按桶认领。"""
+
+    @abstractmethod
+    def claim_commands(
+        self,
+        claimant: str,
+        *,
+        lease: float,
+        limit: int = 100,
+        task_ids: Iterable[str] | None = None,
+        buckets: Iterable[int] | None = None,
+    ) -> list[Command]:
+        """取走未完成、且未被认领或租约已过期的指令（按提交先后），设租约 ``lease`` 秒。
+
+        被取走的指令在租约内对任何认领者（包括持有者自己）不可见；``lease_until <= now`` 即过期，
+        可被重新取走（deliveries 加一）。"先后"须由存储自己的顺序号决定：同一时刻提交的指令也要有序。
+        ``now`` 取自存储注入的时钟（若有）。``task_ids`` / ``buckets`` 同时给出时取交集；桶为空的
+        指令不会被按桶认领。``lease`` 不是正的有限秒数 → ConfigurationError。
+        """
+
+    @abstractmethod
+    def complete_command(self, command_id: str, claimant: str) -> bool:
+        """标记执行完毕。仅当指令由 ``claimant`` 持有（或已由它完成，幂等）时返回 True。
+
+        租约过期但尚未被别人接手时，原持有者仍可完成；一旦被别人重新取走，原持有者得到 False。
+        未知的 command_id → False。
+        """
+
+    @abstractmethod
+    def release_command(self, command_id: str, claimant: str) -> bool:
+        """交还指令：立即可被其他认领者取走。仅当由 ``claimant`` 持有且尚未完成时返回 True。
+
+        取到不属于自己的指令时必须交还，而不是完成——完成会让真正的持有者永远收不到它。
+        """
+
+    # -- membership ---------------------------------------------------------------------------------
+
+    @abstractmethod
+    def publish_node(self, record: NodeRecord) -> None:
+        """写入（或整体替换）``record.owner`` 的成员记录：按 owner 覆盖，后写者为准。
+
+        节点按固定节奏调用它作为心跳。不是 NodeRecord → ConfigurationError，什么也不写。
+        ``buckets`` 的 None 与空集合、时间的原始时区偏移与微秒、info 里的任意 JSON 都必须原样往返。
+        """
+
+    @abstractmethod
+    def list_nodes(self) -> list[NodeRecord]:
+        """全部成员记录（包括已过期的），按 owner 升序（码点序，与 Python 的 str 比较一致）。
+
+        存储不判断死活、也不自动清理过期记录：那是检查者拿自己的"现在"去判断的事。
+        """
+
+    @abstractmethod
+    def remove_node(self, owner: str) -> bool:
+        """删除某节点的记录（节点正常退出时调用）。删掉了返回 True，本来就没有返回 False。
+
+        owner 不是非空字符串 → ConfigurationError。
+        """
+
+    # -- upkeep -------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def prune(self, keep_terminal: int) -> int:
+        """删除最旧的终态任务（按 finished_at；缺 finished_at 的视为最旧）及其历史与指令，
+        只保留最新 keep_terminal 个。
+
+        绝不删除非终态任务。返回删除的任务数。keep_terminal 为负 → ConfigurationError。
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """释放资源。幂等；关闭后再调用其他方法 → StoreError。"""
+
+    # -- conveniences -------------------------------------------------------------------------------
+
+    def __enter__(self) -> TaskStore:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+__all__ = ["TaskStore"]

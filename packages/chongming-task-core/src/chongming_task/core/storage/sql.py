@@ -1,0 +1,267 @@
+"""SQL 后端共用的推导：由 ``columns`` 的列表得出物理列、DDL 与"记录 ↔ 行"的编解码（只用标准库）。
+
+SQLite 与 PostgreSQL 的 codec 曾是树里最大的一对重复代码：同一份 31 个字段的清单手写了好几遍，
+只有"时间怎么存、JSON 怎么存、占位符怎么写"不同。现在两个后端各写一个 ``SqlDialect`` 子类，只实现
+这几处钩子；其余（列清单、save 不碰的旁路列、快照 ↔ 行参数、建表语句）都在这里推导一次。
+
+钩子（子类必须实现）：
+
+* ``time_columns`` / ``encode_time`` / ``decode_time``：一个时间字段占哪几列、怎么拆、怎么合；
+* ``encode_json`` / ``decode_json``：JSON 值（含 None）的存法；
+* ``encode_tags`` / ``decode_tags``、``encode_buckets`` / ``decode_buckets``：集合的存法；
+* ``sql_type``：逻辑类型 → 物理类型名；``column_constraints``：NOT NULL 之外的约束（COLLATE、CHECK…）。
+
+可选钩子：``check_text``（存储介质对文本的额外限制，例如 PostgreSQL 拒绝 NUL）。
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from chongming_task.core.storage.columns import (
+    COMMAND_COLUMNS,
+    NODE_COLUMNS,
+    TASK_COLUMNS,
+    TRANSITION_COLUMNS,
+    Column,
+    Kind,
+)
+from chongming_task.core.storage.values import Command, CommandAction, NodeRecord
+from chongming_task.models import Failure, Progress, TaskSnapshot, Transition
+from chongming_task.states import TaskStatus
+
+
+def escape_like(prefix: str, escape: str = "\\") -> str:
+    """把前缀转成 LIKE 模式：``%`` ``_`` 与转义符本身按字面匹配，再在末尾加 ``%``。"""
+    escaped = prefix.replace(escape, escape + escape).replace("%", escape + "%").replace("_", escape + "_")
+    return escaped + "%"
+
+
+_Encoder = Callable[[Any], tuple[Any, ...]]
+_Decoder = Callable[[Sequence[Any]], Any]
+
+
+class SqlDialect(ABC):
+    """一个 SQL 方言的编码钩子（见模块说明）。实例无状态，可在线程间共享。"""
+
+    # -- hooks ----------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def time_columns(self, column: Column) -> tuple[str, ...]:
+        """时间字段对应的物理列名（第一个总是字段名本身）。"""
+
+    @abstractmethod
+    def encode_time(self, column: Column, value: datetime | None) -> tuple[Any, ...]:
+        """时间 → ``time_columns(column)`` 各列的值。"""
+
+    @abstractmethod
+    def decode_time(self, values: Sequence[Any]) -> datetime | None:
+        """``time_columns`` 各列的值 → 带原始偏移的时间。"""
+
+    @abstractmethod
+    def encode_json(self, value: Any, what: str) -> Any:
+        """JSON 值（None 是 JSON null）→ 列值。坏值在这里抛 ConfigurationError，在动数据库之前。"""
+
+    @abstractmethod
+    def decode_json(self, raw: Any) -> Any:
+        """列值 → JSON 值（每次都是新对象，调用方改它碰不到存储）。"""
+
+    @abstractmethod
+    def encode_tags(self, tags: list[str]) -> Any:
+        """升序的标签列表 → 列值。"""
+
+    @abstractmethod
+    def decode_tags(self, raw: Any) -> frozenset[str]: ...
+
+    @abstractmethod
+    def encode_buckets(self, buckets: list[int] | None) -> Any:
+        """升序的桶号列表或 None → 列值（None 与空列表必须存得不同）。"""
+
+    @abstractmethod
+    def decode_buckets(self, raw: Any) -> frozenset[int] | None: ...
+
+    @abstractmethod
+    def sql_type(self, column: Column) -> str:
+        """逻辑列的物理类型名（时间字段是第一列的类型；附加列见 ``extra_ddl``）。"""
+
+    @abstractmethod
+    def extra_ddl(self, column: Column) -> list[str]:
+        """时间字段附加列（排序键 / 偏移）的列定义，按 ``time_columns`` 的顺序。"""
+
+    def column_constraints(self, column: Column) -> str:
+        """类型之后、逗号之前的约束文本（含前导空格）。默认：主键 / NOT NULL。"""
+        if column.primary_key:
+            return " PRIMARY KEY NOT NULL"
+        return "" if self.sql_nullable(column) else " NOT NULL"
+
+    def sql_nullable(self, column: Column) -> bool:
+        return column.nullable
+
+    def check_text(self, value: str | None, what: str) -> str | None:
+        """存储介质对文本的额外限制；默认不限。"""
+        return value
+
+    def format_column(self, name: str, definition: str) -> str:
+        """一行列定义（方言可以对齐排版）。"""
+        return f"{name} {definition}"
+
+    # -- derivation -----------------------------------------------------------------------------------
+
+    def physical(self, column: Column) -> tuple[str, ...]:
+        """逻辑列 → 物理列名。"""
+        return self.time_columns(column) if column.kind is Kind.TIMESTAMP else (column.name,)
+
+    def column_lines(self, columns: Iterable[Column]) -> list[str]:
+        """建表语句里的列定义，每个物理列一行。"""
+        lines: list[str] = []
+        for column in columns:
+            definition = self.sql_type(column) + self.column_constraints(column)
+            lines.append(self.format_column(column.name, definition))
+            lines.extend(self.extra_ddl(column))
+        return lines
+
+    def encoder(self, column: Column, label: str, json_label: str) -> _Encoder:
+        """字段值 → 物理列值的元组。``label`` / ``json_label`` 是报错里字段名的前缀（例如"快照字段 "）。"""
+        kind = column.kind
+        what = f"{label}{column.name}"
+        json_what = f"{json_label}{column.name}"
+        if kind is Kind.TEXT:
+            check = self.check_text
+            return lambda value: (check(value, what),)
+        if kind is Kind.INT:
+            return lambda value: (value,)
+        if kind in (Kind.STATUS, Kind.ACTION):
+            return lambda value: (value.value,)
+        if kind is Kind.TIMESTAMP:
+            return lambda value: self.encode_time(column, value)
+        if kind is Kind.JSON:
+            return lambda value: (self.encode_json(value, json_what),)
+        if kind in (Kind.PROGRESS, Kind.FAILURE):
+            return lambda value: (None if value is None else self.encode_json(value.to_dict(), json_what),)
+        if kind is Kind.TAGS:
+            return lambda value: (self.encode_tags(sorted(value)),)
+        if kind is Kind.BUCKETS:
+            return lambda value: (self.encode_buckets(None if value is None else sorted(value)),)
+        raise AssertionError(f"未处理的列类型 {kind}")  # pragma: no cover - 加了 Kind 却没加编码
+
+    def decoder(self, column: Column) -> _Decoder:
+        """物理列值（一段切片）→ 字段值。"""
+        kind = column.kind
+        if kind in (Kind.TEXT, Kind.INT):
+            return lambda values: values[0]
+        if kind is Kind.STATUS:
+            return lambda values: TaskStatus(values[0])
+        if kind is Kind.ACTION:
+            return lambda values: CommandAction(values[0])
+        if kind is Kind.TIMESTAMP:
+            return self.decode_time
+        if kind is Kind.JSON:
+            return lambda values: self.decode_json(values[0])
+        if kind in (Kind.PROGRESS, Kind.FAILURE):
+            record = Progress if kind is Kind.PROGRESS else Failure
+            return lambda values: None if values[0] is None else record.from_dict(self.decode_json(values[0]))
+        if kind is Kind.TAGS:
+            return lambda values: self.decode_tags(values[0])
+        if kind is Kind.BUCKETS:
+            return lambda values: self.decode_buckets(values[0])
+        raise AssertionError(f"未处理的列类型 {kind}")  # pragma: no cover
+
+
+class RowCodec:
+    """一张列表（``columns``）在某个方言下的编解码：记录 ↔ 物理列。构造时编译好每列的函数。"""
+
+    def __init__(
+        self, dialect: SqlDialect, columns: Sequence[Column], label: str, json_label: str = ""
+    ) -> None:
+        self.dialect = dialect
+        self.logical = tuple(columns)
+        self.names: tuple[str, ...] = tuple(name for c in columns for name in dialect.physical(c))
+        """全部物理列，按表里的顺序：SELECT / INSERT 的列清单。"""
+        self._encoders = [
+            (c.name, dialect.physical(c), dialect.encoder(c, label, json_label)) for c in columns
+        ]
+        decoders: list[tuple[str, slice, _Decoder]] = []
+        offset = 0
+        for column in columns:
+            width = len(dialect.physical(column))
+            decoders.append((column.name, slice(offset, offset + width), dialect.decoder(column)))
+            offset += width
+        self._decoders = decoders
+
+    def params(self, record: object) -> dict[str, Any]:
+        """记录 → {物理列名: 值}（命名参数）。"""
+        params: dict[str, Any] = {}
+        for field_name, physical, encode in self._encoders:
+            params.update(zip(physical, encode(getattr(record, field_name)), strict=True))
+        return params
+
+    def fields(self, row: Sequence[Any]) -> dict[str, Any]:
+        """按 ``names`` 顺序的一行 → {字段名: 值}。"""
+        return {name: decode(row[part]) for name, part, decode in self._decoders}
+
+    def column_lines(self) -> list[str]:
+        return self.dialect.column_lines(self.logical)
+
+
+class SnapshotCodec(RowCodec):
+    """快照表的编解码与派生的列清单。"""
+
+    def __init__(self, dialect: SqlDialect) -> None:
+        super().__init__(dialect, TASK_COLUMNS, "快照字段 ")
+        self.side_channel: frozenset[str] = frozenset(
+            name for c in TASK_COLUMNS if c.side_channel for name in dialect.physical(c)
+        )
+        """save 从不改写的物理列（旁路字段及其排序键 / 偏移列）：它们只由 create 与 touch 写入。"""
+        self.save_columns: tuple[str, ...] = tuple(
+            name
+            for c in TASK_COLUMNS
+            if not c.primary_key and not c.side_channel
+            for name in dialect.physical(c)
+        )
+        """save 的 UPDATE 写的列：除主键与旁路列之外的全部。"""
+
+    def from_row(self, row: Sequence[Any]) -> TaskSnapshot:
+        return TaskSnapshot(**self.fields(row))
+
+    def create_table(self, table: str) -> str:
+        """``CREATE TABLE IF NOT EXISTS <table> (...)``，列由列表推导。"""
+        body = ",\n".join(self.column_lines())
+        return f"CREATE TABLE IF NOT EXISTS {table} (\n{body}\n)"
+
+
+class TransitionCodec(RowCodec):
+    def __init__(self, dialect: SqlDialect) -> None:
+        super().__init__(dialect, TRANSITION_COLUMNS, "迁移记录的 ")
+
+    def from_row(self, row: Sequence[Any]) -> Transition:
+        return Transition(**self.fields(row))
+
+
+class CommandCodec(RowCodec):
+    def __init__(self, dialect: SqlDialect) -> None:
+        super().__init__(dialect, COMMAND_COLUMNS, "指令的 ", "指令 ")
+
+    def from_row(self, row: Sequence[Any]) -> Command:
+        return Command(**self.fields(row))
+
+
+class NodeCodec(RowCodec):
+    def __init__(self, dialect: SqlDialect) -> None:
+        super().__init__(dialect, NODE_COLUMNS, "节点记录的 ", "NodeRecord.")
+
+    def from_row(self, row: Sequence[Any]) -> NodeRecord:
+        return NodeRecord(**self.fields(row))
+
+
+__all__ = [
+    "CommandCodec",
+    "NodeCodec",
+    "RowCodec",
+    "SnapshotCodec",
+    "SqlDialect",
+    "TransitionCodec",
+    "escape_like",
+]

@@ -1,0 +1,367 @@
+"""存储的值类型：查询条件、统计、控制指令、节点成员记录。
+
+它们是后端与调用方之间的共同语言：构造时就校验（无类型代码传来的 ``True``、``-1``、单个字符串当集合……
+在这里被拒绝），所以后端拿到的值总是合法的。校验用的是 ``checks`` 里那一份，措辞与后端一致。
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from chongming_task.core.storage._base_checks import (
+    check_aware,
+    check_bucket,
+    check_json_value,
+    check_node_owner,
+)
+from chongming_task.core.storage.columns import SIDE_CHANNEL_FIELDS
+from chongming_task.errors import ConfigurationError
+from chongming_task.models import TaskSnapshot, normalize_tags
+from chongming_task.states import NON_TERMINAL_STATUSES, TaskStatus
+
+
+class QueryOrder(enum.StrEnum):
+    """查询结果的顺序：按 (created_at, task_id) 排序。"""
+
+    NEWEST_FIRST = "newest"
+    OLDEST_FIRST = "oldest"
+
+
+@dataclass(frozen=True)
+class TaskQuery:
+    """查询条件。所有条件取交集；None 表示不限。
+
+    * ``name_prefix`` 按字面、区分大小写匹配：``%`` ``_`` 与反斜杠都不是通配符（SQL 后端必须转义
+      LIKE；SQLite 的 LIKE 默认不区分 ASCII 大小写，需另行处理）。
+    * ``tag`` 是整个标签相等，不是子串。
+    * ``bucket`` 与 ``buckets`` 同时给出时取交集。
+    * ``created_after`` / ``created_before`` 是开区间：严格晚于 / 严格早于。时间一律按"时刻"比较，
+      与写法（时区偏移）无关——按 ISO 文本比较的后端会在非 UTC 偏移上出错。
+    * ``lease_expired_before``：租约为空或 ``lease_until`` 早于该时刻（reconcile 用）。
+    * 顺序按 (created_at, task_id)，``order`` 决定新的在前还是旧的在前。
+    """
+
+    statuses: frozenset[TaskStatus] | None = None
+    name_prefix: str | None = None
+    tag: str | None = None
+    bucket: int | None = None
+    buckets: frozenset[int] | None = None
+    owner: str | None = None
+    pipeline_id: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    lease_expired_before: datetime | None = None
+    limit: int | None = None
+    order: QueryOrder = QueryOrder.NEWEST_FIRST
+
+    def __post_init__(self) -> None:
+        if self.statuses is not None:
+            if isinstance(self.statuses, (str, TaskStatus)):
+                raise ConfigurationError(
+                    "TaskQuery.statuses 必须是状态的集合，例如 frozenset({TaskStatus.RUNNING})"
+                )
+            if not isinstance(self.statuses, Iterable):
+                raise ConfigurationError(
+                    "TaskQuery.statuses 必须是状态的集合，例如 frozenset({TaskStatus.RUNNING})，"
+                    f"收到 {self.statuses!r}"
+                )
+            try:
+                statuses = frozenset(TaskStatus(s) for s in self.statuses)
+            except ValueError as exc:
+                known = ", ".join(s.value for s in TaskStatus)
+                raise ConfigurationError(f"TaskQuery.statuses 里有未知状态（{exc}）；可选：{known}") from None
+            object.__setattr__(self, "statuses", statuses)
+        if self.buckets is not None:
+            if isinstance(self.buckets, (int, str, bytes)) or not isinstance(self.buckets, Iterable):
+                raise ConfigurationError(
+                    f"TaskQuery.buckets 必须是桶号的集合（单个桶请用 bucket=），收到 {self.buckets!r}"
+                )
+            object.__setattr__(self, "buckets", frozenset(self.buckets))
+            for bucket in self.buckets:
+                check_bucket("TaskQuery.buckets", bucket)
+        if self.bucket is not None and (
+            isinstance(self.bucket, bool) or not isinstance(self.bucket, int) or self.bucket < 0
+        ):
+            raise ConfigurationError(f"TaskQuery.bucket 必须是非负整数，收到 {self.bucket!r}")
+        for name in ("name_prefix", "tag", "owner", "pipeline_id"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigurationError(f"TaskQuery.{name} 必须是字符串，收到 {value!r}")
+        if self.tag is not None:
+            normalize_tags([self.tag])
+        for name in ("created_after", "created_before", "lease_expired_before"):
+            check_aware(f"TaskQuery.{name}", getattr(self, name))
+        if self.limit is not None and (
+            isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0
+        ):
+            raise ConfigurationError(f"TaskQuery.limit 必须是非负整数或 None，收到 {self.limit!r}")
+        if not isinstance(self.order, QueryOrder):
+            try:
+                object.__setattr__(self, "order", QueryOrder(self.order))
+            except ValueError:
+                raise ConfigurationError("TaskQuery.order 只能是 'newest' 或 'oldest'") from None
+
+    def matches(self, snapshot: TaskSnapshot) -> bool:
+        """参照语义：一个快照是否满足全部条件（不含 limit 与顺序）。SQL 后端须与之逐条一致。"""
+        if self.statuses is not None and snapshot.status not in self.statuses:
+            return False
+        if self.name_prefix is not None and not snapshot.name.startswith(self.name_prefix):
+            return False
+        if self.tag is not None and self.tag not in snapshot.tags:
+            return False
+        if self.bucket is not None and snapshot.bucket != self.bucket:
+            return False
+        if self.buckets is not None and snapshot.bucket not in self.buckets:
+            return False
+        if self.owner is not None and snapshot.owner != self.owner:
+            return False
+        if self.pipeline_id is not None and snapshot.pipeline_id != self.pipeline_id:
+            return False
+        if self.created_after is not None and not snapshot.created_at > self.created_after:
+            return False
+        if self.created_before is not None and not snapshot.created_at < self.created_before:
+            return False
+        return not (
+            self.lease_expired_before is not None
+            and snapshot.lease_until is not None
+            and snapshot.lease_until >= self.lease_expired_before
+        )
+
+    def sort_key(self, snapshot: TaskSnapshot) -> tuple[datetime, str]:
+        return (snapshot.created_at, snapshot.task_id)
+
+    def apply(self, snapshots: Iterable[TaskSnapshot]) -> list[TaskSnapshot]:
+        """对一组快照执行过滤、排序与 limit（内存后端与测试用的参照实现）。"""
+        selected = [s for s in snapshots if self.matches(s)]
+        selected.sort(key=self.sort_key, reverse=self.order is QueryOrder.NEWEST_FIRST)
+        if self.limit is not None:
+            selected = selected[: self.limit]
+        return selected
+
+
+def as_query(query: object) -> TaskQuery:
+    """查询方法的参数：None 表示不限；别的类型（来自无类型代码、CLI、配置）给出清楚的 ConfigurationError，
+    而不是在后端深处变成 AttributeError。"""
+    if query is None:
+        return TaskQuery()
+    if not isinstance(query, TaskQuery):
+        raise ConfigurationError(
+            f"查询条件必须是 TaskQuery(...) 或 None，收到 {type(query).__name__}：{query!r}"
+        )
+    return query
+
+
+class CommandAction(enum.StrEnum):
+    """跨进程控制动作。"""
+
+    STOP = "stop"
+    PAUSE = "pause"
+    RESUME = "resume"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Command:
+    """一条控制指令。``claimant`` / ``lease_until`` 为空表示未被取走；``completed_at`` 非空表示已执行完。"""
+
+    command_id: str
+    task_id: str
+    action: CommandAction
+    issuer: str | None
+    reason: str | None
+    payload: Mapping[str, Any]
+    created_at: datetime
+    bucket: int | None = None
+    claimant: str | None = None
+    lease_until: datetime | None = None
+    deliveries: int = 0
+    completed_at: datetime | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Command:
+        """``to_dict()`` 的逆运算（给以 JSON 保存指令的后端用）。"""
+
+        def when(value: str | None) -> datetime | None:
+            return None if value is None else datetime.fromisoformat(value)
+
+        created_at = when(data["created_at"])
+        assert created_at is not None
+        return cls(
+            command_id=data["command_id"],
+            task_id=data["task_id"],
+            action=CommandAction(data["action"]),
+            issuer=data.get("issuer"),
+            reason=data.get("reason"),
+            payload=dict(data.get("payload") or {}),
+            created_at=created_at,
+            bucket=data.get("bucket"),
+            claimant=data.get("claimant"),
+            lease_until=when(data.get("lease_until")),
+            deliveries=int(data.get("deliveries", 0)),
+            completed_at=when(data.get("completed_at")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "command_id": self.command_id,
+            "task_id": self.task_id,
+            "action": self.action.value,
+            "issuer": self.issuer,
+            "reason": self.reason,
+            "payload": dict(self.payload),
+            "created_at": self.created_at.isoformat(timespec="microseconds"),
+            "bucket": self.bucket,
+            "claimant": self.claimant,
+            "lease_until": None
+            if self.lease_until is None
+            else self.lease_until.isoformat(timespec="microseconds"),
+            "deliveries": self.deliveries,
+            "completed_at": None
+            if self.completed_at is None
+            else self.completed_at.isoformat(timespec="microseconds"),
+        }
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    """各状态计数。``unfinished`` 是非终态数量（含排队与暂停）。"""
+
+    counts: Mapping[TaskStatus, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        full = {status: int(self.counts.get(status, 0)) for status in TaskStatus}
+        object.__setattr__(self, "counts", full)
+
+    @classmethod
+    def of(cls, snapshots: Iterable[TaskSnapshot]) -> TaskStats:
+        """对一组快照按状态计数（内存后端与无存储的 Controller 共用的参照实现）。"""
+        return cls(Counter(snapshot.status for snapshot in snapshots))
+
+    def __getitem__(self, status: TaskStatus | str) -> int:
+        return self.counts[TaskStatus(status)]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def unfinished(self) -> int:
+        return sum(n for status, n in self.counts.items() if status in NON_TERMINAL_STATUSES)
+
+    def to_dict(self) -> dict[str, int]:
+        return {status.value: n for status, n in self.counts.items()}
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """一个节点的成员记录：谁、负责哪些桶、最近一次心跳、活到什么时候。
+
+    * ``buckets`` 为 None 表示不限定桶（未划分，对应 ``Controller(owned_buckets=None)``）；空集合表示
+      "一个桶也不负责"（例如正在下线），两者不同，后端必须原样区分。
+    * ``num_buckets`` 是节点自己的桶数：它与检查者的桶数不同时，节点算出的桶号与别人的不可比。
+    * ``expires_at`` 之前节点算活着（``alive(now)``）。记录过期后不会自动删除：``list_nodes`` 照样
+      列出，运维检查据此报告"心跳已过期的节点"。
+    * ``info`` 是任意 JSON 对象（主机名、pid、版本……）。构造时经一次 JSON 往返规范化（元组变列表、
+      键变字符串），所以任何后端读回的都与这里相等。
+    """
+
+    owner: str
+    buckets: frozenset[int] | None
+    num_buckets: int
+    heartbeat_at: datetime
+    expires_at: datetime
+    info: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        check_node_owner(self.owner)
+        num_buckets: object = self.num_buckets
+        if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets <= 0:
+            raise ConfigurationError(f"NodeRecord.num_buckets 必须是正整数，收到 {num_buckets!r}")
+        if self.buckets is not None:
+            raw: object = self.buckets
+            if isinstance(raw, (str, bytes, int)) or not isinstance(raw, Iterable):
+                raise ConfigurationError(
+                    f"NodeRecord.buckets 必须是桶号的集合（例如 range(0, 16)）或 None，收到 {raw!r}"
+                )
+            buckets = frozenset(raw)
+            for bucket in buckets:
+                if isinstance(bucket, bool) or not isinstance(bucket, int):
+                    raise ConfigurationError(f"NodeRecord.buckets 里只能放整数桶号，收到 {bucket!r}")
+                if not 0 <= bucket < num_buckets:
+                    raise ConfigurationError(
+                        f"节点 {self.owner!r} 声明的桶号 {bucket} 越界：桶数为 {num_buckets}，"
+                        f"合法范围是 0..{num_buckets - 1}"
+                    )
+            object.__setattr__(self, "buckets", buckets)
+        for name in ("heartbeat_at", "expires_at"):
+            check_aware(f"NodeRecord.{name}", getattr(self, name), required=True)
+        if not self.expires_at > self.heartbeat_at:
+            raise ConfigurationError(
+                f"NodeRecord.expires_at（{self.expires_at.isoformat()}）必须晚于 heartbeat_at"
+                f"（{self.heartbeat_at.isoformat()}）：存活期限要在心跳之后"
+            )
+        if not isinstance(self.info, Mapping):
+            raise ConfigurationError(
+                f"NodeRecord.info 必须是 dict（JSON 对象），收到 {type(self.info).__name__}"
+            )
+        text = check_json_value(dict(self.info), what="NodeRecord.info")
+        object.__setattr__(self, "info", json.loads(text))
+
+    def alive(self, now: datetime) -> bool:
+        """``now`` 时节点是否还活着：严格早于 ``expires_at``（与指令租约"到点即过期"一致）。"""
+        check_aware("alive() 的 now", now, required=True)
+        return now < self.expires_at
+
+    @property
+    def partitioned(self) -> bool:
+        """是否声明了桶（``buckets`` 不是 None）。"""
+        return self.buckets is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "owner": self.owner,
+            "buckets": None if self.buckets is None else sorted(self.buckets),
+            "num_buckets": self.num_buckets,
+            "heartbeat_at": self.heartbeat_at.isoformat(timespec="microseconds"),
+            "expires_at": self.expires_at.isoformat(timespec="microseconds"),
+            "info": json.loads(json.dumps(dict(self.info))),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeRecord:
+        """``to_dict()`` 的逆运算（给以 JSON 保存节点记录的后端用）。"""
+        buckets = data.get("buckets")
+        return cls(
+            owner=data["owner"],
+            buckets=None if buckets is None else frozenset(buckets),
+            num_buckets=data["num_buckets"],
+            heartbeat_at=datetime.fromisoformat(data["heartbeat_at"]),
+            expires_at=datetime.fromisoformat(data["expires_at"]),
+            info=dict(data.get("info") or {}),
+        )
+
+
+def count_buckets(snapshots: Iterable[TaskSnapshot]) -> dict[int, int]:
+    """对一组快照按桶计数；无桶任务不计（``TaskStore.bucket_counts`` 的参照实现）。"""
+    return dict(Counter(snapshot.bucket for snapshot in snapshots if snapshot.bucket is not None))
+
+
+__all__ = [
+    "SIDE_CHANNEL_FIELDS",
+    "Command",
+    "CommandAction",
+    "NodeRecord",
+    "QueryOrder",
+    "TaskQuery",
+    "TaskStats",
+    "as_query",
+    "count_buckets",
+]

@@ -1,0 +1,249 @@
+"""契约用例：save：版本检查、随附迁移、不覆盖旁路字段，以及多线程竞争下恰好一个赢家、历史无空洞、读不到撕裂的快照。"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import threading
+from datetime import timedelta
+from typing import ClassVar
+
+from chongming_task.errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    TaskNotFound,
+)
+from chongming_task.models import Progress, TaskSnapshot
+from chongming_task.storage import (
+    TaskQuery,
+    TaskStore,
+)
+from chongming_task.testing.contract._base import (
+    T0,
+    ContractBase,
+    S,
+    snap,
+    step,
+    walk,
+)
+
+
+class SaveCases(ContractBase):
+    """save：乐观并发与竞争。"""
+
+    __test__: ClassVar[bool] = False
+
+    # ===============================================================================================
+    # save
+    # ===============================================================================================
+
+    def test_save_bumps_version_and_appends_transitions(self) -> None:
+        store = self.open_store()
+        base = snap("s-1")
+        store.create(base)
+        queued, r1 = step(base, S.QUEUED)
+        store.save(queued, expect_version=0, transitions=[r1])
+        running, records = walk(queued, S.STARTING, S.RUNNING)
+        store.save(running, expect_version=1, transitions=records)
+        got = store.get("s-1")
+        assert got is not None
+        self.assertEqual((got.status, got.status_version), (S.RUNNING, 3))
+        self.assertEqual(store.history("s-1"), [r1, *records])
+
+    def test_save_version_mismatch_writes_nothing(self) -> None:
+        store = self.open_store()
+        base = snap("s-conf", label="v0")
+        store.create(base)
+        queued, r1 = step(base, S.QUEUED, label="v1")
+        store.save(queued, expect_version=0, transitions=[r1])
+        # 一个过时的写者：它以为版本还是 0。
+        stale, stale_record = step(base, S.CANCELLED, label="stale", actor="stale-writer")
+        with self.assertRaises(ConcurrencyConflict):
+            store.save(stale, expect_version=0, transitions=[stale_record])
+        # 一个来自未来的写者：期望版本比存储里的新。
+        future, future_records = walk(queued, S.STARTING, S.RUNNING)
+        with self.assertRaises(ConcurrencyConflict):
+            store.save(future, expect_version=2, transitions=future_records[1:])
+        got = store.get("s-conf")
+        assert got is not None
+        self.assertSnapshotEqual(got, queued)
+        self.assertEqual(store.history("s-conf"), [r1], "冲突的 save 不能写入任何迁移记录")
+
+    def test_save_unknown_task_raises_task_not_found(self) -> None:
+        store = self.open_store()
+        ghost, record = step(snap("ghost"), S.QUEUED)
+        with self.assertRaises(TaskNotFound):
+            store.save(ghost, expect_version=0, transitions=[record])
+        self.assertIsNone(store.get("ghost"))
+        self.assertEqual(store.history("ghost"), [])
+
+    def test_save_rejects_inconsistent_transitions(self) -> None:
+        store = self.open_store()
+        base = snap("s-bad")
+        store.create(base)
+        nxt, records = walk(base, S.QUEUED, S.STARTING)
+        with self.assertRaises(ConfigurationError):
+            store.save(nxt, expect_version=0, transitions=records[1:])  # 缺了版本 1
+        with self.assertRaises(ConfigurationError):
+            store.save(nxt, expect_version=0, transitions=[records[0], records[0]])
+        got = store.get("s-bad")
+        assert got is not None
+        self.assertEqual(got.status_version, 0)
+        self.assertEqual(store.history("s-bad"), [])
+
+    def test_save_without_version_bump(self) -> None:
+        store = self.open_store()
+        base, records = walk(snap("s-same"), S.QUEUED)
+        store.create(base, records)
+        edited = dataclasses.replace(base, description="只改描述，不改状态")
+        store.save(edited, expect_version=1)
+        got = store.get("s-same")
+        assert got is not None
+        self.assertEqual((got.status_version, got.description), (1, "只改描述，不改状态"))
+        self.assertVersions(store, "s-same", [1])
+
+    def test_save_does_not_clobber_side_channel_fields(self) -> None:
+        store = self.open_store()
+        base = snap("s-side", progress=Progress(done=0, total=10))
+        store.create(base)
+        store.touch(
+            "s-side",
+            progress=Progress(done=7, total=10, unit="批"),
+            heartbeat_at=T0 + timedelta(seconds=70),
+            lease_owner="node-b",
+            lease_until=T0 + timedelta(seconds=100),
+        )
+        # 调用方手里那份快照的旁路字段是过时的（甚至是胡乱的）：save 一律不采用。
+        stale = dataclasses.replace(
+            base, progress=Progress(done=999), lease_owner="liar", lease_until=T0, last_heartbeat_at=T0
+        )
+        queued, record = step(stale, S.QUEUED, label="saved")
+        store.save(queued, expect_version=0, transitions=[record])
+        got = store.get("s-side")
+        assert got is not None
+        self.assertEqual(got.label, "saved")
+        self.assertEqual(got.progress, Progress(done=7, total=10, unit="批"))
+        self.assertEqual(got.last_heartbeat_at, T0 + timedelta(seconds=70))
+        self.assertEqual(got.lease_owner, "node-b")
+        self.assertEqual(got.lease_until, T0 + timedelta(seconds=100))
+
+    def _race_round(
+        self, store: TaskStore, current: TaskSnapshot, round_no: int, writers: int
+    ) -> TaskSnapshot:
+        """一轮竞争：writers 个线程拿同一个 expect_version 同时 save。返回赢家写下的快照。"""
+        barrier = threading.Barrier(writers)
+        results: list[object] = [None] * writers
+        expect = current.status_version
+        target = S.PAUSING if current.status is S.RUNNING else S.RUNNING
+
+        def writer(i: int) -> None:
+            nxt, record = step(current, target, actor=f"writer-{i}", label=f"round-{round_no}-writer-{i}")
+            barrier.wait()
+            try:
+                store.save(nxt, expect_version=expect, transitions=[record])
+                results[i] = "won"
+            except ConcurrencyConflict:
+                results[i] = "conflict"
+            except BaseException as exc:  # 线程里的任何异常都要带回主线程报告
+                results[i] = exc
+
+        self.run_threads([functools.partial(writer, i) for i in range(writers)])
+        self.assertEqual(results.count("won"), 1, f"第 {round_no} 轮：{results}")
+        self.assertEqual(results.count("conflict"), writers - 1, f"第 {round_no} 轮：{results}")
+        winner = results.index("won")
+        got = store.get(current.task_id)
+        assert got is not None
+        self.assertEqual(got.status_version, expect + 1)
+        self.assertEqual(got.label, f"round-{round_no}-writer-{winner}", "快照必须来自赢家")
+        history = store.history(current.task_id)
+        self.assertEqual([t.version for t in history], list(range(1, expect + 2)), "历史有空洞或重复")
+        self.assertEqual(history[-1].actor, f"writer-{winner}", "迁移记录必须来自赢家")
+        return got
+
+    def test_race_same_expect_version_exactly_one_wins(self) -> None:
+        store = self.open_store()
+        current = snap("race", status=S.RUNNING)
+        store.create(current)
+        for round_no in range(4):
+            current = self._race_round(store, current, round_no, writers=8)
+
+    def test_race_retrying_writers_leave_a_gapless_history(self) -> None:
+        store = self.open_store()
+        store.create(snap("chain", status=S.RUNNING))
+        writers, per_writer = 4, 15
+        errors: list[BaseException] = []
+
+        def writer(i: int) -> None:
+            try:
+                done, attempts = 0, 0
+                while done < per_writer:
+                    attempts += 1
+                    if attempts > 100 * per_writer * writers:
+                        raise AssertionError(f"w{i} 重试了 {attempts} 次仍未写完：save 似乎总在冲突")
+                    current = store.get("chain")
+                    assert current is not None
+                    target = S.PAUSING if current.status is S.RUNNING else S.RUNNING
+                    nxt, record = step(current, target, actor=f"w{i}")
+                    try:
+                        store.save(nxt, expect_version=current.status_version, transitions=[record])
+                    except ConcurrencyConflict:
+                        continue
+                    done += 1
+            except BaseException as exc:
+                errors.append(exc)
+
+        self.run_threads([functools.partial(writer, i) for i in range(writers)])
+        self.assertEqual(errors, [])
+        total = writers * per_writer
+        got = store.get("chain")
+        assert got is not None
+        self.assertEqual(got.status_version, total)
+        history = store.history("chain")
+        self.assertEqual([t.version for t in history], list(range(1, total + 1)), "历史有空洞或重复")
+        for before, after in itertools.pairwise(history):
+            self.assertIs(after.from_status, before.to_status, f"版本 {after.version} 接不上上一条")
+        self.assertIs(history[-1].to_status, got.status)
+        counts = {f"w{i}": 0 for i in range(writers)}
+        for record in history:
+            counts[record.actor or ""] += 1
+        self.assertEqual(set(counts.values()), {per_writer})
+
+    def test_reads_never_see_a_torn_snapshot(self) -> None:
+        store = self.open_store()
+        store.create(snap("torn", status=S.RUNNING, label="v0", outcome={"v": 0}))
+        saves = 60
+        errors: list[BaseException] = []
+        done = threading.Event()
+
+        def writer() -> None:
+            try:
+                for n in range(1, saves + 1):
+                    current = store.get("torn")
+                    assert current is not None
+                    target = S.PAUSING if current.status is S.RUNNING else S.RUNNING
+                    nxt, record = step(current, target, label=f"v{n}", outcome={"v": n, "pad": [n] * 50})
+                    store.save(nxt, expect_version=current.status_version, transitions=[record])
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                done.set()
+
+        def reader() -> None:
+            try:
+                while not done.is_set():
+                    for got in [store.get("torn"), *store.query(TaskQuery(name_prefix="contract"))]:
+                        assert got is not None
+                        if got.label != f"v{got.outcome['v']}":
+                            raise AssertionError(
+                                f"读到了半新半旧的快照：label={got.label} outcome={got.outcome}"
+                            )
+                        if got.status_version != got.outcome["v"]:
+                            raise AssertionError(
+                                f"版本 {got.status_version} 与 outcome {got.outcome} 不属于同一次写入"
+                            )
+            except BaseException as exc:
+                errors.append(exc)
+
+        self.run_threads([writer, reader, reader])
+        self.assertEqual(errors, [])

@@ -1,0 +1,789 @@
+"""Controller：一批任务的统一管理入口。
+
+它持有任务定义的白名单、本进程里的 TaskRun 与并发额度；CLI 与任何看板都只是这一层的薄适配。
+
+结构（为什么这样分）：
+
+* 一个后台循环线程负责启动超时、旁路回写（进度/心跳/租约）、存储追平、指令轮询与管道协调——
+  不是每个排队任务一个线程。调度就地进行：提交时在调用线程里，任务让出额度时在让出它的线程里，
+  把空出的额度直接交给下一个排队任务（吞吐的关键路径上没有线程交接）。
+* 任务的每次状态迁移经状态机监听器通知这里（在任务自己的锁内）：记账、写穿存储，让出额度时启动
+  刚从就绪队列取出的任务。锁的规矩只有两条：控制器锁内从不拿任务锁（控制器锁是叶子锁）；持有任务锁
+  时只会去拿"刚从就绪队列取出、尚未启动"的任务的锁——而持有那种任务锁的线程（停止/暂停一个排队任务）
+  不会再去拿别的任务锁，所以不会成环。需要碰别的任务的后续工作（管道放行、连坐取消）交给后台循环。
+* 控制器 = 本地调度 + 一个存储链接（``runtime/store_link.py``）。只在有 store 时才存在的一切——写穿每次
+  迁移、续租、旁路回写、认领指令、节点登记、对不属于本进程的任务写指令、查询别的进程的任务、
+  reconcile、check_cluster——都在 ``StoreLink`` 里；没有 store 时是 ``LocalLink``（空对象），所以这里
+  没有"有没有存储"的分支。链接只有自己的叶子锁，它的方法都在控制器锁之外调用（``forget`` 除外，
+  它只拿写穿自己的叶子锁）。
+* 管道只通过 ``PipelineHost`` 协议（解析名字、提交节点、交后续工作）用到控制器。
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import ModuleType, TracebackType
+from typing import Any
+
+from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.state_machine import StateMachine
+from chongming_task.errors import ConfigurationError, DuplicateTaskId, TaskError
+from chongming_task.models import Outcome, TaskSnapshot, Transition, normalize_tags
+from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ConcurrencyPolicy, RetryPolicy, Timeout
+from chongming_task.runtime.cluster import DEFAULT_ORPHAN_LIMIT, ClusterReport
+from chongming_task.runtime.commands import remote_payload
+from chongming_task.runtime.persistence import PersistFailure
+from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
+from chongming_task.runtime.reconcile import ReconcileReport
+from chongming_task.runtime.registry import TaskDefinition, TaskRegistry
+from chongming_task.runtime.scheduler import SlotScheduler
+from chongming_task.runtime.store_link import NOTIFIED_POLL_INTERVAL, LocalLink, StoreLink
+from chongming_task.runtime.table import render_table
+from chongming_task.runtime.taskrun import TaskRun
+from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
+from chongming_task.storage import CommandAction, QueryOrder, TaskQuery, TaskStats, TaskStore
+
+logger = logging.getLogger("chongming_task.controller")
+
+# submit() 自己用的关键字；其余关键字参数原样交给任务。
+SUBMIT_KEYWORDS = ("task_id", "label", "tags", "priority", "bucket_key")
+
+
+def default_owner() -> str:
+    """默认的发起者/持有者标识：主机名:pid，便于事后追溯是谁按的停止。"""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _status_set(status: object) -> frozenset[TaskStatus] | None:
+    if status is None:
+        return None
+    if isinstance(status, (str, TaskStatus)):
+        return frozenset({TaskStatus(status)})
+    if isinstance(status, Iterable):
+        return frozenset(TaskStatus(s) for s in status)
+    raise ConfigurationError(f"status 必须是 TaskStatus、状态名或它们的集合，收到 {status!r}")
+
+
+class _TransitionListener:
+    """挂在每个任务状态机上的监听器（一个带 __slots__ 的小对象，而不是闭包：在管任务成千上万时，
+    每个任务少几个被循环 GC 追踪的对象）。监听器绝不能把任务搞坏：出错只记日志，任务照常。"""
+
+    __slots__ = ("controller", "machine")
+
+    def __init__(self, controller: Controller, machine: StateMachine) -> None:
+        self.controller = controller
+        self.machine = machine
+
+    def __call__(self, snapshot: TaskSnapshot, record: Transition) -> None:
+        try:
+            self.controller._on_transition(self.machine, snapshot, record)
+        except Exception:
+            logger.exception("处理任务 %s 的状态迁移时出错", snapshot.task_id)
+
+
+class Controller:
+    """管理一批任务：登记、提交、调度、查询、控制、持久化与重启恢复。"""
+
+    def __init__(
+        self,
+        max_parallel: int | None = None,
+        *,
+        concurrency: ConcurrencyPolicy | None = None,
+        max_parallel_per_bucket: int | None = None,
+        num_buckets: int = DEFAULT_NUM_BUCKETS,
+        executor: Any = None,
+        owner: str | None = None,
+        owned_buckets: Iterable[int] | None = None,
+        clock: Clock | None = None,
+        store: TaskStore | None = None,
+        lease_ttl: float = 30.0,
+        graceful_stop: float = 5.0,
+        artifact_dir: str | Path | None = None,
+        command_poll_interval: float = 0.1,
+        side_channel_interval: float = 1.0,
+        keep_finished: int | None = None,
+    ) -> None:
+        concurrency = concurrency if concurrency is not None else ConcurrencyPolicy()
+        if not isinstance(concurrency, ConcurrencyPolicy):
+            raise ConfigurationError(f"concurrency 必须是 ConcurrencyPolicy(...)，收到 {concurrency!r}")
+        if max_parallel is not None:
+            if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
+                raise ConfigurationError(f"max_parallel 必须是 >= 1 的整数，收到 {max_parallel!r}")
+            if concurrency.max_parallel is not None and concurrency.max_parallel != max_parallel:
+                raise ConfigurationError(
+                    f"max_parallel={max_parallel} 与 concurrency.max_parallel={concurrency.max_parallel} "
+                    "不一致；只给一处即可"
+                )
+        effective_parallel = max_parallel if max_parallel is not None else concurrency.max_parallel
+        if max_parallel_per_bucket is not None and (
+            isinstance(max_parallel_per_bucket, bool)
+            or not isinstance(max_parallel_per_bucket, int)
+            or max_parallel_per_bucket < 1
+        ):
+            raise ConfigurationError(
+                f"max_parallel_per_bucket 必须是 >= 1 的整数或 None，收到 {max_parallel_per_bucket!r}"
+            )
+        for name, value in (
+            ("lease_ttl", lease_ttl),
+            ("graceful_stop", graceful_stop),
+            ("command_poll_interval", command_poll_interval),
+            ("side_channel_interval", side_channel_interval),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigurationError(f"{name} 必须是正的秒数，收到 {value!r}")
+        if executor is not None and getattr(executor, "blocking", False):
+            raise ConfigurationError(
+                "Controller 不能使用 InlineExecutor：它在调用线程里同步跑完任务，会把调度器本身卡住，"
+                "也无法被暂停。请用 ThreadExecutor()（默认）或 ProcessExecutor()；"
+                "需要同步、确定性的单个执行时直接用 run_task(..., executor=InlineExecutor())"
+            )
+        if keep_finished is not None and (
+            isinstance(keep_finished, bool) or not isinstance(keep_finished, int) or keep_finished < 0
+        ):
+            raise ConfigurationError(f"keep_finished 必须是非负整数或 None（不限），收到 {keep_finished!r}")
+        if store is not None and not isinstance(store, TaskStore):
+            raise ConfigurationError(
+                f"store 必须是 TaskStore 的实例（如 SqliteTaskStore(...)），收到 {store!r}"
+            )
+        if owner is not None and (not isinstance(owner, str) or not owner.strip()):
+            raise ConfigurationError(f"owner 必须是非空字符串，收到 {owner!r}")
+
+        self.concurrency = concurrency
+        self.max_parallel = effective_parallel
+        self.max_parallel_per_bucket = max_parallel_per_bucket
+        self.bucket_policy = BucketPolicy(num_buckets)
+        self.owned_buckets: frozenset[int] | None = (
+            None if owned_buckets is None else self.bucket_policy.validate_buckets(owned_buckets)
+        )
+        if self.owned_buckets is not None and not self.owned_buckets:
+            raise ConfigurationError(
+                "owned_buckets 不能为空集合：不负责任何桶的节点提交不了任务；不想限定请传 None"
+            )
+        self.owner = owner or default_owner()
+        self.clock: Clock = clock or SYSTEM_CLOCK
+        self.graceful_stop = float(graceful_stop)
+        self.artifact_dir = Path(artifact_dir) if artifact_dir is not None else None
+        self.executor = executor
+        # 常驻节点的内存上限：已落地任务的句柄只留最新这么多个（有存储时旧的仍可经 get()/list_tasks 查到）。
+        # 不设时一直留着，直到调用 prune()——长期运行的进程里，句柄越积越多，循环 GC 也越来越慢。
+        self.keep_finished = keep_finished
+
+        # 自动生成的 task_id：每个控制器一个随机前缀 + 递增序号（不必每次都取系统随机数）。
+        self._id_prefix = os.urandom(3).hex()
+        self._id_counter = itertools.count(1)
+        self._registry = TaskRegistry()
+        self._scheduler = SlotScheduler(
+            max_parallel=effective_parallel, tag_limits=concurrency.limits, per_bucket=max_parallel_per_bucket
+        )
+        self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+        self._runs: dict[str, TaskRun] = {}
+        self._reserved_ids: set[str] = set()
+        self._unfinished: set[str] = set()
+        self._terminal_order: list[str] = []
+        self._closed = False
+        self._wake = threading.Event()
+        self._stop_loop = threading.Event()
+        # 监听器在任务锁内运行，不能回调别的任务；需要碰别的任务的后续工作（管道放行/连坐）放到这里，
+        # 由后台循环在任何锁之外按顺序执行。
+        self._deferred: collections.deque[Callable[[], None]] = collections.deque()
+        self._link: LocalLink = (
+            LocalLink()
+            if store is None
+            else StoreLink(
+                store,
+                owner=self.owner,
+                owned_buckets=self.owned_buckets,
+                bucket_policy=self.bucket_policy,
+                clock=self.clock,
+                lease_ttl=float(lease_ttl),
+                command_poll_interval=float(command_poll_interval),
+                side_channel_interval=float(side_channel_interval),
+                wake=self._wake,
+                live_ids=self._live_ids,
+                side_snapshots=self._side_snapshots,
+                local_run=self._runs.get,
+            )
+        )
+        self._loop = threading.Thread(
+            target=self._background_loop, name=f"chongming-controller[{self.owner}]", daemon=True
+        )
+        self._loop.start()
+
+    @property
+    def store(self) -> TaskStore | None:
+        """构造时给的存储（没有时为 None）。"""
+        return self._link.store
+
+    # -- buckets ------------------------------------------------------------------------------------
+
+    @property
+    def owns_all_buckets(self) -> bool:
+        """不构成划分：不限定，或显式覆盖了全部桶。"""
+        return self.owned_buckets is None or len(self.owned_buckets) == self.bucket_policy.num_buckets
+
+    def owns_bucket(self, bucket: int) -> bool:
+        return self.owned_buckets is None or bucket in self.owned_buckets
+
+    def _owned_text(self) -> str:
+        owned = sorted(self.owned_buckets or ())
+        if len(owned) > 6 and owned == list(range(owned[0], owned[-1] + 1)):
+            return f"[{owned[0]}, {owned[1]}, ..., {owned[-1]}]"
+        return str(owned)
+
+    def _bucket_for_submit(self, bucket_key: str | None) -> int | None:
+        if bucket_key is None:
+            if not self.owns_all_buckets:
+                raise ConfigurationError(
+                    f"本节点只负责部分桶 {self._owned_text()}，提交时必须给出 bucket_key："
+                    "没有归属桶的任务不会有任何节点认领它，只会永远排队"
+                )
+            return None
+        bucket = self.bucket_policy.bucket_for(bucket_key)
+        if not self.owns_bucket(bucket):
+            raise ConfigurationError(
+                f"桶 {bucket}（来自 bucket_key={bucket_key!r}）不属于本节点；"
+                f"本节点负责 {self._owned_text()}。"
+                "任务若写进别人的桶，不会有任何节点执行它。"
+            )
+        return bucket
+
+    def active_in_bucket(self, bucket: int) -> int:
+        with self._lock:
+            return self._scheduler.active_in_bucket(bucket)
+
+    # -- registry -----------------------------------------------------------------------------------
+
+    def register(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        tags: Iterable[str] | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Timeout | None = None,
+        description: str | None = None,
+    ) -> TaskDefinition:
+        with self._lock:
+            return self._registry.register(
+                name, fn, tags=tags, retry=retry, timeout=timeout, description=description
+            )
+
+    def register_module(self, module: ModuleType) -> list[TaskDefinition]:
+        with self._lock:
+            return self._registry.register_module(module)
+
+    def register_all(self, *fns: Callable[..., Any]) -> list[TaskDefinition]:
+        with self._lock:
+            return [self._registry.register_decorated(fn) for fn in fns]
+
+    def definitions(self) -> list[TaskDefinition]:
+        with self._lock:
+            return list(self._registry)
+
+    # -- submit -------------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        name: str,
+        *args: Any,
+        task_id: str | None = None,
+        label: str | None = None,
+        tags: Iterable[str] = (),
+        priority: int | None = None,
+        bucket_key: str | None = None,
+        **kwargs: Any,
+    ) -> TaskRun:
+        """按名字提交（只接受登记过的名字）。返回 TaskRun 句柄；任务先排队，有额度时才执行。
+
+        ``task_id`` / ``label`` / ``tags`` / ``priority`` / ``bucket_key`` 是提交参数，
+        其余关键字参数交给任务。
+        """
+        return self._submit(
+            name,
+            args,
+            kwargs,
+            task_id=task_id,
+            label=label,
+            tags=tags,
+            priority=priority,
+            bucket_key=bucket_key,
+        )
+
+    def _submit(
+        self,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        task_id: str | None,
+        label: str | None,
+        tags: Iterable[str],
+        priority: int | None,
+        bucket_key: str | None,
+        pipeline_id: str | None = None,
+        node_id: str | None = None,
+        upstream: Any = None,
+        blocked: bool = False,
+    ) -> TaskRun:
+        with self._lock:
+            if self._closed:
+                raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
+            definition = self._registry.resolve(name)
+        if label is not None and not isinstance(label, str):
+            raise ConfigurationError(f"label 必须是字符串，收到 {label!r}")
+        if priority is None:
+            priority = self.concurrency.priority
+        elif isinstance(priority, bool) or not isinstance(priority, int):
+            raise ConfigurationError(f"priority 必须是整数（越大越先执行），收到 {priority!r}")
+        extra_tags = normalize_tags(tags)
+        all_tags = definition.tags | extra_tags if extra_tags else definition.tags
+        bucket = self._bucket_for_submit(bucket_key)
+        if task_id is None:
+            task_id = f"{definition.name}-{self._id_prefix}{next(self._id_counter):06d}"
+        retry = definition.retry
+        machine = StateMachine.create(
+            task_id,
+            definition.name,
+            max_attempts=retry.max_attempts if retry is not None else 1,
+            clock=self.clock,
+            lock=threading.RLock(),
+            label=label,
+            tags=all_tags,
+            priority=priority,
+            bucket=bucket,
+            bucket_key=bucket_key,
+            owner=self.owner,
+            description=definition.description,
+            pipeline_id=pipeline_id,
+            node_id=node_id,
+        )
+        if blocked:
+            machine.mark_blocked()
+        else:
+            machine.mark_queued()
+        # 控制器的监听器必须排在 TaskRun 自己的监听器之前：TaskRun 在终态时叫醒 wait() 的调用方，
+        # 到那一刻存储必须已经写穿（否则 wait() 返回后别的进程还读到旧状态）。
+        machine.add_listener(self._make_listener(machine))
+        run = TaskRun(
+            definition.fn,
+            args,
+            kwargs,
+            machine=machine,
+            executor=self.executor,
+            retry=retry,
+            timeout=definition.timeout,
+            graceful_stop=self.graceful_stop,
+            artifact_dir=self.artifact_dir,
+            clock=self.clock,
+            upstream=upstream,
+            on_requeue=self._requeue,
+        )
+        with self._lock:
+            if self._closed:
+                raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
+            if task_id in self._runs or task_id in self._reserved_ids:
+                raise DuplicateTaskId(
+                    f"task_id {task_id!r} 已存在；停止过的任务想再跑，请换一个 task_id 提交"
+                )
+            self._reserved_ids.add(task_id)  # 先占住 id，落库（可能较慢）在锁外做
+        try:
+            self._link.create(machine)
+        finally:
+            with self._lock:
+                self._reserved_ids.discard(task_id)
+        with self._lock:
+            if self._closed:
+                closed_meanwhile = True
+            else:
+                closed_meanwhile = False
+                self._runs[task_id] = run
+                self._unfinished.add(task_id)
+                if not blocked:
+                    self._enqueue_locked(run)
+            to_start = self._scheduler.take_runnable()
+        if closed_meanwhile:
+            # 落库期间控制器被关闭：任务已写进存储，如实落 stopped（写穿），而不是留一个没人管的排队任务。
+            run.stop(reason="控制器已关闭，任务未执行")
+            raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
+        self._link.start_polling()  # 提交过任务的节点才认领指令、登记节点（幂等）
+        self._start_runs(to_start)
+        return run
+
+    def check_cluster(self, *, orphan_limit: int = DEFAULT_ORPHAN_LIMIT) -> ClusterReport:
+        """运维体检：各节点登记的桶有没有重复、空洞，有没有落在无人负责的桶里（或失去监督者）的任务。"""
+        return self._link.check_cluster(orphan_limit=orphan_limit)
+
+    def submit_pipeline(self, pipeline: Pipeline) -> PipelineRun:
+        """提交一条 DAG 管道。
+
+        节点是普通任务（task_id = ``<管道运行 id>:<node_id>``），list_tasks / ps 都看得到。
+        """
+        return submit_pipeline(self, pipeline)
+
+    # -- PipelineHost（管道只经这三个方法用到控制器）--------------------------------------------------
+
+    def resolve_task(self, name: str) -> TaskDefinition:
+        """名字登记过就返回它的定义，否则抛 ConfigurationError。"""
+        with self._lock:
+            return self._registry.resolve(name)
+
+    def submit_node(
+        self,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        task_id: str,
+        label: str,
+        pipeline_id: str,
+        node_id: str,
+        upstream: Mapping[str, Any],
+    ) -> TaskRun:
+        """以 blocked 提交一个管道节点：不进就绪队列、不占额度，等管道放行（``TaskRun.release``）。"""
+        return self._submit(
+            name,
+            args,
+            kwargs,
+            task_id=task_id,
+            label=label,
+            tags=(),
+            priority=None,
+            bucket_key=None,
+            pipeline_id=pipeline_id,
+            node_id=node_id,
+            upstream=upstream,
+            blocked=True,
+        )
+
+    def _enqueue_locked(self, run: TaskRun) -> None:
+        snapshot = run.machine.snapshot
+        self._scheduler.enqueue(
+            snapshot.task_id, priority=snapshot.priority, bucket=snapshot.bucket, tags=snapshot.tags
+        )
+        run.watch_start_timeout()
+
+    @staticmethod
+    def _requeue(run: TaskRun) -> None:
+        """重试等待到期：回到 queued，重新排队等额度（不绕过并发上限）。"""
+        run.retry_due()
+
+    def _start_runs(self, task_ids: list[str]) -> None:
+        for task_id in task_ids:
+            run = self._runs.get(task_id)
+            if run is None:
+                continue
+            try:
+                run.start()
+            except TaskError as exc:
+                # 预占额度与真正启动之间任务可能已被停止/暂停：状态机拒绝，额度由监听器归还。
+                logger.debug("任务 %s 未能启动：%s", task_id, exc)
+                with self._lock:
+                    if run.machine.status not in SLOT_HOLDING_STATUSES:
+                        self._scheduler.release(task_id)
+                        self._wake.set()
+
+    # -- state-machine listener ----------------------------------------------------------------------
+
+    def _make_listener(self, machine: StateMachine) -> Callable[[TaskSnapshot, Transition], None]:
+        return _TransitionListener(self, machine)
+
+    def _on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
+        self._link.on_transition(machine, snapshot, record)
+        task_id = snapshot.task_id
+        target = record.to_status
+        with self._lock:
+            scheduler = self._scheduler
+            if target is TaskStatus.QUEUED:
+                self._enqueue_locked_by_snapshot(snapshot)
+            elif record.from_status is TaskStatus.QUEUED and target is not TaskStatus.STARTING:
+                scheduler.discard(task_id)
+            # 排队中/重试等待中被暂停的任务从未占槽（调度器可能刚为它预占了额度，还没真正启动）。
+            carrying = target in SLOT_HOLDING_STATUSES and not (
+                target is TaskStatus.PAUSED
+                and record.from_status in (TaskStatus.QUEUED, TaskStatus.RETRY_WAIT)
+            )
+            to_start: list[str] = []
+            if not carrying and scheduler.release(task_id):
+                # 空出的额度就地交给下一个排队任务，不必唤醒后台线程再转一手（吞吐的关键路径）。
+                to_start = scheduler.take_runnable()
+            if snapshot.is_terminal:
+                self._unfinished.discard(task_id)
+                self._terminal_order.append(task_id)
+                if self._over_keep_finished():
+                    self._wake.set()  # 由后台循环在锁外清理
+                if not self._unfinished:  # wait_all 只等"全部落地"这一刻：别为每个任务都叫醒它
+                    self._settled.notify_all()
+        if to_start:
+            # 这里仍持有本任务的锁，去启动别的任务（拿它们的锁）不会成环：被启动的只可能是刚从
+            # 就绪队列取出的排队任务，而持有排队任务锁的线程（停止/暂停它）从不去拿正在让出额度
+            # 的任务的锁——它只会从就绪队列里另取新的任务。
+            self._start_runs(to_start)
+
+    def _enqueue_locked_by_snapshot(self, snapshot: TaskSnapshot) -> None:
+        self._scheduler.enqueue(
+            snapshot.task_id, priority=snapshot.priority, bucket=snapshot.bucket, tags=snapshot.tags
+        )
+        self._wake.set()
+
+    # -- background loop ----------------------------------------------------------------------------
+
+    def _background_loop(self) -> None:
+        link = self._link
+        while not self._stop_loop.is_set():
+            # 本地只等唤醒；有存储时还要等续租、旁路回写与指令轮询的期限（由链接给出）。
+            deadline = link.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - self.clock.monotonic())
+            self.clock.wait(self._wake, timeout)
+            self._wake.clear()
+            if self._stop_loop.is_set():
+                break
+            try:
+                self._run_deferred()
+                self._dispatch()
+                self._trim_finished()
+                link.tick(self.clock.monotonic())
+            except Exception:  # 后台循环不能死：记下来，下一轮继续
+                logger.exception("控制器后台循环出错")
+                time.sleep(0.05)
+
+    def _over_keep_finished(self) -> bool:
+        keep = self.keep_finished
+        # 超出一成（至少 16 个）再批量清，不为每个落地的任务都切一次列表。
+        return keep is not None and len(self._terminal_order) > keep + max(16, keep // 10)
+
+    def _trim_finished(self) -> None:
+        if self.keep_finished is not None and self._over_keep_finished():
+            self._forget_finished(self.keep_finished)
+
+    def defer(self, work: Callable[[], None]) -> None:
+        """把一件后续工作交给后台循环（在任何锁之外、按提交顺序执行）。"""
+        self._deferred.append(work)
+        self._wake.set()
+
+    def _run_deferred(self) -> None:
+        while self._deferred:
+            work = self._deferred.popleft()
+            try:
+                work()
+            except Exception:
+                logger.exception("控制器后续工作出错")
+
+    def _dispatch(self) -> None:
+        with self._lock:
+            to_start = self._scheduler.take_runnable()
+        if to_start:
+            self._start_runs(to_start)
+
+    def _side_snapshots(self, renew_lease: bool) -> list[TaskSnapshot]:
+        """旁路回写要看的快照（给存储链接用）。"""
+        with self._lock:
+            # 续租要覆盖全部在管任务（排队的也归本节点管）；进度与心跳只可能在占着执行槽的任务上变化，
+            # 平时只看它们——积压上万个排队任务时，不必每秒把它们全扫一遍。
+            task_ids = self._unfinished if renew_lease else self._scheduler.active_ids()
+            runs = [self._runs[task_id] for task_id in task_ids if task_id in self._runs]
+        return [run.snapshot for run in runs]  # 在控制器锁外读：读快照可能要碰任务锁
+
+    def _live_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._unfinished)
+
+    # -- queries ------------------------------------------------------------------------------------
+
+    def get(self, task_id: str) -> TaskSnapshot | None:
+        """单个快照；不存在返回 None。本进程持有的任务返回内存里最新的一份。"""
+        run = self._runs.get(task_id)
+        if run is not None:
+            return run.snapshot
+        return self._link.get(task_id)
+
+    def list_tasks(
+        self,
+        status: TaskStatus | str | Iterable[TaskStatus | str] | None = None,
+        *,
+        name_prefix: str | None = None,
+        tag: str | None = None,
+        limit: int | None = None,
+        bucket: int | None = None,
+        buckets: Iterable[int] | None = None,
+        owner: str | None = None,
+        pipeline_id: str | None = None,
+        order: QueryOrder | str = QueryOrder.OLDEST_FIRST,
+    ) -> list[TaskSnapshot]:
+        """按条件查询（默认按提交先后）。有 store 时查存储，所以能看到别的进程的任务。"""
+        query = TaskQuery(
+            statuses=_status_set(status),
+            name_prefix=name_prefix,
+            tag=tag,
+            limit=limit,
+            bucket=bucket,
+            buckets=frozenset(buckets) if buckets is not None else None,
+            owner=owner,
+            pipeline_id=pipeline_id,
+            order=QueryOrder(order),
+        )
+        return self._link.query(query, self._local_snapshots)
+
+    def _local_snapshots(self) -> list[TaskSnapshot]:
+        with self._lock:
+            runs = list(self._runs.values())
+        return [run.snapshot for run in runs]
+
+    def stats(self) -> TaskStats:
+        """各状态计数；``.unfinished`` 是非终态数量（含排队与暂停）。"""
+        return self._link.stats(self._local_snapshots)
+
+    def bucket_counts(self) -> dict[int, int]:
+        """每桶任务数，用于决定把桶分给谁。"""
+        return self._link.bucket_counts(self._local_snapshots)
+
+    def runs(self) -> list[TaskRun]:
+        with self._lock:
+            return list(self._runs.values())
+
+    @property
+    def active_count(self) -> int:
+        """真的占着执行额度的任务数（含暂停的：暂停不释放槽位）。"""
+        with self._lock:
+            return self._scheduler.active_count
+
+    @property
+    def queued_count(self) -> int:
+        with self._lock:
+            return self._scheduler.queued_count
+
+    @property
+    def persist_failures(self) -> list[PersistFailure]:
+        """最近的写存储失败（最多 20 条，保留最新的）。"""
+        return self._link.persist_failures()
+
+    # -- control ------------------------------------------------------------------------------------
+
+    def stop(self, task_id: str, *, reason: str | None = None) -> bool:
+        """请求停止，不阻塞。返回是否找到该任务（跨进程时表示"请求已受理"）。"""
+        run = self._runs.get(task_id)
+        if run is not None:
+            run.stop(reason=reason)
+            return True
+        return self._link.remote_command(task_id, CommandAction.STOP, reason, {})
+
+    def pause(self, task_id: str, *, timeout: float | None = None) -> bool:
+        """请求暂停并等待确认。True = 已确认挂起；False = 没生效（状态已回滚）或跨进程未确认。"""
+        run = self._runs.get(task_id)
+        if run is not None:
+            return bool(run.pause(timeout=timeout))
+        self._link.remote_command(task_id, CommandAction.PAUSE, None, remote_payload(timeout))
+        return False  # 跨进程没有回执通道：如实报"未确认"，请轮询 get()
+
+    def resume(self, task_id: str) -> bool:
+        run = self._runs.get(task_id)
+        if run is not None:
+            return bool(run.resume())
+        return self._link.remote_command(task_id, CommandAction.RESUME, None, {})
+
+    def stop_all(self, *, reason: str | None = None) -> int:
+        """对本进程持有的全部未终结任务发出停止请求；返回本轮**发出**的请求数（不是"已停止"数）。"""
+        issued = 0
+        for run in self.runs():
+            # 已在 stopping 的任务本轮不再发请求，不计数。
+            if run.machine.can_stop and run.status is not TaskStatus.STOPPING and run.stop(reason=reason):
+                issued += 1
+        return issued
+
+    def wait(self, task_id: str, *, timeout: float | None = None) -> Outcome:
+        """等某个任务落终态。超时抛 TimeoutError，任务状态不变。"""
+        run = self._runs.get(task_id)
+        if run is not None:
+            outcome: Outcome = run.wait(timeout=timeout)
+            return outcome
+        return self._link.wait_remote(task_id, timeout)
+
+    def wait_all(self, *, timeout: float | None = None) -> list[Outcome]:
+        """等本进程持有的全部任务落终态；超时抛 TimeoutError（任务状态不变）。
+
+        返回内存里仍保留的句柄的结果（设了 ``keep_finished`` 时，更早落地的已被清出内存）。
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._settled:
+            while self._unfinished:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(
+                        f"等待超时：还有 {len(self._unfinished)} 个任务没落终态；任务状态未改变"
+                    )
+                self._settled.wait(remaining)
+            runs = list(self._runs.values())
+        return [Outcome.from_snapshot(run.snapshot) for run in runs]
+
+    def prune(self, keep_terminal: int) -> int:
+        """丢弃最旧的终态记录，只保留最新 keep_terminal 个（内存里的句柄；有 store 时也清存储）。"""
+        if isinstance(keep_terminal, bool) or not isinstance(keep_terminal, int) or keep_terminal < 0:
+            raise ConfigurationError(f"keep_terminal 必须是非负整数，收到 {keep_terminal!r}")
+        return max(self._forget_finished(keep_terminal), self._link.prune(keep_terminal))
+
+    def _forget_finished(self, keep: int) -> int:
+        """只从内存里丢掉最旧的已落地任务句柄（存储不动）。返回丢掉的个数。"""
+        with self._lock:
+            excess = len(self._terminal_order) - keep
+            dropped = self._terminal_order[:excess] if excess > 0 else []
+            self._terminal_order = self._terminal_order[len(dropped) :]
+            for task_id in dropped:
+                self._runs.pop(task_id, None)
+                self._link.forget(task_id)
+        return len(dropped)
+
+    def reconcile(self, *, dry_run: bool = False) -> ReconcileReport:
+        """把租约过期、失去监督者的任务如实标记（见 runtime/reconcile.py 的规则表）。只看本节点的桶。"""
+        return self._link.reconcile(live_ids=set(self._live_ids()), dry_run=dry_run)
+
+    def close(
+        self, *, reason: str = "控制器关闭", timeout: float | None = None, close_store: bool = False
+    ) -> None:
+        """停止一切并收尾：排队中的任务不会执行任务体（直接落 stopped），在跑的走优雅停止。幂等。"""
+        with self._lock:
+            already = self._closed
+            self._closed = True
+            runs = list(self._runs.values())
+        if not already:
+            for run in runs:
+                if run.machine.can_stop:
+                    with contextlib.suppress(TaskError):
+                        run.stop(reason=reason)
+            wait_for = timeout if timeout is not None else self.graceful_stop + 2.0
+            with contextlib.suppress(TimeoutError):
+                self.wait_all(timeout=wait_for)
+            self._link.stop_listening()
+            self._stop_loop.set()
+            self._wake.set()
+            if self._loop is not threading.current_thread():
+                self._loop.join(timeout=5.0)
+            self._link.shutdown()
+        if close_store:
+            self._link.close_store()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Controller:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Controller(owner={self.owner!r}, max_parallel={self.max_parallel}, tasks={len(self._runs)})"
+
+
+__all__ = ["NOTIFIED_POLL_INTERVAL", "SUBMIT_KEYWORDS", "Controller", "default_owner", "render_table"]

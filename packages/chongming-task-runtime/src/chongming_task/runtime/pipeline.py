@@ -1,0 +1,425 @@
+"""DAG 管道：把登记过的任务按依赖串起来。
+
+语义（用户指南 §10）：
+
+* 等待上游的节点处于 ``blocked``——一个真正的任务状态，不进待执行队列，不占并发额度。
+* 汇合（逐节点）：ALL_SUCCEEDED（默认，全部上游成功才放行）、ALL_SETTLED（全部上游落终态即放行，
+  用于清理/通知/汇总）、ANY_SUCCEEDED（任一上游成功即放行；全部上游都没成功 → skipped）。
+  汇合条件再也不可能满足的节点落 ``skipped``（failure.kind = dependency_failed），它的下游随之判定。
+* 结算（整条管道）：fail_fast()（默认）——首个真失败（failed）即取消其余已经放行、尚未落终态的
+  节点（``cancelled``）；CANCELLED 本身不触发连坐。all_settled()——等全部节点落终态再统一判定。
+* 管道判定：每个节点都 succeeded → succeeded；否则有 failed 或 lost → failed；否则有人工停止
+  （stopped）→ stopped；其余（被连坐的 cancelled、被跳过的 skipped）→ cancelled。注意 ALL_SETTLED
+  的审计节点在上游失败后照常运行，它自己成功也不会把管道"洗白"成 succeeded。
+
+实现：每个节点记着"还差几个上游落地""有几个上游成功"，上游落地时只更新它的直接下游——
+整体 O(节点 + 边)，不会在每次完成时重扫整张图。节点状态变化由状态机监听器转交给控制器的
+后台循环处理（监听器在节点自己的锁内，不能去碰别的节点）。
+
+管道结构只在内存里，不落库（任务的函数与参数从未持久化）。进程重启后跑到一半的管道无法续跑：
+占着执行资源的节点会被 reconcile() 判为 lost，排队或阻塞中的节点报告为 adoptable。
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from chongming_task.errors import CircularDependency, ConfigurationError, TaskError
+from chongming_task.models import Outcome, TaskSnapshot, Transition, validate_task_id
+from chongming_task.policies import AggregationPolicy, JoinMode
+from chongming_task.states import TaskStatus
+
+if TYPE_CHECKING:
+    from chongming_task.runtime.pipeline_host import PipelineHost
+    from chongming_task.runtime.taskrun import TaskRun
+
+S = TaskStatus
+
+
+@dataclass(frozen=True)
+class NodeHandle:
+    """``pipeline.node(...)`` 的返回值，可放进别的节点的 ``depends_on``。"""
+
+    pipeline: Pipeline = field(repr=False, compare=False)
+    node_id: str
+
+
+@dataclass
+class _NodeSpec:
+    node_id: str
+    task_name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    depends_on: tuple[str, ...]
+    join: JoinMode
+
+
+class Pipeline:
+    """一条 DAG 的定义（可多次提交，每次得到一个独立的 PipelineRun）。"""
+
+    def __init__(self, name: str, *, aggregation: AggregationPolicy | None = None) -> None:
+        validate_task_id(name, what="管道名")
+        aggregation = aggregation if aggregation is not None else AggregationPolicy.fail_fast()
+        if not isinstance(aggregation, AggregationPolicy):
+            raise ConfigurationError(
+                f"aggregation 必须是 AggregationPolicy.fail_fast() 或 .all_settled()，收到 {aggregation!r}"
+            )
+        self.name = name
+        self.aggregation = aggregation
+        self._nodes: dict[str, _NodeSpec] = {}
+        self._name_counts: dict[str, int] = {}
+
+    def node(
+        self,
+        task_name: str,
+        *args: Any,
+        node_id: str | None = None,
+        depends_on: Iterable[NodeHandle | str] = (),
+        join: JoinMode = JoinMode.ALL_SUCCEEDED,
+        **kwargs: Any,
+    ) -> NodeHandle:
+        """加一个节点。第一个位置参数是已登记的任务名，其后才是传给任务的参数。
+
+        ``node_id`` 省略时取任务名，同名多次自动加 ``#2`` / ``#3``；显式给出的重复 id 报错。
+        """
+        if not isinstance(task_name, str) or not task_name:
+            raise ConfigurationError(f"node() 的第一个参数必须是已登记的任务名（字符串），收到 {task_name!r}")
+        if node_id is None:
+            count = self._name_counts.get(task_name, 0) + 1
+            candidate = task_name if count == 1 else f"{task_name}#{count}"
+            while candidate in self._nodes:
+                count += 1
+                candidate = f"{task_name}#{count}"
+            self._name_counts[task_name] = count
+            node_id = candidate
+        else:
+            validate_task_id(node_id, what="node_id")
+            if node_id in self._nodes:
+                raise ConfigurationError(f"管道 {self.name!r} 里已有节点 {node_id!r}；node_id 必须唯一")
+        if not isinstance(join, JoinMode):
+            try:
+                join = JoinMode(join)
+            except ValueError:
+                raise ConfigurationError(
+                    f"join 只能是 JoinMode.ALL_SUCCEEDED / ALL_SETTLED / ANY_SUCCEEDED，收到 {join!r}"
+                ) from None
+        if isinstance(depends_on, (str, NodeHandle)):
+            depends_on = [depends_on]
+        upstream: list[str] = []
+        for dep in depends_on:
+            if isinstance(dep, NodeHandle):
+                if dep.pipeline is not self:
+                    raise ConfigurationError(
+                        f"节点 {node_id!r} 依赖了另一条管道（{dep.pipeline.name!r}）的节点 {dep.node_id!r}；"
+                        "依赖只能指向同一条管道里的节点"
+                    )
+                upstream.append(dep.node_id)
+            elif isinstance(dep, str):
+                upstream.append(dep)
+            else:
+                raise ConfigurationError(f"depends_on 里只能放 node() 返回的句柄或节点 id，收到 {dep!r}")
+        if node_id in upstream:
+            raise CircularDependency([node_id, node_id])
+        self._nodes[node_id] = _NodeSpec(
+            node_id, task_name, args, dict(kwargs), tuple(dict.fromkeys(upstream)), join
+        )
+        return NodeHandle(self, node_id)
+
+    @property
+    def node_ids(self) -> list[str]:
+        return list(self._nodes)
+
+    def topological_order(self) -> list[str]:
+        """Kahn 算法，O(节点 + 边)。有未知依赖或成环时报错（环会被完整指出）。"""
+        for spec in self._nodes.values():
+            for dep in spec.depends_on:
+                if dep not in self._nodes:
+                    raise ConfigurationError(
+                        f"节点 {spec.node_id!r} 依赖的 {dep!r} 不在管道 {self.name!r} 里"
+                    )
+        indegree = {node_id: len(spec.depends_on) for node_id, spec in self._nodes.items()}
+        downstream: dict[str, list[str]] = {node_id: [] for node_id in self._nodes}
+        for spec in self._nodes.values():
+            for dep in spec.depends_on:
+                downstream[dep].append(spec.node_id)
+        # 先进先出：同层节点保持定义顺序（建任务的先后也就是 list_tasks 的显示顺序）。
+        ready = collections.deque(node_id for node_id, n in indegree.items() if n == 0)
+        order: list[str] = []
+        while ready:
+            current = ready.popleft()
+            order.append(current)
+            for child in downstream[current]:
+                indegree[child] -= 1
+                if indegree[child] == 0:
+                    ready.append(child)
+        if len(order) != len(self._nodes):
+            raise CircularDependency(self._find_cycle({n for n, d in indegree.items() if d > 0}))
+        return order
+
+    def _find_cycle(self, remaining: set[str]) -> list[str]:
+        # 剩下的节点每个都至少有一个上游也在剩余集合里：沿上游走，必然回到走过的节点。
+        start = min(remaining)
+        path: list[str] = []
+        seen: dict[str, int] = {}
+        current = start
+        while current not in seen:
+            seen[current] = len(path)
+            path.append(current)
+            current = next(dep for dep in self._nodes[current].depends_on if dep in remaining)
+        cycle = [*path[seen[current] :], current]
+        cycle.reverse()  # 按依赖方向（上游 → 下游）给出
+        return cycle
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __repr__(self) -> str:
+        return f"Pipeline({self.name!r}, nodes={len(self._nodes)}, aggregation={self.aggregation.mode.value})"
+
+
+@dataclass(frozen=True)
+class PipelineOutcome:
+    """管道落地后的结果：整体判定 + 每个节点的 Outcome。"""
+
+    status: TaskStatus
+    nodes: dict[str, Outcome]
+
+    @property
+    def ok(self) -> bool:
+        return self.status is S.SUCCEEDED
+
+    @property
+    def failed_nodes(self) -> list[str]:
+        return [node_id for node_id, outcome in self.nodes.items() if outcome.status in (S.FAILED, S.LOST)]
+
+
+def pipeline_verdict(statuses: Iterable[TaskStatus]) -> TaskStatus:
+    """管道判定规则（见模块文档）。"""
+    seen = set(statuses)
+    if seen <= {S.SUCCEEDED}:
+        return S.SUCCEEDED
+    if seen & {S.FAILED, S.LOST}:
+        return S.FAILED
+    if S.STOPPED in seen:
+        return S.STOPPED
+    return S.CANCELLED
+
+
+@dataclass
+class _NodeState:
+    spec: _NodeSpec
+    task_id: str
+    downstream: list[str] = field(default_factory=list)
+    pending_upstream: int = 0
+    succeeded_upstream: int = 0
+    released: bool = False
+    upstream_values: dict[str, Any] = field(default_factory=dict)
+
+
+class PipelineRun:
+    """一次提交的管道。节点是控制器里的普通任务（task_id = ``<run_id>:<node_id>``）。"""
+
+    def __init__(self, host: PipelineHost, pipeline: Pipeline) -> None:
+        self.host = host
+        self.pipeline = pipeline
+        self.pipeline_id = f"{pipeline.name}-{os.urandom(4).hex()}"
+        self.aggregation = pipeline.aggregation
+        self._nodes: dict[str, _NodeState] = {}
+        self._runs: dict[str, TaskRun] = {}
+        self._remaining = len(pipeline)
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._fail_fast_fired = False
+
+    @property
+    def controller(self) -> PipelineHost:
+        """提交这条管道的宿主（旧名，等同 ``host``）。"""
+        return self.host
+
+    # -- submission ---------------------------------------------------------------------------------
+
+    def _submit(self) -> None:
+        order = self.pipeline.topological_order()
+        specs = self.pipeline._nodes
+        for node_id in order:
+            spec = specs[node_id]
+            self.host.resolve_task(spec.task_name)
+        for node_id in order:
+            spec = specs[node_id]
+            state = _NodeState(spec, f"{self.pipeline_id}:{node_id}", pending_upstream=len(spec.depends_on))
+            self._nodes[node_id] = state
+            for dep in spec.depends_on:
+                self._nodes[dep].downstream.append(node_id)
+        if not order:
+            self._done.set()
+            return
+        # 先把全部节点以 blocked 建好、挂上监听器，再放行根节点：否则一个极快的根节点可能在下游
+        # 节点建好之前就落地，协调逻辑会找不到它的下游。
+        for node_id in order:
+            state = self._nodes[node_id]
+            spec = state.spec
+            run = self.host.submit_node(
+                spec.task_name,
+                spec.args,
+                spec.kwargs,
+                task_id=state.task_id,
+                label=f"{self.pipeline.name}/{node_id}",
+                pipeline_id=self.pipeline_id,
+                node_id=node_id,
+                upstream=state.upstream_values,
+            )
+            self._runs[node_id] = run
+            run.machine.add_listener(self._make_listener(node_id))
+        for node_id in order:
+            state = self._nodes[node_id]
+            if not state.spec.depends_on:
+                self._release(state)
+
+    def _make_listener(self, node_id: str) -> Any:
+        def listener(snapshot: TaskSnapshot, record: Transition) -> None:
+            if record.to_status.is_terminal:
+                self.host.defer(lambda: self._on_node_settled(node_id, snapshot))
+
+        return listener
+
+    # -- coordination (runs on the controller's background loop, outside any task lock) -------------
+
+    def _on_node_settled(self, node_id: str, snapshot: TaskSnapshot) -> None:
+        with self._lock:
+            state = self._nodes[node_id]
+            self._remaining -= 1
+            finished = self._remaining == 0
+        status = snapshot.status
+        succeeded = status is S.SUCCEEDED
+        for child_id in state.downstream:
+            child = self._nodes[child_id]
+            child.pending_upstream -= 1
+            if succeeded:
+                child.succeeded_upstream += 1
+                child.upstream_values[node_id] = snapshot.outcome
+            self._evaluate(child, failed_upstream=None if succeeded else node_id)
+        if status is S.FAILED and self.aggregation.is_fail_fast and not self._fail_fast_fired:
+            self._fail_fast_fired = True
+            self._cancel_released(cause=node_id)
+        if finished:
+            self._done.set()
+
+    def _evaluate(self, child: _NodeState, *, failed_upstream: str | None) -> None:
+        if child.released:
+            return
+        join = child.spec.join
+        total = len(child.spec.depends_on)
+        if join is JoinMode.ALL_SUCCEEDED:
+            if failed_upstream is not None:
+                self._skip(child, f"上游 {failed_upstream!r} 没有成功，汇合条件（全部上游成功）不可能满足")
+            elif child.succeeded_upstream == total:
+                self._release(child)
+        elif join is JoinMode.ALL_SETTLED:
+            if child.pending_upstream == 0:
+                self._release(child)
+        elif join is JoinMode.ANY_SUCCEEDED:
+            if child.succeeded_upstream > 0:
+                self._release(child)
+            elif child.pending_upstream == 0:
+                self._skip(child, "全部上游都已落地，没有一个成功（汇合条件：任一上游成功）")
+
+    def _release(self, child: _NodeState) -> None:
+        child.released = True
+        # 放行那一刻的成功上游值交给任务（TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream）。
+        self._runs[child.spec.node_id].release(child.upstream_values)
+
+    def _skip(self, child: _NodeState, reason: str) -> None:
+        child.released = True  # 不再参与判定
+        self._runs[child.spec.node_id].mark_dependency_failed(reason)
+
+    def _cancel_released(self, *, cause: str) -> None:
+        reason = f"fail_fast：节点 {cause!r} 失败，取消其余已放行的节点"
+        for node_id, state in self._nodes.items():
+            if not state.released or node_id == cause:
+                continue
+            run = self._runs[node_id]
+            if run.machine.status.is_terminal:
+                continue
+            with contextlib.suppress(TaskError):  # 恰好在此刻落了终态：以它自己的结果为准
+                run.cancel(reason=reason)
+
+    # -- public API ---------------------------------------------------------------------------------
+
+    def wait(self, timeout: float | None = None) -> PipelineOutcome:
+        """等全部节点落终态。超时抛 TimeoutError，不改变任何状态。"""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"等待管道 {self.pipeline_id!r} 超时（{timeout} 秒）；状态未改变")
+        for run in self._runs.values():
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            run.wait(timeout=remaining)
+        return self.outcome()
+
+    def outcome(self) -> PipelineOutcome:
+        nodes = {node_id: Outcome.from_snapshot(run.snapshot) for node_id, run in self._runs.items()}
+        return PipelineOutcome(status=self.status, nodes=nodes)
+
+    def stop(self, *, reason: str | None = None) -> int:
+        """人工停止整条管道：每个未落地的节点都收到停止请求（阻塞/排队中的立即落 stopped）。
+
+        返回发出的请求数。
+        """
+        issued = 0
+        for run in self._runs.values():
+            if run.machine.can_stop:
+                run.stop(reason=reason or "人工停止管道")
+                issued += 1
+        return issued
+
+    @property
+    def status(self) -> TaskStatus:
+        """未全部落地时：有节点在占执行资源 → running，否则 → queued/blocked 里靠前的那个；落地后 → 判定。"""
+        statuses = [run.status for run in self._runs.values()]
+        if statuses and all(s.is_terminal for s in statuses):
+            return pipeline_verdict(statuses)
+        for candidate in (
+            S.RUNNING,
+            S.STARTING,
+            S.PAUSING,
+            S.STOPPING,
+            S.PAUSED,
+            S.RETRY_WAIT,
+            S.QUEUED,
+            S.BLOCKED,
+        ):
+            if candidate in statuses:
+                return S.RUNNING if candidate in (S.STARTING, S.PAUSING, S.STOPPING) else candidate
+        return S.PENDING
+
+    @property
+    def snapshot(self) -> dict[str, TaskSnapshot]:
+        """每个节点的当前快照（node_id → TaskSnapshot）。"""
+        return {node_id: run.snapshot for node_id, run in self._runs.items()}
+
+    @property
+    def runs(self) -> dict[str, TaskRun]:
+        return dict(self._runs)
+
+    def task_id_of(self, node_id: str) -> str:
+        return self._nodes[node_id].task_id
+
+    def __repr__(self) -> str:
+        return f"PipelineRun({self.pipeline_id!r}, status={self.status.value})"
+
+
+def submit_pipeline(host: PipelineHost, pipeline: Pipeline) -> PipelineRun:
+    if not isinstance(pipeline, Pipeline):
+        raise ConfigurationError(f"submit_pipeline() 需要一个 Pipeline，收到 {pipeline!r}")
+    run = PipelineRun(host, pipeline)
+    run._submit()
+    return run
+
+
+__all__ = ["NodeHandle", "Pipeline", "PipelineOutcome", "PipelineRun", "pipeline_verdict", "submit_pipeline"]

@@ -1,0 +1,1033 @@
+"""TaskRun 与 run_task：受监督地执行一个任务（用户指南 §3–§6）。
+
+一个 TaskRun = 一个状态机 + 一把锁 + 当前这次尝试的把手。不变量：
+
+* 状态只经由 ``StateMachine`` 改变，而且每次写入都在 ``machine.lock`` 下（TaskRun 的锁就是状态机的锁，
+  控制器传进来的状态机也一样）；
+* 诚实优先：停不掉的线程记 ``lost`` 而不是 ``stopped``；没在检查点挂起就不说"已暂停"
+  （``runtime:pause_aborted`` 记录回滚）；停止请求之后正常返回的任务记 ``succeeded``；
+* 没有占执行槽的任务（pending / queued / 排队中暂停 / retry_wait），控制动作立即生效，不经过
+  pausing / stopping 这类"请等待"的中间态；
+* 超时不是状态：到期后请求停止，并把结果记成 ``timeout_*`` 失败（默认可重试）。暂停期间不计时，
+  idle 只在本次尝试开始执行之后才计。
+
+所有"到点做事"（超时、优雅窗口、重试等待）都登记在按时钟共享的看门狗线程上（见
+``chongming_task.runtime.supervisor``），不为每个任务起监督线程。
+
+和控制器的接缝：
+
+* ``TaskRun(..., machine=...)``：用控制器造好的（可能已经 queued 的）状态机及其锁；
+* ``on_requeue``：重试等待到期时调用 ``on_requeue(run)``（在锁外），由控制器把它放回就绪队列并在有
+  额度时再次 ``start()``；为 None 时 TaskRun 自己直接开始下一次尝试。排队中暂停的任务恢复时总是
+  回到 queued：独立运行的 TaskRun 立即重新启动，带 ``on_requeue`` 的交给控制器（它的状态机监听器
+  会看到 queued 这次迁移）；
+* 每条终态路径都经过状态机，所以控制器在状态机上挂监听器就能知道任务结束。
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.context import MAX_LOGS, LogEntry
+from chongming_task.core.state_machine import StateMachine
+from chongming_task.core.triggers import (
+    TRIGGER_CANCEL,
+    TRIGGER_CARRIER_EXITED,
+    TRIGGER_DEPENDENCY_FAILED,
+    TRIGGER_PAUSE,
+    TRIGGER_RECONCILE,
+    TRIGGER_RELEASED,
+    TRIGGER_RESUME,
+    TRIGGER_RETRY_DUE,
+    TRIGGER_START,
+    TRIGGER_STOP,
+    TRIGGER_TIMEOUT_START,
+)
+from chongming_task.decorators import task_spec
+from chongming_task.errors import ConfigurationError, InvalidTransition
+from chongming_task.models import (
+    Failure,
+    FailureKind,
+    Outcome,
+    Progress,
+    TaskSnapshot,
+    Transition,
+    normalize_tags,
+)
+from chongming_task.policies import NO_RETRY, NO_TIMEOUT, RetryPolicy, Timeout
+from chongming_task.runtime.executors.base import (
+    AttemptEvents,
+    AttemptHandle,
+    AttemptResult,
+    AttemptSpec,
+    Executor,
+    ResultKind,
+)
+from chongming_task.runtime.executors.thread import ThreadExecutor
+from chongming_task.runtime.supervisor import Timer, Watchdog
+from chongming_task.states import TERMINAL_STATUSES, TRANSITIONS, TaskStatus
+
+S = TaskStatus
+logger = logging.getLogger("chongming_task.runtime")
+
+DEFAULT_PAUSE_TIMEOUT = 5.0
+"""``pause()`` 等待"任务已在检查点挂起"确认的默认窗口（秒）。"""
+
+_DEFAULT_EXECUTOR = ThreadExecutor()
+
+_NOT_STARTED = frozenset({S.PENDING, S.BLOCKED, S.QUEUED, S.RETRY_WAIT})
+
+
+class _Attempt:
+    """一次尝试的监督状态（只在 TaskRun 的锁下读写）。"""
+
+    __slots__ = (
+        "_pause_signal",
+        "attempt_deadline",
+        "attempt_remaining",
+        "cancel_reason",
+        "handle",
+        "killed",
+        "number",
+        "running",
+        "settled",
+        "stop_reason",
+        "stop_requested",
+        "synced_beat",
+        "timeout_failure",
+        "timers",
+    )
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.handle: AttemptHandle | None = None
+        self.settled = False
+        self.running = False
+        self.stop_requested = False
+        self.stop_reason: str | None = None
+        self.timeout_failure: Failure | None = None
+        self.killed = False
+        self.cancel_reason: str | None = None
+        self.timers: dict[str, Timer] = {}
+        self.attempt_deadline: float | None = None
+        self.attempt_remaining: float | None = None
+        self._pause_signal: threading.Event | None = None
+        self.synced_beat: float | None = None
+
+    def pause_signal(self, *, fresh: bool) -> threading.Event:
+        """等暂停确认的信号（惰性创建：绝大多数尝试从不暂停）。在 TaskRun 的锁下调用。"""
+        if fresh or self._pause_signal is None:
+            self._pause_signal = threading.Event()
+        return self._pause_signal
+
+    def wake_pauser(self) -> None:
+        """唤醒等暂停确认的一方（已挂起、已结束、被停止、被撤销……让它重新判定）。"""
+        signal = self._pause_signal
+        if signal is not None:
+            signal.set()
+
+    def cancel_timer(self, name: str) -> None:
+        timer = self.timers.pop(name, None)
+        if timer is not None:
+            timer.cancel()
+
+    def cancel_timers(self, *, keep: tuple[str, ...] = ()) -> None:
+        for name in list(self.timers):
+            if name not in keep:
+                self.cancel_timer(name)
+
+
+class _Events(AttemptEvents):
+    """把载体的报告转给 TaskRun（每次尝试一个，迟到的报告因此能被认出并忽略）。"""
+
+    __slots__ = ("_attempt", "_run")
+
+    def __init__(self, run: TaskRun, attempt: _Attempt) -> None:
+        self._run = run
+        self._attempt = attempt
+
+    def running(self, pid: int | None) -> None:
+        self._run._on_running(self._attempt, pid)
+
+    def progress(self, progress: Progress) -> None:
+        self._run._on_progress(self._attempt, progress)
+
+    def parked(self) -> None:
+        self._attempt.wake_pauser()
+
+    def finished(self, result: AttemptResult) -> None:
+        self._run._settle(self._attempt, result)
+
+
+def _number(name: str, value: object, *, allow_none: bool) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+        raise ConfigurationError(f"{name} 必须是非负的秒数，收到 {value!r}")
+    return float(value)
+
+
+class TaskRun:
+    """一个受监督的任务执行。线程安全：各方法可从不同线程调用。
+
+    ``start()`` 立即返回（InlineExecutor 除外：它在调用线程里跑完）；``wait()`` 等终态；
+    ``stop()`` 不阻塞；``pause()`` 等确认并如实返回；``resume()`` 回到 running 或 queued（§4.3）。
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        task_id: str | None = None,
+        name: str | None = None,
+        executor: Executor | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Timeout | None = None,
+        graceful_stop: float = 5.0,
+        artifact_dir: str | Path | None = None,
+        clock: Clock | None = None,
+        tags: object = (),
+        label: str | None = None,
+        priority: int = 0,
+        description: str | None = None,
+        upstream: Mapping[str, Any] | None = None,
+        machine: StateMachine | None = None,
+        on_requeue: Callable[[TaskRun], None] | None = None,
+        pause_timeout: float = DEFAULT_PAUSE_TIMEOUT,
+    ) -> None:
+        if not callable(fn):
+            raise ConfigurationError(f"TaskRun 的第一个参数必须是任务函数，收到 {fn!r}")
+        spec = task_spec(fn)
+        if not isinstance(args, (tuple, list)):
+            raise ConfigurationError(f"args 必须是元组（位置参数），收到 {args!r}；单个参数请写成 (x,)")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise ConfigurationError(f"kwargs 必须是字典，收到 {kwargs!r}")
+        executor = executor if executor is not None else _DEFAULT_EXECUTOR
+        if not isinstance(executor, Executor):
+            raise ConfigurationError(
+                "executor 必须是 ThreadExecutor() / InlineExecutor() / ProcessExecutor() 之类的实例，"
+                f"收到 {executor!r}"
+            )
+        retry = retry if retry is not None else (spec.retry if spec and spec.retry else NO_RETRY)
+        if not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"retry 必须是 RetryPolicy(...)，收到 {retry!r}")
+        timeout = timeout if timeout is not None else (spec.timeout if spec and spec.timeout else NO_TIMEOUT)
+        if not isinstance(timeout, Timeout):
+            raise ConfigurationError(f"timeout 必须是 Timeout(start=, per_attempt=, idle=)，收到 {timeout!r}")
+        if upstream is not None and not isinstance(upstream, Mapping):
+            raise ConfigurationError(f"upstream 必须是 {{节点 id: 返回值}} 字典，收到 {upstream!r}")
+        if on_requeue is not None and not callable(on_requeue):
+            raise ConfigurationError(f"on_requeue 必须是可调用对象，收到 {on_requeue!r}")
+        self.fn = fn
+        self.args: tuple[Any, ...] = tuple(args)
+        self.kwargs: dict[str, Any] = dict(kwargs or {})
+        self.executor = executor
+        self.retry = retry
+        self.timeout = timeout
+        self.graceful_stop = _number("graceful_stop", graceful_stop, allow_none=False) or 0.0
+        self.pause_timeout = _number("pause_timeout", pause_timeout, allow_none=False) or 0.0
+        self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
+        self.upstream: dict[str, Any] = dict(upstream or {})
+        executor.check_submittable(
+            fn, self.args, self.kwargs, {"upstream": self.upstream, "retry": retry, "timeout": timeout}
+        )
+
+        if machine is None:
+            resolved_name = name or (spec.name if spec else getattr(fn, "__name__", None) or "task")
+            all_tags = normalize_tags(tags) | (spec.tags if spec else frozenset())
+            clock = clock or SYSTEM_CLOCK
+            machine = StateMachine.create(
+                task_id or f"{resolved_name}-{uuid.uuid4().hex[:12]}",
+                resolved_name,
+                max_attempts=retry.max_attempts,
+                clock=clock,
+                label=label,
+                tags=all_tags,
+                priority=priority,
+                description=description if description is not None else (spec.description if spec else None),
+            )
+        else:
+            if not isinstance(machine, StateMachine):
+                raise ConfigurationError(f"machine 必须是 StateMachine，收到 {machine!r}")
+            if task_id is not None and task_id != machine.task_id:
+                raise ConfigurationError(f"task_id {task_id!r} 与传入状态机的 {machine.task_id!r} 不一致")
+            clock = clock or machine.clock
+        self.machine = machine
+        self.clock: Clock = clock
+        self._lock = machine.lock
+        self._watchdog = Watchdog.for_clock(clock)
+        self._on_requeue = on_requeue
+        # 日志缓冲与"已落终态"事件都按需创建：排队中的任务可能成千上万，每个省下的几个容器对象
+        # 直接减轻循环 GC 的扫描量（在管任务越多越明显）。
+        self._logs: deque[LogEntry] | None = None
+        self._done_event: threading.Event | None = None
+        self._is_done = False
+        self._started = False
+        self._attempt: _Attempt | None = None
+        self._retry_timer: Timer | None = None
+        self._retry_deadline: float | None = None
+        self._retry_wake: threading.Event | None = None  # 只有 InlineExecutor 的重试等待用得到
+        self._start_timer: Timer | None = None  # start 超时的排队那一段（见 watch_start_timeout）
+        machine.add_listener(self._on_transition)
+        if machine.snapshot.is_terminal:
+            self._is_done = True
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    @property
+    def task_id(self) -> str:
+        return self.machine.task_id
+
+    @property
+    def name(self) -> str:
+        return self.machine.snapshot.name
+
+    @property
+    def status(self) -> TaskStatus:
+        return self.machine.status
+
+    @property
+    def snapshot(self) -> TaskSnapshot:
+        """当前快照（运行期可安全读取）。读取时顺带把任务的心跳同步进快照。"""
+        attempt = self._attempt
+        # 只在拿得到锁时顺手同步心跳：锁可能正被一次慢的写穿（存储卡住）占着，读快照绝不能因此阻塞——
+        # 此时返回的快照心跳稍旧，但状态与版本是准确的。
+        if (
+            attempt is not None
+            and attempt.running
+            and not attempt.settled
+            and self._lock.acquire(blocking=False)
+        ):
+            try:
+                self._sync_heartbeat_locked(attempt)
+            finally:
+                self._lock.release()
+        return self.machine.snapshot
+
+    def sync_heartbeat(self) -> TaskSnapshot:
+        """把任务线程记下的最近心跳写进快照（旁路字段，不递增版本号）。控制器按自己的节奏调用。"""
+        return self.snapshot
+
+    @property
+    def transitions(self) -> tuple[Transition, ...]:
+        return self.machine.transitions
+
+    @property
+    def done(self) -> bool:
+        return self._is_done
+
+    @property
+    def done_event(self) -> threading.Event:
+        """落终态时置位（在本任务的全部迁移监听器——包括控制器的写穿——都跑完之后）。"""
+        with self._lock:
+            # 锁内读到的"已落地"意味着终态迁移连同它的监听器都已完成（监听器在同一把锁内运行）。
+            if self._done_event is None:
+                self._done_event = threading.Event()
+                if self._is_done:
+                    self._done_event.set()
+            return self._done_event
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """已落终态时的结果对象，否则 None。"""
+        snapshot = self.machine.snapshot
+        return Outcome.from_snapshot(snapshot) if snapshot.is_terminal else None
+
+    @property
+    def logs(self) -> list[LogEntry]:
+        """本任务（跨尝试）最近 200 条日志。"""
+        return list(self._logs or ())
+
+    def __repr__(self) -> str:
+        snap = self.machine.snapshot
+        attempts = f"{snap.attempt}/{snap.max_attempts}"
+        return f"TaskRun({snap.task_id!r}, status={snap.status.value}, attempt={attempts})"
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def start(self) -> TaskRun:
+        """启动受监督执行，立即返回（InlineExecutor 会在本线程里跑完）。
+
+        重复调用报错。唯一的例外是任务处于 queued 时（控制器在重试到期或恢复后把它重新排了队），
+        此时 ``start()`` 就是"把这个排队的任务派发出去"。
+        """
+        with self._lock:
+            status = self.machine.status
+            if self._started and status is not S.QUEUED:
+                raise ConfigurationError(
+                    f"任务 {self.task_id!r} 已经 start() 过（当前 {status.value}）；"
+                    "每个 TaskRun 只能启动一次，要再跑请新建一个 TaskRun（换一个 task_id）"
+                )
+            self._started = True
+            if status is S.PENDING:
+                self.machine.mark_queued()
+                status = S.QUEUED
+            if status is not S.QUEUED:
+                # 启动前已被停止（终态）、已在排队中暂停（恢复时回到 queued 再启动）、或在等上游（blocked）。
+                if status.is_terminal or status in (S.PAUSED, S.BLOCKED):
+                    return self
+                raise InvalidTransition(status, S.STARTING, TRIGGER_START, TRANSITIONS[status])
+            attempt = self._begin_attempt_locked()
+        self._launch(attempt)
+        return self
+
+    def wait(self, timeout: float | None = None) -> Outcome:
+        """等待终态并返回 Outcome。超时抛 TimeoutError，**不**改变任务状态（要停止请显式 stop()）。
+
+        ``timeout`` 是调用方愿意等的真实秒数，与注入的 clock 无关。
+        """
+        if not self.done_event.wait(timeout):
+            raise TimeoutError(
+                f"等待任务 {self.task_id!r} 超时（{timeout} 秒）；任务状态未改变，"
+                f"当前为 {self.machine.status.value}。要停止它请调用 stop()"
+            )
+        outcome = self.outcome
+        assert outcome is not None
+        return outcome
+
+    def stop(self, reason: str | None = None, *, actor: str | None = None) -> bool:
+        """请求停止，不阻塞。返回请求是否被受理（已落终态时为 False）。
+
+        ``actor`` 记进迁移历史（谁按的停止），例如跨进程指令的发起者。
+
+        没占执行槽的任务立即落 stopped；在跑的任务进入 stopping，在优雅窗口内响应 checkpoint() 则落
+        stopped（正常返回则 succeeded），窗口用尽：线程记 lost，子进程被终止后记 stopped。
+        """
+        with self._lock:
+            machine = self.machine
+            status = machine.status
+            if status.is_terminal:
+                return False
+            if status is S.STOPPING:
+                return True
+            attempt = self._attempt
+            active = attempt is not None and not attempt.settled
+            if status in _NOT_STARTED or (status is S.PAUSED and not active):
+                self._cancel_retry_locked()
+                machine.mark_stopped(reason=reason, actor=actor, trigger=TRIGGER_STOP)
+                return True
+            assert attempt is not None
+            if status is S.PAUSED:
+                # paused 没有到 stopping 的边：先唤醒（回到 running），任务在检查点里立刻响应停止。
+                machine.mark_running(
+                    trigger=TRIGGER_STOP, actor=actor, reason="恢复被暂停的任务，让它在检查点里响应停止"
+                )
+            attempt.wake_pauser()
+            machine.mark_stopping(reason=reason, actor=actor)
+            self._request_stop_locked(attempt, reason)
+            return True
+
+    def cancel(self, reason: str | None = None) -> bool:
+        """编排层级联取消（例如管道 fail_fast）：落 ``cancelled``，与人工停止（stopped）区分责任方。
+
+        没占执行槽的任务立即落 cancelled；在跑的任务被请求停止（状态保持原样——没有"取消中"这个
+        中间态），在检查点响应后落 cancelled，正常返回则 succeeded；优雅窗口用尽与 stop() 相同：
+        线程记 lost，子进程被终止后记 cancelled。返回请求是否被受理。
+        """
+        with self._lock:
+            machine = self.machine
+            status = machine.status
+            if status.is_terminal or status is S.STOPPING:
+                return False
+            attempt = self._attempt
+            active = attempt is not None and not attempt.settled
+            if status in _NOT_STARTED or (status is S.PAUSED and not active):
+                self._cancel_retry_locked()
+                machine.mark_cancelled(reason=reason)
+                return True
+            assert attempt is not None
+            if attempt.cancel_reason is None:
+                attempt.cancel_reason = reason or "已被编排层取消"
+            if status is S.PAUSED:
+                machine.mark_running(
+                    trigger=TRIGGER_CANCEL, reason="恢复被暂停的任务，让它在检查点里响应取消"
+                )
+            elif status is S.PAUSING:
+                machine.abort_pause(reason="任务被取消，暂停作废")
+            attempt.wake_pauser()
+            self._request_stop_locked(attempt, attempt.cancel_reason)
+            return True
+
+    def pause(self, timeout: float | None = None, *, actor: str | None = None) -> bool:
+        """请求暂停并等待确认。True：任务确实在检查点挂起了（或它根本还没启动，直接记 paused）。
+
+        False 不是错误，是"暂停没生效"：窗口内任务没到检查点，状态回滚为 running，并留下一条
+        ``runtime:pause_aborted`` 记录。InlineExecutor 上的运行中任务无法暂停，如实返回 False。
+        ``timeout`` 缺省为构造时的 ``pause_timeout``（按注入的 clock 计）。
+        """
+        window = self.pause_timeout if timeout is None else _number("timeout", timeout, allow_none=False)
+        with self._lock:
+            machine = self.machine
+            status = machine.status
+            if status is S.PAUSED:
+                return True
+            if status in (S.QUEUED, S.RETRY_WAIT):
+                self._cancel_retry_locked()
+                machine.mark_paused(trigger=TRIGGER_PAUSE, actor=actor, reason="未启动的任务直接暂停")
+                return True
+            attempt = self._attempt
+            if status not in (S.RUNNING, S.PAUSING) or attempt is None or attempt.settled:
+                return False
+            if not self.executor.supports_pause or attempt.stop_requested:
+                return False
+            assert attempt.handle is not None
+            if status is S.RUNNING:
+                signal = attempt.pause_signal(fresh=True)
+                machine.mark_pausing(actor=actor)
+                attempt.handle.request_pause()
+            else:
+                signal = attempt.pause_signal(fresh=False)
+        self.clock.wait(signal, window)
+        with self._lock:
+            machine = self.machine
+            status = machine.status
+            if status is S.PAUSED:
+                return True
+            if status is not S.PAUSING or attempt is not self._attempt:
+                return False
+            assert attempt.handle is not None
+            if not attempt.stop_requested and attempt.handle.confirm_or_cancel_pause():
+                machine.mark_paused()
+                self._suspend_timers_locked(attempt)
+                return True
+            machine.abort_pause(reason=f"暂停窗口（{window:g} 秒）内任务没有到达检查点，状态回滚为 running")
+            return False
+
+    def resume(self, *, actor: str | None = None) -> bool:
+        """撤销暂停。就地暂停的回到 running；排队/重试等待中暂停的回到 queued（§4.3）。"""
+        relaunch: _Attempt | None = None
+        with self._lock:
+            machine = self.machine
+            status = machine.status
+            attempt = self._attempt
+            active = attempt is not None and not attempt.settled
+            if status is S.PAUSED and active:
+                assert attempt is not None and attempt.handle is not None
+                machine.mark_running(trigger=TRIGGER_RESUME, actor=actor)
+                attempt.handle.request_resume()
+                self._resume_timers_locked(attempt)
+                return True
+            if status is S.PAUSING and active:
+                assert attempt is not None and attempt.handle is not None
+                attempt.handle.request_resume()
+                machine.mark_running(trigger=TRIGGER_RESUME, actor=actor, reason="暂停尚未生效即被撤销")
+                attempt.wake_pauser()
+                return True
+            if status is not S.PAUSED:
+                return False
+            machine.mark_queued(trigger=TRIGGER_RESUME, actor=actor, reason="暂停时尚未启动，回到排队")
+            if self._on_requeue is None and self._started:
+                relaunch = self._begin_attempt_locked()
+        if relaunch is not None:
+            self._launch(relaunch)
+        return True
+
+    # -- lifecycle operations asked for by the controller / pipeline ---------------------------------
+    #
+    # 控制器与管道不自己调状态机、不自己挑 trigger：它们说出"要什么"（放行、依赖失败、重试到期、
+    # start 超时），迁移连同它的守卫与触发源都在这里，和 TaskRun 自己的迁移放在一起。
+
+    def release(self, upstream: Mapping[str, Any] | None = None) -> bool:
+        """管道放行（blocked → queued）。``upstream`` 是放行那一刻的成功上游值，交给任务
+        （TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream）。返回是否真的放行了。"""
+        with self._lock:
+            if upstream:
+                self.upstream.update(upstream)
+            if self.machine.status is not S.BLOCKED:
+                return False  # 等上游期间已被停止：以停止为准
+            self.machine.mark_queued(trigger=TRIGGER_RELEASED)
+            return True
+
+    def mark_dependency_failed(self, reason: str) -> bool:
+        """上游失败、按汇合规则不再执行（blocked → skipped，失败类型 dependency_failed，不可重试）。"""
+        with self._lock:
+            if self.machine.status is not S.BLOCKED:
+                return False
+            failure = Failure(FailureKind.DEPENDENCY_FAILED, reason, retryable=False)
+            self.machine.mark_skipped(failure=failure, reason=reason, trigger=TRIGGER_DEPENDENCY_FAILED)
+            return True
+
+    def retry_due(self) -> bool:
+        """重试等待到期，回到 queued 重新排队等额度（控制器的 ``on_requeue`` 用它，不绕过并发上限）。"""
+        with self._lock:
+            if self.machine.status is not S.RETRY_WAIT:
+                return False
+            self.machine.mark_queued(trigger=TRIGGER_RETRY_DUE)
+            return True
+
+    def watch_start_timeout(self) -> None:
+        """从现在（提交入队）起计 start 超时的排队那一段：到点仍在排队、一次都没开始就落 stopped。
+
+        start 超时从提交算起、覆盖"排队等额度"与"派发后迟迟没真正开始"两段。派发之后的那段在
+        ``_begin_attempt_locked`` 里按剩余时长登记；排队那一段只有带调度器的调用方（控制器）才有，
+        由它在入队时调这里。两段与 per_attempt / idle 一样登记在看门狗上。
+        """
+        limit = self.timeout.start
+        if limit is None:
+            return
+        with self._lock:
+            if self.machine.status is not S.QUEUED or self.machine.snapshot.attempt != 0:
+                return
+            if self._start_timer is not None:
+                self._start_timer.cancel()
+            self._start_timer = self._watchdog.schedule(limit, self._start_timed_out)
+
+    def _start_timed_out(self) -> None:
+        with self._lock:
+            self._start_timer = None
+            machine = self.machine
+            if machine.status is not S.QUEUED or machine.snapshot.attempt != 0:
+                return
+            failure = Failure(
+                FailureKind.TIMEOUT_START,
+                f"提交后 {self.timeout.start} 秒内没有拿到执行槽（start 超时）",
+                retryable=True,
+            )
+            machine.mark_stopped(failure=failure, trigger=TRIGGER_TIMEOUT_START, reason="start 超时")
+
+    # -- attempts -----------------------------------------------------------------------------------
+
+    def _begin_attempt_locked(self) -> _Attempt:
+        machine = self.machine
+        if self._start_timer is not None:  # 拿到了执行槽：排队那一段的 start 超时作废，剩余部分下面另计
+            self._start_timer.cancel()
+            self._start_timer = None
+        snapshot = machine.mark_starting(executor=self.executor.name)
+        attempt = _Attempt(snapshot.attempt)
+        spec = AttemptSpec(
+            fn=self.fn,
+            args=self.args,
+            kwargs=self.kwargs,
+            task_id=snapshot.task_id,
+            name=snapshot.name,
+            attempt=snapshot.attempt,
+            clock=self.clock,
+            retry=self.retry,
+            upstream=self.upstream,
+            artifact_root=self.artifact_dir,
+            logs=self._log_buffer(),
+        )
+        self._attempt = attempt
+        attempt.handle = self.executor.prepare(spec, _Events(self, attempt))
+        start_limit = self.timeout.start
+        if start_limit is not None and snapshot.attempt == 1:
+            # start 超时从提交（入队）算起；排队那一段由 watch_start_timeout 判定，这里只计剩下的部分。
+            queued_at = snapshot.queued_at or snapshot.started_at
+            waited = (
+                (snapshot.started_at - queued_at).total_seconds()
+                if queued_at and snapshot.started_at
+                else 0.0
+            )
+            self._arm_timeout_locked(attempt, FailureKind.TIMEOUT_START, max(0.0, start_limit - waited))
+        return attempt
+
+    def _launch(self, attempt: _Attempt) -> None:
+        """在锁外启动载体。InlineExecutor 在这里跑完任务体，并在本线程里完成重试等待。"""
+        assert attempt.handle is not None
+        try:
+            attempt.handle.launch()
+        except Exception as exc:  # 起不了线程/进程：这次尝试以异常失败（可重试）
+            self._settle(
+                attempt, AttemptResult(ResultKind.RAISED, failure=Failure.from_exception(exc, retryable=True))
+            )
+        if self.executor.blocking:
+            self._inline_retry_loop()
+
+    def _inline_retry_loop(self) -> None:
+        while True:
+            with self._lock:
+                if self.machine.status is not S.RETRY_WAIT or self._retry_deadline is None:
+                    return
+                remaining = self._retry_deadline - self.clock.monotonic()
+                next_attempt = None
+                if remaining <= 0:
+                    self._retry_deadline = None
+                    next_attempt = self._begin_attempt_locked()
+                elif self._retry_wake is None:
+                    self._retry_wake = threading.Event()
+                else:
+                    self._retry_wake.clear()
+                wake = self._retry_wake
+            if next_attempt is not None:
+                assert next_attempt.handle is not None
+                try:
+                    next_attempt.handle.launch()
+                except Exception as exc:
+                    failure = Failure.from_exception(exc, retryable=True)
+                    self._settle(next_attempt, AttemptResult(ResultKind.RAISED, failure=failure))
+            else:
+                assert wake is not None
+                self.clock.wait(wake, remaining)
+
+    def _on_running(self, attempt: _Attempt, pid: int | None) -> None:
+        with self._lock:
+            if attempt is not self._attempt or attempt.settled:
+                return
+            machine = self.machine
+            if machine.status is S.STARTING:
+                machine.mark_running(pid=pid)
+            elif pid is not None:
+                machine.update_side(pid=pid)
+            attempt.running = True
+            attempt.cancel_timer(FailureKind.TIMEOUT_START.value)
+            if attempt.stop_requested:
+                return
+            per_attempt = self.timeout.per_attempt
+            if per_attempt is not None:
+                attempt.attempt_deadline = self.clock.monotonic() + per_attempt
+                self._arm_timeout_locked(attempt, FailureKind.TIMEOUT_ATTEMPT, per_attempt)
+            if self.timeout.idle is not None:
+                self._arm_timeout_locked(attempt, FailureKind.TIMEOUT_IDLE, self.timeout.idle)
+
+    def _on_progress(self, attempt: _Attempt, progress: Progress) -> None:
+        with self._lock:
+            if attempt is self._attempt and not attempt.settled:
+                self.machine.update_side(progress=progress)
+
+    def _settle(self, attempt: _Attempt, result: AttemptResult) -> None:
+        """一次尝试结束：决定终态、重试或继续等。迟到的结果（已放弃的线程）在这里被忽略。"""
+        retry_due_now = False
+        with self._lock:
+            if attempt is not self._attempt or attempt.settled:
+                return
+            self._close_attempt_locked(attempt)
+            machine = self.machine
+            status = machine.status
+            if status.is_terminal:  # 控制器等外部写者已经给了终态
+                return
+            if status is S.PAUSED:
+                machine.mark_running(trigger=TRIGGER_CARRIER_EXITED, reason="载体在暂停中结束")
+            elif status is S.PAUSING:
+                machine.abort_pause(reason="任务在到达检查点之前就结束了")
+            elif status is S.STARTING and result.kind is ResultKind.RETURNED:
+                machine.mark_running()
+            status = machine.status
+            kind = result.kind
+            failure = result.failure
+            if kind is ResultKind.RETURNED:
+                machine.mark_succeeded(outcome=result.value)
+            elif status is S.STOPPING:
+                if kind is ResultKind.CANCELLED:
+                    machine.mark_stopped(reason=attempt.stop_reason)
+                elif kind is ResultKind.CRASHED and attempt.killed:
+                    detail = failure.message if failure is not None else "子进程已终止"
+                    stopped = Failure(
+                        FailureKind.CANCELLED,
+                        f"优雅窗口（{self.graceful_stop:g} 秒）用尽，任务没有响应停止请求，"
+                        f"子进程已被终止：{detail}",
+                        retryable=False,
+                    )
+                    machine.mark_stopped(failure=stopped, reason=attempt.stop_reason)
+                else:
+                    assert failure is not None
+                    machine.mark_failed(failure=failure)
+            elif attempt.cancel_reason is not None and (
+                kind is ResultKind.CANCELLED or (kind is ResultKind.CRASHED and attempt.killed)
+            ):
+                machine.mark_cancelled(reason=attempt.cancel_reason)
+            elif attempt.timeout_failure is not None and kind is not ResultKind.INVALID:
+                timeout_failure = attempt.timeout_failure
+                if kind is ResultKind.CRASHED and attempt.killed and failure is not None:
+                    timeout_failure = Failure(
+                        timeout_failure.kind,
+                        f"{timeout_failure.message}；任务没有在优雅窗口内响应，子进程已被终止（{failure.message}）",
+                        retryable=timeout_failure.retryable,
+                    )
+                retry_due_now = self._fail_or_retry_locked(timeout_failure)
+            elif kind is ResultKind.CANCELLED:
+                machine.mark_failed(
+                    failure=Failure(
+                        FailureKind.CANCELLED,
+                        "任务体自己抛出了 TaskCancelled，但没有人请求停止"
+                        "（不要手动抛它；要中止请 return 或抛业务异常）",
+                        retryable=False,
+                    )
+                )
+            else:
+                assert failure is not None
+                retry_due_now = self._fail_or_retry_locked(failure)
+        if retry_due_now:
+            self._on_retry_due(None)
+
+    def _close_attempt_locked(self, attempt: _Attempt) -> None:
+        """这次尝试到此为止（结果到了，或优雅窗口用尽放弃了它）：之后迟到的报告一律忽略。
+        先把最后一次心跳记进快照，再叫醒等暂停确认的一方让它重新判定。"""
+        attempt.settled = True
+        attempt.cancel_timers()
+        if attempt.running:
+            self._sync_heartbeat_locked(attempt)
+        attempt.wake_pauser()
+
+    def _fail_or_retry_locked(self, failure: Failure) -> bool:
+        """可重试且预算没用完 → retry_wait（返回"立即到期"与否）；否则 failed。"""
+        machine = self.machine
+        snapshot = machine.snapshot
+        if not (failure.retryable and snapshot.attempt < snapshot.max_attempts):
+            machine.mark_failed(failure=failure)
+            return False
+        delay = max(0.0, float(self.retry.delay_for(snapshot.attempt)))
+        machine.mark_retry_wait(failure=failure, retry_at=self.clock.now() + timedelta(seconds=delay))
+        if self.executor.blocking:
+            self._retry_deadline = self.clock.monotonic() + delay
+            return False
+        if delay <= 0:
+            self._retry_timer = None
+            return True
+        timer_box: list[Timer] = []
+        timer = self._watchdog.schedule(
+            delay, lambda: self._on_retry_due(timer_box[0] if timer_box else None)
+        )
+        timer_box.append(timer)
+        self._retry_timer = timer
+        return False
+
+    def _on_retry_due(self, timer: Timer | None) -> None:
+        next_attempt: _Attempt | None = None
+        with self._lock:
+            if self.machine.status is not S.RETRY_WAIT or self._retry_timer is not timer:
+                return
+            self._retry_timer = None
+            if self._on_requeue is None:
+                next_attempt = self._begin_attempt_locked()
+        if next_attempt is not None:
+            self._launch(next_attempt)
+        elif self._on_requeue is not None:
+            self._on_requeue(self)
+
+    def _cancel_retry_locked(self) -> None:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
+        self._retry_deadline = None
+        if self._retry_wake is not None:
+            self._retry_wake.set()
+
+    # -- stop, timeouts, grace windows --------------------------------------------------------------
+
+    def _request_stop_locked(self, attempt: _Attempt, reason: str | None) -> None:
+        if attempt.stop_requested:
+            return
+        attempt.stop_requested = True
+        attempt.stop_reason = reason
+        assert attempt.handle is not None
+        attempt.handle.request_stop(reason)
+        attempt.cancel_timers()
+        attempt.timers["grace"] = self._watchdog.schedule(
+            self.graceful_stop, lambda: self._grace_expired(attempt)
+        )
+
+    def _grace_expired(self, attempt: _Attempt) -> None:
+        with self._lock:
+            if attempt is not self._attempt or attempt.settled:
+                return
+            assert attempt.handle is not None
+            if attempt.handle.force_stop():
+                attempt.killed = True  # 子进程会被终止，随后以 CRASHED 结果结算
+                return
+            self._close_attempt_locked(attempt)
+            machine = self.machine
+            if machine.status.is_terminal:
+                return
+            if machine.status is S.STOPPING:
+                cause = "停止请求"
+            elif attempt.cancel_reason is not None:
+                cause = "取消请求"
+            elif attempt.timeout_failure is not None:
+                cause = f"{attempt.timeout_failure.kind.value} 超时后的停止请求"
+            else:
+                cause = "停止请求"
+            failure = Failure(
+                FailureKind.LOST,
+                f"优雅窗口（{self.graceful_stop:g} 秒）用尽，任务没有在 checkpoint() 响应{cause}；"
+                "线程无法被强制终止，已放弃等待——它可能仍在后台运行并产生副作用，结果未知",
+                retryable=True,
+            )
+            machine.mark_lost(failure=failure, reason="优雅窗口用尽")
+
+    def _arm_timeout_locked(self, attempt: _Attempt, kind: FailureKind, delay: float) -> None:
+        attempt.cancel_timer(kind.value)
+        attempt.timers[kind.value] = self._watchdog.schedule(delay, lambda: self._timeout_due(attempt, kind))
+
+    def _timeout_due(self, attempt: _Attempt, kind: FailureKind) -> None:
+        with self._lock:
+            if attempt is not self._attempt or attempt.settled or attempt.stop_requested:
+                return
+            machine = self.machine
+            if machine.status is S.PAUSED or machine.status.is_terminal:
+                return  # 暂停期间不判超时（定时器已挂起；这是与挂起擦肩而过的那一次）
+            attempt.timers.pop(kind.value, None)
+            assert attempt.handle is not None
+            if kind is FailureKind.TIMEOUT_IDLE:
+                idle = self.timeout.idle
+                assert idle is not None
+                self._sync_heartbeat_locked(attempt)
+                silent = self.clock.monotonic() - attempt.handle.last_beat()
+                if silent < idle:
+                    self._arm_timeout_locked(attempt, kind, idle - silent)
+                    return
+                message = f"idle 超时：已有 {silent:g} 秒没有调用 checkpoint()（阈值 {idle:g} 秒）"
+            elif kind is FailureKind.TIMEOUT_ATTEMPT:
+                message = f"per_attempt 超时：第 {attempt.number} 次尝试超过 {self.timeout.per_attempt:g} 秒"
+            else:
+                if attempt.running:
+                    return
+                message = f"start 超时：提交后 {self.timeout.start:g} 秒内没有真正开始执行"
+            attempt.timeout_failure = Failure(kind, message, retryable=True)
+            if machine.status is S.PAUSING:
+                machine.abort_pause(reason="超时到期，暂停作废")
+                attempt.wake_pauser()
+            self._request_stop_locked(attempt, message)
+
+    def _suspend_timers_locked(self, attempt: _Attempt) -> None:
+        """进入 paused：per_attempt 记下剩余时长，idle 停表。暂停期间不判超时。"""
+        if attempt.attempt_deadline is not None:
+            attempt.attempt_remaining = max(0.0, attempt.attempt_deadline - self.clock.monotonic())
+        attempt.cancel_timer(FailureKind.TIMEOUT_ATTEMPT.value)
+        attempt.cancel_timer(FailureKind.TIMEOUT_IDLE.value)
+
+    def _resume_timers_locked(self, attempt: _Attempt) -> None:
+        if attempt.stop_requested:
+            return
+        if attempt.attempt_remaining is not None:
+            remaining = attempt.attempt_remaining
+            attempt.attempt_remaining = None
+            attempt.attempt_deadline = self.clock.monotonic() + remaining
+            self._arm_timeout_locked(attempt, FailureKind.TIMEOUT_ATTEMPT, remaining)
+        if self.timeout.idle is not None:
+            self._arm_timeout_locked(attempt, FailureKind.TIMEOUT_IDLE, self.timeout.idle)
+
+    def _sync_heartbeat_locked(self, attempt: _Attempt) -> None:
+        handle = attempt.handle
+        if handle is None:
+            return
+        beat = handle.last_beat()
+        if beat == attempt.synced_beat:
+            return
+        attempt.synced_beat = beat
+        clock = self.clock
+        at = clock.now() - timedelta(seconds=max(0.0, clock.monotonic() - beat))
+        self.machine.update_side(heartbeat_at=at)
+
+    # -- state-machine listener ---------------------------------------------------------------------
+
+    def _log_buffer(self) -> deque[LogEntry]:
+        if self._logs is None:
+            self._logs = deque(maxlen=MAX_LOGS)
+        return self._logs
+
+    def _on_transition(self, snapshot: TaskSnapshot, record: Transition) -> None:
+        if record.to_status in TERMINAL_STATUSES:
+            if self._start_timer is not None:
+                self._start_timer.cancel()
+                self._start_timer = None
+            if self._retry_timer is not None:
+                self._retry_timer.cancel()
+                self._retry_timer = None
+            self._retry_deadline = None
+            if self._retry_wake is not None:
+                self._retry_wake.set()
+            self._is_done = True
+            if self._done_event is not None:
+                self._done_event.set()
+        elif self._is_done:  # retry() / reset() 把终态任务复活了
+            self._is_done = False
+            if self._done_event is not None:
+                self._done_event.clear()
+
+
+def lost_failure(snapshot: TaskSnapshot) -> Failure:
+    owner = snapshot.lease_owner or "（未知）"
+    until = snapshot.lease_until.isoformat(timespec="seconds") if snapshot.lease_until else "（从未续租）"
+    return Failure(
+        FailureKind.LOST,
+        f"监督者 {owner} 的租约已过期（lease_until={until}）：载体随进程消失，结果未知；"
+        "副作用可能已部分发生，请核对后决定是否重新提交",
+        retryable=True,
+    )
+
+
+def mark_lease_expired(snapshot: TaskSnapshot, *, clock: Clock, actor: str) -> StateMachine:
+    """reconcile 的那一次写：租约过期、占着执行资源的任务判为 lost（``reconcile:lease_expired``）。
+
+    被判定的任务不在本进程里（没有 TaskRun），所以从存储交回的快照临时重建一台状态机；返回它，
+    调用方拿 ``machine.snapshot`` / ``machine.transitions`` 带版本条件写回存储。
+    """
+    machine = StateMachine(snapshot, (), clock=clock)
+    machine.mark_lost(
+        failure=lost_failure(snapshot), trigger=TRIGGER_RECONCILE, actor=actor, reason="租约过期，载体已消失"
+    )
+    return machine
+
+
+def run_task(
+    fn: Callable[..., Any],
+    *args: Any,
+    task_id: str | None = None,
+    name: str | None = None,
+    executor: Executor | None = None,
+    retry: RetryPolicy | None = None,
+    timeout: Timeout | None = None,
+    artifact_dir: str | Path | None = None,
+    clock: Clock | None = None,
+    graceful_stop: float = 5.0,
+    **kwargs: Any,
+) -> Outcome:
+    """一行版：启动并阻塞到终态，返回 ``Outcome(ok, status, value, failure, snapshot)``。
+
+    保留的关键字参数（由 run_task 自己使用，不会传给任务）：``task_id``、``name``、``executor``、
+    ``retry``、``timeout``、``artifact_dir``、``clock``、``graceful_stop``。其余位置参数与关键字参数
+    原样传给任务（``ctx`` 由执行器注入，不要自己传）。任务本身需要这些名字的关键字参数时，改用
+    ``TaskRun(fn, args, {"timeout": ...}, ...)``。
+
+    需要中途干预（暂停、停止）时不要用它，用 TaskRun。等待期间收到 Ctrl-C 会先请求停止任务再抛出。
+    """
+    run = TaskRun(
+        fn,
+        args,
+        kwargs,
+        task_id=task_id,
+        name=name,
+        executor=executor,
+        retry=retry,
+        timeout=timeout,
+        artifact_dir=artifact_dir,
+        clock=clock,
+        graceful_stop=graceful_stop,
+    )
+    try:
+        run.start()
+        return run.wait()
+    except KeyboardInterrupt:
+        run.stop(reason="调用方收到 KeyboardInterrupt")
+        raise
+
+
+RESERVED_RUN_TASK_KEYWORDS = frozenset(
+    {"task_id", "name", "executor", "retry", "timeout", "artifact_dir", "clock", "graceful_stop"}
+)
+"""run_task 自己使用、不会传给任务的关键字参数名。"""
+
+
+__all__ = [
+    "DEFAULT_PAUSE_TIMEOUT",
+    "RESERVED_RUN_TASK_KEYWORDS",
+    "Outcome",
+    "TaskRun",
+    "lost_failure",
+    "mark_lease_expired",
+    "run_task",
+]

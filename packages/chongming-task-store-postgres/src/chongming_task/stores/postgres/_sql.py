@@ -1,0 +1,231 @@
+"""PostgresTaskStore 的 SQL 文本：由列清单推导的语句（一个 schema 渲染一次），以及 TaskQuery → WHERE。"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from chongming_task.core.storage.sql import RowCodec, escape_like
+from chongming_task.core.storage.values import TaskQuery
+from chongming_task.models import Transition
+from chongming_task.stores.postgres import _schema
+from chongming_task.stores.postgres._codec import (
+    COMMAND_COLUMNS,
+    DIALECT,
+    NODE_COLUMNS,
+    NODES,
+    SAVE_COLUMNS,
+    SNAPSHOTS,
+    TASK_COLUMNS,
+    TRANSITION_COLUMNS,
+    TRANSITIONS,
+    check_text,
+    transition_arrays,
+)
+
+
+def _cols(columns: Iterable[str], prefix: str = "") -> str:
+    return ", ".join(prefix + c for c in columns)
+
+
+def _values(codec: RowCodec) -> list[tuple[str, str]]:
+    """(物理列名, 占位符) 对：INSERT 的 VALUES 与 UPDATE 的 SET 都由它生成。"""
+    return [(name, DIALECT.value_expr(c, name)) for c in codec.logical for name in DIALECT.physical(c)]
+
+
+def transitions_insert(s: str, guard: str) -> str:
+    """从列数组 unnest 出多行迁移记录；(task_id, version) 已存在则跳过（幂等）。"""
+    arrays = ", ".join(
+        f"%(t_{name})s::{DIALECT.array_type(column, name)}"
+        for column in TRANSITIONS.logical
+        for name in DIALECT.physical(column)
+    )
+    return (
+        f"INSERT INTO {s}.transitions ({_cols(TRANSITION_COLUMNS)}) "
+        f"SELECT {_cols(TRANSITION_COLUMNS, 'x.')} FROM unnest({arrays}) AS x({_cols(TRANSITION_COLUMNS)}) "
+        f"{guard} ON CONFLICT (task_id, version) DO NOTHING"
+    )
+
+
+def transition_params(transitions: Sequence[Transition]) -> dict[str, Any]:
+    keys = [f"t_{name}" for name in TRANSITION_COLUMNS]
+    return dict(zip(keys, transition_arrays(transitions), strict=True))
+
+
+class Sql:
+    """一个 schema 下的全部语句，构造时渲染一次（schema 名已转义）。"""
+
+    def __init__(self, schema: str) -> None:
+        s = _schema.quote_ident(schema)
+        self.s = s
+        task_cols = _cols(TASK_COLUMNS)
+        self.task_cols = task_cols
+        self.create = (
+            f"WITH ins AS (INSERT INTO {s}.tasks ({task_cols}) "
+            f"VALUES ({', '.join(expr for _, expr in _values(SNAPSHOTS))}) "
+            "ON CONFLICT (task_id) DO NOTHING RETURNING task_id), "
+            f"hist AS ({transitions_insert(s, 'WHERE EXISTS (SELECT 1 FROM ins)')}) "
+            "SELECT count(*) FROM ins"
+        )
+        # 热路径：版本校验的 UPDATE 与迁移记录的 INSERT 在同一条语句里，一次往返、天然原子。
+        # 版本不符时 upd 为空，hist 的 WHERE EXISTS 也就不插入任何一行——冲突时什么也不写。
+        saved = frozenset(SAVE_COLUMNS)
+        assignments = ", ".join(f"{c} = {expr}" for c, expr in _values(SNAPSHOTS) if c in saved)
+        self.save = (
+            f"WITH upd AS (UPDATE {s}.tasks SET {assignments} "
+            "WHERE task_id = %(task_id)s AND status_version = %(expect_version)s RETURNING 1), "
+            f"hist AS ({transitions_insert(s, 'WHERE EXISTS (SELECT 1 FROM upd)')}) "
+            f"SELECT (SELECT count(*) FROM upd), EXISTS (SELECT 1 FROM {s}.tasks WHERE task_id = %(task_id)s)"
+        )
+        self.save_no_history = (
+            f"WITH upd AS (UPDATE {s}.tasks SET {assignments} "
+            "WHERE task_id = %(task_id)s AND status_version = %(expect_version)s RETURNING 1) "
+            f"SELECT (SELECT count(*) FROM upd), EXISTS (SELECT 1 FROM {s}.tasks WHERE task_id = %(task_id)s)"
+        )
+        self.current_version = f"SELECT status_version FROM {s}.tasks WHERE task_id = %s"
+        self.get = f"SELECT {task_cols} FROM {s}.tasks WHERE task_id = %s"
+        # 批里有不存在的任务 → 整批不写（否则留下 prune 永远删不掉的孤儿历史），并报出是哪些。
+        self.append = (
+            "WITH missing AS (SELECT DISTINCT m.task_id FROM unnest(%(t_task_id)s::text[]) AS m(task_id) "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {s}.tasks t WHERE t.task_id = m.task_id)), "
+            f"ins AS ({transitions_insert(s, 'WHERE NOT EXISTS (SELECT 1 FROM missing)')}) "
+            "SELECT array_agg(task_id ORDER BY task_id) FROM missing"
+        )
+        self.history = (
+            f"SELECT {_cols(TRANSITION_COLUMNS)} FROM {s}.transitions WHERE task_id = %s ORDER BY version"
+        )
+        self.exists = f"SELECT EXISTS (SELECT 1 FROM {s}.tasks WHERE task_id = %s)"
+        command_cols = _cols(COMMAND_COLUMNS)
+        self.command_cols = command_cols
+        notice = (
+            "json_build_object('command_id', {t}.command_id, 'task_id', {t}.task_id, "
+            "'action', {t}.action, 'bucket', {t}.bucket)::text"
+        )
+        self.submit = (
+            f"WITH ins AS (INSERT INTO {s}.commands "
+            "(command_id, task_id, action, issuer, reason, payload, created_at, created_at_off, bucket) "
+            "SELECT %(command_id)s, t.task_id, %(action)s, %(issuer)s, %(reason)s, %(payload)s::jsonb, "
+            f"%(created_at)s, %(created_at_off)s, t.bucket FROM {s}.tasks t WHERE t.task_id = %(task_id)s "
+            "RETURNING command_id, task_id, action, bucket) "
+            f"SELECT ins.bucket, pg_notify(%(channel)s, {notice.format(t='ins')}) FROM ins"
+        )
+        self.complete = (
+            f"UPDATE {s}.commands SET "
+            "completed_at_off = CASE WHEN completed_at IS NULL THEN %(at_off)s ELSE completed_at_off END, "
+            "completed_at = COALESCE(completed_at, %(at)s) "
+            "WHERE command_id = %(command_id)s AND claimant = %(claimant)s RETURNING 1"
+        )
+        self.release = (
+            f"WITH rel AS (UPDATE {s}.commands "
+            "SET claimant = NULL, lease_until = NULL, lease_until_off = NULL "
+            "WHERE command_id = %(command_id)s AND claimant = %(claimant)s AND completed_at IS NULL "
+            "RETURNING command_id, task_id, action, bucket) "
+            f"SELECT pg_notify(%(channel)s, {notice.format(t='rel')}) FROM rel"
+        )
+        self.prune = (
+            f"WITH victims AS (SELECT task_id FROM {s}.tasks WHERE status = ANY(%(terminal)s::text[]) "
+            "ORDER BY finished_at DESC NULLS LAST, created_at DESC, task_id DESC OFFSET %(keep)s), "
+            f"dh AS (DELETE FROM {s}.transitions WHERE task_id IN (SELECT task_id FROM victims)), "
+            f"dc AS (DELETE FROM {s}.commands WHERE task_id IN (SELECT task_id FROM victims)), "
+            f"dt AS (DELETE FROM {s}.tasks WHERE task_id IN (SELECT task_id FROM victims) RETURNING 1) "
+            "SELECT count(*) FROM dt"
+        )
+        node_cols = _cols(NODE_COLUMNS)
+        node_values = ", ".join(expr for _, expr in _values(NODES))
+        # ON CONFLICT DO UPDATE 在并发下也不会撞唯一约束：同一 owner 的并发发布按提交先后覆盖。
+        self.publish_node = (
+            f"INSERT INTO {s}.nodes ({node_cols}) VALUES ({node_values}) ON CONFLICT (owner) DO UPDATE SET "
+            + ", ".join(f"{c} = EXCLUDED.{c}" for c in NODE_COLUMNS if c != "owner")
+        )
+        self.list_nodes = f"SELECT {node_cols} FROM {s}.nodes ORDER BY owner"
+        self.remove_node = f"DELETE FROM {s}.nodes WHERE owner = %s RETURNING 1"
+        self._claim: dict[tuple[bool, bool], str] = {}
+        self._touch: dict[tuple[bool, bool, bool, bool], str] = {}
+
+    def claim(self, by_task: bool, by_bucket: bool) -> str:
+        key = (by_task, by_bucket)
+        text = self._claim.get(key)
+        if text is None:
+            filters = ""
+            if by_task:
+                filters += " AND task_id = ANY(%(task_ids)s::text[])"
+            if by_bucket:
+                filters += " AND bucket = ANY(%(buckets)s::integer[])"
+            # SKIP LOCKED：并发的认领者各自跳过别人正锁着的行，互不等待，也绝不拿到同一条。
+            # READ COMMITTED 下被别人刚提交认领的行会按最新版本复查 WHERE，租约未过期就不会被选中。
+            text = (
+                f"WITH picked AS (SELECT command_id FROM {self.s}.commands "
+                "WHERE completed_at IS NULL AND (lease_until IS NULL OR lease_until <= %(now)s)"
+                f"{filters} ORDER BY enqueued_at, command_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
+                f"UPDATE {self.s}.commands c SET claimant = %(claimant)s, lease_until = %(until)s, "
+                "lease_until_off = %(until_off)s, deliveries = c.deliveries + 1 "
+                f"FROM picked WHERE c.command_id = picked.command_id "
+                f"RETURNING {_cols(COMMAND_COLUMNS, 'c.')}, c.enqueued_at"
+            )
+            self._claim[key] = text
+        return text
+
+    def touch(self, progress: bool, heartbeat: bool, lease_owner: bool, lease_until: bool) -> str:
+        key = (progress, heartbeat, lease_owner, lease_until)
+        text = self._touch.get(key)
+        if text is None:
+            sets = []
+            if progress:
+                sets.append("progress = %(progress)s::jsonb")
+            if heartbeat:
+                sets += [
+                    "last_heartbeat_at = %(heartbeat_at)s",
+                    "last_heartbeat_at_off = %(heartbeat_at_off)s",
+                ]
+            if lease_owner:
+                sets.append("lease_owner = %(lease_owner)s")
+            if lease_until:
+                sets += ["lease_until = %(lease_until)s", "lease_until_off = %(lease_until_off)s"]
+            text = f"UPDATE {self.s}.tasks SET {', '.join(sets)} WHERE task_id = %(task_id)s RETURNING 1"
+            self._touch[key] = text
+        return text
+
+
+def where_clause(query: TaskQuery) -> tuple[str, dict[str, Any]]:
+    """TaskQuery → WHERE 子句。每一条都与 ``TaskQuery.matches`` 的参照语义逐条对应。"""
+    clauses: list[str] = []
+    params: dict[str, Any] = {}
+    if query.statuses is not None:
+        clauses.append("status = ANY(%(statuses)s::text[])")
+        params["statuses"] = sorted(s.value for s in query.statuses)
+    if query.name_prefix is not None:
+        # 前缀按字面匹配：escape_like 转义 % _ 与转义符本身（列是 COLLATE "C"，按码点比较）。
+        clauses.append("name LIKE %(name_like)s ESCAPE '\\'")
+        params["name_like"] = escape_like(query.name_prefix)
+    if query.tag is not None:
+        clauses.append("tags @> ARRAY[%(tag)s::text]")
+        params["tag"] = query.tag
+    if query.bucket is not None:
+        clauses.append("bucket = %(bucket)s")
+        params["bucket"] = query.bucket
+    if query.buckets is not None:
+        clauses.append("bucket = ANY(%(buckets)s::bigint[])")
+        params["buckets"] = sorted(query.buckets)
+    if query.owner is not None:
+        clauses.append("owner = %(owner)s")
+        params["owner"] = query.owner
+    if query.pipeline_id is not None:
+        clauses.append("pipeline_id = %(pipeline_id)s")
+        params["pipeline_id"] = query.pipeline_id
+    if query.created_after is not None:
+        clauses.append("created_at > %(created_after)s")
+        params["created_after"] = query.created_after
+    if query.created_before is not None:
+        clauses.append("created_at < %(created_before)s")
+        params["created_before"] = query.created_before
+    if query.lease_expired_before is not None:
+        clauses.append("(lease_until IS NULL OR lease_until < %(lease_expired_before)s)")
+        params["lease_expired_before"] = query.lease_expired_before
+    for name in ("name_like", "tag", "owner", "pipeline_id"):
+        if name in params:
+            check_text(params[name], f"TaskQuery.{name}")
+    where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+    return where, params
+
+
+__all__ = ["Sql", "transition_params", "transitions_insert", "where_clause"]

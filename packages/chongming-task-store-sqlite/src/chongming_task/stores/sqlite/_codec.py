@@ -1,0 +1,193 @@
+"""快照、迁移记录、指令与 SQLite 行之间的转换：``SqlDialect`` 的 SQLite 钩子。
+
+列清单与"记录 ↔ 行"的推导在 ``chongming_task.core.storage.sql``（由列表 ``columns`` 推导）；这里只说
+SQLite 怎么存：时间存 ISO 原文保偏移，另存 UTC 微秒整数作排序键（``Column.sort_key``）；JSON 值经
+``check_json_value`` 校验后存为 TEXT（JSON null 也存成文本 ``null``，所以 JSON 列 NOT NULL）；集合存成升序的
+JSON 数组。保真要求（每个后端都一样）：带时区的时间到微秒、原始时区偏移、枚举、标签集合、嵌套的
+failure / progress、任意 JSON outcome 都要逐字段往返。
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from chongming_task.core.storage.checks import check_json_value, check_transitions
+from chongming_task.core.storage.columns import Column, Kind
+from chongming_task.core.storage.sql import (
+    CommandCodec,
+    NodeCodec,
+    SnapshotCodec,
+    SqlDialect,
+    TransitionCodec,
+)
+from chongming_task.core.storage.values import NodeRecord
+from chongming_task.models import Progress, TaskSnapshot, Transition
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+_MAX_CODE_POINT = 0x10FFFF
+_SURROGATES = range(0xD800, 0xE000)
+
+
+def dt_text(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat(timespec="microseconds")
+
+
+def dt_parse(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+def dt_key(value: datetime | None) -> int | None:
+    """UTC 微秒整数：按时刻排序（不同偏移的同一时刻 key 相同），且在 64 位整数范围内（公元 1–9999 年）。"""
+    return None if value is None else (value - _EPOCH) // _MICROSECOND
+
+
+def json_text(value: Any, *, what: str) -> str:
+    """严格 JSON 文本。含孤立代理项（无法编成 UTF-8）时退回 ASCII 转义写法，解析结果不变。"""
+    text = check_json_value(value, what=what)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    return text
+
+
+def prefix_upper_bound(prefix: str) -> str | None:
+    """大于所有以 ``prefix`` 开头的字符串的最小字符串（码点序，也就是 UTF-8 字节序）。
+
+    ``name >= prefix AND name < bound`` 恰好等价于 ``name.startswith(prefix)``，并且能走普通
+    BINARY 索引——而 SQLite 的 LIKE 默认对 ASCII 不分大小写，与 ``str.startswith`` 不一致。
+    前缀全由最大码点组成时没有上界，返回 None。
+    """
+    chars = list(prefix)
+    while chars:
+        code = ord(chars[-1]) + 1
+        if code in _SURROGATES:
+            code = _SURROGATES.stop
+        if code <= _MAX_CODE_POINT:
+            chars[-1] = chr(code)
+            return "".join(chars)
+        chars.pop()
+    return None
+
+
+class SqliteDialect(SqlDialect):
+    """SQLite 的存法（见模块说明）。"""
+
+    def time_columns(self, column: Column) -> tuple[str, ...]:
+        return (column.name,) if column.sort_key is None else (column.name, column.sort_key)
+
+    def encode_time(self, column: Column, value: datetime | None) -> tuple[Any, ...]:
+        if column.sort_key is None:
+            return (dt_text(value),)
+        return dt_text(value), dt_key(value)
+
+    def decode_time(self, values: Sequence[Any]) -> datetime | None:
+        return dt_parse(values[0])
+
+    def encode_json(self, value: Any, what: str) -> Any:
+        return json_text(value, what=what)
+
+    def decode_json(self, raw: Any) -> Any:
+        return None if raw == "null" else json.loads(raw)
+
+    def encode_tags(self, tags: list[str]) -> Any:
+        return json_text(tags, what="tags")
+
+    def decode_tags(self, raw: Any) -> frozenset[str]:
+        return frozenset(json.loads(raw)) if raw != "[]" else frozenset()
+
+    def encode_buckets(self, buckets: list[int] | None) -> Any:
+        return None if buckets is None else json.dumps(buckets, separators=(",", ":"))
+
+    def decode_buckets(self, raw: Any) -> frozenset[int] | None:
+        return None if raw is None else frozenset(json.loads(raw))
+
+    def sql_type(self, column: Column) -> str:
+        return "INTEGER" if column.kind is Kind.INT else "TEXT"
+
+    def sql_nullable(self, column: Column) -> bool:
+        # JSON null 存成文本 'null'：列本身永不为 NULL（读回时据此区分"没有"与"JSON null"不必猜）。
+        return column.nullable and column.kind is not Kind.JSON
+
+    def extra_ddl(self, column: Column) -> list[str]:
+        if column.kind is not Kind.TIMESTAMP or column.sort_key is None:
+            return []
+        return [self.format_column(column.sort_key, "INTEGER" + ("" if column.nullable else " NOT NULL"))]
+
+    def format_column(self, name: str, definition: str) -> str:
+        # 与第 1 版发布时手写的建表语句逐字一致（sqlite_master 里存的就是这段文本）。
+        return f"        {name.ljust(17)} {definition}"
+
+
+DIALECT = SqliteDialect()
+SNAPSHOTS = SnapshotCodec(DIALECT)
+TRANSITIONS = TransitionCodec(DIALECT)
+COMMANDS = CommandCodec(DIALECT)
+NODES = NodeCodec(DIALECT)
+
+
+def snapshot_row(snapshot: TaskSnapshot) -> dict[str, Any]:
+    """快照 → 全部列（命名参数）。JSON 值在这里校验，坏值在动数据库之前就被拒绝。"""
+    return SNAPSHOTS.params(snapshot)
+
+
+snapshot_from_row = SNAPSHOTS.from_row
+
+
+def progress_text(progress: Progress | None) -> str | None:
+    return None if progress is None else json_text(progress.to_dict(), what="progress")
+
+
+def tags_text(tags: frozenset[str]) -> str:
+    return DIALECT.encode_tags(sorted(tags))  # type: ignore[no-any-return]
+
+
+def transition_row(record: Transition) -> tuple[Any, ...]:
+    params = TRANSITIONS.params(record)
+    return tuple(params[name] for name in TRANSITIONS.names)
+
+
+transition_from_row = TRANSITIONS.from_row
+
+
+command_from_row = COMMANDS.from_row
+
+
+def node_row(record: NodeRecord) -> tuple[Any, ...]:
+    """节点记录 → ``NODE_COLUMNS`` 顺序的一行。buckets：升序 JSON 数组，None 存 NULL（与空数组不同）。"""
+    params = NODES.params(record)
+    return tuple(params[name] for name in NODES.names)
+
+
+node_from_row = NODES.from_row
+
+
+__all__ = [
+    "COMMANDS",
+    "DIALECT",
+    "NODES",
+    "SNAPSHOTS",
+    "TRANSITIONS",
+    "SqliteDialect",
+    "check_transitions",
+    "command_from_row",
+    "dt_key",
+    "dt_parse",
+    "dt_text",
+    "json_text",
+    "node_from_row",
+    "node_row",
+    "prefix_upper_bound",
+    "progress_text",
+    "snapshot_from_row",
+    "snapshot_row",
+    "tags_text",
+    "transition_from_row",
+    "transition_row",
+]

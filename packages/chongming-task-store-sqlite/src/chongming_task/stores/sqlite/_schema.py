@@ -1,0 +1,187 @@
+"""SQLite 表结构与版本管理。
+
+版本号记在 ``schema_version`` 表里（单行）。打开文件时：
+
+* 表不存在 → 新库，建表并写入 ``SCHEMA_VERSION``；
+* 版本等于 ``SCHEMA_VERSION`` 且表都在 → 直接用（只读检查，不抢写锁，多进程同时打开不互相阻塞）；
+  版本相同但缺表（节点表加入之前建的文件）→ 在写事务里补建缺的表；
+* 版本更高 → 文件是更新的包写的，拒绝打开并提示升级——旧代码按旧结构写入会悄悄损坏新数据；
+* 版本更低 → 依次执行 ``MIGRATIONS``（目前只有第 1 版，尚无迁移）。
+
+时间列成对出现：``*_at`` 存 ISO-8601 原文（保留原始时区偏移与微秒，往返逐字节一致），
+``*_key`` 存 UTC 微秒整数（按"时刻"排序与过滤）。两个不同偏移的同一时刻，原文不同、key 相同——
+排序与比较必须按时刻，而不是按字符串。
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+from chongming_task.errors import StoreError
+from chongming_task.stores.sqlite import _codec
+
+SCHEMA_VERSION = 1
+"""本包写出的表结构版本。改表结构时加一，并在 MIGRATIONS 里登记从上一版升级的步骤。"""
+
+TASK_COLUMNS: tuple[str, ...] = _codec.SNAPSHOTS.names
+"""tasks 表的全部列（由列表 ``chongming_task.core.storage.columns`` 推导，含时间的 ``*_key`` 排序列）。"""
+
+SIDE_CHANNEL_COLUMNS: frozenset[str] = _codec.SNAPSHOTS.side_channel
+"""旁路字段对应的列（含租约的排序键）：save 不写它们，只有 create 与 touch 写。"""
+
+SAVE_COLUMNS: tuple[str, ...] = _codec.SNAPSHOTS.save_columns
+
+TRANSITION_COLUMNS: tuple[str, ...] = _codec.TRANSITIONS.names
+
+COMMAND_COLUMNS: tuple[str, ...] = _codec.COMMANDS.names
+
+NODE_COLUMNS: tuple[str, ...] = _codec.NODES.names
+
+# 节点成员表是在第 1 版发布之前补进来的：第 1 版的旧文件里可能没有它。它只用 CREATE ... IF NOT EXISTS，
+# 打开文件时发现缺表就补建（见 ``missing_tables``），不必为此升版本号。
+# owner 是主键：发布即按 owner 覆盖。TEXT 的默认排序（BINARY）按 UTF-8 字节比较，也就是按码点，
+# 与 Python 的 str 排序一致。buckets 是升序的 JSON 数组；NULL 表示不限定桶，'[]' 表示一个也不负责。
+_DDL_NODES: tuple[str, ...] = (
+    """
+    CREATE TABLE IF NOT EXISTS nodes (
+        owner        TEXT PRIMARY KEY NOT NULL,
+        buckets      TEXT,
+        num_buckets  INTEGER NOT NULL,
+        heartbeat_at TEXT NOT NULL,
+        expires_at   TEXT NOT NULL,
+        info         TEXT NOT NULL
+    ) WITHOUT ROWID
+    """,
+)
+
+_REQUIRED_TABLES = frozenset({"schema_version", "tasks", "task_tags", "transitions", "commands", "nodes"})
+
+_DDL_V1: tuple[str, ...] = (
+    "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
+    # 列由列表推导（加字段 = 列表加一行 + 在 MIGRATIONS 里登记 ALTER TABLE）。
+    "\n    " + _codec.SNAPSHOTS.create_table("tasks").replace("\n)", "\n    )\n    "),
+    # 每个 TaskQuery 过滤条件一个索引。等值过滤的索引带上排序键 (created_key, task_id)：最常见的
+    # "某状态 / 某桶 / 某节点最新 50 条"直接沿索引倒序走 50 步，不必把匹配的行全取出来再排序。
+    "CREATE INDEX IF NOT EXISTS tasks_by_status ON tasks (status, created_key, task_id)",
+    "CREATE INDEX IF NOT EXISTS tasks_by_created ON tasks (created_key, task_id)",
+    "CREATE INDEX IF NOT EXISTS tasks_by_name ON tasks (name)",
+    "CREATE INDEX IF NOT EXISTS tasks_by_bucket ON tasks (bucket, created_key, task_id)",
+    "CREATE INDEX IF NOT EXISTS tasks_by_owner ON tasks (owner, created_key, task_id)",
+    "CREATE INDEX IF NOT EXISTS tasks_by_pipeline ON tasks (pipeline_id, created_key, task_id)",
+    "CREATE INDEX IF NOT EXISTS tasks_by_lease ON tasks (lease_key)",
+    "CREATE INDEX IF NOT EXISTS tasks_by_finished ON tasks (finished_key)",
+    # 标签放进旁表，tag= 查询从这里出发再联到 tasks。旁表带上任务的排序键：主键
+    # (tag, created_key, task_id) 本身就是有序的，"带某标签的最新 50 条"沿主键走 50 步即止，
+    # 而不是取出该标签的全部任务再排序。快照里另存一份排序后的 JSON 列表，读快照不必联表。
+    """
+    CREATE TABLE IF NOT EXISTS task_tags (
+        tag         TEXT NOT NULL,
+        created_key INTEGER NOT NULL,
+        task_id     TEXT NOT NULL,
+        PRIMARY KEY (tag, created_key, task_id)
+    ) WITHOUT ROWID
+    """,
+    "CREATE INDEX IF NOT EXISTS task_tags_by_task ON task_tags (task_id)",
+    # (task_id, version) 主键让 append 幂等：INSERT OR IGNORE 重放同一条记录是空操作。
+    """
+    CREATE TABLE IF NOT EXISTS transitions (
+        task_id     TEXT NOT NULL,
+        version     INTEGER NOT NULL,
+        from_status TEXT NOT NULL,
+        to_status   TEXT NOT NULL,
+        trigger     TEXT NOT NULL,
+        actor       TEXT,
+        reason      TEXT,
+        at          TEXT NOT NULL,
+        PRIMARY KEY (task_id, version)
+    ) WITHOUT ROWID
+    """,
+    # seq 决定认领顺序（按提交先后）；AUTOINCREMENT 保证删掉的号不会被复用，顺序永远单调。
+    """
+    CREATE TABLE IF NOT EXISTS commands (
+        seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+        command_id   TEXT NOT NULL UNIQUE,
+        task_id      TEXT NOT NULL,
+        action       TEXT NOT NULL,
+        issuer       TEXT,
+        reason       TEXT,
+        payload      TEXT NOT NULL,
+        created_at   TEXT NOT NULL,
+        bucket       INTEGER,
+        claimant     TEXT,
+        lease_until  TEXT,
+        lease_key    INTEGER,
+        deliveries   INTEGER NOT NULL DEFAULT 0,
+        completed_at TEXT
+    )
+    """,
+    # 部分索引只收未完成的指令：已完成的越积越多，也不拖慢轮询。
+    "CREATE INDEX IF NOT EXISTS commands_pending ON commands (seq) WHERE completed_at IS NULL",
+    "CREATE INDEX IF NOT EXISTS commands_by_task ON commands (task_id)",
+    *_DDL_NODES,
+)
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+"""``MIGRATIONS[n]`` 把第 n 版升级到第 n+1 版（在写事务内执行）。"""
+
+
+def read_version(conn: sqlite3.Connection) -> int | None:
+    """文件里的表结构版本；新库（还没有 schema_version 表）返回 None。"""
+    row = conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+    ).fetchone()
+    if row is None:
+        return None
+    version = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+    if version is None or version[0] is None:
+        return None
+    return int(version[0])
+
+
+def missing_tables(conn: sqlite3.Connection) -> bool:
+    """当前版本的文件是否缺表（例如节点表加入之前建的第 1 版文件）。"""
+    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    return not {row[0] for row in rows} >= _REQUIRED_TABLES
+
+
+def check_not_newer(version: int | None, where: str) -> None:
+    if version is not None and version > SCHEMA_VERSION:
+        raise StoreError(
+            f"数据库 {where} 的表结构版本是 {version}，而当前安装的 chongming-task-store-sqlite 只认识到第 "
+            f"{SCHEMA_VERSION} 版：它是由更新版本的包写出的。请升级 chongming-task-store-sqlite"
+            "（pip install -U chongming-task-store-sqlite），不要用旧包写它。"
+        )
+
+
+def create_or_migrate(conn: sqlite3.Connection, where: str) -> None:
+    """在已开启的写事务内建表或升级。调用方负责 BEGIN IMMEDIATE / COMMIT。"""
+    version = read_version(conn)
+    check_not_newer(version, where)
+    if version is None:
+        for statement in _DDL_V1:
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        return
+    while version < SCHEMA_VERSION:
+        MIGRATIONS[version](conn)
+        version += 1
+        conn.execute("UPDATE schema_version SET version = ?", (version,))
+    # 同一版本内后补的表（全是 IF NOT EXISTS，已有就是空操作）。
+    for statement in _DDL_NODES:
+        conn.execute(statement)
+
+
+__all__ = [
+    "COMMAND_COLUMNS",
+    "NODE_COLUMNS",
+    "SAVE_COLUMNS",
+    "SCHEMA_VERSION",
+    "SIDE_CHANNEL_COLUMNS",
+    "TASK_COLUMNS",
+    "TRANSITION_COLUMNS",
+    "check_not_newer",
+    "create_or_migrate",
+    "missing_tables",
+    "read_version",
+]

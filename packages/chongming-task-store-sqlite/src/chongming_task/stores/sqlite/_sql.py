@@ -1,0 +1,121 @@
+"""SqliteTaskStore 的 SQL 文本：由列清单推导的语句，以及 TaskQuery → WHERE 的翻译。"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chongming_task.core.storage.values import TaskQuery
+from chongming_task.states import TERMINAL_STATUSES
+from chongming_task.stores.sqlite import _codec as codec
+from chongming_task.stores.sqlite import _schema as schema
+
+# 集合参数少时展开成占位符（规划器能据此估算选择度）；多时整包成一个 JSON 参数，避开变量个数上限。
+_MAX_INLINE_PARAMS = 256
+
+TASK_SELECT = f"SELECT {', '.join(schema.TASK_COLUMNS)} FROM tasks"
+TASK_COLUMNS_T = ", ".join(f"t.{c}" for c in schema.TASK_COLUMNS)
+INSERT_TAG = "INSERT OR IGNORE INTO task_tags (tag, created_key, task_id) VALUES (?, ?, ?)"
+INSERT_TASK = (
+    f"INSERT INTO tasks ({', '.join(schema.TASK_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + c for c in schema.TASK_COLUMNS)})"
+)
+SAVE_SELECT = f"SELECT {', '.join(schema.SAVE_COLUMNS)} FROM tasks WHERE task_id = ?"
+SAVE_VERSION_INDEX = schema.SAVE_COLUMNS.index("status_version")
+SAVE_TAGS_INDEX = schema.SAVE_COLUMNS.index("tags")
+SAVE_CREATED_INDEX = schema.SAVE_COLUMNS.index("created_key")
+INSERT_TRANSITION = (
+    f"INSERT OR IGNORE INTO transitions ({', '.join(schema.TRANSITION_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in schema.TRANSITION_COLUMNS)})"
+)
+COMMAND_SELECT = f"SELECT {', '.join(schema.COMMAND_COLUMNS)} FROM commands"
+# 整行覆盖（last writer wins）。INSERT OR REPLACE 而不是 UPSERT：节点表没有外键与触发器，"先删后插"与
+# 原地更新结果相同，而且不挑 SQLite 版本（UPSERT 要 3.24+）。
+UPSERT_NODE = (
+    f"INSERT OR REPLACE INTO nodes ({', '.join(schema.NODE_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in schema.NODE_COLUMNS)})"
+)
+SELECT_NODES = f"SELECT {', '.join(schema.NODE_COLUMNS)} FROM nodes ORDER BY owner"
+TERMINAL_VALUES = tuple(sorted(s.value for s in TERMINAL_STATUSES))
+TERMINAL_IN = f"status IN ({', '.join('?' for _ in TERMINAL_VALUES)})"
+
+
+def in_clause(column: str, values: frozenset[Any], params: list[Any]) -> str:
+    ordered = sorted(values)
+    if len(ordered) <= _MAX_INLINE_PARAMS:
+        params.extend(ordered)
+        return f"{column} IN ({', '.join('?' for _ in ordered)})"
+    params.append(codec.json_text(ordered, what=column))
+    return f"{column} IN (SELECT value FROM json_each(?))"
+
+
+def select_from(query: TaskQuery, *extra: str) -> tuple[str, list[Any], str]:
+    """TaskQuery → (``FROM ... WHERE ...``, 参数, 排序键所在的表别名)。逐条对应 ``TaskQuery.matches``。
+
+    任务表的别名总是 ``t``。给了 tag 时从标签旁表 ``g`` 出发联到 ``t``，并按 ``g`` 上的排序键排序
+    （与 t 上的值相同），这样带 LIMIT 的标签查询沿旁表主键有序读取。
+    """
+    clauses: list[str] = list(extra)
+    params: list[Any] = []
+    source = "tasks AS t"
+    order_alias = "t"
+    if query.tag is not None:
+        source = "task_tags AS g JOIN tasks AS t ON t.task_id = g.task_id"
+        order_alias = "g"
+        clauses.append("g.tag = ?")
+        params.append(query.tag)
+    if query.statuses is not None:
+        if not query.statuses:
+            return " FROM tasks AS t WHERE 0", [], "t"
+        clauses.append(in_clause("t.status", frozenset(s.value for s in query.statuses), params))
+    if query.name_prefix:
+        # 区间比较而不是 LIKE：LIKE 对 ASCII 不分大小写，而 startswith 区分；区间还能走索引。
+        clauses.append("t.name >= ?")
+        params.append(query.name_prefix)
+        upper = codec.prefix_upper_bound(query.name_prefix)
+        if upper is not None:
+            clauses.append("t.name < ?")
+            params.append(upper)
+    if query.bucket is not None:
+        clauses.append("t.bucket = ?")
+        params.append(query.bucket)
+    if query.buckets is not None:
+        if not query.buckets:
+            return " FROM tasks AS t WHERE 0", [], "t"
+        clauses.append(in_clause("t.bucket", query.buckets, params))
+    if query.owner is not None:
+        clauses.append("t.owner = ?")
+        params.append(query.owner)
+    if query.pipeline_id is not None:
+        clauses.append("t.pipeline_id = ?")
+        params.append(query.pipeline_id)
+    if query.created_after is not None:
+        clauses.append(f"{order_alias}.created_key > ?")
+        params.append(codec.dt_key(query.created_after))
+    if query.created_before is not None:
+        clauses.append(f"{order_alias}.created_key < ?")
+        params.append(codec.dt_key(query.created_before))
+    if query.lease_expired_before is not None:
+        clauses.append("(t.lease_key IS NULL OR t.lease_key < ?)")
+        params.append(codec.dt_key(query.lease_expired_before))
+    where = " WHERE " + " AND ".join(clauses) if clauses else ""
+    return f" FROM {source}{where}", params, order_alias
+
+
+__all__ = [
+    "COMMAND_SELECT",
+    "INSERT_TAG",
+    "INSERT_TASK",
+    "INSERT_TRANSITION",
+    "SAVE_CREATED_INDEX",
+    "SAVE_SELECT",
+    "SAVE_TAGS_INDEX",
+    "SAVE_VERSION_INDEX",
+    "SELECT_NODES",
+    "TASK_COLUMNS_T",
+    "TASK_SELECT",
+    "TERMINAL_IN",
+    "TERMINAL_VALUES",
+    "UPSERT_NODE",
+    "in_clause",
+    "select_from",
+]

@@ -1,0 +1,781 @@
+"""SqliteTaskStore 的实现（模块说明见包的 ``__init__``）。"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Literal, TypeVar
+
+from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.storage.checks import (
+    check_count,
+    check_key,
+    check_node_owner,
+    check_node_record,
+    check_positive_seconds,
+    check_snapshot,
+    check_transitions,
+    claim_args,
+    command_args,
+    touch_args,
+    touch_many_fields,
+    validate_save,
+)
+from chongming_task.core.storage.contract import TaskStore
+from chongming_task.core.storage.values import (
+    Command,
+    CommandAction,
+    NodeRecord,
+    QueryOrder,
+    TaskQuery,
+    TaskStats,
+    as_query,
+)
+from chongming_task.errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    DuplicateTaskId,
+    StoreError,
+    TaskNotFound,
+)
+from chongming_task.models import Progress, TaskSnapshot, Transition
+from chongming_task.states import TaskStatus
+from chongming_task.stores.sqlite import _codec as codec
+from chongming_task.stores.sqlite import _schema as schema
+from chongming_task.stores.sqlite import _sql
+
+T = TypeVar("T")
+_Mode = Literal["write", "read", "none"]
+
+MEMORY = ":memory:"
+
+_SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+_URL_OPTIONS = frozenset({"clock", "busy_timeout", "synchronous"})
+
+# SQLite 主错误码（扩展码的低 8 位）。
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
+_SQLITE_READONLY = 8
+_SQLITE_CORRUPT = 11
+_SQLITE_FULL = 13
+_SQLITE_CANTOPEN = 14
+_SQLITE_NOTADB = 26
+_SQLITE_CONSTRAINT_PRIMARYKEY = 1555
+_SQLITE_CONSTRAINT_UNIQUE = 2067
+
+# 退避：首轮 1 毫秒，逐轮翻倍，封顶 100 毫秒，带 ±50% 抖动——多个进程同时撞锁时错开重试时刻。
+_FIRST_BACKOFF = 0.001
+_MAX_BACKOFF = 0.1
+
+_RETURNING_SUPPORTED = sqlite3.sqlite_version_info >= (3, 35, 0)
+
+
+def _error_code(exc: sqlite3.Error) -> int:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code
+    # 没有错误码属性的老解释器：只能按消息判断。
+    text = str(exc).lower()
+    if "locked" in text:
+        return _SQLITE_BUSY
+    if "not a database" in text:
+        return _SQLITE_NOTADB
+    return -1
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    return _error_code(exc) & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+
+
+class _Pool:
+    """连接池。文件库：借出/归还，空闲连接最多留 ``max_idle`` 条。内存库：唯一一条连接，借出期间持锁。"""
+
+    def __init__(self, connect: Callable[[], sqlite3.Connection], *, shared: bool, max_idle: int = 8) -> None:
+        self._connect = connect
+        self._shared = shared
+        self._max_idle = max_idle
+        self._lock = threading.Lock()
+        self._serial = threading.Lock()
+        self._idle: list[sqlite3.Connection] = []
+        self._single: sqlite3.Connection | None = None
+        self._closed = False
+        self._pid = os.getpid()
+
+    @staticmethod
+    def _closed_error() -> StoreError:
+        return StoreError("存储已关闭：close() 之后不能再读写；请重新打开一个存储")
+
+    def _after_fork(self) -> None:
+        # fork 出来的子进程不能继续用父进程的连接（SQLite 明确禁止跨 fork 使用同一连接）。
+        # 也不能在子进程里关闭它们——那会动到父进程仍在用的文件锁状态；直接丢弃，子进程重新连。
+        if os.getpid() != self._pid:
+            self._pid = os.getpid()
+            self._idle = []
+            self._single = None
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        if self._shared:
+            with self._serial:
+                if self._closed:
+                    raise self._closed_error()
+                if self._single is None:
+                    self._single = self._connect()
+                yield self._single
+            return
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            self._after_fork()
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            conn = self._connect()
+        try:
+            yield conn
+        finally:
+            keep = False
+            with self._lock:
+                # 仍处于事务中（回滚本身失败了）的连接不能再借给别人。
+                if not self._closed and len(self._idle) < self._max_idle and not conn.in_transaction:
+                    self._idle.append(conn)
+                    keep = True
+            if not keep:
+                conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+        if self._shared:
+            # 等正在进行的操作做完再关唯一的连接。
+            with self._serial:
+                if self._single is not None:
+                    self._single.close()
+                    self._single = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+def _execute(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], mode: _Mode) -> T:
+    if mode == "none":
+        return fn(conn)
+    conn.execute("BEGIN IMMEDIATE" if mode == "write" else "BEGIN")
+    try:
+        result = fn(conn)
+        conn.execute("COMMIT")
+        return result
+    except BaseException:
+        if conn.in_transaction:
+            # 回滚失败时连接仍在事务里，连接池会丢弃它而不是复用；原异常更重要。
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+
+
+class SqliteTaskStore(TaskStore):
+    """SQLite 存储。``path`` 是文件路径或 ``":memory:"``。
+
+    * ``clock``：指令的创建时间与租约取自它（测试注入 FakeClock）；默认真实时钟。
+    * ``busy_timeout``：等待别的连接/进程释放写锁的总秒数；超时抛 StoreError。
+    * ``synchronous``：``OFF`` / ``NORMAL``（默认：WAL 下崩溃安全，断电可能丢最后几个事务）/
+      ``FULL`` / ``EXTRA``。
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        busy_timeout: float = 30.0,
+        synchronous: str = "NORMAL",
+    ) -> None:
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)
+        if not isinstance(path, str) or not path.strip():
+            raise ConfigurationError(
+                f"SQLite 数据库路径必须是非空字符串（文件路径或 ':memory:'），收到 {path!r}"
+            )
+        if "\x00" in path:
+            raise ConfigurationError("SQLite 数据库路径不能包含 NUL 字符（\\x00）")
+        check_positive_seconds("busy_timeout", busy_timeout)
+        if not isinstance(synchronous, str) or synchronous.upper() not in _SYNCHRONOUS_MODES:
+            raise ConfigurationError(
+                f"synchronous 只能是 {', '.join(sorted(_SYNCHRONOUS_MODES))} 之一，收到 {synchronous!r}"
+            )
+        self._path = path
+        self._memory = path == MEMORY
+        self._clock: Clock = clock or SYSTEM_CLOCK
+        self._busy_timeout = float(busy_timeout)
+        self._synchronous = synchronous.upper()
+        self._returning = _RETURNING_SUPPORTED
+        self._pool = _Pool(self._connect, shared=self._memory)
+        try:
+            self._run("打开数据库", self._prepare, "none")
+        except BaseException:
+            self._pool.close()
+            raise
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> SqliteTaskStore:
+        """``sqlite:///绝对路径``、``sqlite:相对路径.db``、``sqlite:///:memory:`` / ``sqlite://:memory:``。"""
+        unknown = set(kwargs) - _URL_OPTIONS
+        if unknown:
+            raise ConfigurationError(
+                f"SqliteTaskStore 只接受 {', '.join(sorted(_URL_OPTIONS))} 参数，"
+                f"收到多余的：{sorted(unknown)}"
+            )
+        return cls(parse_url(url), **kwargs)
+
+    # -- plumbing -----------------------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def __repr__(self) -> str:
+        state = ", closed" if self._pool.closed else ""
+        return f"SqliteTaskStore({self._path!r}{state})"
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._path,
+            timeout=self._busy_timeout,
+            isolation_level=None,  # 自己管事务：BEGIN IMMEDIATE / BEGIN / COMMIT
+            check_same_thread=False,  # 连接在池里跨线程借还，但同一时刻只有一个线程在用
+            cached_statements=256,
+        )
+        try:
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        """首次打开：WAL、检查/建立表结构。可重入——撞锁时整个重跑。"""
+        if not self._memory:
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        version = schema.read_version(conn)
+        schema.check_not_newer(version, self._path)
+        if version == schema.SCHEMA_VERSION and not schema.missing_tables(conn):
+            return
+        _execute(conn, lambda c: schema.create_or_migrate(c, self._path), "write")
+
+    def _wrap(self, exc: sqlite3.Error, what: str) -> StoreError:
+        code = _error_code(exc) & 0xFF
+        where = "内存数据库" if self._memory else f"数据库文件 {self._path}"
+        if code == _SQLITE_NOTADB:
+            return StoreError(
+                f"{where} 不是 SQLite 数据库（或文件头已损坏）：请确认路径指向 chongming-task 的数据库，"
+                "或换一个新的文件名让它重新建库"
+            )
+        if code == _SQLITE_CORRUPT:
+            return StoreError(f"{where} 已损坏（{exc}）：请从备份恢复，或换一个新文件")
+        if code == _SQLITE_CANTOPEN:
+            return StoreError(f"无法打开{where}（{exc}）：请检查所在目录是否存在、是否有读写权限")
+        if code == _SQLITE_READONLY:
+            return StoreError(f"{where} 是只读的（{exc}）：请检查文件与所在目录的写权限")
+        if code == _SQLITE_FULL:
+            return StoreError(f"{where} 写入失败：磁盘已满（{exc}）")
+        return StoreError(f"SQLite 操作失败（{what}，{where}）：{exc}")
+
+    def _run(self, what: str, fn: Callable[[sqlite3.Connection], T], mode: _Mode = "write") -> T:
+        """在一条连接上执行 ``fn``（按 mode 包在写事务 / 读事务里），撞锁则退避重试整个事务。"""
+        started = time.monotonic()
+        delay = _FIRST_BACKOFF
+        while True:
+            try:
+                with self._pool.connection() as conn:
+                    return _execute(conn, fn, mode)
+            except sqlite3.Error as exc:
+                if not _is_busy(exc):
+                    raise self._wrap(exc, what) from exc
+                # 退避用真实时间而不是 self._clock：注入的 FakeClock 不会自己走，用它会永远睡下去。
+                remaining = started + self._busy_timeout - time.monotonic()
+                if remaining <= 0:
+                    where = "内存数据库" if self._memory else f"SQLite 数据库 {self._path}"
+                    raise StoreError(
+                        f"{where} 被其他连接锁定，{self._busy_timeout:g} 秒内未能完成操作（{what}）："
+                        "请检查是否有长事务或挂起的进程占着写锁；负载确实很高时可调大 busy_timeout"
+                    ) from exc
+                time.sleep(min(remaining, delay * random.uniform(0.5, 1.5)))
+                delay = min(delay * 2, _MAX_BACKOFF)
+            except OverflowError as exc:
+                raise ConfigurationError(f"整数超出 SQLite 的 64 位整数范围（{what}）：{exc}") from exc
+            except UnicodeEncodeError as exc:
+                raise ConfigurationError(
+                    f"文本里有无法用 UTF-8 表示的字符（孤立的代理项，如 '\\ud800'），"
+                    f"SQLite 存不下（{what}）：{exc}"
+                ) from exc
+
+    # -- snapshots ----------------------------------------------------------------------------------
+
+    def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
+        snapshot = check_snapshot(snapshot)
+        transitions = tuple(transitions)
+        check_transitions(snapshot.task_id, transitions)
+        row = codec.snapshot_row(snapshot)
+        history = [codec.transition_row(t) for t in transitions]
+        tags = [(tag, row["created_key"], snapshot.task_id) for tag in snapshot.tags]
+
+        def tx(conn: sqlite3.Connection) -> None:
+            try:
+                conn.execute(_sql.INSERT_TASK, row)
+            except sqlite3.IntegrityError as exc:
+                if _error_code(exc) in (_SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE):
+                    raise DuplicateTaskId(
+                        f"task_id {snapshot.task_id!r} 已存在：存储拒绝重复创建"
+                        "（想重跑请换一个 task_id 提交）"
+                    ) from None
+                raise
+            if tags:
+                conn.executemany(_sql.INSERT_TAG, tags)
+            if history:
+                conn.executemany(_sql.INSERT_TRANSITION, history)
+
+        self._run("create", tx)
+
+    def save(
+        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+    ) -> None:
+        snapshot = check_snapshot(snapshot)
+        transitions = tuple(transitions)
+        check_transitions(snapshot.task_id, transitions)
+        validate_save(snapshot, expect_version, transitions)
+        row = codec.snapshot_row(snapshot)
+        new_values = [row[column] for column in schema.SAVE_COLUMNS]
+        history = [codec.transition_row(t) for t in transitions]
+        task_id = snapshot.task_id
+
+        def tx(conn: sqlite3.Connection) -> None:
+            current = conn.execute(_sql.SAVE_SELECT, (task_id,)).fetchone()
+            if current is None:
+                raise TaskNotFound(f"存储里没有任务 {task_id!r}")
+            stored_version = current[_sql.SAVE_VERSION_INDEX]
+            if stored_version != expect_version:
+                raise ConcurrencyConflict(
+                    f"任务 {task_id!r} 的版本已是 {stored_version}，不是期望的 {expect_version}："
+                    "有别的写者抢先了，请重新读取后再决定"
+                )
+            # 只 SET 真正变了的列：SQLite 会为 SET 里出现的每个被索引的列维护索引（哪怕值没变），
+            # 而一次状态迁移通常只改 status / status_version 和一两个时间戳，不碰 name、owner、桶号。
+            changed = [
+                (column, new)
+                for column, old, new in zip(schema.SAVE_COLUMNS, current, new_values, strict=True)
+                if old != new or type(old) is not type(new)
+            ]
+            if changed:
+                assignments = ", ".join(f"{column} = ?" for column, _ in changed)
+                conn.execute(
+                    f"UPDATE tasks SET {assignments} WHERE task_id = ?",
+                    [*(new for _, new in changed), task_id],
+                )
+            # 标签行带着排序键：标签或 created_at 变了都要重写（两者几乎从不变，平常是零开销）。
+            if (
+                current[_sql.SAVE_TAGS_INDEX] != row["tags"]
+                or current[_sql.SAVE_CREATED_INDEX] != row["created_key"]
+            ):
+                conn.execute("DELETE FROM task_tags WHERE task_id = ?", (task_id,))
+                conn.executemany(
+                    _sql.INSERT_TAG, [(tag, row["created_key"], task_id) for tag in snapshot.tags]
+                )
+            if history:
+                conn.executemany(_sql.INSERT_TRANSITION, history)
+
+        self._run("save", tx)
+
+    def get(self, task_id: str) -> TaskSnapshot | None:
+        def read(conn: sqlite3.Connection) -> TaskSnapshot | None:
+            found = conn.execute(f"{_sql.TASK_SELECT} WHERE task_id = ?", (task_id,)).fetchone()
+            return None if found is None else codec.snapshot_from_row(found)
+
+        check_key("task_id", task_id)
+        return self._run("get", read, "none")
+
+    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        query = as_query(query)
+        if query.limit == 0:
+            self._check_open()
+            return []
+        source, params, alias = _sql.select_from(query)
+        direction = "DESC" if query.order is QueryOrder.NEWEST_FIRST else "ASC"
+        order = f"{alias}.created_key {direction}, {alias}.task_id {direction}"
+        sql = f"SELECT {_sql.TASK_COLUMNS_T}{source} ORDER BY {order}"
+        if query.limit is not None:
+            sql += " LIMIT ?"
+            params.append(query.limit)
+
+        def read(conn: sqlite3.Connection) -> list[Any]:
+            return conn.execute(sql, params).fetchall()
+
+        rows = self._run("query", read, "none")
+        return [codec.snapshot_from_row(r) for r in rows]
+
+    def stats(self, query: TaskQuery | None = None) -> TaskStats:
+        source, params, _ = _sql.select_from(as_query(query))
+        sql = f"SELECT t.status, count(*){source} GROUP BY t.status"
+        rows = self._run("stats", lambda conn: conn.execute(sql, params).fetchall(), "none")
+        return TaskStats({TaskStatus(status): int(count) for status, count in rows})
+
+    def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
+        source, params, _ = _sql.select_from(as_query(query), "t.bucket IS NOT NULL")
+        sql = f"SELECT t.bucket, count(*){source} GROUP BY t.bucket"
+        rows = self._run("bucket_counts", lambda conn: conn.execute(sql, params).fetchall(), "none")
+        return {int(bucket): int(count) for bucket, count in rows}
+
+    def _check_open(self) -> None:
+        if self._pool.closed:
+            raise _Pool._closed_error()
+
+    # -- history ------------------------------------------------------------------------------------
+
+    def append(self, transitions: Sequence[Transition]) -> None:
+        transitions = tuple(transitions)
+        check_transitions(None, transitions)
+        history = [codec.transition_row(t) for t in transitions]
+        task_ids = sorted({t.task_id for t in transitions})
+
+        def tx(conn: sqlite3.Connection) -> None:
+            # 先全部检查再写：一批里有未知任务时整批不写，避免留下半截历史。
+            for task_id in task_ids:
+                if conn.execute("SELECT 1 FROM tasks WHERE task_id = ?", (task_id,)).fetchone() is None:
+                    raise TaskNotFound(f"存储里没有任务 {task_id!r}")
+            conn.executemany(_sql.INSERT_TRANSITION, history)
+
+        if not history:
+            self._check_open()
+            return
+        self._run("append", tx)
+
+    def history(self, task_id: str) -> list[Transition]:
+        check_key("task_id", task_id)
+        columns = ", ".join(schema.TRANSITION_COLUMNS)
+        sql = f"SELECT {columns} FROM transitions WHERE task_id = ? ORDER BY version"
+        rows = self._run("history", lambda conn: conn.execute(sql, (task_id,)).fetchall(), "none")
+        return [codec.transition_from_row(r) for r in rows]
+
+    # -- side channel -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _touch_sets(
+        task_id: object,
+        progress: Progress | None,
+        heartbeat_at: datetime | None,
+        lease_owner: str | None,
+        lease_until: datetime | None,
+    ) -> tuple[str, list[Any]]:
+        touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
+        sets: list[str] = []
+        params: list[Any] = []
+        if progress is not None:
+            sets.append("progress = ?")
+            params.append(codec.progress_text(progress))
+        if heartbeat_at is not None:
+            sets.append("last_heartbeat_at = ?")
+            params.append(codec.dt_text(heartbeat_at))
+        if lease_owner is not None:
+            sets.append("lease_owner = ?")
+            params.append(lease_owner)
+        if lease_until is not None:
+            sets.append("lease_until = ?, lease_key = ?")
+            params.extend((codec.dt_text(lease_until), codec.dt_key(lease_until)))
+        return ", ".join(sets), params
+
+    def touch(
+        self,
+        task_id: str,
+        *,
+        progress: Progress | None = None,
+        heartbeat_at: datetime | None = None,
+        lease_owner: str | None = None,
+        lease_until: datetime | None = None,
+    ) -> bool:
+        sets, params = self._touch_sets(task_id, progress, heartbeat_at, lease_owner, lease_until)
+        if not sets:
+            found = self._run(
+                "touch",
+                lambda conn: conn.execute("SELECT 1 FROM tasks WHERE task_id = ?", (task_id,)).fetchone(),
+                "none",
+            )
+            return found is not None
+        sql = f"UPDATE tasks SET {sets} WHERE task_id = ?"
+        params.append(task_id)
+        # 单条 UPDATE 在自动提交模式下本身就是原子的写事务，不必再包 BEGIN/COMMIT。
+        return self._run("touch", lambda conn: conn.execute(sql, params).rowcount > 0, "none")
+
+    def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """整批一个写事务：心跳线程每轮给全部任务续租，一次提交，而不是每个任务一次。"""
+        prepared: list[tuple[str, list[Any]]] = []
+        for task_id, raw in updates:
+            fields = touch_many_fields(raw)
+            sets, params = self._touch_sets(
+                task_id,
+                fields.get("progress"),
+                fields.get("heartbeat_at"),
+                fields.get("lease_owner"),
+                fields.get("lease_until"),
+            )
+            if sets:
+                params.append(task_id)
+                prepared.append((f"UPDATE tasks SET {sets} WHERE task_id = ?", params))
+
+        def tx(conn: sqlite3.Connection) -> None:
+            for sql, params in prepared:
+                conn.execute(sql, params)
+
+        if not prepared:
+            self._check_open()
+            return
+        self._run("touch_many", tx)
+
+    # -- commands -----------------------------------------------------------------------------------
+
+    def submit_command(
+        self,
+        task_id: str,
+        action: CommandAction | str,
+        *,
+        issuer: str | None = None,
+        reason: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> Command:
+        action, body = command_args(task_id, action, issuer, reason, payload)
+        payload_text = codec.json_text(body, what="指令 payload")
+        command_id = uuid.uuid4().hex
+        verb = action
+
+        def tx(conn: sqlite3.Connection) -> Command:
+            found = conn.execute("SELECT bucket FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+            if found is None:
+                raise TaskNotFound(f"存储里没有任务 {task_id!r}")
+            # 时间在拿到写锁之后再取：同一文件上的指令按 seq 排序，created_at 也随之单调（同一时钟下）。
+            created_at = self._clock.now()
+            conn.execute(
+                "INSERT INTO commands (command_id, task_id, action, issuer, reason, payload, created_at, "
+                "bucket) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    command_id,
+                    task_id,
+                    verb.value,
+                    issuer,
+                    reason,
+                    payload_text,
+                    codec.dt_text(created_at),
+                    found[0],
+                ),
+            )
+            return Command(
+                command_id=command_id,
+                task_id=task_id,
+                action=verb,
+                issuer=issuer,
+                reason=reason,
+                payload=json.loads(payload_text),
+                created_at=created_at,
+                bucket=found[0],
+            )
+
+        return self._run("submit_command", tx)
+
+    def claim_commands(
+        self,
+        claimant: str,
+        *,
+        lease: float,
+        limit: int = 100,
+        task_ids: Iterable[str] | None = None,
+        buckets: Iterable[int] | None = None,
+    ) -> list[Command]:
+        wanted_tasks, wanted_buckets = claim_args(claimant, lease, limit, task_ids, buckets)
+        if limit == 0 or wanted_tasks == frozenset() or wanted_buckets == frozenset():
+            self._check_open()
+            return []
+        filters = ""
+        filter_params: list[Any] = []
+        if wanted_tasks is not None:
+            filters += " AND " + _sql.in_clause("task_id", wanted_tasks, filter_params)
+        if wanted_buckets is not None:
+            filters += " AND " + _sql.in_clause("bucket", wanted_buckets, filter_params)
+        candidates = (
+            "SELECT seq FROM commands WHERE completed_at IS NULL AND (lease_key IS NULL OR lease_key <= ?)"
+            f"{filters} ORDER BY seq LIMIT ?"
+        )
+        columns = ", ".join(schema.COMMAND_COLUMNS)
+        returning = self._returning
+
+        def anything_claimable(conn: sqlite3.Connection) -> bool:
+            # 只读预检（走 commands_pending 部分索引，不带过滤条件）：绝大多数轮询时根本没有待取的指令，
+            # 这时不该为它开写事务、抢写锁、再把一长串 task_id 交给 SQLite 过滤——控制器每 0.1 秒轮询一次，
+            # 在管的任务可能成千上万。
+            row = conn.execute(
+                "SELECT 1 FROM commands WHERE completed_at IS NULL"
+                " AND (lease_key IS NULL OR lease_key <= ?) LIMIT 1",
+                [codec.dt_key(self._clock.now())],
+            ).fetchone()
+            return row is not None
+
+        if not self._run("claim_commands", anything_claimable, mode="read"):
+            return []
+
+        def tx(conn: sqlite3.Connection) -> list[Any]:
+            # 租约的起点在拿到写锁之后取：排队等锁的时间不该吃掉租约。
+            now = self._clock.now()
+            until = now + timedelta(seconds=lease)
+            params: list[Any] = [claimant, codec.dt_text(until), codec.dt_key(until)]
+            select_params = [codec.dt_key(now), *filter_params, limit]
+            update = (
+                "UPDATE commands SET claimant = ?, lease_until = ?, lease_key = ?, "
+                "deliveries = deliveries + 1 "
+            )
+            if returning:
+                sql = f"{update}WHERE seq IN ({candidates}) RETURNING seq, {columns}"
+                return conn.execute(sql, [*params, *select_params]).fetchall()
+            seqs = [r[0] for r in conn.execute(candidates, select_params).fetchall()]
+            if not seqs:
+                return []
+            marks = ", ".join("?" for _ in seqs)
+            conn.execute(f"{update}WHERE seq IN ({marks})", [*params, *seqs])
+            return conn.execute(
+                f"SELECT seq, {columns} FROM commands WHERE seq IN ({marks})", seqs
+            ).fetchall()
+
+        rows = self._run("claim_commands", tx)
+        # RETURNING 的行序没有保证：按提交先后排好再交出。
+        rows.sort(key=lambda r: r[0])
+        return [codec.command_from_row(r[1:]) for r in rows]
+
+    def complete_command(self, command_id: str, claimant: str) -> bool:
+        check_key("command_id", command_id)
+
+        def tx(conn: sqlite3.Connection) -> bool:
+            found = conn.execute(
+                "SELECT claimant, completed_at FROM commands WHERE command_id = ?", (command_id,)
+            ).fetchone()
+            if found is None or found[0] != claimant:
+                return False
+            if found[1] is None:
+                conn.execute(
+                    "UPDATE commands SET completed_at = ?, lease_until = NULL, lease_key = NULL "
+                    "WHERE command_id = ?",
+                    (codec.dt_text(self._clock.now()), command_id),
+                )
+            return True
+
+        return self._run("complete_command", tx)
+
+    def release_command(self, command_id: str, claimant: str) -> bool:
+        check_key("command_id", command_id)
+        sql = (
+            "UPDATE commands SET claimant = NULL, lease_until = NULL, lease_key = NULL "
+            "WHERE command_id = ? AND claimant = ? AND completed_at IS NULL"
+        )
+        return self._run(
+            "release_command", lambda conn: conn.execute(sql, (command_id, claimant)).rowcount > 0, "none"
+        )
+
+    # -- membership ---------------------------------------------------------------------------------
+
+    def publish_node(self, record: NodeRecord) -> None:
+        row = codec.node_row(check_node_record(record))
+        # 单条语句在自动提交模式下本身就是原子的写事务。
+        self._run("publish_node", lambda conn: conn.execute(_sql.UPSERT_NODE, row), "none")
+
+    def list_nodes(self) -> list[NodeRecord]:
+        rows = self._run("list_nodes", lambda conn: conn.execute(_sql.SELECT_NODES).fetchall(), "none")
+        return [codec.node_from_row(row) for row in rows]
+
+    def remove_node(self, owner: str) -> bool:
+        check_node_owner(owner)
+        return self._run(
+            "remove_node",
+            lambda conn: conn.execute("DELETE FROM nodes WHERE owner = ?", (owner,)).rowcount > 0,
+            "none",
+        )
+
+    # -- upkeep -------------------------------------------------------------------------------------
+
+    def prune(self, keep_terminal: int) -> int:
+        check_count("keep_terminal", keep_terminal)
+
+        def tx(conn: sqlite3.Connection) -> int:
+            total = conn.execute(
+                f"SELECT count(*) FROM tasks WHERE {_sql.TERMINAL_IN}", _sql.TERMINAL_VALUES
+            ).fetchone()[0]
+            excess = total - keep_terminal
+            if excess <= 0:
+                return 0
+            # 最旧的排前面：缺 finished_at 的终态记录（导入的旧数据）视为最旧，其间按 created_at。
+            doomed = conn.execute(
+                f"SELECT task_id FROM tasks WHERE {_sql.TERMINAL_IN} "
+                "ORDER BY finished_key IS NOT NULL, coalesce(finished_key, created_key), task_id LIMIT ?",
+                (*_sql.TERMINAL_VALUES, excess),
+            ).fetchall()
+            for table in ("tasks", "transitions", "task_tags", "commands"):
+                conn.executemany(f"DELETE FROM {table} WHERE task_id = ?", doomed)
+            return len(doomed)
+
+        return self._run("prune", tx)
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def parse_url(url: str) -> str:
+    """连接串 → sqlite3 能打开的路径。
+
+    ``sqlite:///abs/path`` → ``/abs/path``；``sqlite:relative.db`` → ``relative.db``；
+    ``sqlite:///:memory:``、``sqlite://:memory:``、``sqlite::memory:`` → ``":memory:"``。
+    """
+    if not isinstance(url, str):
+        raise ConfigurationError(f"SQLite 连接串必须是字符串，收到 {url!r}")
+    scheme, sep, rest = url.partition(":")
+    if not sep or scheme.lower() != "sqlite":
+        raise ConfigurationError(
+            f"SQLite 连接串必须以 sqlite: 开头（例如 sqlite:///tmp/tasks.db），收到 {url!r}"
+        )
+    if rest in (MEMORY, "//" + MEMORY, "///" + MEMORY):
+        return MEMORY
+    if rest.startswith("//") and "?" in rest:
+        # 否则 sqlite:///tasks.db?busy_timeout=5（SQLAlchemy 式写法）会静默打开一个名为
+        # "tasks.db?busy_timeout=5" 的新文件。选项走关键字参数；文件名真含 ? 时用 SqliteTaskStore(路径)。
+        raise ConfigurationError(
+            f"SQLite 连接串 {url!r} 不接受 ?参数：busy_timeout / synchronous 请作为关键字参数传入，"
+            "例如 open_store('sqlite:///tmp/tasks.db', busy_timeout=5)"
+        )
+    if rest.startswith("///"):
+        path = rest[2:]
+    elif rest.startswith("//"):
+        raise ConfigurationError(
+            f"无法解析 SQLite 连接串 {url!r}：绝对路径写成 sqlite:///绝对路径（三个斜杠），"
+            "相对路径写成 sqlite:相对路径.db，内存库写成 sqlite:///:memory:"
+        )
+    else:
+        path = rest
+    if not path or path.endswith("/"):
+        raise ConfigurationError(
+            f"SQLite 连接串 {url!r} 里没有文件路径：例如 sqlite:///tmp/tasks.db 或 sqlite:tasks.db"
+        )
+    return path
+
+
+__all__ = ["SqliteTaskStore", "parse_url"]

@@ -1,0 +1,116 @@
+"""列表 ``chongming_task.core.storage.columns`` 是快照持久化的唯一出处：证明它与模型、两个 SQL 方言一致。
+
+* 列表与 ``dataclasses.fields(TaskSnapshot)`` 恰好是同一组字段（不多、不少、不重复）；
+* SQLite 与 PostgreSQL 的 tasks 建表语句包含列表的每一列（及方言附加的排序键 / 偏移列）；
+* 由列表推导出的建表语句与第 1 版发布时手写的逐字相同——已有的数据库照常打开；
+* 旁路字段、save 写的列都由列表推导，save 的列清单里没有任何旁路列。
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import pytest
+
+from chongming_task.core.storage.columns import SIDE_CHANNEL_FIELDS, TASK_COLUMNS, Kind
+from chongming_task.models import TaskSnapshot
+from chongming_task.storage import SIDE_CHANNEL_FIELDS as LEGACY_SIDE_CHANNEL_FIELDS
+from chongming_task.stores.sqlite import _codec as sqlite_codec
+from chongming_task.stores.sqlite import _schema as sqlite_schema
+
+
+def test_column_table_matches_the_snapshot_dataclass_exactly() -> None:
+    names = [column.name for column in TASK_COLUMNS]
+    assert len(names) == len(set(names)), "列表里有重复的列"
+    assert set(names) == {f.name for f in dataclasses.fields(TaskSnapshot)}
+    assert (
+        LEGACY_SIDE_CHANNEL_FIELDS
+        == SIDE_CHANNEL_FIELDS
+        == {
+            "progress",
+            "last_heartbeat_at",
+            "lease_owner",
+            "lease_until",
+        }
+    )
+
+
+def _ddl_columns(ddl: str) -> list[str]:
+    body = ddl[ddl.index("(") + 1 : ddl.rindex(")")]
+    return [line.split()[0] for line in body.strip().splitlines()]
+
+
+def test_sqlite_ddl_contains_every_column() -> None:
+    (ddl,) = [s for s in sqlite_schema._DDL_V1 if "CREATE TABLE IF NOT EXISTS tasks" in s]
+    columns = _ddl_columns(ddl)
+    for column in TASK_COLUMNS:
+        assert column.name in columns, f"SQLite 的 tasks 表缺列 {column.name}"
+        if column.kind is Kind.TIMESTAMP and column.sort_key:
+            assert column.sort_key in columns
+    assert tuple(columns) == sqlite_schema.TASK_COLUMNS
+    assert not set(sqlite_schema.SAVE_COLUMNS) & sqlite_schema.SIDE_CHANNEL_COLUMNS
+
+
+def test_sqlite_ddl_is_byte_identical_to_the_released_schema() -> None:
+    # 第 1 版发布时手写的建表语句（sqlite_master 里存的就是它）：推导结果必须逐字相同。
+    released = [
+        ("task_id", "TEXT PRIMARY KEY NOT NULL"), ("name", "TEXT NOT NULL"), ("label", "TEXT"),
+        ("status", "TEXT NOT NULL"), ("status_version", "INTEGER NOT NULL"), ("attempt", "INTEGER NOT NULL"),
+        ("max_attempts", "INTEGER NOT NULL"), ("created_at", "TEXT NOT NULL"),
+        ("created_key", "INTEGER NOT NULL"), ("queued_at", "TEXT"), ("started_at", "TEXT"),
+        ("finished_at", "TEXT"), ("finished_key", "INTEGER"), ("last_heartbeat_at", "TEXT"),
+        ("progress", "TEXT"), ("failure", "TEXT"), ("outcome", "TEXT NOT NULL"), ("tags", "TEXT NOT NULL"),
+        ("priority", "INTEGER NOT NULL"), ("bucket", "INTEGER"), ("bucket_key", "TEXT"), ("executor", "TEXT"),
+        ("pid", "INTEGER"), ("owner", "TEXT"), ("lease_owner", "TEXT"), ("lease_until", "TEXT"),
+        ("lease_key", "INTEGER"), ("pipeline_id", "TEXT"), ("node_id", "TEXT"), ("retry_at", "TEXT"),
+        ("description", "TEXT"),
+    ]  # fmt: skip
+    body = ",\n".join(f"        {name.ljust(17)} {kind}" for name, kind in released)
+    expected = f"\n    CREATE TABLE IF NOT EXISTS tasks (\n{body}\n    )\n    "
+    assert expected in sqlite_schema._DDL_V1
+    assert sqlite_codec.SNAPSHOTS.names == tuple(name for name, _ in released)
+
+
+postgres = pytest.importorskip("chongming_task.stores.postgres._schema", reason="没有安装 psycopg")
+
+
+def test_postgres_ddl_contains_every_column() -> None:
+    from chongming_task.stores.postgres import _codec as pg_codec
+
+    (ddl,) = [s for s in postgres.ddl_statements("s") if 'CREATE TABLE IF NOT EXISTS "s".tasks' in s]
+    columns = _ddl_columns(ddl)
+    for column in TASK_COLUMNS:
+        assert column.name in columns, f"PostgreSQL 的 tasks 表缺列 {column.name}"
+        if column.kind is Kind.TIMESTAMP:
+            assert column.name + "_off" in columns
+    assert tuple(columns) == pg_codec.TASK_COLUMNS
+    assert not set(pg_codec.SAVE_COLUMNS) & pg_codec.SIDE_CHANNEL_COLUMNS
+    assert re.search(r'task_id text COLLATE "C" PRIMARY KEY', ddl)
+    assert "status_version bigint NOT NULL CHECK (status_version >= 0)" in ddl
+    assert "tags text[] NOT NULL DEFAULT '{}'" in ddl
+    assert "bucket integer," in ddl
+
+
+@pytest.mark.skipif(not os.environ.get("CHONGMING_TEST_POSTGRES"), reason="需要 CHONGMING_TEST_POSTGRES")
+def test_postgres_table_has_exactly_the_derived_columns(tmp_path: object) -> None:
+    import uuid
+
+    from chongming_task.stores.postgres import PostgresTaskStore
+    from chongming_task.stores.postgres import _codec as pg_codec
+
+    schema = "cols_" + uuid.uuid4().hex[:12]
+    store = PostgresTaskStore(os.environ["CHONGMING_TEST_POSTGRES"], schema=schema)
+    try:
+        with store.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_schema = %s AND table_name = 'tasks' ORDER BY ordinal_position",
+                [schema],
+            ).fetchall()
+            assert tuple(r[0] for r in rows) == pg_codec.TASK_COLUMNS
+    finally:
+        with store.pool.connection() as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        store.close()
