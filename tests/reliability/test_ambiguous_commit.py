@@ -74,15 +74,7 @@ LOST_SAVE_TRIGGER = {"running": "executor:launched", "succeeded": "executor:retu
 
 @pytest.mark.parametrize(
     "lost_status",
-    [
-        pytest.param(
-            "running",
-            marks=pytest.mark.xfail(
-                strict=True, reason="issue 22.1 未修：重试用旧版本撞冲突后放弃，存储停在 running/v3"
-            ),
-        ),
-        "succeeded",
-    ],
+    ["running", "succeeded"],
 )
 def test_save_whose_commit_reply_is_lost_converges_to_the_process_truth(
     proxied_schema: tuple[str, str], pg_proxy: Any, figures_dir: Path, lost_status: str
@@ -136,7 +128,6 @@ def test_save_whose_commit_reply_is_lost_converges_to_the_process_truth(
         verify.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22.1 未修：create 回执丢失后每轮都撞 DuplicateTaskId")
 def test_create_whose_commit_reply_is_lost_does_not_end_in_duplicate_task_id(
     proxied_schema: tuple[str, str], pg_proxy: Any, figures_dir: Path
 ) -> None:
@@ -178,7 +169,6 @@ def test_create_whose_commit_reply_is_lost_does_not_end_in_duplicate_task_id(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 22.1 未修：丢回执后存储落后、已完成任务被判 LOST")
 def test_crash_matrix_lost_acknowledgement_lane(
     proxied_schema: tuple[str, str], pg_proxy: Any, figures_dir: Path
 ) -> None:
