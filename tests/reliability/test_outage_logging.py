@@ -130,7 +130,6 @@ def sqlite_outage(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 22.13 未修：每个任务每轮一行警告")
 def test_sqlite_outage_logs_one_summary_per_interval(
     tmp_path: Path, figures_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -147,7 +146,6 @@ def test_sqlite_outage_logs_one_summary_per_interval(
 
 @pytest.mark.slow
 @pytest.mark.postgres
-@pytest.mark.xfail(strict=True, reason="issue 22.13 未修：每个任务每轮一行警告")
 def test_postgres_outage_logs_one_summary_per_interval(
     proxied_schema: tuple[str, str], pg_proxy: Any, figures_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -114,7 +114,7 @@ class OutageLog:
         text = (
             f"存储仍不可写：过去 {now - self._window_start:.1f} 秒写失败 {self._pending} 次"
             f"（{len(self._tasks)} 个任务；{ops}），故障已持续 {now - self._outage_start:.1f} 秒；"
-            f"最近一次：{self._last_error}。任务照常运行，存储恢复后自动追平"
+            f"最近一次：{self._last_error.rstrip('。')}。任务照常运行，存储恢复后自动追平"
         )
         self._pending = 0
         self._ops.clear()
