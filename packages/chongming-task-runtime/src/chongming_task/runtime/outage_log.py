@@ -70,7 +70,7 @@ class OutageLog:
             self._last_error = error
             if not first:  # 第一次已经原样打出来了，不再计入汇总
                 self._pending += 1
-                self._ops[operation] += 1
+                self._ops[operation.split("×", 1)[0]] += 1  # "touch×30"（批量）与 "touch" 归为一类
                 self._tasks.add(task_id)
                 if now - self._window_start >= self._interval:
                     summary = self._summary_locked(now)
