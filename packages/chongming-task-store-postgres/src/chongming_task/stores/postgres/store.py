@@ -24,6 +24,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage.checks import (
+    check_aware,
     check_count,
     check_key,
     check_node_owner,
@@ -46,6 +47,7 @@ from chongming_task.core.storage.values import (
     TaskQuery,
     TaskStats,
     as_query,
+    lease_held_message,
 )
 from chongming_task.errors import (
     ConcurrencyConflict,
@@ -668,26 +670,37 @@ class PostgresTaskStore(TaskStore):
             raise DuplicateTaskId(f"task_id {snapshot.task_id!r} 已存在；想再跑一次请换一个 task_id 提交")
 
     def save(
-        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+        self,
+        snapshot: TaskSnapshot,
+        *,
+        expect_version: int,
+        transitions: Sequence[Transition] = (),
+        lease_expired_before: datetime | None = None,
     ) -> None:
         snapshot = check_snapshot(snapshot)
         validate_save(snapshot, expect_version, transitions)
+        check_aware("lease_expired_before", lease_expired_before)
         params = task_params(snapshot)
         params["expect_version"] = expect_version
+        leased = lease_expired_before is not None
+        if leased:
+            params["lease_expired_before"] = lease_expired_before
         if transitions:
             params.update(_transition_params(transitions))
-            statement = self._sql.save
+            statement = self._sql.save_leased if leased else self._sql.save
         else:
-            statement = self._sql.save_no_history
+            statement = self._sql.save_no_history_leased if leased else self._sql.save_no_history
         with self._connection() as conn:
             row = conn.execute(statement, params).fetchone()
             if row is not None and row[0] == 1:
                 return
             if row is None or not row[1]:
                 raise TaskNotFound(f"任务 {snapshot.task_id!r} 不存在，无法保存（先 create）")
-            # 冲突是少见路径：多花一次往返读出当前版本，让报错说清楚差在哪。
-            current = conn.execute(self._sql.current_version, [snapshot.task_id]).fetchone()
+            # 冲突是少见路径：多花一次往返读出当前版本（与租约），让报错说清楚差在哪。
+            current = conn.execute(self._sql.current_lease, [snapshot.task_id]).fetchone()
         actual = "?" if current is None else current[0]
+        if current is not None and current[0] == expect_version and leased:
+            raise ConcurrencyConflict(lease_held_message(snapshot.task_id, current[1]))
         raise ConcurrencyConflict(
             f"任务 {snapshot.task_id!r} 的版本冲突：期望 status_version={expect_version}，存储中为 {actual}；"
             "有别的写入者抢先改了它，请重新读取后再决定"
