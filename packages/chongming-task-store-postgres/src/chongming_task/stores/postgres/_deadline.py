@@ -15,23 +15,32 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import socket
 import threading
 import time
 
 
 class _Call:
-    __slots__ = ("deadline", "fd", "fired")
+    __slots__ = ("deadline", "fd", "fired", "inode")
 
     def __init__(self, deadline: float, fd: int) -> None:
         self.deadline = deadline
         self.fd = fd
         self.fired = False
+        # 描述符号会被复用：调用途中驱动关掉了连接、别的线程又开了一个套接字，拿到的可能是同一个号。
+        # 切之前核对 inode，只切登记时的那一个套接字。
+        try:
+            self.inode: int | None = os.fstat(fd).st_ino
+        except OSError:
+            self.inode = None
 
 
-def _cut(fd: int) -> None:
+def _cut(fd: int, inode: int | None) -> None:
     """切断这个套接字（两个方向）。fromfd 复制出一个描述符来操作，关掉复制品不影响驱动自己的那个。"""
     with contextlib.suppress(OSError):
+        if inode is None or os.fstat(fd).st_ino != inode:
+            return
         dup = socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM)
         try:
             dup.shutdown(socket.SHUT_RDWR)
@@ -89,7 +98,7 @@ class Deadlines:
                 for key, call in list(self._calls.items()):
                     if call.deadline <= now and not call.fired:
                         call.fired = True
-                        _cut(call.fd)
+                        _cut(call.fd, call.inode)
                         del self._calls[key]
 
 
