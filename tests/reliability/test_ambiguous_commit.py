@@ -202,9 +202,11 @@ def test_crash_matrix_lost_acknowledgement_lane(
     try:
         pg_proxy.lose_reply("UPDATE", count=None, rate=0.1, seed=1)
         pg_proxy.lose_reply("INSERT INTO", count=None, rate=0.1, seed=2)
-        runs = [controller.submit("work", i, task_id=f"ack-{i:03d}") for i in range(tasks)]
-        for i in (3, 17, 42):  # 几个在跑或排队时被停掉的：stopping/stopped 的写也在丢回执的范围里
-            controller.stop(f"ack-{i:03d}", reason="矩阵")
+        runs = []
+        for i in range(tasks):
+            runs.append(controller.submit("work", i, task_id=f"ack-{i:03d}"))
+            if i % 15 == 3:  # 几个刚提交（在跑或排队）就被停掉的：stopping/stopped 的写也在丢回执的范围里
+                controller.stop(f"ack-{i:03d}", reason="矩阵")
         controller.wait_all(timeout=60)
         lost_replies = pg_proxy.lost_replies
         pg_proxy.heal()
@@ -228,6 +230,7 @@ def test_crash_matrix_lost_acknowledgement_lane(
         report(figures_dir, "crash_matrix_lost_ack", figures)
         assert lost_replies >= 10, f"丢回执注入得太少，矩阵没有意义：{figures}"
         assert converged and not lagging, figures
+        assert "stopped" in figures["statuses"] and "succeeded" in figures["statuses"], figures
         assert figures["finished_reported_lost"] == 0, figures
         for run in runs:
             check_history(verify, run.task_id)

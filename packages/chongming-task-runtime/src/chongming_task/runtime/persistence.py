@@ -149,7 +149,14 @@ class WriteThrough:
             break
         else:
             # 读回说"是自己的前缀"、再写又冲突：有别的写者正在同时改它。按隔离处理，不再争。
-            self._fence(machine, state, self.store.get(task_id), self.store.history(task_id))
+            try:
+                stored = self.store.get(task_id)
+                history = self.store.history(task_id) if stored is not None else []
+            except TaskError as exc:
+                self.record(task_id, "read_back", exc)
+                self._mark_behind(machine)
+                return False
+            self._fence(machine, state, stored, history)
             return True
         self.outage.recovered()
         with self._lock:
@@ -160,6 +167,8 @@ class WriteThrough:
 
     def _mark_behind(self, machine: StateMachine) -> None:
         with self._lock:
+            # 挪到队尾：catch_up 在一轮里遇到第一次失败就停，一个总是失败的任务若一直排在最前，会饿死后面的。
+            self._behind.pop(machine.task_id, None)
             self._behind[machine.task_id] = machine
 
     def _converge(self, machine: StateMachine, state: _TaskState) -> bool:
