@@ -60,6 +60,10 @@ class _TaskState:
     fenced: bool = False
 
 
+CREATE_ATTEMPTS = 3
+"""提交时的 create 最多试几次（只在读回确认"没写进去"时才重试）。"""
+
+
 class WriteThrough:
     """一个 Controller 的写穿状态。"""
 
@@ -115,29 +119,49 @@ class WriteThrough:
         """
         # 先在状态机上记下租约，再把这同一个快照对象交给存储（不另造一份副本）。
         snapshot = machine.update_side(lease_owner=self.owner, lease_until=self.lease_until())
-        try:
-            self.store.create(snapshot, machine.transitions)
-        except (DuplicateTaskId, ConfigurationError):
-            raise
-        except TaskError as exc:
-            # 结果未知：可能已经建好、只是回执丢了（issue 22.1）。先读回一次：存储里正是本进程刚建的
-            # 这一份（同样的历史、同样的版本）→ 算成功；没写进去、读不到、或是别人的同名任务 → 拒绝提交。
-            # 首次落库必须确定成功，任务体才会执行（issue 16.6）。
-            task_id = snapshot.task_id
+        task_id = snapshot.task_id
+        last: TaskError | None = None
+        # 结果未知的失败（连接在语句中途断了、回执丢了，issue 22.1）之后先读回：存储里正是本进程刚建的这一份
+        # → 成功；确定没写进去 → 再建一次（至多 CREATE_ATTEMPTS 次）；读不到、或是别人的同名任务 → 拒绝提交。
+        # 只有存储确认了，任务体才会执行（issue 16.6）。
+        for attempt in range(CREATE_ATTEMPTS):
             try:
-                stored = self.store.get(task_id)
-                history = self.store.history(task_id) if stored is not None else []
-            except TaskError:
-                stored, history = None, []
-            if (
-                stored is not None
-                and stored.status_version == snapshot.status_version
-                and compare(machine.transitions, stored, history) is Verdict.PREFIX
-            ):
-                self._tasks[task_id] = _TaskState(persisted_version=stored.status_version)
+                self.store.create(snapshot, machine.transitions)
+            except ConfigurationError:
+                raise
+            except DuplicateTaskId:
+                if last is None:
+                    raise  # 第一次就撞了：真的有同名任务
+                # 先前那次"失败"的 create 其实写进去了：读回确认是不是自己的
+            except TaskError as exc:
+                last = exc
+            else:
+                self._tasks[task_id] = _TaskState(persisted_version=snapshot.status_version)
                 return
-            raise StoreError(f"任务 {task_id!r} 没能写进存储，已拒绝提交（任务没有执行）：{exc}") from exc
-        self._tasks[snapshot.task_id] = _TaskState(persisted_version=snapshot.status_version)
+            verdict = self._read_back_create(machine)
+            if verdict is Verdict.PREFIX:
+                # 写进去了，只是回执丢了：照常提交，但这次失败如实记下（persist_failures），不静默。
+                if last is not None:
+                    self.record(task_id, "create", last)
+                self._tasks[task_id] = _TaskState(persisted_version=snapshot.status_version)
+                return
+            if verdict is not Verdict.ABSENT or attempt == CREATE_ATTEMPTS - 1:
+                break
+        raise StoreError(f"任务 {task_id!r} 没能写进存储，已拒绝提交（任务没有执行）：{last}") from last
+
+    def _read_back_create(self, machine: StateMachine) -> Verdict | None:
+        """create 结果未知之后读回：PREFIX = 存储里正是这一份；ABSENT = 确定没写进去；None = 读不到。"""
+        snapshot = machine.snapshot
+        try:
+            stored = self.store.get(snapshot.task_id)
+            history = self.store.history(snapshot.task_id) if stored is not None else []
+        except TaskError:
+            return None
+        if stored is None:
+            return Verdict.ABSENT
+        if stored.status_version == snapshot.status_version:
+            return compare(machine.transitions, stored, history)
+        return Verdict.DIVERGED
 
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         """在任务锁内调用：把存储追到当前版本。"""
