@@ -58,6 +58,8 @@ from chongming_task.core.storage.values import (
     TaskStats,
     as_query,
     count_buckets,
+    lease_held_message,
+    lease_is_held,
 )
 from chongming_task.errors import (
     ConcurrencyConflict,
@@ -206,9 +208,15 @@ class JsonFileTaskStore(TaskStore):
             self._flush()
 
     def save(
-        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+        self,
+        snapshot: TaskSnapshot,
+        *,
+        expect_version: int,
+        transitions: Sequence[Transition] = (),
+        lease_expired_before: datetime | None = None,
     ) -> None:
         validate_save(snapshot, expect_version, transitions)
+        check_aware("lease_expired_before", lease_expired_before)
         data = _snapshot_dict(snapshot)
         with self._lock:
             self._check_open()
@@ -218,6 +226,9 @@ class JsonFileTaskStore(TaskStore):
                     f"任务 {snapshot.task_id!r} 的版本已是 {current['status_version']}，"
                     f"不是期望的 {expect_version}"
                 )
+            lease_until = _thaw(current).lease_until
+            if lease_is_held(lease_until, lease_expired_before):  # reconcile 的写：租约必须仍已过期
+                raise ConcurrencyConflict(lease_held_message(snapshot.task_id, lease_until))
             for key in SIDE_CHANNEL_FIELDS:  # 旁路字段只归 touch 管
                 data[key] = current[key]
             self._tasks[snapshot.task_id] = data

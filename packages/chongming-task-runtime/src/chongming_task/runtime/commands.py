@@ -56,6 +56,7 @@ def poll_commands(
     task_ids: Collection[str] | None,
     buckets: Collection[int] | None,
     local_run: Callable[[str], TaskRun | None],
+    on_store_error: Callable[[str, BaseException], None] | None = None,
 ) -> int:
     """认领一批指令并逐条处理。返回本轮取到的指令数。"""
     try:
@@ -63,7 +64,11 @@ def poll_commands(
             owner, lease=lease, limit=CLAIM_BATCH, task_ids=task_ids, buckets=buckets
         )
     except TaskError as exc:
-        logger.warning("轮询指令失败：%s", exc)
+        # 存储故障期间每 0.1 秒失败一次：交给调用方的限流日志（Controller 的 OutageLog），不逐次刷屏。
+        if on_store_error is not None:
+            on_store_error("claim_commands", exc)
+        else:
+            logger.warning("轮询指令失败：%s", exc)
         return 0
     for command in commands:
         try:

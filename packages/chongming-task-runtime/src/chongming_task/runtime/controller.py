@@ -679,7 +679,9 @@ class Controller:
         """单个快照；不存在返回 None。本进程持有的任务返回内存里最新的一份。"""
         run = self._runs.get(task_id)
         if run is not None:
-            return run.snapshot
+            # 被隔离（fenced）的任务以存储为准（docs/distributed.md §7.3）；本地结果仍在 run 句柄上。
+            fenced = self._link.fenced_view(task_id)
+            return fenced if fenced is not None else run.snapshot
         return self._link.get(task_id)
 
     def list_tasks(

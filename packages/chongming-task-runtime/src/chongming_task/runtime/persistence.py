@@ -5,6 +5,10 @@
 * 存储故障绝不让任务失败：记进 ``failures``（最多 20 条，保留最新的）并打日志。存储里落后的
   版本由下一次成功的写入追平（一次 save 带上所有缺的迁移记录），所以存储最终收敛。
 * 进度、心跳与租约走 touch，由 Controller 的后台循环按固定节奏批量写，从不逐次 checkpoint 写。
+* 结果未知的写（连接在语句中途断了：服务器可能已经提交，只是回执丢了）之后不盲目重放：下一次先读回存储的
+  版本与历史对照（runtime/fencing.py）——是本进程写过的前缀就从那里接着写，是别人写的就认定被隔离（fenced），
+  如实记下、不再覆盖（docs/distributed.md §7.2、§7.3）。
+* 日志按故障汇总（runtime/outage_log.py）：故障期间每个间隔一行带计数的汇总，不是每任务每轮一行。
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from chongming_task.errors import (
     TaskError,
 )
 from chongming_task.models import Progress, TaskSnapshot, Transition
+from chongming_task.runtime.fencing import LeaseWatch, Verdict, compare, fenced_text
+from chongming_task.runtime.outage_log import OutageLog
 from chongming_task.storage import TaskStore
 
 logger = logging.getLogger("chongming_task.controller")
@@ -48,6 +54,14 @@ class _TaskState:
     persisted_version: int | None  # None：存储里还没有这个任务（create 失败过）
     last_progress: Progress | None = None
     last_heartbeat: datetime | None = None
+    # 上一次写的结果未知（连接中途断了、或撞了冲突/重复 id——可能是自己那次丢了回执的写）：下次先读回再写。
+    uncertain: bool = False
+    # 被隔离：存储里这个任务已被别人改写。此后不再写它，对外报告以存储为准。
+    fenced: bool = False
+
+
+CREATE_ATTEMPTS = 3
+"""提交时的 create 最多试几次（只在读回确认"没写进去"时才重试）。"""
 
 
 class WriteThrough:
@@ -72,15 +86,25 @@ class WriteThrough:
         self._tasks: dict[str, _TaskState] = {}
         self._behind: dict[str, StateMachine] = {}
         self._lock = threading.Lock()
+        self._failure_seq = 0  # 写失败的累计次数（catch_up 据此判断"存储此刻不可用"）
+        self.outage = OutageLog(logger, monotonic=clock.monotonic)
+        self.lease = LeaseWatch(lease_ttl, clock.monotonic())
 
     def record(self, task_id: str, operation: str, exc: BaseException) -> None:
-        """记一次写存储失败（最多保留最新 20 条）并打日志。"""
+        """记一次写存储失败（最多保留最新 20 条）；日志交给限流的 OutageLog（故障期间按间隔汇总）。"""
         failure = PersistFailure(self.clock.now(), task_id, operation, f"{type(exc).__name__}: {exc}")
         with self._lock:
             self.failures.append(failure)
-        logger.warning("写存储失败（任务照常运行）：%s %s：%s", operation, task_id, failure.error)
+            self._failure_seq += 1
+        self.outage.failure(operation, task_id, failure.error)
         if self.on_failure is not None:
             self.on_failure(failure)
+
+    def _note(self, task_id: str, operation: str, text: str) -> None:
+        """记一条不是"写失败"的事件（fenced / lease_expired）：逐条记、逐条打 WARNING（每个任务至多一次）。"""
+        with self._lock:
+            self.failures.append(PersistFailure(self.clock.now(), task_id, operation, text))
+        logger.warning("%s %s：%s", operation, task_id, text)
 
     def lease_until(self) -> datetime:
         return self.clock.now() + timedelta(seconds=self.lease_ttl)
@@ -95,68 +119,168 @@ class WriteThrough:
         """
         # 先在状态机上记下租约，再把这同一个快照对象交给存储（不另造一份副本）。
         snapshot = machine.update_side(lease_owner=self.owner, lease_until=self.lease_until())
+        task_id = snapshot.task_id
+        last: TaskError | None = None
+        # 结果未知的失败（连接在语句中途断了、回执丢了，issue 22.1）之后先读回：存储里正是本进程刚建的这一份
+        # → 成功；确定没写进去 → 再建一次（至多 CREATE_ATTEMPTS 次）；读不到、或是别人的同名任务 → 拒绝提交。
+        # 只有存储确认了，任务体才会执行（issue 16.6）。
+        for attempt in range(CREATE_ATTEMPTS):
+            try:
+                self.store.create(snapshot, machine.transitions)
+            except ConfigurationError:
+                raise
+            except DuplicateTaskId:
+                if last is None:
+                    raise  # 第一次就撞了：真的有同名任务
+                # 先前那次"失败"的 create 其实写进去了：读回确认是不是自己的
+            except TaskError as exc:
+                last = exc
+            else:
+                self._tasks[task_id] = _TaskState(persisted_version=snapshot.status_version)
+                return
+            verdict = self._read_back_create(machine)
+            if verdict is Verdict.PREFIX:
+                # 写进去了，只是回执丢了：照常提交，但这次失败如实记下（persist_failures），不静默。
+                if last is not None:
+                    self.record(task_id, "create", last)
+                self._tasks[task_id] = _TaskState(persisted_version=snapshot.status_version)
+                return
+            if verdict is not Verdict.ABSENT or attempt == CREATE_ATTEMPTS - 1:
+                break
+        raise StoreError(f"任务 {task_id!r} 没能写进存储，已拒绝提交（任务没有执行）：{last}") from last
+
+    def _read_back_create(self, machine: StateMachine) -> Verdict | None:
+        """create 结果未知之后读回：PREFIX = 存储里正是这一份；ABSENT = 确定没写进去；None = 读不到。"""
+        snapshot = machine.snapshot
         try:
-            self.store.create(snapshot, machine.transitions)
-        except (DuplicateTaskId, ConfigurationError):
-            raise
-        except TaskError as exc:
-            raise StoreError(
-                f"任务 {snapshot.task_id!r} 没能写进存储，已拒绝提交（任务没有执行）：{exc}"
-            ) from exc
-        self._tasks[snapshot.task_id] = _TaskState(persisted_version=snapshot.status_version)
+            stored = self.store.get(snapshot.task_id)
+            history = self.store.history(snapshot.task_id) if stored is not None else []
+        except TaskError:
+            return None
+        if stored is None:
+            return Verdict.ABSENT
+        if stored.status_version == snapshot.status_version:
+            return compare(machine.transitions, stored, history)
+        return Verdict.DIVERGED
 
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         """在任务锁内调用：把存储追到当前版本。"""
         self.sync(machine)
 
     def sync(self, machine: StateMachine) -> bool:
-        """把存储追到状态机的当前版本（调用方持有 machine.lock）。返回存储是否已追平。"""
+        """把存储追到状态机的当前版本（调用方持有 machine.lock）。返回是否已追平（被隔离也算：不再追）。"""
         snapshot = machine.snapshot
-        state = self._tasks.get(snapshot.task_id)
-        if state is None:
+        task_id = snapshot.task_id
+        state = self._tasks.get(task_id)
+        if state is None or state.fenced:
             return True
-        if state.persisted_version == snapshot.status_version:
+        # 至多两轮：一次写撞了冲突 / 重复 id，可能是自己那次丢了回执的写——读回对照之后再写一次。
+        for _ in range(2):
+            if state.uncertain:
+                try:
+                    if not self._converge(machine, state):
+                        return True  # 被隔离：如实记下了，不再追写
+                except TaskError as exc:
+                    self.record(task_id, "read_back", exc)
+                    self._mark_behind(machine)
+                    return False
+            if state.persisted_version == snapshot.status_version:
+                break
+            operation = "create" if state.persisted_version is None else "save"
+            try:
+                if state.persisted_version is None:
+                    self.store.create(snapshot, machine.transitions)
+                else:
+                    self.store.save(
+                        snapshot,
+                        expect_version=state.persisted_version,
+                        transitions=machine.transitions_since(state.persisted_version),
+                    )
+            except (ConcurrencyConflict, DuplicateTaskId):
+                state.uncertain = True  # 读回再判：是自己先前那次写成功了，还是别人改写了
+                continue
+            except TaskError as exc:
+                # 结果未知（也可能根本没写进去）：下次先读回，不拿旧版本盲目重放。
+                state.uncertain = True
+                self.record(task_id, operation, exc)
+                self._mark_behind(machine)
+                return False
+            state.persisted_version = snapshot.status_version
+            break
+        else:
+            # 读回说"是自己的前缀"、再写又冲突：有别的写者正在同时改它。按隔离处理，不再争。
+            try:
+                stored = self.store.get(task_id)
+                history = self.store.history(task_id) if stored is not None else []
+            except TaskError as exc:
+                self.record(task_id, "read_back", exc)
+                self._mark_behind(machine)
+                return False
+            self._fence(machine, state, stored, history)
             return True
-        if state.persisted_version == -1:
-            return False  # 已发生版本冲突：这个任务在存储里归别人写了
-        try:
-            if state.persisted_version is None:
-                self.store.create(snapshot, machine.transitions)
-            else:
-                self.store.save(
-                    snapshot,
-                    expect_version=state.persisted_version,
-                    transitions=machine.transitions_since(state.persisted_version),
-                )
-        except ConcurrencyConflict as exc:
-            # 别的写者（例如另一节点的 reconcile）改写了存储：重试无济于事，如实记下，不再追写。
-            self.record(snapshot.task_id, "save", ConcurrencyConflict(f"存储中的版本已被其他写者改写：{exc}"))
-            with self._lock:
-                self._behind.pop(snapshot.task_id, None)
-            state.persisted_version = -1
-            return False
-        except TaskError as exc:
-            self.record(snapshot.task_id, "create" if state.persisted_version is None else "save", exc)
-            with self._lock:
-                self._behind[snapshot.task_id] = machine
-            return False
-        state.persisted_version = snapshot.status_version
+        self.outage.recovered()
         with self._lock:
-            self._behind.pop(snapshot.task_id, None)
+            self._behind.pop(task_id, None)
         if snapshot.is_terminal:
             self._flush_one(snapshot, state)
         return True
+
+    def _mark_behind(self, machine: StateMachine) -> None:
+        with self._lock:
+            # 挪到队尾：catch_up 在一轮里遇到第一次失败就停，一个总是失败的任务若一直排在最前，会饿死后面的。
+            self._behind.pop(machine.task_id, None)
+            self._behind[machine.task_id] = machine
+
+    def _converge(self, machine: StateMachine, state: _TaskState) -> bool:
+        """读回存储里的快照与历史，与本进程的历史对照。返回 False 表示被隔离（已记下）。"""
+        task_id = machine.task_id
+        stored = self.store.get(task_id)
+        history = self.store.history(task_id) if stored is not None else []
+        verdict = compare(machine.transitions, stored, history)
+        if verdict is Verdict.DIVERGED:
+            self._fence(machine, state, stored, history)
+            return False
+        # ABSENT：create 没写进去，重新 create；PREFIX：那些写都成功了，从存储的版本接着写。
+        state.persisted_version = None if stored is None else stored.status_version
+        state.uncertain = False
+        return True
+
+    def _fence(
+        self, machine: StateMachine, state: _TaskState, stored: TaskSnapshot | None, history: list[Transition]
+    ) -> None:
+        """存储里的这个任务已被别人改写：不覆盖，记一条 fenced（写明本地的真实结果），此后以存储为准。"""
+        state.fenced = True
+        state.uncertain = False
+        with self._lock:
+            self._behind.pop(machine.task_id, None)
+        if stored is None:  # 读回时它又不见了（被 prune 了）：同样不再写
+            text = "本节点被隔离（fenced）：存储中这个任务已被别人删除；本地结果不再写入"
+        else:
+            text = fenced_text(machine.snapshot, machine.transitions, stored, history)
+        self._note(machine.task_id, "fenced", text)
+
+    def is_fenced(self, task_id: str) -> bool:
+        state = self._tasks.get(task_id)
+        return state is not None and state.fenced
 
     def catch_up(self) -> int:
         """后台循环调用：重试所有落后于内存的任务。返回仍落后的数量。"""
         with self._lock:
             behind = list(self._behind.values())
         remaining = 0
-        for machine in behind:
+        failures_before = self._failure_count()
+        for index, machine in enumerate(behind):
             with machine.lock:
                 if not self.sync(machine):
                     remaining += 1
+            if self._failure_count() != failures_before:
+                # 存储不可用：这一轮不再逐个去撞（每次都可能要等满一次调用的上限），下一轮再试。
+                return remaining + len(behind) - index - 1
         return remaining
+
+    def _failure_count(self) -> int:
+        with self._lock:
+            return self._failure_seq
 
     @property
     def behind_count(self) -> int:
@@ -189,8 +313,8 @@ class WriteThrough:
         touched: list[tuple[_TaskState, TaskSnapshot]] = []
         for snapshot in snapshots:
             state = self._tasks.get(snapshot.task_id)
-            if state is None or state.persisted_version is None:
-                continue
+            if state is None or state.persisted_version is None or state.fenced:
+                continue  # 被隔离的任务在存储里归别人了：不再替它续租、写进度
             fields: dict[str, object] = {}
             if snapshot.progress is not None and snapshot.progress != state.last_progress:
                 fields["progress"] = snapshot.progress
@@ -202,16 +326,34 @@ class WriteThrough:
             if fields:
                 updates.append((snapshot.task_id, fields))
                 touched.append((state, snapshot))
+        started = self.clock.monotonic()
         if not updates:
+            if renew_lease:
+                self.lease.renewed(started)  # 没有在管的任务：没有要续的租约
             return
         try:
             self.store.touch_many(updates)
         except TaskError as exc:
             self.record(updates[0][0], f"touch×{len(updates)}", exc)
             return
+        self.outage.recovered()
+        if renew_lease and self.lease.renewed(started):
+            logger.info("本节点 %s 重新续上了租约", self.owner)
         for state, snapshot in touched:
             state.last_progress = snapshot.progress
             state.last_heartbeat = snapshot.last_heartbeat_at
+
+    def tick(self) -> None:
+        """后台循环每轮调用：按时打故障汇总；租约到期没续上时本节点自己先知道（docs/distributed.md §7.3）。"""
+        self.outage.tick()
+        overdue = self.lease.expired_now(self.clock.monotonic())
+        if overdue is not None:
+            self._note(
+                self.owner,
+                "lease_expired",
+                f"本节点已 {overdue:.1f} 秒没能续租（lease_ttl={self.lease_ttl:g}），租约已过期：别的节点的 "
+                "reconcile() 可以把本节点在跑的任务判为 lost；恢复后被改写的任务以存储为准（记为 fenced）",
+            )
 
     def forget(self, task_id: str) -> None:
         self._tasks.pop(task_id, None)

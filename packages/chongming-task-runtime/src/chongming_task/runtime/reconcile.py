@@ -15,6 +15,7 @@ reconcile 不会重新执行任务：存储里记的是状态，不是配方（�
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -72,12 +73,41 @@ def reconcile_store(
             report.lost.append(lost)
             continue
         try:
-            store.save(lost, expect_version=snapshot.status_version, transitions=machine.transitions)
+            # 以"租约此刻仍已过期"为条件（docs/distributed.md §7.3）：续租不改版本号，持有者若恰好在我们
+            # 读与写之间续上了租约，这次写就被拒绝（报告为 skipped），而不是把一个有人在管的任务判成 LOST。
+            if _accepts_lease_fence(store):
+                store.save(
+                    lost,
+                    expect_version=snapshot.status_version,
+                    transitions=machine.transitions,
+                    lease_expired_before=now,
+                )
+            else:  # 还没跟上契约的第三方后端：只有版本条件
+                store.save(lost, expect_version=snapshot.status_version, transitions=machine.transitions)
         except ConcurrencyConflict:
             report.skipped.append(snapshot)
             continue
         report.lost.append(lost)
     return report
+
+
+def _accepts_lease_fence(store: TaskStore) -> bool:
+    """后端的 save 是否接受 ``lease_expired_before``（契约后来加的条件；老的第三方后端没有）。"""
+    cls = type(store)
+    cached = _LEASE_FENCE.get(cls)
+    if cached is None:
+        try:
+            parameters = inspect.signature(store.save).parameters
+        except (TypeError, ValueError):
+            parameters = {}  # type: ignore[assignment]
+        cached = "lease_expired_before" in parameters or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+        )
+        _LEASE_FENCE[cls] = cached
+    return cached
+
+
+_LEASE_FENCE: dict[type, bool] = {}
 
 
 __all__ = ["TRIGGER_RECONCILE", "ReconcileReport", "lost_failure", "reconcile_store"]

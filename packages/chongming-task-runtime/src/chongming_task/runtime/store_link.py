@@ -74,6 +74,10 @@ class LocalLink:
     def get(self, task_id: str) -> TaskSnapshot | None:
         return None
 
+    def fenced_view(self, task_id: str) -> TaskSnapshot | None:
+        """本进程持有、但已被隔离的任务在存储里的记录（对外报告以它为准）；没被隔离返回 None。"""
+        return None
+
     def query(self, query: TaskQuery, local: LocalSnapshots) -> list[TaskSnapshot]:
         return query.apply(local())
 
@@ -248,7 +252,11 @@ class StoreLink(LocalLink):
             task_ids=None if self._partitioned else live,
             buckets=self._owned_buckets if self._partitioned else None,
             local_run=self._local_run,
+            on_store_error=self._poll_failed,
         )
+
+    def _poll_failed(self, operation: str, exc: BaseException) -> None:
+        self._write.outage.failure(operation, self._owner, f"{type(exc).__name__}: {exc}")
 
     def remote_command(
         self, task_id: str, action: CommandAction, reason: str | None, payload: Mapping[str, Any]
@@ -282,6 +290,7 @@ class StoreLink(LocalLink):
             self._next_side = now + self._side_channel_interval
         if self._write.behind_count:
             self._write.catch_up()
+        self._write.tick()
         if self._polling and (now >= self._next_poll or self._poll_now.is_set()):
             self._poll_now.clear()
             self._poll_commands()
@@ -295,13 +304,21 @@ class StoreLink(LocalLink):
     def get(self, task_id: str) -> TaskSnapshot | None:
         return self._store.get(task_id)
 
+    def fenced_view(self, task_id: str) -> TaskSnapshot | None:
+        # 被隔离的任务：存储里的记录是集群的结论（本地真相在 TaskRun 句柄与 fenced 记录里）。
+        if not self._write.is_fenced(task_id):
+            return None
+        return self._store.get(task_id)
+
     def query(self, query: TaskQuery, local: LocalSnapshots) -> list[TaskSnapshot]:
         results = self._store.query(query)
-        # 本进程持有的任务用内存里的最新快照（进度等旁路字段按节奏回写，存储里可能稍旧）。
+        # 本进程持有的任务用内存里的最新快照（进度等旁路字段按节奏回写，存储里可能稍旧）；
+        # 被隔离的任务例外：以存储为准。
         out = []
         for snapshot in results:
             run = self._local_run(snapshot.task_id)
-            out.append(run.snapshot if run is not None else snapshot)
+            use_local = run is not None and not self._write.is_fenced(snapshot.task_id)
+            out.append(run.snapshot if use_local and run is not None else snapshot)
         return out
 
     def stats(self, local: LocalSnapshots) -> TaskStats:

@@ -53,11 +53,19 @@ class TaskStore(ABC):
 
     @abstractmethod
     def save(
-        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+        self,
+        snapshot: TaskSnapshot,
+        *,
+        expect_version: int,
+        transitions: Sequence[Transition] = (),
+        lease_expired_before: datetime | None = None,
     ) -> None:
         """原子地写入快照与它新增的迁移记录。
 
         存储中的 status_version 不等于 expect_version → ConcurrencyConflict，什么也不写。
+        ``lease_expired_before`` 给出时，写入还要求存储里的租约此刻仍已过期（lease_until 为空或早于它），
+        否则同样 ConcurrencyConflict、什么也不写：reconcile 判 LOST 的写以它为条件——续租不改版本号，
+        没有这个条件，一个恰好在 reconcile 读与写之间续上租约的节点会被误判（docs/distributed.md §7.3）。
         任务不存在 → TaskNotFound。不改写旁路字段（progress / last_heartbeat_at / lease_*）。
         参数自相矛盾（``validate_save`` 不通过、outcome 不是 JSON）→ ConfigurationError，什么也不写。
         """

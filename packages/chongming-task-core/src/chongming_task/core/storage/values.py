@@ -354,7 +354,8 @@ def count_buckets(snapshots: Iterable[TaskSnapshot]) -> dict[int, int]:
     return dict(Counter(snapshot.bucket for snapshot in snapshots if snapshot.bucket is not None))
 
 
-# ===================================================================================================
+# ============================================================================================
+
 # 归档与时间窗口保留（issue 20；存储指南 §9）
 # ===================================================================================================
 
@@ -462,6 +463,24 @@ class ArchiveDeleted:
         return self.transitions + self.tasks + self.commands
 
 
+def lease_is_held(lease_until: datetime | None, lease_expired_before: datetime | None) -> bool:
+    """``save(lease_expired_before=...)`` 的条件不成立：存储里的租约在那一刻仍有效（有人在管它）。
+
+    与 ``TaskQuery.lease_expired_before`` 同一判据：lease_until 为空或早于给定时刻才算过期。
+    """
+    return (
+        lease_expired_before is not None and lease_until is not None and lease_until >= lease_expired_before
+    )
+
+
+def lease_held_message(task_id: str, lease_until: datetime | None) -> str:
+    until = lease_until.isoformat(timespec="seconds") if lease_until is not None else "?"
+    return (
+        f"任务 {task_id!r} 的租约仍有效（lease_until={until}）：持有者刚续上了租约，"
+        "它还在管这个任务，不能把它判为丢失"
+    )
+
+
 __all__ = [
     "SIDE_CHANNEL_FIELDS",
     "ArchiveDeleted",
@@ -475,4 +494,6 @@ __all__ = [
     "TaskStats",
     "as_query",
     "count_buckets",
+    "lease_held_message",
+    "lease_is_held",
 ]

@@ -43,6 +43,8 @@ from chongming_task.core.storage.values import (
     TaskStats,
     as_query,
     count_buckets,
+    lease_held_message,
+    lease_is_held,
 )
 from chongming_task.errors import (
     ConcurrencyConflict,
@@ -224,11 +226,17 @@ class InMemoryTaskStore(TaskStore):
             self._rows[snapshot.task_id] = row
 
     def save(
-        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+        self,
+        snapshot: TaskSnapshot,
+        *,
+        expect_version: int,
+        transitions: Sequence[Transition] = (),
+        lease_expired_before: datetime | None = None,
     ) -> None:
         snapshot = checks.check_snapshot(snapshot)
         transitions = tuple(transitions)
         checks.validate_save(snapshot, expect_version, transitions)
+        checks.check_aware("lease_expired_before", lease_expired_before)
         scalar, text = _encode_json(snapshot.outcome, what="outcome")
         with self._lock:
             self._check_open()
@@ -239,6 +247,8 @@ class InMemoryTaskStore(TaskStore):
                     f"任务 {snapshot.task_id!r} 的版本已是 {current.status_version}，"
                     f"不是期望的 {expect_version}：有别的写者抢先了，请重新读取后再决定"
                 )
+            if lease_is_held(current.lease_until, lease_expired_before):
+                raise ConcurrencyConflict(lease_held_message(snapshot.task_id, current.lease_until))
             # 旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。
             row.snapshot = snapshot.evolve(
                 outcome=scalar,

@@ -53,6 +53,61 @@ class SaveCases(ContractBase):
         self.assertSnapshotEqual(got, queued)
         self.assertEqual(store.history("s-conf"), [r1], "冲突的 save 不能写入任何迁移记录")
 
+    def test_save_lease_expired_before_refuses_a_held_lease(self) -> None:
+        """reconcile 判 LOST 的写以"租约此刻仍已过期"为条件（docs/distributed.md §7.3）：续租不改版本号，
+        所以版本条件挡不住"持有者恰好在 reconcile 读与写之间续上了租约"——这个条件挡得住。"""
+        store = self.open_store()
+        base = snap("s-lease", lease_owner="node-a", lease_until=T0 + timedelta(seconds=60))
+        store.create(base)
+        running, records = walk(base, S.QUEUED, S.STARTING, S.RUNNING)
+        store.save(running, expect_version=0, transitions=records)
+        lost, lost_record = step(running, S.LOST, actor="peer-b")
+        # 租约到 T0+60 秒仍有效：在 T0+30 秒判它过期的写必须被拒绝，什么也不写。
+        with self.assertRaises(ConcurrencyConflict):
+            store.save(
+                lost,
+                expect_version=3,
+                transitions=[lost_record],
+                lease_expired_before=T0 + timedelta(seconds=30),
+            )
+        got = store.get("s-lease")
+        assert got is not None
+        self.assertEqual((got.status, got.status_version), (S.RUNNING, 3))
+        self.assertEqual(store.history("s-lease"), records, "被拒绝的 save 不能写入任何迁移记录")
+        # 恰好等于 lease_until 也算仍有效（与 TaskQuery.lease_expired_before 同一判据：严格早于才算过期）。
+        with self.assertRaises(ConcurrencyConflict):
+            store.save(
+                lost,
+                expect_version=3,
+                transitions=[lost_record],
+                lease_expired_before=T0 + timedelta(seconds=60),
+            )
+        # 过了有效期：写入成功；过期与否只看租约，不改变版本条件。
+        store.save(
+            lost, expect_version=3, transitions=[lost_record], lease_expired_before=T0 + timedelta(seconds=61)
+        )
+        got = store.get("s-lease")
+        assert got is not None
+        self.assertEqual((got.status, got.status_version), (S.LOST, 4))
+        self.assertEqual(store.history("s-lease"), [*records, lost_record])
+
+    def test_save_lease_expired_before_without_a_lease_and_bad_values(self) -> None:
+        store = self.open_store()
+        base = snap("s-nolease")
+        store.create(base)
+        queued, record = step(base, S.QUEUED)
+        with self.assertRaises(ConfigurationError):  # naive 时间：不同机器会按不同时区解释
+            store.save(
+                queued, expect_version=0, transitions=[record], lease_expired_before=T0.replace(tzinfo=None)
+            )
+        self.assertEqual(store.history("s-nolease"), [])
+        store.save(
+            queued, expect_version=0, transitions=[record], lease_expired_before=T0
+        )  # 从未续租：算过期
+        got = store.get("s-nolease")
+        assert got is not None
+        self.assertEqual(got.status_version, 1)
+
     def test_save_unknown_task_raises_task_not_found(self) -> None:
         store = self.open_store()
         ghost, record = step(snap("ghost"), S.QUEUED)

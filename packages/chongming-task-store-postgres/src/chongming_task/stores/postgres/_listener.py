@@ -166,12 +166,18 @@ class CommandListener:
         delay = _RECONNECT_MIN
         listen = sql.SQL("LISTEN {}").format(sql.Identifier(self._channel))
         reconnecting = False
+        # 故障期间每次重连失败都打 WARNING 会刷屏：一次故障只打第一行 WARNING，之后的重连失败降为 INFO，
+        # 连上之后打一行 INFO（issue 22 第 13 条）。
+        failing = False
         while not self._stop.is_set():
             conn: psycopg.Connection[Any] | None = None
             try:
                 conn = psycopg.connect(self._conninfo, autocommit=True, **self._connect_kwargs)
                 conn.execute(listen)
                 delay = _RECONNECT_MIN
+                if failing:
+                    logger.info("指令监听连接已恢复")
+                    failing = False
                 if reconnecting:
                     # 断线期间提交的指令收不到通知了：叫醒大家补一次轮询。
                     self._wake(None)
@@ -185,7 +191,13 @@ class CommandListener:
             except psycopg.Error as exc:
                 self.last_error = exc
                 if not self._stop.is_set():
-                    logger.warning("指令监听连接中断，%.1f 秒后重连（期间靠轮询兜底）：%s", delay, exc)
+                    logger.log(
+                        logging.INFO if failing else logging.WARNING,
+                        "指令监听连接中断，%.1f 秒后重连（期间靠轮询兜底）：%s",
+                        delay,
+                        exc,
+                    )
+                    failing = True
             finally:
                 self._ready.clear()
                 if conn is not None:

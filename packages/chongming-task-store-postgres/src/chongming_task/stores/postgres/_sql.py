@@ -82,7 +82,17 @@ class Sql:
             "WHERE task_id = %(task_id)s AND status_version = %(expect_version)s RETURNING 1) "
             f"SELECT (SELECT count(*) FROM upd), EXISTS (SELECT 1 FROM {s}.tasks WHERE task_id = %(task_id)s)"
         )
+        # save(lease_expired_before=...)：版本之外还要求租约此刻仍已过期（与查询条件同一判据）。
+        lease_guard = (
+            "AND status_version = %(expect_version)s "
+            "AND (lease_until IS NULL OR lease_until < %(lease_expired_before)s)"
+        )
+        self.save_leased = self.save.replace("AND status_version = %(expect_version)s", lease_guard, 1)
+        self.save_no_history_leased = self.save_no_history.replace(
+            "AND status_version = %(expect_version)s", lease_guard, 1
+        )
         self.current_version = f"SELECT status_version FROM {s}.tasks WHERE task_id = %s"
+        self.current_lease = f"SELECT status_version, lease_until FROM {s}.tasks WHERE task_id = %s"
         self.get = f"SELECT {task_cols} FROM {s}.tasks WHERE task_id = %s"
         # 批里有不存在的任务 → 整批不写（否则留下 prune 永远删不掉的孤儿历史），并报出是哪些。
         self.append = (

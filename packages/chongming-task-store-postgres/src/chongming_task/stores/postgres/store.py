@@ -42,6 +42,7 @@ from chongming_task.core.storage.values import (
     TaskQuery,
     TaskStats,
     as_query,
+    lease_held_message,
 )
 from chongming_task.errors import (
     ConcurrencyConflict,
@@ -64,6 +65,7 @@ from chongming_task.stores.postgres._codec import (
     task_params,
     transition_from_row,
 )
+from chongming_task.stores.postgres._deadline import Deadlines
 from chongming_task.stores.postgres._listener import CommandListener, NoticeCallback
 from chongming_task.stores.postgres._sql import transition_params as _transition_params
 
@@ -214,6 +216,33 @@ def _is_healthy(conn: Conn) -> bool:
     return True
 
 
+class StoreNoReply(StoreError):
+    """客户端期限到了还没有收到服务器的回复（连接已被切断）。"""
+
+
+def _keepalive_defaults(
+    dsn: str, connect_kwargs: Mapping[str, Any] | None, network_timeout: float | None
+) -> dict[str, Any]:
+    """TCP keepalive 与 tcp_user_timeout 的默认值：让内核也能发现真正断掉的链路（半开连接、被丢包的分区）。
+
+    连接串或 connect_kwargs 里已有同名参数就不给默认值。tcp_user_timeout 需要 libpq 12 及以上。
+    """
+    try:
+        given = set(conninfo_to_dict(dsn))
+    except psycopg.Error:
+        given = set()
+    given |= set(connect_kwargs or ())
+    defaults: dict[str, Any] = {
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+    }
+    if network_timeout is not None and psycopg.pq.version() >= 120000:
+        defaults["tcp_user_timeout"] = math.ceil(network_timeout * 1000)
+    return {key: value for key, value in defaults.items() if key not in given}
+
+
 def _data_error(exc: BaseException) -> ConfigurationError:
     if isinstance(exc, pg_errors.NumericValueOutOfRange):
         return ConfigurationError(f"数值超出 PostgreSQL 列的范围（整数列为 64 位，桶号为 32 位）：{exc}")
@@ -242,6 +271,13 @@ class PostgresTaskStore(TaskStore):
     * ``statement_timeout``：单条语句（含等锁）最多执行多久，超时抛 StoreError；None 表示不限。
       默认 10 秒：Controller 在任务自己的锁内写穿，一张被锁住的表或挂住的服务器不能让 stop() / get()
       永远卡住——写入失败会进 persist_failures，任务照常，恢复后存储自动追平。
+    * ``network_timeout``：客户端等服务器回复最多多久（默认 ``statement_timeout + 1`` 秒；
+      ``statement_timeout`` 为 None 时默认不限）。网络分区时语句到不了服务器，
+      服务器端的 statement_timeout 不起作用：到期由看门线程切断这条连接，调用抛 StoreError
+      （写入的结果未知，写穿层会读回再收敛）。一次调用的上界因此是
+      ``pool_timeout + network_timeout``（docs/distributed.md §7.1）。
+      同时默认开启 TCP keepalive 与 ``tcp_user_timeout``，连接串或 ``connect_kwargs``
+      里给了同名参数就以它们为准。
     * ``clock``：写进指令与租约的"现在"（测试注入 FakeClock）。
     * ``readonly``：只读打开——不建 schema、不建表、不补建，每条连接都是
       ``default_transaction_read_only``（写方法一律失败）；schema 里没有 chongming-task 的表 →
@@ -267,6 +303,7 @@ class PostgresTaskStore(TaskStore):
         connect_kwargs: Mapping[str, Any] | None = None,
         readonly: bool = False,
         create_schema: CreateSchema = "auto",
+        network_timeout: float | None = None,
     ) -> None:
         if not isinstance(dsn, str) or not dsn.strip():
             raise ConfigurationError(
@@ -290,6 +327,14 @@ class PostgresTaskStore(TaskStore):
             if statement_timeout is None
             else math.ceil(1000 * checks.check_positive_seconds("statement_timeout", statement_timeout))
         )
+        if network_timeout is not None:
+            self._network_timeout: float | None = checks.check_positive_seconds(
+                "network_timeout", network_timeout
+            )
+        else:
+            # 比服务器端的上限多 1 秒：服务器正常时总是它先到、报错更清楚；只有回复到不了时才由客户端切断。
+            self._network_timeout = None if statement_ms is None else statement_ms / 1000 + 1.0
+        self._deadlines = Deadlines(f"chongming-task:{schema}")
         self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
         self._dsn = dsn
         self._display = redact(dsn)
@@ -305,6 +350,7 @@ class PostgresTaskStore(TaskStore):
             "connect_timeout": max(2, math.ceil(self._connect_timeout)),
             "application_name": application_name,
         }
+        self._connect_kwargs.update(_keepalive_defaults(dsn, connect_kwargs, self._network_timeout))
         if connect_kwargs:
             self._connect_kwargs.update(connect_kwargs)
         pool_kwargs = dict(self._connect_kwargs)
@@ -370,6 +416,7 @@ class PostgresTaskStore(TaskStore):
             "pool_timeout": float,
             "connect_timeout": float,
             "statement_timeout": float,
+            "network_timeout": float,
         }
         for key, value in parse_qsl(parts.query, keep_blank_values=True):
             if key in converters:
@@ -630,10 +677,20 @@ class PostgresTaskStore(TaskStore):
         self._check_open()
         try:
             conn = self._acquire()
+            armed = self._arm(conn)
             try:
                 with conn:  # 出错回滚；连接属于池，退出时不会被关闭
                     yield conn
+            except psycopg.Error as exc:
+                if armed is not None and armed[1].fired:
+                    raise StoreNoReply(
+                        f"{self._network_timeout:g} 秒内没有收到 PostgreSQL 的回复（{self._display}）："
+                        "网络挂住或服务器无响应，连接已切断；若是写入，结果未知（会读回后再收敛）。"
+                    ) from exc
+                raise
             finally:
+                if armed is not None:
+                    self._deadlines.disarm(armed[0])
                 self._pool.putconn(conn)
         except PoolTimeout as exc:
             raise StoreError(
@@ -662,6 +719,16 @@ class PostgresTaskStore(TaskStore):
         except psycopg.Error as exc:
             raise StoreError(f"PostgreSQL 操作失败（{self._display}）：{str(exc).strip()}") from exc
 
+    def _arm(self, conn: Conn) -> tuple[int, Any] | None:
+        """给这次调用登记客户端期限（docs/distributed.md §7.1）；连接已坏时不登记，让语句自己失败。"""
+        if self._network_timeout is None:
+            return None
+        try:
+            fd = conn.pgconn.socket
+        except psycopg.Error:
+            return None
+        return self._deadlines.arm(fd, self._network_timeout)
+
     def _acquire(self) -> Conn:
         """从池里借一条健康的连接。
 
@@ -686,8 +753,14 @@ class PostgresTaskStore(TaskStore):
                 return fn(conn)
         except StoreError as exc:
             cause = exc.__cause__
-            # PoolTimeout 也是 OperationalError，但它意味着已经等满了超时：再等一轮只会让调用方挂得更久。
-            if not isinstance(cause, _CONNECTION_ERRORS) or isinstance(cause, PoolTimeout) or self._closed:
+            # PoolTimeout 也是 OperationalError，但它意味着已经等满了超时：再等一轮只会让调用方挂得更久；
+            # 等回复等到了客户端上限（StoreNoReply）同理——上界是一次调用的，不因重试翻倍。
+            if (
+                not isinstance(cause, _CONNECTION_ERRORS)
+                or isinstance(cause, PoolTimeout)
+                or isinstance(exc, StoreNoReply)
+                or self._closed
+            ):
                 raise
         logger.info("PostgreSQL 连接中断，重试一次只读操作")
         with self._connection() as conn:
@@ -706,26 +779,37 @@ class PostgresTaskStore(TaskStore):
             raise DuplicateTaskId(f"task_id {snapshot.task_id!r} 已存在；想再跑一次请换一个 task_id 提交")
 
     def save(
-        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+        self,
+        snapshot: TaskSnapshot,
+        *,
+        expect_version: int,
+        transitions: Sequence[Transition] = (),
+        lease_expired_before: datetime | None = None,
     ) -> None:
         snapshot = checks.check_snapshot(snapshot)
         checks.validate_save(snapshot, expect_version, transitions)
+        checks.check_aware("lease_expired_before", lease_expired_before)
         params = task_params(snapshot)
         params["expect_version"] = expect_version
+        leased = lease_expired_before is not None
+        if leased:
+            params["lease_expired_before"] = lease_expired_before
         if transitions:
             params.update(_transition_params(transitions))
-            statement = self._sql.save
+            statement = self._sql.save_leased if leased else self._sql.save
         else:
-            statement = self._sql.save_no_history
+            statement = self._sql.save_no_history_leased if leased else self._sql.save_no_history
         with self._connection() as conn:
             row = conn.execute(statement, params).fetchone()
             if row is not None and row[0] == 1:
                 return
             if row is None or not row[1]:
                 raise TaskNotFound(f"任务 {snapshot.task_id!r} 不存在，无法保存（先 create）")
-            # 冲突是少见路径：多花一次往返读出当前版本，让报错说清楚差在哪。
-            current = conn.execute(self._sql.current_version, [snapshot.task_id]).fetchone()
+            # 冲突是少见路径：多花一次往返读出当前版本（与租约），让报错说清楚差在哪。
+            current = conn.execute(self._sql.current_lease, [snapshot.task_id]).fetchone()
         actual = "?" if current is None else current[0]
+        if current is not None and current[0] == expect_version and leased:
+            raise ConcurrencyConflict(lease_held_message(snapshot.task_id, current[1]))
         raise ConcurrencyConflict(
             f"任务 {snapshot.task_id!r} 的版本冲突：期望 status_version={expect_version}，存储中为 {actual}；"
             "有别的写入者抢先改了它，请重新读取后再决定"
@@ -1089,6 +1173,7 @@ class PostgresTaskStore(TaskStore):
         if listener is not None:
             listener.stop()
         self._pool.close()
+        self._deadlines.close()
 
 
 __all__ = ["PostgresTaskStore", "channel_for", "redact"]

@@ -21,6 +21,10 @@ INSERT_TASK = (
 )
 SAVE_SELECT = f"SELECT {', '.join(schema.SAVE_COLUMNS)} FROM tasks WHERE task_id = ?"
 SAVE_VERSION_INDEX = schema.SAVE_COLUMNS.index("status_version")
+# save(lease_expired_before=...)：租约仍有效（lease_key 不早于给定时刻）就返回一行（与查询的判据相同）。
+SAVE_LEASE_HELD = (
+    "SELECT lease_until FROM tasks WHERE task_id = ? AND lease_key IS NOT NULL AND lease_key >= ?"
+)
 SAVE_TAGS_INDEX = schema.SAVE_COLUMNS.index("tags")
 SAVE_CREATED_INDEX = schema.SAVE_COLUMNS.index("created_key")
 INSERT_TRANSITION = (
@@ -107,6 +111,7 @@ __all__ = [
     "INSERT_TASK",
     "INSERT_TRANSITION",
     "SAVE_CREATED_INDEX",
+    "SAVE_LEASE_HELD",
     "SAVE_SELECT",
     "SAVE_TAGS_INDEX",
     "SAVE_VERSION_INDEX",

@@ -29,6 +29,7 @@ from chongming_task.core.storage.values import (
     TaskQuery,
     TaskStats,
     as_query,
+    lease_held_message,
 )
 from chongming_task.errors import (
     ConcurrencyConflict,
@@ -413,12 +414,19 @@ class SqliteTaskStore(TaskStore):
         self._run("create", tx)
 
     def save(
-        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+        self,
+        snapshot: TaskSnapshot,
+        *,
+        expect_version: int,
+        transitions: Sequence[Transition] = (),
+        lease_expired_before: datetime | None = None,
     ) -> None:
         snapshot = checks.check_snapshot(snapshot)
         transitions = tuple(transitions)
         checks.check_transitions(snapshot.task_id, transitions)
         checks.validate_save(snapshot, expect_version, transitions)
+        checks.check_aware("lease_expired_before", lease_expired_before)
+        lease_key = None if lease_expired_before is None else codec.dt_key(lease_expired_before)
         row = codec.snapshot_row(snapshot)
         new_values = [row[column] for column in schema.SAVE_COLUMNS]
         history = [codec.transition_row(t) for t in transitions]
@@ -434,6 +442,11 @@ class SqliteTaskStore(TaskStore):
                     f"任务 {task_id!r} 的版本已是 {stored_version}，不是期望的 {expect_version}："
                     "有别的写者抢先了，请重新读取后再决定"
                 )
+            if lease_key is not None:
+                # 与版本检查在同一个写事务里：读到的租约就是写入那一刻的租约。
+                held = conn.execute(_sql.SAVE_LEASE_HELD, (task_id, lease_key)).fetchone()
+                if held is not None:
+                    raise ConcurrencyConflict(lease_held_message(task_id, codec.dt_parse(held[0])))
             # 只 SET 真正变了的列：SQLite 会为 SET 里出现的每个被索引的列维护索引（哪怕值没变），
             # 而一次状态迁移通常只改 status / status_version 和一两个时间戳，不碰 name、owner、桶号。
             changed = [
