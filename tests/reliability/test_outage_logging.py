@@ -24,6 +24,7 @@ from reliability_support import report
 from test_store_outages import fill, tiny_tmpfs
 
 from chongming_task import Controller, SqliteTaskStore, TaskStatus, open_store
+from chongming_task.errors import StoreError
 
 S = TaskStatus
 OUTAGE_SECONDS = 3.0
@@ -60,8 +61,11 @@ def flood_workload(
     with caplog.at_level(logging.WARNING, logger="chongming_task"):
         inject()
         started = time.monotonic()
-        # 故障期间：新提交（create 失败 → 落后）、停几个（save 失败 → 落后），让每一轮都有很多任务要追写。
-        runs += [controller.submit("work", 100 + i, task_id=f"flood-late-{i}") for i in range(10)]
+        # 故障期间：新提交被拒绝（首次落库必须成功，任务体才会执行，issue 16.6；拒绝不刷日志）、
+        # 停几个（save 失败 → 落后），让每一轮都有很多任务要追写。
+        for i in range(10):
+            with pytest.raises(StoreError, match="已拒绝提交"):
+                controller.submit("work", 100 + i, task_id=f"flood-late-{i}")
         for i in range(5):
             controller.stop(f"flood-{i}", reason="故障期间停止")
         time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - started)))
