@@ -161,7 +161,7 @@ class LogCases(ContractBase):
         self.assertEqual(store.read_logs("t"), [], "整批不写")
         for kwargs in ({"attempt": -1}, {"after_seq": "3"}, {"limit": 0}, {"limit": True}):
             with self.assertRaises(ConfigurationError, msg=f"read_logs({kwargs})"):
-                store.read_logs("t", **kwargs)  # type: ignore[arg-type]
+                store.read_logs("t", **kwargs)
         with self.assertRaises(ConfigurationError):
             store.read_logs(["t"])  # type: ignore[arg-type]
         with self.assertRaises(ConfigurationError):
