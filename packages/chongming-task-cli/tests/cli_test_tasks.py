@@ -64,14 +64,5 @@ def needs(ctx: Any, source: str, limit: int = 1) -> str:
     return f"{source}:{limit}"
 
 
-@task
-def narrate(ctx: Any, lines: int = 200, delay: float = 0.01) -> int:
-    """记 lines 行编号日志，每行之间睡 delay 秒（logs --follow 的测试用）。"""
-    for i in range(1, lines + 1):
-        ctx.log(f"第 {i:03d} 行")
-        time.sleep(delay)
-    return lines
-
-
 def register(controller: Any) -> None:
-    controller.register_all(count, resident, spin, deaf, boom, echo_args, needs, narrate)
+    controller.register_all(count, resident, spin, deaf, boom, echo_args, needs)

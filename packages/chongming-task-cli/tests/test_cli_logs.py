@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-TASKS = "cli_test_tasks"
+TASKS = "cli_log_tasks"
 EXPECTED = [f"第 {i:03d} 行" for i in range(1, 201)]
 
 
@@ -84,7 +84,7 @@ def test_logs_follow_ctrl_c_exits_130_quietly(tmp_path: Path, spawn_cli: Any, ru
 def test_logs_of_unknown_task_is_one_line_exit_1(tmp_path: Path, run_cli: Any) -> None:
     db = str(tmp_path / "tasks.db")
     assert (
-        run_cli("--db", db, "run", "--tasks", TASKS, "count", "--task-id", "ok", cwd=tmp_path).returncode == 0
+        run_cli("--db", db, "run", "--tasks", TASKS, "quiet", "--task-id", "ok", cwd=tmp_path).returncode == 0
     )
     result = run_cli("--db", db, "--json", "logs", "ghost", cwd=tmp_path)
     assert result.returncode == 1

@@ -427,7 +427,7 @@ class JsonFileTaskStore(TaskStore):
 
     # -- upkeep -------------------------------------------------------------------------------------
 
-    # -- task logs（issue 18；存储指南 §10）-------------------------------------------------------------
+    # -- task logs（issue 18；存储指南 §11）-------------------------------------------------------------
 
     def append_logs(self, lines: Sequence[LogLine]) -> None:
         batch = append_logs_args(lines)

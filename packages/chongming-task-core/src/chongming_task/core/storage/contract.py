@@ -185,7 +185,7 @@ class TaskStore(ABC):
         owner 不是非空字符串 → ConfigurationError。
         """
 
-    # -- task logs (issue 18；存储指南 §10) ---------------------------------------------------------
+    # -- task logs (issue 18；存储指南 §11) ---------------------------------------------------------
 
     @abstractmethod
     def append_logs(self, lines: Sequence[LogLine]) -> None:

@@ -1,4 +1,4 @@
-"""契约用例：任务日志（append_logs / read_logs / log_stats，issue 18；存储指南 §10）。
+"""契约用例：任务日志（append_logs / read_logs / log_stats，issue 18；存储指南 §11）。
 
 ``logs --follow`` 靠"按 seq 续读不丢、不重、不乱序"工作；这里检查的就是它赖以成立的存储语义：
 存储分配的序号、每任务的行数上限（丢最旧的并计数）、4 KB 截断、随任务一起删除。

@@ -1,4 +1,4 @@
-"""PostgresTaskStore 的任务日志（issue 18；存储指南 §10）。
+"""PostgresTaskStore 的任务日志（issue 18；存储指南 §11）。
 
 与 store.py 分开放（同 ``_archive``）：日志是独立的一类流量，不碰快照、版本号与历史。要点：
 
