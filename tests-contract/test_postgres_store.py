@@ -89,7 +89,7 @@ class _PostgresMixin(unittest.TestCase):
             return  # 构造失败的存储没建成表：不复用，类结束时删掉
         # 小表上 DELETE 比 TRUNCATE 快（TRUNCATE 要换新的数据文件）；一个事务里清空全部数据表。
         with admin.transaction():
-            for table in ("transitions", "commands", "tasks", "nodes"):
+            for table in ("transitions", "commands", "tasks", "nodes", "task_logs"):
                 admin.execute(psycopg.sql.SQL("DELETE FROM {}.{}").format(s, psycopg.sql.Identifier(table)))
         type(self)._free.append(schema)
 

@@ -66,3 +66,12 @@ def report(ctx: TaskContext) -> str:
     ctx.log("开始处理")
     ctx.warning("分区为空，跳过")
     return ctx.input("up", "no-upstream")
+
+
+def chatty(ctx: TaskContext, lines: int = 5, fail_first: bool = False) -> int:
+    """记 lines 行编号日志（任务日志持久化的测试用）；fail_first 时第一次尝试记完后失败。"""
+    for i in range(1, lines + 1):
+        ctx.log(f"第 {i} 行（尝试 {ctx.attempt}）")
+    if fail_first and ctx.attempt == 1:
+        raise RuntimeError("第一次故意失败")
+    return lines

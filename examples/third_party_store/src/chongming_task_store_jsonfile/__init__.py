@@ -2,8 +2,8 @@
 
 它演示一个后端最少要做的几件事，刻意写得短：
 
-* 继承 ``TaskStore``，实现 22 个抽象方法（含归档保留的 4 个）；语义不靠猜，靠跑 ``StoreContract``
-  （见 tests/）。
+* 继承 ``TaskStore``，实现 25 个抽象方法（含归档保留的 4 个、任务日志的 3 个）；语义不靠猜，
+  靠跑 ``StoreContract``（见 tests/）。
 * 序列化只用核心提供的 ``to_dict()`` / ``from_dict()``：它们保证逐字段精确往返
   （带时区的时间到微秒、frozenset 标签、嵌套的 failure / progress）。每次读取都重新反序列化，
   所以调用方拿到的永远是副本，改它不会改到存储。
@@ -28,6 +28,7 @@ from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage.checks import (
+    append_logs_args,
     check_aware,
     check_count,
     check_json_value,
@@ -41,6 +42,7 @@ from chongming_task.core.storage.checks import (
     command_args,
     export_finished_args,
     export_transitions_args,
+    read_logs_args,
     touch_args,
     validate_save,
 )
@@ -48,11 +50,14 @@ from chongming_task.core.storage.columns import SIDE_CHANNEL_FIELDS
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.retention import archivable_prefix
 from chongming_task.core.storage.values import (
+    MAX_LOG_LINES,
     ArchiveDeleted,
     ArchivedTask,
     ArchiveReceipt,
     Command,
     CommandAction,
+    LogLine,
+    LogStats,
     NodeRecord,
     TaskQuery,
     TaskStats,
@@ -113,6 +118,9 @@ class JsonFileTaskStore(TaskStore):
         self._history: dict[str, dict[str, dict[str, Any]]] = {}
         self._commands: dict[str, dict[str, Any]] = {}
         self._nodes: dict[str, dict[str, Any]] = {}
+        # 任务日志：task_id → {"seq": 最后分配的序号, "lines": [LogLine.to_dict(), ...]}，
+        # 最多 MAX_LOG_LINES 行。
+        self._logs: dict[str, dict[str, Any]] = {}
         self._next_command = 1
         if self._path.exists():
             self._load()
@@ -158,6 +166,8 @@ class JsonFileTaskStore(TaskStore):
         self._next_command = document["next_command"]
         # 节点记录是后加的：旧文件里没有这个键，当作还没有节点发布过。
         self._nodes = document.get("nodes", {})
+        # 任务日志也是后加的（issue 18）：旧文件里没有这个键，当作还没有日志；下一次写入时连同它一起写回。
+        self._logs = document.get("logs", {})
 
     def _flush(self) -> None:
         document = {
@@ -167,6 +177,7 @@ class JsonFileTaskStore(TaskStore):
             "commands": self._commands,
             "next_command": self._next_command,
             "nodes": self._nodes,
+            "logs": self._logs,
         }
         temp = self._path.with_name(self._path.name + ".tmp")
         try:
@@ -427,6 +438,48 @@ class JsonFileTaskStore(TaskStore):
 
     # -- upkeep -------------------------------------------------------------------------------------
 
+    # -- task logs（issue 18；存储指南 §11）-------------------------------------------------------------
+
+    def append_logs(self, lines: Sequence[LogLine]) -> None:
+        batch = append_logs_args(lines)
+        with self._lock:
+            self._check_open()
+            for line in batch:
+                if line.task_id not in self._tasks:
+                    continue  # 任务已不在：跳过（见契约）
+                entry = self._logs.setdefault(line.task_id, {"seq": 0, "lines": []})
+                entry["seq"] += 1
+                entry["lines"].append({**line.to_dict(), "seq": entry["seq"]})
+                if len(entry["lines"]) > MAX_LOG_LINES:
+                    del entry["lines"][: len(entry["lines"]) - MAX_LOG_LINES]  # 丢最旧的
+            if batch:
+                self._flush()
+
+    def read_logs(
+        self, task_id: str, *, attempt: int | None = None, after_seq: int | None = None, limit: int = 1000
+    ) -> list[LogLine]:
+        read_logs_args(task_id, attempt, after_seq, limit)
+        with self._lock:
+            self._check_open()
+            entry = self._logs.get(task_id) if task_id in self._tasks else None
+            picked = [
+                LogLine.from_dict(data)
+                for data in (entry["lines"] if entry else [])
+                if (after_seq is None or data["seq"] > after_seq)
+                and (attempt is None or data["attempt"] == attempt)
+            ]
+            return picked[:limit]
+
+    def log_stats(self, task_id: str) -> LogStats:
+        check_key("task_id", task_id)
+        with self._lock:
+            self._check_open()
+            entry = self._logs.get(task_id) if task_id in self._tasks else None
+            if not entry:
+                return LogStats()
+            kept = len(entry["lines"])
+            return LogStats(kept=kept, dropped=entry["seq"] - kept, last_seq=entry["seq"])
+
     def prune(self, keep_terminal: int) -> int:
         check_count("keep_terminal", keep_terminal)
         with self._lock:
@@ -441,6 +494,7 @@ class JsonFileTaskStore(TaskStore):
             for task_id in doomed:
                 del self._tasks[task_id]
                 self._history.pop(task_id, None)
+                self._logs.pop(task_id, None)
             self._commands = {cid: c for cid, c in self._commands.items() if c["task_id"] not in doomed}
             self._flush()
             return len(doomed)
@@ -524,6 +578,7 @@ class JsonFileTaskStore(TaskStore):
                 if leaves(task_id) and not any(c["task_id"] == task_id for c in self._commands.values()):
                     del self._tasks[task_id]
                     self._history.pop(task_id, None)
+                    self._logs.pop(task_id, None)  # 日志不归档，随任务删
                     tasks += 1
             if transitions or commands or tasks:
                 self._flush()

@@ -33,6 +33,7 @@ from chongming_task.testing.contract.archive import ArchiveCases
 from chongming_task.testing.contract.commands import CommandCases
 from chongming_task.testing.contract.history import HistoryCases
 from chongming_task.testing.contract.housekeeping import HousekeepingCases
+from chongming_task.testing.contract.logs import LogCases
 from chongming_task.testing.contract.nodes import NodeCases
 from chongming_task.testing.contract.queries import QueryCases
 from chongming_task.testing.contract.saves import SaveCases
@@ -50,6 +51,7 @@ class StoreContract(
     NodeCases,
     HousekeepingCases,
     ArchiveCases,
+    LogCases,
     ContractBase,
 ):
     """TaskStore 契约套件。子类实现 ``make_store()``；可选实现 ``make_clocked_store(clock)``。"""

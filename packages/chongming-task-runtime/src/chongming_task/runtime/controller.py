@@ -135,6 +135,7 @@ class Controller:
         side_channel_interval: float = 1.0,
         keep_finished: int | None = None,
         listeners: Iterable[Listener] = (),
+        persist_logs: bool = True,
     ) -> None:
         concurrency = concurrency if concurrency is not None else ConcurrencyPolicy()
         if not isinstance(concurrency, ConcurrencyPolicy):
@@ -174,6 +175,8 @@ class Controller:
             )
         if callable(listeners) or isinstance(listeners, (str, bytes)):
             raise ConfigurationError(f"listeners 必须是监听器的列表（如 listeners=[fn]），收到 {listeners!r}")
+        if not isinstance(persist_logs, bool):
+            raise ConfigurationError(f"persist_logs 必须是 True 或 False，收到 {persist_logs!r}")
         if owner is not None and (not isinstance(owner, str) or not owner.strip()):
             raise ConfigurationError(f"owner 必须是非空字符串，收到 {owner!r}")
 
@@ -236,6 +239,7 @@ class Controller:
                 side_snapshots=self._side_snapshots,
                 local_run=self._runs.get,
                 on_persist_failure=self._on_persist_failure,
+                persist_logs=persist_logs,
             )
         )
         self._loop = threading.Thread(
@@ -413,6 +417,7 @@ class Controller:
             upstream=upstream,
             on_requeue=self._requeue,
             on_progress=self._on_progress,
+            log_sink=self._link.log_sink,
         )
         with self._lock:
             if self._closed:

@@ -30,6 +30,7 @@ from chongming_task.runtime.cluster import ClusterReport, check_cluster, node_re
 from chongming_task.runtime.commands import poll_commands
 from chongming_task.runtime.persistence import PersistFailure, WriteThrough
 from chongming_task.runtime.reconcile import ReconcileReport, reconcile_store
+from chongming_task.runtime.task_logs import LogSink
 from chongming_task.storage import CommandAction, TaskQuery, TaskStats, TaskStore, count_buckets
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ class LocalLink:
     """没有存储时的链接：不写、不租、不认领指令；查询只看本进程的任务。"""
 
     store: TaskStore | None = None
+    log_sink: LogSink | None = None
+    """任务日志的缓冲（``Controller(persist_logs=...)``）；没有存储时为 None，日志只在内存里。"""
 
     def create(self, machine: StateMachine) -> None:
         """新任务只在内存里。"""
@@ -139,6 +142,7 @@ class StoreLink(LocalLink):
         side_snapshots: Callable[[bool], list[TaskSnapshot]],
         local_run: Callable[[str], TaskRun | None],
         on_persist_failure: Callable[[PersistFailure], None] | None = None,
+        persist_logs: bool = True,
     ) -> None:
         self.store = store
         self._store: TaskStore = store
@@ -157,6 +161,8 @@ class StoreLink(LocalLink):
         self._write = WriteThrough(
             store, owner=owner, lease_ttl=lease_ttl, clock=clock, on_failure=on_persist_failure
         )
+        # 日志与旁路字段同一个节奏、同一条失败路径（persist_failures、事件钩子、指标）。
+        self.log_sink = LogSink(store, on_failure=self._write.record) if persist_logs else None
         self._lock = threading.Lock()
         self._polling = False
         self._poll_now = threading.Event()
@@ -298,6 +304,8 @@ class StoreLink(LocalLink):
 
     def _flush_side_channel(self, *, renew_lease: bool) -> None:
         self._write.flush_side_channel(self._side_snapshots(renew_lease), renew_lease=renew_lease)
+        if self.log_sink is not None:
+            self.log_sink.flush()
 
     # -- reading other processes' tasks -------------------------------------------------------------
 

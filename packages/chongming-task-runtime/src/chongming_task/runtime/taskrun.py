@@ -78,6 +78,7 @@ from chongming_task.runtime.executors.base import (
 from chongming_task.runtime.executors.thread import ThreadExecutor
 from chongming_task.runtime.signature import check_task_signature
 from chongming_task.runtime.supervisor import Timer, Watchdog
+from chongming_task.runtime.task_logs import LogSink
 from chongming_task.states import TERMINAL_STATUSES, TRANSITIONS, TaskStatus
 
 S = TaskStatus
@@ -172,10 +173,22 @@ class _Events(AttemptEvents):
     def progress(self, progress: Progress) -> None:
         self._run._on_progress(self._attempt, progress)
 
+    def log(self, entry: LogEntry) -> None:
+        sink = self._run._log_sink
+        if sink is not None:  # 不拿任务锁：只往控制器的日志缓冲里追加一个元组
+            sink.add(self._run.machine.task_id, entry)
+
     def parked(self) -> None:
         self._attempt.wake_pauser()
 
     def finished(self, result: AttemptResult) -> None:
+        sink = self._run._log_sink
+        if sink is not None:
+            # 落终态之前、任务锁之外把这次尝试的日志写进存储：读者看到终态时日志已经全在（见 task_logs）。
+            try:
+                sink.flush()
+            except Exception:  # 日志绝不能让任务落不了地
+                logger.exception("写任务 %s 的日志时出错", self._run.machine.task_id)
         self._run._settle(self._attempt, result)
 
 
@@ -223,8 +236,10 @@ class TaskRun:
         pause_timeout: float = DEFAULT_PAUSE_TIMEOUT,
         artifact_hint: str | None = None,
         on_progress: Callable[[TaskSnapshot], None] | None = None,
+        log_sink: LogSink | None = None,
     ) -> None:
-        """``artifact_hint``：没配产物目录时告诉用户去哪儿配（Controller 传指向它自己参数的提示）。"""
+        """``artifact_hint``：没配产物目录时告诉用户去哪儿配（Controller 传指向它自己参数的提示）。
+        ``log_sink``：把 ``ctx.log`` 的行交给它持久化（Controller 的 ``persist_logs``）。"""
         if not callable(fn):
             raise ConfigurationError(f"TaskRun 的第一个参数必须是任务函数，收到 {fn!r}")
         spec = task_spec(fn)
@@ -294,6 +309,7 @@ class TaskRun:
         # 进度通知（控制器的事件钩子）：在本任务的锁内以更新后的快照调用，所以必须只做常数时间的事、
         # 不碰别的锁（控制器只把事件放进交付队列）。
         self._progress_hook = on_progress
+        self._log_sink = log_sink
         # 日志缓冲与"已落终态"事件都按需创建：排队中的任务可能成千上万，每个省下的几个容器对象
         # 直接减轻循环 GC 的扫描量（在管任务越多越明显）。
         self._logs: deque[LogEntry] | None = None

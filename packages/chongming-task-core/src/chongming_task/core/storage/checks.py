@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from chongming_task.core.storage._base_checks import (
@@ -34,7 +34,7 @@ from chongming_task.core.storage._base_checks import (
     validate_lease,
     validate_save,
 )
-from chongming_task.core.storage.values import ArchiveReceipt, CommandAction, NodeRecord
+from chongming_task.core.storage.values import ArchiveReceipt, CommandAction, LogLine, NodeRecord
 from chongming_task.errors import ConfigurationError
 
 
@@ -113,10 +113,45 @@ def check_receipt(receipt: object) -> ArchiveReceipt:
     return receipt
 
 
+# -- 任务日志（issue 18；存储指南 §11）-------------------------------------------------------------
+
+MAX_LOG_READ_LIMIT = 10_000
+"""read_logs 一次最多读多少行（每任务本来最多只存 ``MAX_LOG_LINES`` 行，这是给将来调大上限留的余地）。"""
+
+
+def append_logs_args(lines: object) -> list[LogLine]:
+    """append_logs 的入参：LogLine 的序列（单个 LogLine、字符串之类的误用给出清楚的错误）。
+
+    正文的可存储性（NUL、孤立代理项）与快照文本同一份规则：写入前在这里拦住，整批不写。
+    """
+    if isinstance(lines, (LogLine, str, bytes, Mapping)) or not isinstance(lines, Iterable):
+        raise ConfigurationError(f"append_logs 需要 LogLine 的列表，收到 {type(lines).__name__}")
+    batch = list(lines)
+    for line in batch:
+        if not isinstance(line, LogLine):
+            raise ConfigurationError(f"append_logs 只接受 LogLine，收到 {type(line).__name__}")
+        check_optional_text("日志正文", line.message)
+        check_optional_text("日志级别", line.level)
+    return batch
+
+
+def read_logs_args(task_id: object, attempt: object, after_seq: object, limit: object) -> None:
+    """read_logs 的入参：task_id 字符串，attempt / after_seq 为 None 或非负整数，limit 为 1..10000。"""
+    check_key("task_id", task_id)
+    if attempt is not None:
+        check_count("attempt", attempt)
+    if after_seq is not None:
+        check_count("after_seq", after_seq)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LOG_READ_LIMIT:
+        raise ConfigurationError(f"limit 必须是 1..{MAX_LOG_READ_LIMIT} 之间的整数，收到 {limit!r}")
+
+
 __all__ = [
     "MAX_EXPORT_LIMIT",
     "MAX_LEASE_SECONDS",
+    "MAX_LOG_READ_LIMIT",
     "TOUCH_FIELDS",
+    "append_logs_args",
     "check_aware",
     "check_bucket",
     "check_claimant",
@@ -135,6 +170,7 @@ __all__ = [
     "export_finished_args",
     "export_transitions_args",
     "id_set",
+    "read_logs_args",
     "touch_args",
     "touch_many_fields",
     "validate_lease",

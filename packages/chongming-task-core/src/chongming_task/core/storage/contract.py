@@ -10,6 +10,8 @@
   媒介。取走指令带租约：持有者崩溃后租约到期，指令可被重新取走。
 * 节点成员（publish_node / list_nodes / remove_node）：每个节点定期发布"我是谁、负责哪些桶、
   活到什么时候"。它是运维检查（桶重复 / 空洞、孤儿任务）的权威来源，与任务数据互不影响。
+* 任务日志（append_logs / read_logs / log_stats）：``ctx.log`` 的行按旁路节奏批量写入，按任务与尝试
+  读回；每任务最多 ``MAX_LOG_LINES`` 行（丢最旧的、计数），正文截断在 4 KB。随任务一起删除。
 * 维护：prune（按个数）与归档保留（export_transitions / export_finished / delete_archived /
   purge_commands，按时间窗口，先归档再删除，见存储指南 §9）。
 
@@ -31,6 +33,8 @@ from chongming_task.core.storage.values import (
     ArchiveReceipt,
     Command,
     CommandAction,
+    LogLine,
+    LogStats,
     NodeRecord,
     TaskQuery,
     TaskStats,
@@ -39,7 +43,7 @@ from chongming_task.models import Progress, TaskSnapshot, Transition
 
 
 class TaskStore(ABC):
-    """持久层契约（22 个抽象方法，五类流量 + 维护）。实现必须线程安全；多进程共享同一存储时语义不变。"""
+    """持久层契约（25 个抽象方法，六类流量 + 维护）。实现必须线程安全；多进程共享同一存储时语义不变。"""
 
     # -- snapshots ----------------------------------------------------------------------------------
 
@@ -189,11 +193,34 @@ class TaskStore(ABC):
         owner 不是非空字符串 → ConfigurationError。
         """
 
+    # -- task logs (issue 18；存储指南 §11) ---------------------------------------------------------
+
+    @abstractmethod
+    def append_logs(self, lines: Sequence[LogLine]) -> None:
+        """批量追加日志行（一批可跨多个任务）。存储按任务分配 ``seq``（接着该任务已分配的最大序号，
+        从 1 起、不复用；入参里的 seq 被忽略），批内同一任务的行按给出的顺序编号。
+
+        每任务只保留最新的 ``MAX_LOG_LINES`` 行：超出的最旧行在同一事务里删掉。存储里不存在的任务的
+        行被跳过（任务可能刚被 prune 掉：日志是尽力而为，不能让一批因此整体失败）。不是 LogLine 的
+        序列、正文存不下（NUL、孤立代理项）→ ConfigurationError，整批不写。
+        """
+
+    @abstractmethod
+    def read_logs(
+        self, task_id: str, *, attempt: int | None = None, after_seq: int | None = None, limit: int = 1000
+    ) -> list[LogLine]:
+        """某任务仍保存的日志行，按 seq 升序：只要 ``attempt``（给出时）的、seq 严格大于 ``after_seq``
+        （给出时）的，最多 ``limit`` 行（1..10000）。任务不存在返回空列表。只读。"""
+
+    @abstractmethod
+    def log_stats(self, task_id: str) -> LogStats:
+        """某任务的日志计数（仍保存的行数、被丢掉的最旧行数、最后的 seq）。任务不存在返回全 0。"""
+
     # -- upkeep -------------------------------------------------------------------------------------
 
     @abstractmethod
     def prune(self, keep_terminal: int) -> int:
-        """删除最旧的终态任务（按 finished_at；缺 finished_at 的视为最旧）及其历史与指令，
+        """删除最旧的终态任务（按 finished_at；缺 finished_at 的视为最旧）及其历史、指令与日志，
         只保留最新 keep_terminal 个。
 
         绝不删除非终态任务。返回删除的任务数。keep_terminal 为负 → ConfigurationError。
@@ -231,8 +258,8 @@ class TaskStore(ABC):
 
         * 迁移记录按键删。
         * 指令按 id 删，但只删已完成的、或者属于回执里被整体删掉的任务的——还在等待执行的指令不能丢。
-        * 任务（快照）只在它仍是终态、``status_version`` 与回执一致、并且删完回执里的行之后不再有任何
-          迁移记录与指令时才删：否则会留下孤儿行，或者删掉一个归档之后又变化了的任务。
+        * 任务（快照，连同它的日志行：日志不归档）只在它仍是终态、``status_version`` 与回执一致、
+          并且删完回执里的行之后不再有任何迁移记录与指令时才删：否则会留下孤儿行，或者删掉一个归档之后又变化了的任务。
         * SQL 后端分成短事务（每批几百行）执行：写穿的监督进程不会被长时间挡在写锁外。
         参数不是 ArchiveReceipt → ConfigurationError。返回实际删掉的行数。
         """

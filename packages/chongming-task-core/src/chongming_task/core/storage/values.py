@@ -481,18 +481,123 @@ def lease_held_message(task_id: str, lease_until: datetime | None) -> str:
     )
 
 
+# -- 任务日志（issue 18；存储指南 §11）-------------------------------------------------------------
+
+MAX_LOG_LINES = 1000
+"""每个任务最多保留多少行日志：超出时丢最旧的（计数可由 ``log_stats`` 读出）。日志是排障辅助，不是审计
+轨迹：一个刷屏的任务不能把存储撑爆，也不能让 ``logs`` 一次读出几百万行。"""
+
+MAX_LOG_MESSAGE_BYTES = 4096
+"""一行日志正文的上限（UTF-8 字节，含截断标记）。"""
+
+LOG_TRUNCATED_MARKER = "…[已截断]"
+"""超长正文被截断时追加在末尾的标记（``truncated`` 同时为 True，读者不必解析文本）。"""
+
+
+def bound_log_message(message: str) -> tuple[str, bool]:
+    """把正文限制在 ``MAX_LOG_MESSAGE_BYTES`` 字节内：(正文, 是否截断)。按字符截，不会切坏多字节字符。"""
+    encoded = message.encode("utf-8", "surrogatepass")
+    if len(encoded) <= MAX_LOG_MESSAGE_BYTES:
+        return message, False
+    room = MAX_LOG_MESSAGE_BYTES - len(LOG_TRUNCATED_MARKER.encode("utf-8"))
+    # errors="ignore" 丢掉被切断的半个多字节字符，保证结果仍是合法 UTF-8 且不超限。
+    head = encoded[:room].decode("utf-8", "ignore")
+    return head + LOG_TRUNCATED_MARKER, True
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """任务的一行日志（``ctx.log`` 写出的那一行）。
+
+    * ``seq`` 由存储按任务分配（从 1 起、严格递增、不复用），写入时传的值被忽略（习惯上传 0）：
+      ``logs --follow`` 按 ``after_seq`` 续读，写入方有几个、换没换节点都不会重号或乱序。
+    * ``attempt`` 是写这行时的第几次尝试（重试后仍可按尝试读取）。
+    * 构造时就把正文限制在 4 KB（``bound_log_message``）：每个后端存下的都是同一份文本。
+    * ``level`` 是 stdlib logging 的级别名（``INFO``、``WARNING``……），非空、不超过 16 个字符。
+    """
+
+    task_id: str
+    attempt: int
+    at: datetime
+    level: str
+    message: str
+    seq: int = 0
+    truncated: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.task_id, str) or not self.task_id:
+            raise ConfigurationError(f"LogLine.task_id 必须是非空字符串，收到 {self.task_id!r}")
+        for name in ("attempt", "seq"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+                raise ConfigurationError(f"LogLine.{name} 必须是非负整数，收到 {value!r}")
+        check_aware("LogLine.at", self.at, required=True)
+        if not isinstance(self.level, str) or not 0 < len(self.level) <= 16:
+            raise ConfigurationError(
+                f"LogLine.level 必须是 1..16 个字符的级别名（如 INFO），收到 {self.level!r}"
+            )
+        if not isinstance(self.message, str):
+            raise ConfigurationError(f"LogLine.message 必须是字符串，收到 {type(self.message).__name__}")
+        if not isinstance(self.truncated, bool):
+            raise ConfigurationError(f"LogLine.truncated 必须是 bool，收到 {self.truncated!r}")
+        message, cut = bound_log_message(self.message)
+        if cut:
+            object.__setattr__(self, "message", message)
+            object.__setattr__(self, "truncated", True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "attempt": self.attempt,
+            "seq": self.seq,
+            "at": self.at.isoformat(timespec="microseconds"),
+            "level": self.level,
+            "message": self.message,
+            "truncated": self.truncated,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LogLine:
+        """``to_dict()`` 的逆运算（给以 JSON 保存日志的后端用）。"""
+        return cls(
+            task_id=data["task_id"],
+            attempt=int(data["attempt"]),
+            seq=int(data["seq"]),
+            at=datetime.fromisoformat(data["at"]),
+            level=data["level"],
+            message=data["message"],
+            truncated=bool(data.get("truncated", False)),
+        )
+
+
+@dataclass(frozen=True)
+class LogStats:
+    """某任务的日志计数：``kept`` 仍保存的行数、``dropped`` 因超出上限被丢掉的最旧行数、``last_seq``
+    最后分配的序号（没有日志为 0）。序号连续且只丢最旧的，所以 ``dropped == last_seq - kept``。"""
+
+    kept: int = 0
+    dropped: int = 0
+    last_seq: int = 0
+
+
 __all__ = [
+    "LOG_TRUNCATED_MARKER",
+    "MAX_LOG_LINES",
+    "MAX_LOG_MESSAGE_BYTES",
     "SIDE_CHANNEL_FIELDS",
     "ArchiveDeleted",
     "ArchiveReceipt",
     "ArchivedTask",
     "Command",
     "CommandAction",
+    "LogLine",
+    "LogStats",
     "NodeRecord",
     "QueryOrder",
     "TaskQuery",
     "TaskStats",
     "as_query",
+    "bound_log_message",
     "count_buckets",
     "lease_held_message",
     "lease_is_held",

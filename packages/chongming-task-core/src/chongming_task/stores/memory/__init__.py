@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import json
@@ -32,11 +33,14 @@ from chongming_task.core.storage import checks
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.retention import archivable_prefix
 from chongming_task.core.storage.values import (
+    MAX_LOG_LINES,
     ArchiveDeleted,
     ArchivedTask,
     ArchiveReceipt,
     Command,
     CommandAction,
+    LogLine,
+    LogStats,
     NodeRecord,
     QueryOrder,
     TaskQuery,
@@ -88,12 +92,16 @@ def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
 class _Row:
     """一个任务的全部存储状态。snapshot 里的 outcome 只在 outcome_text 为 None 时有效。"""
 
-    __slots__ = ("history", "outcome_text", "snapshot")
+    __slots__ = ("history", "log_seq", "logs", "outcome_text", "snapshot")
 
     def __init__(self, snapshot: TaskSnapshot, outcome_text: str | None) -> None:
         self.snapshot = snapshot
         self.outcome_text = outcome_text
         self.history: dict[int, Transition] = {}
+        # 日志挂在任务行上：删掉任务（prune / delete_archived）就连同日志一起删掉，不会留下孤儿。
+        # LogLine 是冻结的、字段全不可变，可以直接共享给读者。
+        self.logs: collections.deque[LogLine] = collections.deque(maxlen=MAX_LOG_LINES)
+        self.log_seq = 0
 
 
 class _CommandRow:
@@ -491,6 +499,49 @@ class InMemoryTaskStore(TaskStore):
         with self._lock:
             self._check_open()
             return self._nodes.pop(owner, None) is not None
+
+    # -- task logs (issue 18) -----------------------------------------------------------------------
+
+    def append_logs(self, lines: Sequence[LogLine]) -> None:
+        batch = checks.append_logs_args(lines)
+        with self._lock:
+            self._check_open()
+            for line in batch:
+                row = self._rows.get(line.task_id)
+                if row is None:
+                    continue  # 任务已不在（例如刚被 prune）：跳过，见契约
+                row.log_seq += 1
+                # deque(maxlen) 在满时自动丢最旧的一行：丢掉的行数 = log_seq - len(logs)。
+                row.logs.append(dataclasses.replace(line, seq=row.log_seq))
+
+    def read_logs(
+        self, task_id: str, *, attempt: int | None = None, after_seq: int | None = None, limit: int = 1000
+    ) -> list[LogLine]:
+        checks.read_logs_args(task_id, attempt, after_seq, limit)
+        with self._lock:
+            self._check_open()
+            row = self._rows.get(task_id)
+            if row is None:
+                return []
+            picked: list[LogLine] = []
+            for line in row.logs:
+                if after_seq is not None and line.seq <= after_seq:
+                    continue
+                if attempt is not None and line.attempt != attempt:
+                    continue
+                picked.append(line)
+                if len(picked) >= limit:
+                    break
+            return picked
+
+    def log_stats(self, task_id: str) -> LogStats:
+        checks.check_key("task_id", task_id)
+        with self._lock:
+            self._check_open()
+            row = self._rows.get(task_id)
+            if row is None:
+                return LogStats()
+            return LogStats(kept=len(row.logs), dropped=row.log_seq - len(row.logs), last_seq=row.log_seq)
 
     # -- upkeep -------------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from chongming_task.core.storage.retention import archivable_prefix
 from chongming_task.core.storage.values import ArchiveDeleted, ArchivedTask, ArchiveReceipt
 from chongming_task.models import Transition
 from chongming_task.states import TERMINAL_STATUSES
-from chongming_task.stores.postgres import _schema
+from chongming_task.stores.postgres import _logs, _schema
 from chongming_task.stores.postgres._codec import (
     COMMAND_COLUMNS,
     TRANSITION_COLUMNS,
@@ -44,6 +44,7 @@ class PostgresTaskStore(Protocol):
     """本模块用到的存储管道（写成协议而不是导入 store.py：两个模块之间不能有导入环）。"""
 
     _archive_sql: ArchiveSql
+    _schema: str
 
     def _read(self, fn: Callable[[Any], _T]) -> _T: ...
 
@@ -163,9 +164,11 @@ def delete_archived(store: PostgresTaskStore, receipt: ArchiveReceipt) -> Archiv
     listed = frozenset(ids)
     tasks = receipt.tasks
     step = DELETE_CHUNK // 10
+    logs = _logs.LogSql(_schema.quote_ident(store._schema))
     for i in range(0, len(tasks), step):
         with store._connection() as conn:
             removed = commands = 0
+            with_logs = _logs.has_table(conn, logs)  # 第 1 版旧 schema 可能还没有日志表
             for task_id, version in tasks[i : i + step]:
                 if conn.execute(sql.lock_task, [task_id, version, _TERMINAL]).fetchone() is None:
                     continue  # 不在了（重放），或者导出之后又变了：快照留下
@@ -175,6 +178,8 @@ def delete_archived(store: PostgresTaskStore, receipt: ArchiveReceipt) -> Archiv
                 if not listed.issuperset(r[0] for r in conn.execute(sql.command_ids, [task_id]).fetchall()):
                     continue  # 还有没归档的指令
                 commands += conn.execute(sql.drop_task_commands, [task_id]).rowcount
+                if with_logs:
+                    conn.execute(logs.drop_task, [task_id])  # 日志不归档，随任务删
                 removed += conn.execute(sql.drop_task, [task_id]).rowcount
             total += ArchiveDeleted(tasks=removed, commands=commands)
     return total

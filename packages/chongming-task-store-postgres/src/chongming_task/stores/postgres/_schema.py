@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from chongming_task.core.storage.values import CommandAction
 from chongming_task.states import TERMINAL_STATUSES, TaskStatus
-from chongming_task.stores.postgres import _codec
+from chongming_task.stores.postgres import _codec, _logs
 from chongming_task.stores.postgres._codec import _in_list
 
 SCHEMA_VERSION = 1
@@ -119,6 +119,7 @@ def ddl_statements(schema: str) -> list[str]:
     WHERE completed_at IS NULL""",
         f"CREATE INDEX IF NOT EXISTS commands_task_idx ON {s}.commands (task_id)",
         *node_ddl_statements(schema),
+        *_logs.ddl_statements(s),
         f"""INSERT INTO {s}.schema_version (singleton, version) VALUES (true, {SCHEMA_VERSION})
     ON CONFLICT (singleton) DO NOTHING""",
     ]

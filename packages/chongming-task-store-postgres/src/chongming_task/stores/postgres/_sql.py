@@ -140,6 +140,11 @@ class Sql:
             f"dt AS (DELETE FROM {s}.tasks WHERE task_id IN (SELECT task_id FROM victims) RETURNING 1) "
             "SELECT count(*) FROM dt"
         )
+        # 有日志表时（见 _logs）在同一条语句里连同日志一起删；第 1 版旧 schema 可能还没有这张表。
+        self.prune_with_logs = self.prune.replace(
+            "dt AS (",
+            f"dl AS (DELETE FROM {s}.task_logs WHERE task_id IN (SELECT task_id FROM victims)), dt AS (",
+        )
         node_cols = _cols(NODE_COLUMNS)
         node_values = ", ".join(expr for _, expr in _values(NODES))
         # ON CONFLICT DO UPDATE 在并发下也不会撞唯一约束：同一 owner 的并发发布按提交先后覆盖。

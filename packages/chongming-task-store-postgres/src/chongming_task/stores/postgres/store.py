@@ -37,6 +37,8 @@ from chongming_task.core.storage.values import (
     ArchiveReceipt,
     Command,
     CommandAction,
+    LogLine,
+    LogStats,
     NodeRecord,
     QueryOrder,
     TaskQuery,
@@ -53,7 +55,7 @@ from chongming_task.errors import (
 )
 from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.states import TERMINAL_STATUSES, TaskStatus
-from chongming_task.stores.postgres import _archive, _schema, _sql
+from chongming_task.stores.postgres import _archive, _logs, _schema, _sql
 from chongming_task.stores.postgres._codec import (
     check_text,
     command_from_row,
@@ -340,6 +342,7 @@ class PostgresTaskStore(TaskStore):
         self._display = redact(dsn)
         self._channel = channel_for(self._schema)
         self._sql = _sql.Sql(self._schema)
+        self._log_sql = _logs.LogSql(self._sql.s)
         self._archive_sql = _archive.ArchiveSql(self._schema, self._sql.task_cols)
         self._closed = False
         self._close_lock = threading.Lock()
@@ -518,6 +521,12 @@ class PostgresTaskStore(TaskStore):
                     and not self._has_nodes_table(conn)
                 ):
                     self._add_nodes_table(conn)
+                if (
+                    version == _schema.SCHEMA_VERSION
+                    and self._create_schema != "never"
+                    and not _logs.has_table(conn, self._log_sql)
+                ):
+                    self._add_logs_table(conn)
             except pg_errors.InsufficientPrivilege as exc:
                 raise self._privilege_error(conn, exc) from exc
             except psycopg.Error as exc:
@@ -594,6 +603,26 @@ class PostgresTaskStore(TaskStore):
             logger.warning(
                 "schema %r 里没有节点表 nodes，而角色 %r 没有建表权限：任务读写照常，"
                 "publish_node / list_nodes / remove_node 不可用，直到有权限的账号补建它",
+                self._schema,
+                conn.info.user,
+            )
+
+    def _add_logs_table(self, conn: Conn) -> None:
+        """给日志表加入之前建的 schema 补建日志表（咨询锁下；没有建表权限时只告警：日志写入会失败并按
+        旁路写入失败处理，任务照常运行）。只读打开从不走到这里。"""
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    ["chongming_task.ddl:" + self._schema],
+                )
+                if not _logs.has_table(conn, self._log_sql):
+                    for statement in _logs.ddl_statements(self._sql.s):
+                        conn.execute(statement)
+        except pg_errors.InsufficientPrivilege:
+            logger.warning(
+                "schema %r 里没有任务日志表 task_logs，而角色 %r 没有建表权限：任务读写照常，"
+                "任务日志不会持久化，直到有权限的账号执行 chongming-task schema-sql 里的 task_logs 建表语句",
                 self._schema,
                 conn.info.user,
             )
@@ -1137,13 +1166,27 @@ class PostgresTaskStore(TaskStore):
         except StoreError as exc:
             raise self._membership_error(exc) from exc.__cause__
 
+    # -- task logs (issue 18；实现在 _logs.py) ------------------------------------------------------
+
+    def append_logs(self, lines: Sequence[LogLine]) -> None:
+        _logs.append_logs(self, self._log_sql, lines)
+
+    def read_logs(
+        self, task_id: str, *, attempt: int | None = None, after_seq: int | None = None, limit: int = 1000
+    ) -> list[LogLine]:
+        return _logs.read_logs(self, self._log_sql, task_id, attempt, after_seq, limit)
+
+    def log_stats(self, task_id: str) -> LogStats:
+        return _logs.log_stats(self, self._log_sql, task_id)
+
     # -- upkeep ---------------------------------------------------------------------------------------
 
     def prune(self, keep_terminal: int) -> int:
         checks.check_count("keep_terminal", keep_terminal)
         params = {"terminal": _TERMINAL, "keep": keep_terminal}
         with self._connection() as conn:
-            row = conn.execute(self._sql.prune, params).fetchone()
+            statement = self._sql.prune_with_logs if _logs.has_table(conn, self._log_sql) else self._sql.prune
+            row = conn.execute(statement, params).fetchone()
         return 0 if row is None else int(row[0])
 
     # -- retention: archive-then-delete (issue 20；实现在 _archive.py) --------------------------------

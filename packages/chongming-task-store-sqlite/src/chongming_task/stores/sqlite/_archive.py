@@ -31,8 +31,8 @@ from chongming_task.core.storage.retention import archivable_prefix
 from chongming_task.core.storage.values import ArchiveDeleted, ArchivedTask, ArchiveReceipt
 from chongming_task.models import Transition
 from chongming_task.stores.sqlite import _codec as codec
+from chongming_task.stores.sqlite import _logs, _sql
 from chongming_task.stores.sqlite import _schema as schema
-from chongming_task.stores.sqlite import _sql
 
 _T = TypeVar("_T")
 
@@ -160,6 +160,7 @@ def delete_archived(store: SqliteTaskStore, receipt: ArchiveReceipt) -> ArchiveD
                     continue  # 还有没归档的指令
                 commands += conn.execute("DELETE FROM commands WHERE task_id = ?", (task_id,)).rowcount
                 conn.execute("DELETE FROM task_tags WHERE task_id = ?", (task_id,))
+                _logs.delete_for(conn, [(task_id,)])  # 日志不归档，随任务删
                 tasks += conn.execute("DELETE FROM tasks WHERE task_id = ?", (task_id,)).rowcount
             return ArchiveDeleted(tasks=tasks, commands=commands)
 

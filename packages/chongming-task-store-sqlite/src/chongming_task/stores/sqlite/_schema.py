@@ -4,7 +4,7 @@
 
 * 表不存在 → 新库，建表并写入 ``SCHEMA_VERSION``；
 * 版本等于 ``SCHEMA_VERSION`` 且表都在 → 直接用（只读检查，不抢写锁，多进程同时打开不互相阻塞）；
-  版本相同但缺表（节点表加入之前建的文件）→ 在写事务里补建缺的表；
+  版本相同但缺表（节点表、日志表加入之前建的文件）→ 在写事务里补建缺的表（只读打开不补建）；
 * 版本更高 → 文件是更新的包写的，拒绝打开并提示升级——旧代码按旧结构写入会悄悄损坏新数据；
 * 版本更低 → 依次执行 ``MIGRATIONS``（目前只有第 1 版，尚无迁移）。
 
@@ -56,7 +56,30 @@ _DDL_NODES: tuple[str, ...] = (
     """,
 )
 
-_REQUIRED_TABLES = frozenset({"schema_version", "tasks", "task_tags", "transitions", "commands", "nodes"})
+# 任务日志表（issue 18）同样是后补的：旧文件里没有就在下一次可写打开时补建（IF NOT EXISTS，不升版本号——
+# 升版本号会让还在跑旧包的节点拒绝打开文件，而旧包根本不碰这张表）。只读打开绝不补建：读方法把缺表
+# 当作"没有日志"。(task_id, seq) 主键：按任务聚簇，续读（seq > ?）沿主键走；seq 的分配见 ``_logs``。
+_DDL_LOGS: tuple[str, ...] = (
+    """
+    CREATE TABLE IF NOT EXISTS task_logs (
+        task_id   TEXT NOT NULL,
+        seq       INTEGER NOT NULL,
+        attempt   INTEGER NOT NULL,
+        at        TEXT NOT NULL,
+        level     TEXT NOT NULL,
+        message   TEXT NOT NULL,
+        truncated INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (task_id, seq)
+    ) WITHOUT ROWID
+    """,
+)
+
+_LATER_TABLES: tuple[str, ...] = (*_DDL_NODES, *_DDL_LOGS)
+"""第 1 版之后补进来的表：打开可写的旧文件时补建（见 ``create_or_migrate``）。"""
+
+_REQUIRED_TABLES = frozenset(
+    {"schema_version", "tasks", "task_tags", "transitions", "commands", "nodes", "task_logs"}
+)
 
 _DDL_V1: tuple[str, ...] = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
@@ -120,7 +143,7 @@ _DDL_V1: tuple[str, ...] = (
     # 部分索引只收未完成的指令：已完成的越积越多，也不拖慢轮询。
     "CREATE INDEX IF NOT EXISTS commands_pending ON commands (seq) WHERE completed_at IS NULL",
     "CREATE INDEX IF NOT EXISTS commands_by_task ON commands (task_id)",
-    *_DDL_NODES,
+    *_LATER_TABLES,
 )
 
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
@@ -184,8 +207,8 @@ def create_or_migrate(conn: sqlite3.Connection, where: str) -> None:
         MIGRATIONS[version](conn)
         version += 1
         conn.execute("UPDATE schema_version SET version = ?", (version,))
-    # 同一版本内后补的表（全是 IF NOT EXISTS，已有就是空操作）。
-    for statement in _DDL_NODES:
+    # 同一版本内后补的表（节点表、日志表；全是 IF NOT EXISTS，已有就是空操作）。
+    for statement in _LATER_TABLES:
         conn.execute(statement)
 
 

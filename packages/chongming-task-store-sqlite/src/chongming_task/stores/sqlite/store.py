@@ -24,6 +24,8 @@ from chongming_task.core.storage.values import (
     ArchiveReceipt,
     Command,
     CommandAction,
+    LogLine,
+    LogStats,
     NodeRecord,
     QueryOrder,
     TaskQuery,
@@ -40,7 +42,7 @@ from chongming_task.errors import (
 )
 from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
-from chongming_task.stores.sqlite import _archive, _sql
+from chongming_task.stores.sqlite import _archive, _logs, _sql
 from chongming_task.stores.sqlite import _codec as codec
 from chongming_task.stores.sqlite import _schema as schema
 
@@ -782,6 +784,19 @@ class SqliteTaskStore(TaskStore):
             "none",
         )
 
+    # -- task logs (issue 18；实现在 _logs.py) ------------------------------------------------------
+
+    def append_logs(self, lines: Sequence[LogLine]) -> None:
+        _logs.append_logs(self, lines)
+
+    def read_logs(
+        self, task_id: str, *, attempt: int | None = None, after_seq: int | None = None, limit: int = 1000
+    ) -> list[LogLine]:
+        return _logs.read_logs(self, task_id, attempt, after_seq, limit)
+
+    def log_stats(self, task_id: str) -> LogStats:
+        return _logs.log_stats(self, task_id)
+
     # -- upkeep -------------------------------------------------------------------------------------
 
     def prune(self, keep_terminal: int) -> int:
@@ -802,6 +817,7 @@ class SqliteTaskStore(TaskStore):
             ).fetchall()
             for table in ("tasks", "transitions", "task_tags", "commands"):
                 conn.executemany(f"DELETE FROM {table} WHERE task_id = ?", doomed)
+            _logs.delete_for(conn, doomed)
             return len(doomed)
 
         return self._run("prune", tx)

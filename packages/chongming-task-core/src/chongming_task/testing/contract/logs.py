@@ -1,0 +1,170 @@
+"""契约用例：任务日志（append_logs / read_logs / log_stats，issue 18；存储指南 §11）。
+
+``logs --follow`` 靠"按 seq 续读不丢、不重、不乱序"工作；这里检查的就是它赖以成立的存储语义：
+存储分配的序号、每任务的行数上限（丢最旧的并计数）、4 KB 截断、随任务一起删除。
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from chongming_task.core.storage.values import (
+    LOG_TRUNCATED_MARKER,
+    MAX_LOG_LINES,
+    MAX_LOG_MESSAGE_BYTES,
+    ArchiveReceipt,
+    LogLine,
+    LogStats,
+)
+from chongming_task.errors import ConfigurationError
+from chongming_task.storage import TaskStore
+from chongming_task.testing.contract._base import T0, TZ_SHANGHAI, ContractBase, S, snap, walk
+
+
+def line(
+    task_id: str, message: str, *, attempt: int = 1, level: str = "INFO", at: datetime | None = None
+) -> LogLine:
+    return LogLine(task_id=task_id, attempt=attempt, at=at or T0, level=level, message=message)
+
+
+class LogCases(ContractBase):
+    """任务日志。"""
+
+    def _task(self, store: TaskStore, task_id: str) -> None:
+        store.create(snap(task_id))
+
+    def test_append_and_read_logs_round_trip_in_order(self) -> None:
+        store = self.open_store()
+        self._task(store, "t")
+        at = datetime(2026, 3, 1, 9, 15, 30, 123457, tzinfo=TZ_SHANGHAI)
+        lines = [
+            line("t", '第一行：含 "引号"、\\ 反斜杠、\n 换行', at=at),
+            line("t", "second", level="WARNING", at=at + timedelta(microseconds=1)),
+            line("t", "third", level="ERROR", attempt=2),
+        ]
+        self.assertIsNone(store.append_logs(lines))
+        got = store.read_logs("t")
+        self.assertEqual([g.seq for g in got], [1, 2, 3], "seq 由存储按任务从 1 起分配")
+        for want, have in zip(lines, got, strict=True):
+            self.assertIsInstance(have, LogLine)
+            self.assertEqual(
+                (have.task_id, have.attempt, have.level, have.message, have.truncated),
+                (want.task_id, want.attempt, want.level, want.message, False),
+            )
+            self.assertEqual(have.at, want.at)
+            self.assertEqual(have.at.utcoffset(), want.at.utcoffset(), "at 的时区偏移必须原样往返")
+        self.assertEqual(got[0].at.microsecond, 123457)
+
+    def test_seq_continues_across_batches_and_ignores_given_seq(self) -> None:
+        store = self.open_store()
+        self._task(store, "a")
+        self._task(store, "b")
+        store.append_logs([line("a", "a1"), line("b", "b1"), line("a", "a2")])
+        store.append_logs([LogLine(task_id="a", attempt=1, at=T0, level="INFO", message="a3", seq=99)])
+        self.assertEqual(
+            [(g.seq, g.message) for g in store.read_logs("a")], [(1, "a1"), (2, "a2"), (3, "a3")]
+        )
+        self.assertEqual(
+            [(g.seq, g.message) for g in store.read_logs("b")], [(1, "b1")], "序号按任务各自分配"
+        )
+        store.append_logs([])  # 空批是空操作
+        self.assertEqual(store.log_stats("a"), LogStats(kept=3, dropped=0, last_seq=3))
+
+    def test_read_logs_filters_by_attempt_after_seq_and_limit(self) -> None:
+        store = self.open_store()
+        self._task(store, "t")
+        store.append_logs([line("t", f"m{i}", attempt=1 + i % 2) for i in range(10)])
+        self.assertEqual([g.seq for g in store.read_logs("t", after_seq=7)], [8, 9, 10])
+        self.assertEqual([g.seq for g in store.read_logs("t", limit=3)], [1, 2, 3])
+        self.assertEqual([g.seq for g in store.read_logs("t", after_seq=2, limit=2)], [3, 4])
+        second = store.read_logs("t", attempt=2)
+        self.assertEqual([g.message for g in second], [f"m{i}" for i in range(1, 10, 2)])
+        self.assertEqual([g.seq for g in store.read_logs("t", attempt=1, after_seq=5)], [7, 9])
+        self.assertEqual(store.read_logs("t", after_seq=10), [])
+        self.assertEqual(store.read_logs("t", attempt=3), [])
+
+    def test_logs_of_unknown_task_are_skipped_and_read_empty(self) -> None:
+        store = self.open_store()
+        self._task(store, "t")
+        store.append_logs([line("ghost", "lost"), line("t", "kept")])
+        self.assertEqual([g.message for g in store.read_logs("t")], ["kept"], "别的任务的行照常写入")
+        self.assertEqual(store.read_logs("ghost"), [])
+        self.assertEqual(store.log_stats("ghost"), LogStats())
+
+    def test_logs_are_bounded_per_task_oldest_dropped_and_counted(self) -> None:
+        store = self.open_store()
+        self._task(store, "t")
+        self._task(store, "quiet")
+        total = MAX_LOG_LINES + 5
+        store.append_logs([line("t", f"line {i}") for i in range(1, total - 1)])
+        store.append_logs(
+            [line("t", f"line {i}") for i in range(total - 1, total + 1)] + [line("quiet", "x")]
+        )
+        stats = store.log_stats("t")
+        self.assertEqual(stats, LogStats(kept=MAX_LOG_LINES, dropped=5, last_seq=total))
+        got = store.read_logs("t", limit=MAX_LOG_LINES)
+        self.assertEqual(len(got), MAX_LOG_LINES)
+        self.assertEqual(got[0].seq, 6, "丢掉的是最旧的行")
+        self.assertEqual(got[0].message, "line 6")
+        self.assertEqual(got[-1].message, f"line {total}")
+        self.assertEqual(store.log_stats("quiet"), LogStats(kept=1, dropped=0, last_seq=1), "上限按任务计")
+
+    def test_long_messages_are_truncated_with_a_marker(self) -> None:
+        store = self.open_store()
+        self._task(store, "t")
+        long = "日志" * 3000  # 18000 字节
+        exact = "x" * MAX_LOG_MESSAGE_BYTES
+        store.append_logs([line("t", long), line("t", exact)])
+        cut, whole = store.read_logs("t")
+        self.assertTrue(cut.truncated)
+        self.assertTrue(cut.message.endswith(LOG_TRUNCATED_MARKER))
+        self.assertLessEqual(len(cut.message.encode("utf-8")), MAX_LOG_MESSAGE_BYTES)
+        self.assertTrue(long.startswith(cut.message[: -len(LOG_TRUNCATED_MARKER)]))
+        self.assertFalse(whole.truncated, "正好 4 KB 的正文不截断")
+        self.assertEqual(whole.message, exact)
+
+    def test_prune_deletes_logs_with_the_task(self) -> None:
+        store = self.open_store()
+        done, records = walk(snap("done", finished_at=T0), S.QUEUED, S.RUNNING, S.SUCCEEDED)
+        store.create(done, records)
+        self._task(store, "live")
+        store.append_logs([line("done", "bye"), line("live", "hi")])
+        self.assertEqual(store.prune(keep_terminal=0), 1)
+        self.assertEqual(store.read_logs("done"), [])
+        self.assertEqual(store.log_stats("done"), LogStats(), "被删任务的日志计数也要清掉")
+        self.assertEqual([g.message for g in store.read_logs("live")], ["hi"])
+        # 同名任务重新建出来，序号从 1 重新开始：不会接上被删任务的旧行。
+        store.create(snap("done"))
+        store.append_logs([line("done", "again")])
+        self.assertEqual([(g.seq, g.message) for g in store.read_logs("done")], [(1, "again")])
+
+    def test_delete_archived_deletes_logs_with_the_task(self) -> None:
+        store = self.open_store()
+        done, records = walk(snap("done", finished_at=T0), S.QUEUED, S.RUNNING, S.SUCCEEDED)
+        store.create(done, records)
+        store.append_logs([line("done", "bye")])
+        exported = store.export_finished(T0 + timedelta(days=1))
+        self.assertEqual([item.snapshot.task_id for item in exported], ["done"])
+        store.delete_archived(ArchiveReceipt.of(tasks=exported))
+        self.assertIsNone(store.get("done"))
+        self.assertEqual(store.read_logs("done"), [])
+        self.assertEqual(store.log_stats("done"), LogStats())
+
+    def test_log_arguments_are_checked(self) -> None:
+        store = self.open_store()
+        self._task(store, "t")
+        for bad in (line("t", "x"), "text", [{"task_id": "t"}], None):
+            with self.assertRaises(ConfigurationError, msg=f"append_logs({bad!r})"):
+                store.append_logs(bad)  # type: ignore[arg-type]
+        with self.assertRaises(ConfigurationError):
+            store.append_logs([line("t", "ok"), line("t", "含 NUL\x00")])
+        self.assertEqual(store.read_logs("t"), [], "整批不写")
+        for kwargs in ({"attempt": -1}, {"after_seq": "3"}, {"limit": 0}, {"limit": True}):
+            with self.assertRaises(ConfigurationError, msg=f"read_logs({kwargs})"):
+                store.read_logs("t", **kwargs)
+        with self.assertRaises(ConfigurationError):
+            store.read_logs(["t"])  # type: ignore[arg-type]
+        with self.assertRaises(ConfigurationError):
+            LogLine(task_id="t", attempt=1, at=datetime(2026, 1, 1), level="INFO", message="naive")
+        with self.assertRaises(ConfigurationError):
+            LogLine(task_id="t", attempt=1, at=T0, level="", message="x")

@@ -1,0 +1,120 @@
+"""把任务的 ``ctx.log`` 行按旁路节奏批量写进存储（issue 18；用户指南 §15）。
+
+``LogSink`` 是 Controller 的存储链接持有的一个缓冲：
+
+* ``add`` 在任务线程里调用（``ctx.log`` 之后，经 TaskRun 的事件转发；进程执行器的行在父进程里转发），
+  只在一把叶子锁下往 deque 里追加一个元组——不碰任务锁、不碰存储，常数时间。
+* ``flush`` 由后台循环按 ``side_channel_interval`` 调用，也在每次尝试结束、落终态之前由工作线程调用一次
+  （任务锁之外）：这样一次尝试的全部日志行都先于它的终态写进存储，``logs --follow`` 看到终态后再读
+  一次就不会漏行。两个调用方可能同时 flush：``_flush_lock`` 让它们排队，否则同一任务的两批行可能以
+  相反的顺序落库（序号由存储按写入先后分配）。
+* 存储失败绝不让任务失败：记进 ``persist_failures``（与旁路回写同一条路径，含事件钩子与指标），这批行
+  放回缓冲下次再写。缓冲有上限（``MAX_PENDING_LINES``）：存储长时间不可用时丢最旧的并计数，进程内存
+  不会因为一个刷屏的任务而无限增长。
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+
+from chongming_task.context import LogEntry
+from chongming_task.errors import ConfigurationError, TaskError
+from chongming_task.storage import LogLine, TaskStore
+
+logger = logging.getLogger("chongming_task.controller")
+
+MAX_PENDING_LINES = 10_000
+"""缓冲里最多积压多少行（存储不可用时）。超出丢最旧的。"""
+
+MAX_BATCH_LINES = 2_000
+"""一次 append_logs 最多写多少行：单个事务保持短小，积压时分几批写完。"""
+
+
+class LogSink:
+    """一个 Controller 的日志缓冲（见模块说明）。线程安全。"""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        *,
+        on_failure: Callable[[str, str, BaseException], None],
+        max_pending: int = MAX_PENDING_LINES,
+    ) -> None:
+        self._store = store
+        self._on_failure = on_failure
+        self._max_pending = max_pending
+        self._lock = threading.Lock()  # 叶子锁：只护着 _pending / dropped
+        self._flush_lock = threading.Lock()  # 串行化 flush，保证同一任务的行按产生的顺序落库
+        self._pending: collections.deque[tuple[str, LogEntry]] = collections.deque()
+        self.dropped = 0
+        """因积压超限而丢掉、从未写进存储的行数（累计）。"""
+
+    def add(self, task_id: str, entry: LogEntry) -> None:
+        with self._lock:
+            self._pending.append((task_id, entry))
+            overflow = len(self._pending) - self._max_pending
+            if overflow > 0:
+                for _ in range(overflow):
+                    self._pending.popleft()
+                first = self.dropped == 0
+                self.dropped += overflow
+        if overflow > 0 and first:
+            logger.warning(
+                "任务日志积压超过 %d 行（存储写不进去？），开始丢弃最旧的行；任务照常运行", self._max_pending
+            )
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def flush(self) -> None:
+        """把积压的行写进存储（分批）。失败时记一次 persist failure，这批放回缓冲，下次再写。"""
+        with self._flush_lock:
+            while True:
+                with self._lock:
+                    if not self._pending:
+                        return
+                    count = min(len(self._pending), MAX_BATCH_LINES)
+                    batch = [self._pending.popleft() for _ in range(count)]
+                try:
+                    self._store.append_logs([_line(task_id, entry) for task_id, entry in batch])
+                except ConfigurationError as exc:
+                    # 参数错误重试也不会好（_line 已把存不下的字符转义，到这里说明是后端自己的限制）：
+                    # 丢掉这批并计数，绝不让一行坏日志堵住后面所有的行。
+                    with self._lock:
+                        self.dropped += len(batch)
+                    self._on_failure(batch[0][0], f"append_logs×{len(batch)}", exc)
+                    continue
+                except TaskError as exc:
+                    with self._lock:
+                        # 放回队首（保持顺序）；放不下的最旧行丢掉并计数。
+                        room = max(0, self._max_pending - len(self._pending))
+                        keep = batch[-room:] if room else []
+                        self.dropped += len(batch) - len(keep)
+                        self._pending.extendleft(reversed(keep))
+                    self._on_failure(batch[0][0], f"append_logs×{len(batch)}", exc)
+                    return
+                if count < MAX_BATCH_LINES:
+                    return
+
+
+def _line(task_id: str, entry: LogEntry) -> LogLine:
+    message = entry.message
+    if "\x00" in message or not message.isascii():
+        # 存储存不下 NUL 与孤立代理项（契约要求整批拒绝）：转义成可见的文本，而不是让整批写不进去。
+        message = message.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    # 级别名来自 logging.getLevelName：自定义的数字级别是 "Level 25"，截到 16 个字符以内。
+    return LogLine(
+        task_id=task_id,
+        attempt=entry.attempt,
+        at=entry.at,
+        level=entry.level_name[:16] or "NOTSET",
+        message=message,
+    )
+
+
+__all__ = ["MAX_BATCH_LINES", "MAX_PENDING_LINES", "LogSink"]

@@ -1,0 +1,114 @@
+"""任务日志持久化（issue 18；用户指南 §15）：存储后端的 Controller 把 ctx.log 的行写进存储。"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from chongming_runtime_test_tasks import chatty
+
+from chongming_task import Controller, FixedBackoff, RetryPolicy
+from chongming_task.errors import StoreError
+from chongming_task.runtime.executors import ProcessExecutor
+from chongming_task.stores.memory import InMemoryTaskStore
+
+
+def test_every_line_is_in_the_store_when_wait_returns() -> None:
+    store = InMemoryTaskStore()
+    # 旁路间隔拉长：行能及时落库靠的是"尝试结束、落终态之前 flush"，而不是后台循环碰巧先到。
+    with Controller(store=store, side_channel_interval=60.0) as controller:
+        controller.register("chatty", chatty)
+        assert controller.submit("chatty", 50, task_id="t").wait(timeout=10).ok
+        lines = store.read_logs("t")
+    assert [line.message for line in lines] == [f"第 {i} 行（尝试 1）" for i in range(1, 51)]
+    assert [line.seq for line in lines] == list(range(1, 51))
+    assert {line.level for line in lines} == {"INFO"}
+    assert all(line.attempt == 1 for line in lines)
+
+
+def test_lines_of_every_attempt_are_kept_and_readable_by_attempt() -> None:
+    store = InMemoryTaskStore()
+    with Controller(store=store) as controller:
+        controller.register("chatty", chatty, retry=RetryPolicy(max_attempts=2, backoff=FixedBackoff(0.01)))
+        assert controller.submit("chatty", 3, True, task_id="t").wait(timeout=10).ok
+    assert [line.message for line in store.read_logs("t", attempt=2)] == [
+        f"第 {i} 行（尝试 2）" for i in range(1, 4)
+    ]
+    assert len(store.read_logs("t")) == 6
+
+
+def test_persist_logs_false_keeps_logs_in_memory_only() -> None:
+    store = InMemoryTaskStore()
+    with Controller(store=store, persist_logs=False) as controller:
+        controller.register("chatty", chatty)
+        handle = controller.submit("chatty", 3, task_id="t")
+        assert handle.wait(timeout=10).ok
+        assert len(handle.logs) == 3, "ctx.logs 照旧在内存里"
+    assert store.read_logs("t") == []
+
+
+def test_persist_logs_must_be_a_bool() -> None:
+    from chongming_task.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="persist_logs"):
+        Controller(persist_logs="yes")  # type: ignore[arg-type]
+
+
+def test_process_executor_lines_are_persisted() -> None:
+    store = InMemoryTaskStore()
+    with Controller(store=store, executor=ProcessExecutor()) as controller:
+        controller.register("chatty", chatty)
+        assert controller.submit("chatty", 5, task_id="t").wait(timeout=30).ok
+    assert [line.seq for line in store.read_logs("t")] == [1, 2, 3, 4, 5]
+
+
+class FlakyLogStore(InMemoryTaskStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = True
+        self.calls = 0
+
+    def append_logs(self, lines: Any) -> None:
+        self.calls += 1
+        if self.fail:
+            raise StoreError("日志写不进去")
+        super().append_logs(lines)
+
+
+def test_store_failure_never_fails_the_task_and_lines_arrive_after_recovery(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = FlakyLogStore()
+    with (
+        caplog.at_level(logging.WARNING, logger="chongming_task"),
+        Controller(store=store, side_channel_interval=0.05) as controller,
+    ):
+        controller.register("chatty", chatty)
+        assert controller.submit("chatty", 4, task_id="t").wait(timeout=10).ok
+        failures = controller.persist_failures
+        assert any(f.operation.startswith("append_logs") for f in failures)
+        assert store.read_logs("t") == []
+        store.fail = False
+        # 下一次旁路回写把积压的行补上，顺序不变、一行不重。
+        import time
+
+        deadline = time.monotonic() + 10
+        while len(store.read_logs("t")) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert [line.message for line in store.read_logs("t")] == [f"第 {i} 行（尝试 1）" for i in range(1, 5)]
+    assert "写存储失败（任务照常运行）" in caplog.text
+
+
+def test_nul_and_lone_surrogates_are_escaped_not_dropped() -> None:
+    store = InMemoryTaskStore()
+
+    def weird(ctx: Any) -> None:
+        ctx.log("含 NUL\x00 与 \ud800")
+
+    with Controller(store=store) as controller:
+        controller.register("weird", weird)
+        assert controller.submit("weird", task_id="t").wait(timeout=10).ok
+        assert not controller.persist_failures
+    (line,) = store.read_logs("t")
+    assert line.message == "含 NUL\\x00 与 \\ud800"
