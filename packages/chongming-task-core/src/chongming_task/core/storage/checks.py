@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from chongming_task.core.storage._base_checks import (
@@ -34,8 +35,9 @@ from chongming_task.core.storage._base_checks import (
     validate_lease,
     validate_save,
 )
-from chongming_task.core.storage.values import ArchiveReceipt, CommandAction, NodeRecord
+from chongming_task.core.storage.values import ArchiveReceipt, CommandAction, NodeRecord, TouchUpdate
 from chongming_task.errors import ConfigurationError
+from chongming_task.models import Progress
 
 
 def check_node_record(record: object) -> NodeRecord:
@@ -113,6 +115,23 @@ def check_receipt(receipt: object) -> ArchiveReceipt:
     return receipt
 
 
+def touch_update(
+    task_id: str,
+    progress: Progress | None = None,
+    heartbeat_at: datetime | None = None,
+    lease_owner: str | None = None,
+    lease_until: datetime | None = None,
+) -> TouchUpdate:
+    """touch 的入参检查一次（``touch_args``），得到后端唯一要处理的 ``TouchUpdate``。"""
+    touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
+    return TouchUpdate(task_id, progress, heartbeat_at, lease_owner, lease_until)
+
+
+def touch_many_update(task_id: str, fields: object) -> TouchUpdate:
+    """touch_many 的一项 ``(task_id, {字段: 值})``：字段名只接受 ``TOUCH_FIELDS``，值与 touch 同样检查。"""
+    return touch_update(task_id, **touch_many_fields(fields))
+
+
 __all__ = [
     "MAX_EXPORT_LIMIT",
     "MAX_LEASE_SECONDS",
@@ -137,6 +156,8 @@ __all__ = [
     "id_set",
     "touch_args",
     "touch_many_fields",
+    "touch_many_update",
+    "touch_update",
     "validate_lease",
     "validate_save",
 ]

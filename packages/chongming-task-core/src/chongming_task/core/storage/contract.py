@@ -25,6 +25,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from chongming_task.core.storage import checks
 from chongming_task.core.storage.values import (
     ArchiveDeleted,
     ArchivedTask,
@@ -34,6 +35,7 @@ from chongming_task.core.storage.values import (
     NodeRecord,
     TaskQuery,
     TaskStats,
+    TouchUpdate,
 )
 from chongming_task.models import Progress, TaskSnapshot, Transition
 
@@ -93,7 +95,6 @@ class TaskStore(ABC):
 
     # -- side channel -------------------------------------------------------------------------------
 
-    @abstractmethod
     def touch(
         self,
         task_id: str,
@@ -103,7 +104,17 @@ class TaskStore(ABC):
         lease_owner: str | None = None,
         lease_until: datetime | None = None,
     ) -> bool:
-        """更新旁路字段（None 表示不改）。不递增 status_version，不与 save 冲突。任务不存在返回 False。"""
+        """更新旁路字段（None 表示不改）。不递增 status_version，不与 save 冲突。任务不存在返回 False。
+
+        签名与入参检查只写在这里：入参经 ``checks.touch_update`` 检查一次，后端实现 ``_touch``，只处理
+        一个 ``TouchUpdate``（内置后端曾各抄一份签名与检查）。第三方后端照旧直接覆盖 ``touch`` 也可以：
+        它一直是公开的可覆盖方法，旧后端不必改。
+        """
+        return self._touch(checks.touch_update(task_id, progress, heartbeat_at, lease_owner, lease_until))
+
+    def _touch(self, update: TouchUpdate) -> bool:
+        """后端实现 touch 的地方（入参已检查）。后端必须覆盖它或 ``touch`` 之一。"""
+        raise NotImplementedError(f"{type(self).__name__} 没有实现 touch：请覆盖 _touch（或 touch）")
 
     def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """批量 touch：``[(task_id, {"progress": ..., ...}), ...]``。后端可覆盖为一次事务。"""

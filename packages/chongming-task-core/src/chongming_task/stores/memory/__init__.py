@@ -41,6 +41,7 @@ from chongming_task.core.storage.values import (
     QueryOrder,
     TaskQuery,
     TaskStats,
+    TouchUpdate,
     as_query,
     count_buckets,
 )
@@ -51,7 +52,7 @@ from chongming_task.errors import (
     StoreError,
     TaskNotFound,
 )
-from chongming_task.models import Progress, TaskSnapshot, Transition
+from chongming_task.models import TaskSnapshot, Transition
 
 
 def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
@@ -316,35 +317,20 @@ class InMemoryTaskStore(TaskStore):
     # -- side channel -------------------------------------------------------------------------------
 
     @staticmethod
-    def _touch_changes(
-        task_id: object,
-        progress: Progress | None,
-        heartbeat_at: datetime | None,
-        lease_owner: str | None,
-        lease_until: datetime | None,
-    ) -> dict[str, Any]:
-        checks.touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
+    def _touch_changes(update: TouchUpdate) -> dict[str, Any]:
         changes = {
-            "progress": progress,
-            "last_heartbeat_at": heartbeat_at,
-            "lease_owner": lease_owner,
-            "lease_until": lease_until,
+            "progress": update.progress,
+            "last_heartbeat_at": update.heartbeat_at,
+            "lease_owner": update.lease_owner,
+            "lease_until": update.lease_until,
         }
         return {name: value for name, value in changes.items() if value is not None}
 
-    def touch(
-        self,
-        task_id: str,
-        *,
-        progress: Progress | None = None,
-        heartbeat_at: datetime | None = None,
-        lease_owner: str | None = None,
-        lease_until: datetime | None = None,
-    ) -> bool:
-        changes = self._touch_changes(task_id, progress, heartbeat_at, lease_owner, lease_until)
+    def _touch(self, update: TouchUpdate) -> bool:
+        changes = self._touch_changes(update)
         with self._lock:
             self._check_open()
-            row = self._rows.get(task_id)
+            row = self._rows.get(update.task_id)
             if row is None:
                 return False
             if changes:
@@ -353,21 +339,9 @@ class InMemoryTaskStore(TaskStore):
 
     def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """一次加锁处理整批：心跳线程每轮给全部任务续租，不该为每个任务各抢一次锁。"""
-        prepared: list[tuple[str, dict[str, Any]]] = []
-        for task_id, raw in updates:
-            fields = checks.touch_many_fields(raw)
-            prepared.append(
-                (
-                    task_id,
-                    self._touch_changes(
-                        task_id,
-                        fields.get("progress"),
-                        fields.get("heartbeat_at"),
-                        fields.get("lease_owner"),
-                        fields.get("lease_until"),
-                    ),
-                )
-            )
+        prepared = [
+            (task_id, self._touch_changes(checks.touch_many_update(task_id, raw))) for task_id, raw in updates
+        ]
         with self._lock:
             self._check_open()
             for task_id, changes in prepared:
