@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from chongming_task.core.storage._base_checks import (
@@ -37,7 +36,6 @@ from chongming_task.core.storage._base_checks import (
 )
 from chongming_task.core.storage.values import ArchiveReceipt, CommandAction, NodeRecord, TouchUpdate
 from chongming_task.errors import ConfigurationError
-from chongming_task.models import Progress
 
 
 def check_node_record(record: object) -> NodeRecord:
@@ -115,21 +113,15 @@ def check_receipt(receipt: object) -> ArchiveReceipt:
     return receipt
 
 
-def touch_update(
-    task_id: str,
-    progress: Progress | None = None,
-    heartbeat_at: datetime | None = None,
-    lease_owner: str | None = None,
-    lease_until: datetime | None = None,
-) -> TouchUpdate:
-    """touch 的入参检查一次（``touch_args``），得到后端唯一要处理的 ``TouchUpdate``。"""
-    touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
-    return TouchUpdate(task_id, progress, heartbeat_at, lease_owner, lease_until)
+def check_touch(update: TouchUpdate) -> TouchUpdate:
+    """touch 的入参检查一次（``touch_args``），原样返回：后端唯一要处理的就是这个值。"""
+    touch_args(update.task_id, update.progress, update.heartbeat_at, update.lease_owner, update.lease_until)
+    return update
 
 
 def touch_many_update(task_id: str, fields: object) -> TouchUpdate:
     """touch_many 的一项 ``(task_id, {字段: 值})``：字段名只接受 ``TOUCH_FIELDS``，值与 touch 同样检查。"""
-    return touch_update(task_id, **touch_many_fields(fields))
+    return check_touch(TouchUpdate(task_id, **touch_many_fields(fields)))
 
 
 __all__ = [
@@ -148,6 +140,7 @@ __all__ = [
     "check_positive_seconds",
     "check_receipt",
     "check_snapshot",
+    "check_touch",
     "check_transitions",
     "claim_args",
     "command_args",
@@ -157,7 +150,6 @@ __all__ = [
     "touch_args",
     "touch_many_fields",
     "touch_many_update",
-    "touch_update",
     "validate_lease",
     "validate_save",
 ]

@@ -106,11 +106,12 @@ class TaskStore(ABC):
     ) -> bool:
         """更新旁路字段（None 表示不改）。不递增 status_version，不与 save 冲突。任务不存在返回 False。
 
-        签名与入参检查只写在这里：入参经 ``checks.touch_update`` 检查一次，后端实现 ``_touch``，只处理
+        签名与入参检查只写在这里：入参经 ``checks.check_touch`` 检查一次，后端实现 ``_touch``，只处理
         一个 ``TouchUpdate``（内置后端曾各抄一份签名与检查）。第三方后端照旧直接覆盖 ``touch`` 也可以：
         它一直是公开的可覆盖方法，旧后端不必改。
         """
-        return self._touch(checks.touch_update(task_id, progress, heartbeat_at, lease_owner, lease_until))
+        update = TouchUpdate(task_id, progress, heartbeat_at, lease_owner, lease_until)
+        return self._touch(checks.check_touch(update))
 
     def _touch(self, update: TouchUpdate) -> bool:
         """后端实现 touch 的地方（入参已检查）。后端必须覆盖它或 ``touch`` 之一。"""

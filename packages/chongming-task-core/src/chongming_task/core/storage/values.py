@@ -232,7 +232,7 @@ class Command:
 
 @dataclass(frozen=True)
 class TouchUpdate:
-    """一次 touch 的旁路字段（None 表示不改），由 ``checks.touch_update`` 检查后构造。
+    """一次 touch 的旁路字段（None 表示不改），由 ``checks.check_touch`` 检查。
 
     内置后端的 touch / touch_many 都只接收这一个值：签名与入参检查只在 ``TaskStore.touch`` 写一次
     （四个后端曾各抄一份签名、各自拆字典）。
@@ -243,16 +243,6 @@ class TouchUpdate:
     heartbeat_at: datetime | None = None
     lease_owner: str | None = None
     lease_until: datetime | None = None
-
-    @property
-    def empty(self) -> bool:
-        """四个字段都是 None：什么都不改，touch 只回答任务在不在。"""
-        return (
-            self.progress is None
-            and self.heartbeat_at is None
-            and self.lease_owner is None
-            and self.lease_until is None
-        )
 
 
 @dataclass(frozen=True)

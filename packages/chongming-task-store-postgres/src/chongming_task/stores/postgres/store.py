@@ -808,18 +808,20 @@ class PostgresTaskStore(TaskStore):
 
     def _touch_statement(self, update: TouchUpdate) -> tuple[str, dict[str, Any]] | None:
         check_text(update.lease_owner, "lease_owner")
-        if update.empty:
+        progress, heartbeat_at, lease_owner, lease_until = (
+            update.progress,
+            update.heartbeat_at,
+            update.lease_owner,
+            update.lease_until,
+        )
+        if progress is None and heartbeat_at is None and lease_owner is None and lease_until is None:
             return None
-        params: dict[str, Any] = {"task_id": update.task_id, "lease_owner": update.lease_owner}
-        progress = update.progress
+        params: dict[str, Any] = {"task_id": update.task_id, "lease_owner": lease_owner}
         params["progress"] = None if progress is None else json_text(progress.to_dict(), "progress")
-        params["heartbeat_at"], params["heartbeat_at_off"] = split_dt(update.heartbeat_at)
-        params["lease_until"], params["lease_until_off"] = split_dt(update.lease_until)
+        params["heartbeat_at"], params["heartbeat_at_off"] = split_dt(heartbeat_at)
+        params["lease_until"], params["lease_until_off"] = split_dt(lease_until)
         text = self._sql.touch(
-            progress is not None,
-            update.heartbeat_at is not None,
-            update.lease_owner is not None,
-            update.lease_until is not None,
+            progress is not None, heartbeat_at is not None, lease_owner is not None, lease_until is not None
         )
         return text, params
 
