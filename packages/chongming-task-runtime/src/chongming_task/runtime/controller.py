@@ -30,10 +30,10 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.numbers import check_int, check_seconds
@@ -47,6 +47,7 @@ from chongming_task.runtime.commands import remote_payload
 from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent, TransitionEvent
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
+from chongming_task.runtime.pipeline_host import NodeFields
 from chongming_task.runtime.reconcile import ReconcileReport
 from chongming_task.runtime.registry import TaskDefinition, TaskRegistry
 from chongming_task.runtime.scheduler import SlotScheduler
@@ -473,32 +474,10 @@ class Controller:
             return self._registry.resolve(name)
 
     def submit_node(
-        self,
-        name: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        task_id: str,
-        label: str,
-        pipeline_id: str,
-        node_id: str,
-        upstream: Mapping[str, Any],
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], **node: Unpack[NodeFields]
     ) -> TaskRun:
         """以 blocked 提交一个管道节点：不进就绪队列、不占额度，等管道放行（``TaskRun.release``）。"""
-        return self._submit(
-            name,
-            args,
-            kwargs,
-            task_id=task_id,
-            label=label,
-            tags=(),
-            priority=None,
-            bucket_key=None,
-            pipeline_id=pipeline_id,
-            node_id=node_id,
-            upstream=upstream,
-            blocked=True,
-        )
+        return self._submit(name, args, kwargs, tags=(), priority=None, bucket_key=None, blocked=True, **node)
 
     def _enqueue_locked(self, run: TaskRun) -> None:
         snapshot = run.machine.snapshot
