@@ -329,15 +329,9 @@ class InMemoryTaskStore(TaskStore):
             self._check_open()
             row = self._row(task_id)
             command_id = f"{next(self._sequence):012d}-{uuid.uuid4().hex[:12]}"
+            # payload 先放空字典：库里只信 payload_text（见 _CommandRow）。
             created = Command(
-                command_id=command_id,
-                task_id=task_id,
-                action=action,
-                issuer=issuer,
-                reason=reason,
-                payload={},  # 只信 payload_text（见 _CommandRow）
-                created_at=self._clock.now(),
-                bucket=row.snapshot.bucket,
+                command_id, task_id, action, issuer, reason, {}, self._clock.now(), row.snapshot.bucket
             )
             command = _CommandRow(created, payload_text)
             self._commands[command_id] = command
