@@ -32,10 +32,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import Any, Unpack
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.numbers import check_int, check_seconds
 from chongming_task.core.records import MAX_PRIORITY, MIN_PRIORITY
 from chongming_task.core.state_machine import StateMachine
@@ -114,7 +115,7 @@ class _TransitionListener:
             logger.exception("处理任务 %s 的状态迁移时出错", snapshot.task_id)
 
 
-class Controller:
+class Controller(ClosesOnExit):
     """管理一批任务：登记、提交、调度、查询、控制、持久化与重启恢复。"""
 
     def __init__(
@@ -858,14 +859,6 @@ class Controller:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def __enter__(self) -> Controller:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Controller(owner={self.owner!r}, max_parallel={self.max_parallel}, tasks={len(self._runs)})"

@@ -22,9 +22,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from types import TracebackType
 from typing import Any
 
+from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.storage import checks
 from chongming_task.core.storage.values import (
     ArchiveDeleted,
@@ -40,7 +40,7 @@ from chongming_task.core.storage.values import (
 from chongming_task.models import Progress, TaskSnapshot, Transition
 
 
-class TaskStore(ABC):
+class TaskStore(ClosesOnExit, ABC):
     """持久层契约（22 个抽象方法，五类流量 + 维护）。实现必须线程安全；多进程共享同一存储时语义不变。"""
 
     # -- snapshots ----------------------------------------------------------------------------------
@@ -250,16 +250,6 @@ class TaskStore(ABC):
     @abstractmethod
     def close(self) -> None:
         """释放资源。幂等；关闭后再调用其他方法 → StoreError。"""
-
-    # -- conveniences -------------------------------------------------------------------------------
-
-    def __enter__(self) -> TaskStore:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 __all__ = ["TaskStore"]
