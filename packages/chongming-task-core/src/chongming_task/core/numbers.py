@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import math
-from typing import overload
+from typing import TypedDict, Unpack, overload
 
 from chongming_task.errors import ConfigurationError
 
@@ -51,46 +51,29 @@ def _short_repr(value: object) -> str:
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 
+class NumberRules(TypedDict, total=False):
+    """``check_number`` 的规则关键字（都可省）：写成一份，两个重载与实现共用，不各抄一遍。"""
+
+    low: float | None
+    high: float | None
+    low_open: bool
+    integer: bool
+    unit: str
+    hint: str
+
+
 @overload
 def check_number(
-    name: str,
-    value: object,
-    *,
-    low: float | None = ...,
-    high: float | None = ...,
-    low_open: bool = ...,
-    integer: bool = ...,
-    unit: str = ...,
-    hint: str = ...,
-    allow_none: bool,
+    name: str, value: object, *, allow_none: bool, **rules: Unpack[NumberRules]
 ) -> float | None: ...
 
 
 @overload
-def check_number(
-    name: str,
-    value: object,
-    *,
-    low: float | None = ...,
-    high: float | None = ...,
-    low_open: bool = ...,
-    integer: bool = ...,
-    unit: str = ...,
-    hint: str = ...,
-) -> float: ...
+def check_number(name: str, value: object, **rules: Unpack[NumberRules]) -> float: ...
 
 
 def check_number(
-    name: str,
-    value: object,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    integer: bool = False,
-    unit: str = "",
-    hint: str = "",
-    allow_none: bool = False,
+    name: str, value: object, *, allow_none: bool = False, **rules: Unpack[NumberRules]
 ) -> float | None:
     """``value`` 必须是有限的数（``integer=True`` 时是整数），落在 [low, high]（``low_open`` 时下界不含）。
 
@@ -100,6 +83,8 @@ def check_number(
     """
     if value is None and allow_none:
         return None
+    low, high, low_open = rules.get("low"), rules.get("high"), rules.get("low_open", False)
+    integer, unit, hint = rules.get("integer", False), rules.get("unit", ""), rules.get("hint", "")
     kind = "整数" if integer else "有限数"
     allowed = range_text(low, high, low_open=low_open, unit=unit)
     if not allowed:
@@ -171,6 +156,7 @@ __all__ = [
     "MAX_INT32",
     "MAX_SECONDS",
     "MIN_INT32",
+    "NumberRules",
     "check_int",
     "check_number",
     "check_seconds",

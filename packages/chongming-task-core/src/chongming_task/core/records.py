@@ -139,7 +139,7 @@ def storable_failure_text(value: str, limit: int, *, keep_tail: bool = False) ->
 
 
 class FailureKind(enum.StrEnum):
-    """失败分类（用户指南 §5.2）。"""
+    """失败分类（用户指南 §5.2；StrEnum 自带 str() 即值）。"""
 
     EXCEPTION = "exception"
     NONZERO_EXIT = "nonzero_exit"
@@ -151,9 +151,6 @@ class FailureKind(enum.StrEnum):
     DEPENDENCY_FAILED = "dependency_failed"
     CONDITION_FALSE = "condition_false"
     RESULT_INVALID = "result_invalid"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 TIMEOUT_KINDS = frozenset({FailureKind.TIMEOUT_START, FailureKind.TIMEOUT_ATTEMPT, FailureKind.TIMEOUT_IDLE})

@@ -98,6 +98,17 @@ def _check_aware(name: str, value: object) -> None:
     require_aware(name, value)
 
 
+_ENDINGS: dict[TaskStatus, tuple[FailureKind, str, bool, bool]] = {
+    # 人工停止与编排层取消：不可重试（重试一个被停止的任务等于无视停止指令），并清掉待重试时刻。
+    S.STOPPED: (FailureKind.CANCELLED, "任务已按请求停止", False, True),
+    S.CANCELLED: (FailureKind.CANCELLED, "已被编排层取消", False, True),
+    S.SKIPPED: (FailureKind.CONDITION_FALSE, "条件不满足，已跳过", False, False),
+    # 结果未知：总带一个 failure，不记原因就无从判断该重跑还是人工核对。
+    S.LOST: (FailureKind.LOST, "载体失联或被放弃，结果未知", True, False),
+}
+"""带 failure 落地的四个终态：(默认失败分类, 没给 reason 时的说明, 可否重试, 是否清空 retry_at)。"""
+
+
 class StateMachine:
     """一个任务的状态机：当前快照 + 只追加的迁移历史。"""
 
@@ -485,11 +496,7 @@ class StateMachine:
         reason: str | None = None,
     ) -> TaskSnapshot:
         """人工停止落地。失败类型默认 cancelled、不可重试：重试一个被停止的任务等于无视停止指令。"""
-        with self.lock:
-            _check_failure("mark_stopped", failure, required=False)
-            if failure is None:
-                failure = Failure(FailureKind.CANCELLED, reason or "任务已按请求停止", retryable=False)
-            return self._apply(S.STOPPED, trigger, actor, reason, {"failure": failure, "retry_at": None})
+        return self._end_with_failure(S.STOPPED, "mark_stopped", failure, trigger, actor, reason)
 
     def mark_cancelled(
         self,
@@ -500,11 +507,7 @@ class StateMachine:
         reason: str | None = None,
     ) -> TaskSnapshot:
         """编排层级联取消（例如 fail_fast 连坐）。与 stopped 分开：责任方不同。"""
-        with self.lock:
-            _check_failure("mark_cancelled", failure, required=False)
-            if failure is None:
-                failure = Failure(FailureKind.CANCELLED, reason or "已被编排层取消", retryable=False)
-            return self._apply(S.CANCELLED, trigger, actor, reason, {"failure": failure, "retry_at": None})
+        return self._end_with_failure(S.CANCELLED, "mark_cancelled", failure, trigger, actor, reason)
 
     def mark_skipped(
         self,
@@ -514,13 +517,7 @@ class StateMachine:
         actor: str | None = None,
         reason: str | None = None,
     ) -> TaskSnapshot:
-        with self.lock:
-            _check_failure("mark_skipped", failure, required=False)
-            if failure is None:
-                failure = Failure(
-                    FailureKind.CONDITION_FALSE, reason or "条件不满足，已跳过", retryable=False
-                )
-            return self._apply(S.SKIPPED, trigger, actor, reason, {"failure": failure})
+        return self._end_with_failure(S.SKIPPED, "mark_skipped", failure, trigger, actor, reason)
 
     def mark_lost(
         self,
@@ -531,11 +528,27 @@ class StateMachine:
         reason: str | None = None,
     ) -> TaskSnapshot:
         """结果未知。总会带一个 failure：不记原因就无从判断该重跑还是人工核对。"""
+        return self._end_with_failure(S.LOST, "mark_lost", failure, trigger, actor, reason)
+
+    def _end_with_failure(
+        self,
+        target: TaskStatus,
+        action: str,
+        failure: Failure | None,
+        trigger: str,
+        actor: str | None,
+        reason: str | None,
+    ) -> TaskSnapshot:
+        """mark_stopped / mark_cancelled / mark_skipped / mark_lost 的共同实现（默认失败见 ``_ENDINGS``）。"""
         with self.lock:
-            _check_failure("mark_lost", failure, required=False)
+            _check_failure(action, failure, required=False)
+            kind, default_reason, retryable, clears_retry_at = _ENDINGS[target]
             if failure is None:
-                failure = Failure(FailureKind.LOST, reason or "载体失联或被放弃，结果未知", retryable=True)
-            return self._apply(S.LOST, trigger, actor, reason, {"failure": failure})
+                failure = Failure(kind, reason or default_reason, retryable=retryable)
+            changes: dict[str, Any] = {"failure": failure}
+            if clears_retry_at:
+                changes["retry_at"] = None
+            return self._apply(target, trigger, actor, reason, changes)
 
     # -- side-channel fields (no status change, no version bump) -----------------------------------
 

@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 
 class TaskStatus(enum.StrEnum):
-    """任务所处的生命周期阶段（15 个，值为小写英文）。"""
+    """任务所处的生命周期阶段（15 个，值为小写英文；StrEnum 自带 str() 即值）。"""
 
     PENDING = "pending"
     BLOCKED = "blocked"
@@ -29,9 +29,6 @@ class TaskStatus(enum.StrEnum):
     CANCELLED = "cancelled"
     SKIPPED = "skipped"
     LOST = "lost"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def is_terminal(self) -> bool:

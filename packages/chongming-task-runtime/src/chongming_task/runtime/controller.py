@@ -30,12 +30,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import ModuleType, TracebackType
-from typing import Any
+from types import ModuleType
+from typing import Any, Unpack
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.numbers import check_int, check_seconds
 from chongming_task.core.records import MAX_PRIORITY, MIN_PRIORITY
 from chongming_task.core.state_machine import StateMachine
@@ -47,6 +48,7 @@ from chongming_task.runtime.commands import remote_payload
 from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent, TransitionEvent
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
+from chongming_task.runtime.pipeline_host import NodeFields
 from chongming_task.runtime.reconcile import ReconcileReport
 from chongming_task.runtime.registry import TaskDefinition, TaskRegistry
 from chongming_task.runtime.scheduler import SlotScheduler
@@ -113,7 +115,7 @@ class _TransitionListener:
             logger.exception("处理任务 %s 的状态迁移时出错", snapshot.task_id)
 
 
-class Controller:
+class Controller(ClosesOnExit):
     """管理一批任务：登记、提交、调度、查询、控制、持久化与重启恢复。"""
 
     def __init__(
@@ -478,32 +480,10 @@ class Controller:
             return self._registry.resolve(name)
 
     def submit_node(
-        self,
-        name: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        task_id: str,
-        label: str,
-        pipeline_id: str,
-        node_id: str,
-        upstream: Mapping[str, Any],
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], **node: Unpack[NodeFields]
     ) -> TaskRun:
         """以 blocked 提交一个管道节点：不进就绪队列、不占额度，等管道放行（``TaskRun.release``）。"""
-        return self._submit(
-            name,
-            args,
-            kwargs,
-            task_id=task_id,
-            label=label,
-            tags=(),
-            priority=None,
-            bucket_key=None,
-            pipeline_id=pipeline_id,
-            node_id=node_id,
-            upstream=upstream,
-            blocked=True,
-        )
+        return self._submit(name, args, kwargs, tags=(), priority=None, bucket_key=None, blocked=True, **node)
 
     def _enqueue_locked(self, run: TaskRun) -> None:
         snapshot = run.machine.snapshot
@@ -886,14 +866,6 @@ class Controller:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def __enter__(self) -> Controller:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Controller(owner={self.owner!r}, max_parallel={self.max_parallel}, tasks={len(self._runs)})"

@@ -9,10 +9,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 if TYPE_CHECKING:
     from chongming_task.runtime.taskrun import TaskRun
+
+
+class NodeFields(TypedDict):
+    """管道节点提交时的关键字参数（都必填）：协议与实现共用这一份，不各写一遍。"""
+
+    task_id: str
+    label: str
+    pipeline_id: str
+    node_id: str
+    upstream: Mapping[str, Any]
 
 
 class PipelineHost(Protocol):
@@ -23,16 +33,7 @@ class PipelineHost(Protocol):
         ...
 
     def submit_node(
-        self,
-        name: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        task_id: str,
-        label: str,
-        pipeline_id: str,
-        node_id: str,
-        upstream: Mapping[str, Any],
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], **node: Unpack[NodeFields]
     ) -> TaskRun:
         """以 ``blocked`` 提交一个节点（不进就绪队列、不占额度，等管道放行）。"""
         ...

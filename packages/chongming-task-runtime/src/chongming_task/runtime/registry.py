@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import (
@@ -50,6 +50,15 @@ def _first_doc_line(fn: Callable[..., Any]) -> str | None:
     return doc.strip().splitlines()[0].strip() or None
 
 
+class RegisterOptions(TypedDict, total=False):
+    """``register`` 的可选关键字参数（None 表示取 @task 规格里的值，再没有就用默认）。"""
+
+    tags: Iterable[str] | None
+    retry: RetryPolicy | None
+    timeout: Timeout | None
+    description: str | None
+
+
 class TaskRegistry:
     """名字 → TaskDefinition。线程安全由 Controller 的锁负责。"""
 
@@ -57,15 +66,13 @@ class TaskRegistry:
         self._definitions: dict[str, TaskDefinition] = {}
 
     def register(
-        self,
-        name: str,
-        fn: Callable[..., Any],
-        *,
-        tags: Iterable[str] | None = None,
-        retry: RetryPolicy | None = None,
-        timeout: Timeout | None = None,
-        description: str | None = None,
+        self, name: str, fn: Callable[..., Any], **options: Unpack[RegisterOptions]
     ) -> TaskDefinition:
+        """``Controller.register`` 的实现（公开签名只写在控制器上，这里收同一组关键字参数）。"""
+        tags = options.get("tags")
+        retry = options.get("retry")
+        timeout = options.get("timeout")
+        description = options.get("description")
         validate_task_id(name, what="任务名")
         if not callable(fn):
             raise ConfigurationError(f"register({name!r}, ...) 的第二个参数必须是函数，收到 {fn!r}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import getpass
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -430,19 +430,26 @@ class WebConsole:
             {"filter": flt, "action": action, "preview": preview, "filter_params": flt.params()},
         )
 
+    def _bulk_request(
+        self, filter_data: Mapping[str, Any], data: Mapping[str, Any], statuses: list[Any]
+    ) -> tuple[TaskFilter, str, str | None, int]:
+        """批量操作的四个参数（筛选、动作、原因、确认过的数目）：表单与 JSON API 共用一套检查与 400 消息。"""
+        try:
+            flt = parse_filter(filter_data, statuses, num_buckets=self.settings.num_buckets)
+            action = check_action(data.get("action"))
+            reason = check_reason(data.get("reason"))
+            expected = _expected(data.get("expected"))
+        except BadRequest as exc:
+            raise HttpError(400, str(exc)) from None
+        return flt, action, reason, expected
+
     async def bulk_submit(self, request: Request) -> Response:
         session = self.require_login(request, api=False)
         form = await self.form(request)
         self.check_csrf(request, session, form)
         self.require_write()
         statuses = [v for k, v in parse_qsl((await _body(request)).decode("utf-8")) if k == "status"]
-        try:
-            flt = parse_filter(form, statuses, num_buckets=self.settings.num_buckets)
-            action = check_action(form.get("action"))
-            reason = check_reason(form.get("reason"))
-            expected = _expected(form.get("expected"))
-        except BadRequest as exc:
-            raise HttpError(400, str(exc)) from None
+        flt, action, reason, expected = self._bulk_request(form, form, statuses)
         if form.get("confirm") != "1":
             raise HttpError(400, "批量操作需要确认：请在批量页核对数目后点确认")
         try:
@@ -518,13 +525,7 @@ class WebConsole:
             statuses = [statuses]
         if not isinstance(statuses, list):
             raise HttpError(400, "filter.status 必须是状态名的列表")
-        try:
-            flt = parse_filter(filter_data, statuses, num_buckets=self.settings.num_buckets)
-            action = check_action(data.get("action"))
-            reason = check_reason(data.get("reason"))
-            expected = _expected(data.get("expected"))
-        except BadRequest as exc:
-            raise HttpError(400, str(exc)) from None
+        flt, action, reason, expected = self._bulk_request(filter_data, data, statuses)
         result = await self.call(
             self.service.bulk_apply, flt, action, operator=session.operator, reason=reason, expected=expected
         )

@@ -34,7 +34,7 @@ from chongming_task.core.storage._base_checks import (
     validate_lease,
     validate_save,
 )
-from chongming_task.core.storage.values import ArchiveReceipt, CommandAction, LogLine, NodeRecord
+from chongming_task.core.storage.values import ArchiveReceipt, CommandAction, LogLine, NodeRecord, TouchUpdate
 from chongming_task.errors import ConfigurationError
 
 
@@ -113,6 +113,17 @@ def check_receipt(receipt: object) -> ArchiveReceipt:
     return receipt
 
 
+def check_touch(update: TouchUpdate) -> TouchUpdate:
+    """touch 的入参检查一次（``touch_args``），原样返回：后端唯一要处理的就是这个值。"""
+    touch_args(update.task_id, update.progress, update.heartbeat_at, update.lease_owner, update.lease_until)
+    return update
+
+
+def touch_many_update(task_id: str, fields: object) -> TouchUpdate:
+    """touch_many 的一项 ``(task_id, {字段: 值})``：字段名只接受 ``TOUCH_FIELDS``，值与 touch 同样检查。"""
+    return check_touch(TouchUpdate(task_id, **touch_many_fields(fields)))
+
+
 # -- 任务日志（issue 18；存储指南 §11）-------------------------------------------------------------
 
 MAX_LOG_READ_LIMIT = 10_000
@@ -164,6 +175,7 @@ __all__ = [
     "check_positive_seconds",
     "check_receipt",
     "check_snapshot",
+    "check_touch",
     "check_transitions",
     "claim_args",
     "command_args",
@@ -173,6 +185,7 @@ __all__ = [
     "read_logs_args",
     "touch_args",
     "touch_many_fields",
+    "touch_many_update",
     "validate_lease",
     "validate_save",
 ]

@@ -24,9 +24,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from types import TracebackType
 from typing import Any
 
+from chongming_task.core.closing import ClosesOnExit
+from chongming_task.core.storage import checks
 from chongming_task.core.storage.values import (
     ArchiveDeleted,
     ArchivedTask,
@@ -38,12 +39,16 @@ from chongming_task.core.storage.values import (
     NodeRecord,
     TaskQuery,
     TaskStats,
+    TouchUpdate,
 )
 from chongming_task.models import Progress, TaskSnapshot, Transition
 
 
-class TaskStore(ABC):
-    """持久层契约（25 个抽象方法，六类流量 + 维护）。实现必须线程安全；多进程共享同一存储时语义不变。"""
+class TaskStore(ClosesOnExit, ABC):
+    """持久层契约（24 个抽象方法，六类流量 + 维护；touch 在这里检查一次再交给 ``_touch``）。
+
+    实现必须线程安全；多进程共享同一存储时语义不变。
+    """
 
     # -- snapshots ----------------------------------------------------------------------------------
 
@@ -105,7 +110,6 @@ class TaskStore(ABC):
 
     # -- side channel -------------------------------------------------------------------------------
 
-    @abstractmethod
     def touch(
         self,
         task_id: str,
@@ -115,7 +119,18 @@ class TaskStore(ABC):
         lease_owner: str | None = None,
         lease_until: datetime | None = None,
     ) -> bool:
-        """更新旁路字段（None 表示不改）。不递增 status_version，不与 save 冲突。任务不存在返回 False。"""
+        """更新旁路字段（None 表示不改）。不递增 status_version，不与 save 冲突。任务不存在返回 False。
+
+        签名与入参检查只写在这里：入参经 ``checks.check_touch`` 检查一次，后端实现 ``_touch``，只处理
+        一个 ``TouchUpdate``（内置后端曾各抄一份签名与检查）。第三方后端照旧直接覆盖 ``touch`` 也可以：
+        它一直是公开的可覆盖方法，旧后端不必改。
+        """
+        update = TouchUpdate(task_id, progress, heartbeat_at, lease_owner, lease_until)
+        return self._touch(checks.check_touch(update))
+
+    def _touch(self, update: TouchUpdate) -> bool:
+        """后端实现 touch 的地方（入参已检查）。后端必须覆盖它或 ``touch`` 之一。"""
+        raise NotImplementedError(f"{type(self).__name__} 没有实现 touch：请覆盖 _touch（或 touch）")
 
     def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """批量 touch：``[(task_id, {"progress": ..., ...}), ...]``。后端可覆盖为一次事务。"""
@@ -273,16 +288,6 @@ class TaskStore(ABC):
     @abstractmethod
     def close(self) -> None:
         """释放资源。幂等；关闭后再调用其他方法 → StoreError。"""
-
-    # -- conveniences -------------------------------------------------------------------------------
-
-    def __enter__(self) -> TaskStore:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 __all__ = ["TaskStore"]

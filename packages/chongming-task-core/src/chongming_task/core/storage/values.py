@@ -22,7 +22,7 @@ from chongming_task.core.storage._base_checks import (
 )
 from chongming_task.core.storage.columns import SIDE_CHANNEL_FIELDS
 from chongming_task.errors import ConfigurationError
-from chongming_task.models import TaskSnapshot, Transition, normalize_tags
+from chongming_task.models import Progress, TaskSnapshot, Transition, normalize_tags
 from chongming_task.states import NON_TERMINAL_STATUSES, TaskStatus
 
 
@@ -228,6 +228,21 @@ class Command:
             if self.completed_at is None
             else self.completed_at.isoformat(timespec="microseconds"),
         }
+
+
+@dataclass(frozen=True)
+class TouchUpdate:
+    """一次 touch 的旁路字段（None 表示不改），由 ``checks.check_touch`` 检查。
+
+    内置后端的 touch / touch_many 都只接收这一个值：签名与入参检查只在 ``TaskStore.touch`` 写一次
+    （四个后端曾各抄一份签名、各自拆字典）。
+    """
+
+    task_id: str
+    progress: Progress | None = None
+    heartbeat_at: datetime | None = None
+    lease_owner: str | None = None
+    lease_until: datetime | None = None
 
 
 @dataclass(frozen=True)

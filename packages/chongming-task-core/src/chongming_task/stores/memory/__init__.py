@@ -45,6 +45,7 @@ from chongming_task.core.storage.values import (
     QueryOrder,
     TaskQuery,
     TaskStats,
+    TouchUpdate,
     as_query,
     count_buckets,
     lease_held_message,
@@ -57,7 +58,7 @@ from chongming_task.errors import (
     StoreError,
     TaskNotFound,
 )
-from chongming_task.models import Progress, TaskSnapshot, Transition
+from chongming_task.models import TaskSnapshot, Transition
 
 
 def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
@@ -105,60 +106,23 @@ class _Row:
 
 
 class _CommandRow:
-    __slots__ = (
-        "action",
-        "bucket",
-        "claimant",
-        "command_id",
-        "completed_at",
-        "created_at",
-        "deliveries",
-        "issuer",
-        "lease_until",
-        "payload_text",
-        "reason",
-        "task_id",
-    )
+    """一条指令的存储状态：不可变的 ``Command`` 加 payload 的 JSON 文本。
 
-    def __init__(
-        self,
-        command_id: str,
-        task_id: str,
-        action: CommandAction,
-        issuer: str | None,
-        reason: str | None,
-        payload_text: str,
-        created_at: datetime,
-        bucket: int | None,
-    ) -> None:
-        self.command_id = command_id
-        self.task_id = task_id
-        self.action = action
-        self.issuer = issuer
-        self.reason = reason
+    认领 / 完成 / 交还时整体换成 ``dataclasses.replace`` 的新值（字段只在 Command 里写一遍）；payload 只信
+    文本，出库时解析成新的 dict，调用方改它碰不到库里的那份。
+    """
+
+    __slots__ = ("command", "payload_text")
+
+    def __init__(self, command: Command, payload_text: str) -> None:
+        self.command = command
         self.payload_text = payload_text
-        self.created_at = created_at
-        self.bucket = bucket
-        self.claimant: str | None = None
-        self.lease_until: datetime | None = None
-        self.deliveries = 0
-        self.completed_at: datetime | None = None
 
     def export(self) -> Command:
-        return Command(
-            command_id=self.command_id,
-            task_id=self.task_id,
-            action=self.action,
-            issuer=self.issuer,
-            reason=self.reason,
-            payload=json.loads(self.payload_text),
-            created_at=self.created_at,
-            bucket=self.bucket,
-            claimant=self.claimant,
-            lease_until=self.lease_until,
-            deliveries=self.deliveries,
-            completed_at=self.completed_at,
-        )
+        return dataclasses.replace(self.command, payload=json.loads(self.payload_text))
+
+    def update(self, **changes: Any) -> None:
+        self.command = dataclasses.replace(self.command, **changes)
 
 
 class InMemoryTaskStore(TaskStore):
@@ -334,35 +298,20 @@ class InMemoryTaskStore(TaskStore):
     # -- side channel -------------------------------------------------------------------------------
 
     @staticmethod
-    def _touch_changes(
-        task_id: object,
-        progress: Progress | None,
-        heartbeat_at: datetime | None,
-        lease_owner: str | None,
-        lease_until: datetime | None,
-    ) -> dict[str, Any]:
-        checks.touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
+    def _touch_changes(update: TouchUpdate) -> dict[str, Any]:
         changes = {
-            "progress": progress,
-            "last_heartbeat_at": heartbeat_at,
-            "lease_owner": lease_owner,
-            "lease_until": lease_until,
+            "progress": update.progress,
+            "last_heartbeat_at": update.heartbeat_at,
+            "lease_owner": update.lease_owner,
+            "lease_until": update.lease_until,
         }
         return {name: value for name, value in changes.items() if value is not None}
 
-    def touch(
-        self,
-        task_id: str,
-        *,
-        progress: Progress | None = None,
-        heartbeat_at: datetime | None = None,
-        lease_owner: str | None = None,
-        lease_until: datetime | None = None,
-    ) -> bool:
-        changes = self._touch_changes(task_id, progress, heartbeat_at, lease_owner, lease_until)
+    def _touch(self, update: TouchUpdate) -> bool:
+        changes = self._touch_changes(update)
         with self._lock:
             self._check_open()
-            row = self._rows.get(task_id)
+            row = self._rows.get(update.task_id)
             if row is None:
                 return False
             if changes:
@@ -371,21 +320,9 @@ class InMemoryTaskStore(TaskStore):
 
     def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """一次加锁处理整批：心跳线程每轮给全部任务续租，不该为每个任务各抢一次锁。"""
-        prepared: list[tuple[str, dict[str, Any]]] = []
-        for task_id, raw in updates:
-            fields = checks.touch_many_fields(raw)
-            prepared.append(
-                (
-                    task_id,
-                    self._touch_changes(
-                        task_id,
-                        fields.get("progress"),
-                        fields.get("heartbeat_at"),
-                        fields.get("lease_owner"),
-                        fields.get("lease_until"),
-                    ),
-                )
-            )
+        prepared = [
+            (task_id, self._touch_changes(checks.touch_many_update(task_id, raw))) for task_id, raw in updates
+        ]
         with self._lock:
             self._check_open()
             for task_id, changes in prepared:
@@ -410,16 +347,11 @@ class InMemoryTaskStore(TaskStore):
             self._check_open()
             row = self._row(task_id)
             command_id = f"{next(self._sequence):012d}-{uuid.uuid4().hex[:12]}"
-            command = _CommandRow(
-                command_id,
-                task_id,
-                action,
-                issuer,
-                reason,
-                payload_text,
-                self._clock.now(),
-                row.snapshot.bucket,
+            # payload 先放空字典：库里只信 payload_text（见 _CommandRow）。
+            created = Command(
+                command_id, task_id, action, issuer, reason, {}, self._clock.now(), row.snapshot.bucket
             )
+            command = _CommandRow(created, payload_text)
             self._commands[command_id] = command
             self._pending[command_id] = command
             return command.export()
@@ -439,43 +371,45 @@ class InMemoryTaskStore(TaskStore):
             self._check_open()
             now = self._clock.now()
             lease_until = now + timedelta(seconds=lease)
-            for command in self._pending.values():
+            for row in self._pending.values():
                 if len(claimed) >= limit:
                     break
+                command = row.command
                 if command.lease_until is not None and command.lease_until > now:
                     continue
                 if wanted_tasks is not None and command.task_id not in wanted_tasks:
                     continue
                 if wanted_buckets is not None and command.bucket not in wanted_buckets:
                     continue
-                command.claimant = claimant
-                command.lease_until = lease_until
-                command.deliveries += 1
-                claimed.append(command.export())
+                row.update(claimant=claimant, lease_until=lease_until, deliveries=command.deliveries + 1)
+                claimed.append(row.export())
         return claimed
 
-    def complete_command(self, command_id: str, claimant: str) -> bool:
+    def _held_command(
+        self, rows: dict[str, _CommandRow], command_id: str, claimant: str
+    ) -> _CommandRow | None:
+        """（持锁调用）``claimant`` 持有的那条指令；不存在或不归它 → None。完成与交还共用。"""
         checks.check_key("command_id", command_id)
+        self._check_open()
+        row = rows.get(command_id)
+        return row if row is not None and row.command.claimant == claimant else None
+
+    def complete_command(self, command_id: str, claimant: str) -> bool:
         with self._lock:
-            self._check_open()
-            command = self._commands.get(command_id)
-            if command is None or command.claimant != claimant:
+            row = self._held_command(self._commands, command_id, claimant)
+            if row is None:
                 return False
-            if command.completed_at is None:
-                command.completed_at = self._clock.now()
-                command.lease_until = None
+            if row.command.completed_at is None:
+                row.update(completed_at=self._clock.now(), lease_until=None)
                 del self._pending[command_id]
             return True
 
     def release_command(self, command_id: str, claimant: str) -> bool:
-        checks.check_key("command_id", command_id)
         with self._lock:
-            self._check_open()
-            command = self._pending.get(command_id)
-            if command is None or command.claimant != claimant:
+            row = self._held_command(self._pending, command_id, claimant)
+            if row is None:
                 return False
-            command.claimant = None
-            command.lease_until = None
+            row.update(claimant=None, lease_until=None)
             return True
 
     # -- membership ---------------------------------------------------------------------------------
@@ -557,7 +491,7 @@ class InMemoryTaskStore(TaskStore):
             doomed = {snapshot.task_id for snapshot in terminal[:excess]}
             for task_id in doomed:
                 del self._rows[task_id]
-            for command_id in [c.command_id for c in self._commands.values() if c.task_id in doomed]:
+            for command_id in [key for key, c in self._commands.items() if c.command.task_id in doomed]:
                 del self._commands[command_id]
                 self._pending.pop(command_id, None)
             return len(doomed)
@@ -601,7 +535,7 @@ class InMemoryTaskStore(TaskStore):
             for task_id in chosen:
                 row = self._rows[task_id]
                 history = tuple(row.history[v] for v in sorted(row.history))
-                commands = tuple(c.export() for c in self._commands.values() if c.task_id == task_id)
+                commands = tuple(c.export() for c in self._commands.values() if c.command.task_id == task_id)
                 picked.append((row.snapshot, row.outcome_text, history, commands))
         return [
             ArchivedTask(
@@ -621,9 +555,10 @@ class InMemoryTaskStore(TaskStore):
                 if row is not None and row.history.pop(version, None) is not None:
                     transitions += 1
             for command_id in receipt.commands:
-                command = self._commands.get(command_id)
-                if command is None:
+                stored = self._commands.get(command_id)
+                if stored is None:
                     continue
+                command = stored.command
                 # 未完成的指令只在它的任务整体离开时才随之删除，否则它还等着被执行。
                 if command.completed_at is None and not self._task_leaves(command.task_id, doomed_tasks):
                     continue
@@ -634,7 +569,7 @@ class InMemoryTaskStore(TaskStore):
                 row = self._rows.get(task_id)
                 if row is None or not self._task_leaves(task_id, doomed_tasks):
                     continue
-                if any(c.task_id == task_id for c in self._commands.values()):
+                if any(c.command.task_id == task_id for c in self._commands.values()):
                     continue
                 del self._rows[task_id]
                 tasks += 1
@@ -656,9 +591,9 @@ class InMemoryTaskStore(TaskStore):
         with self._lock:
             self._check_open()
             doomed = [
-                c.command_id
-                for c in self._commands.values()
-                if c.completed_at is not None and c.completed_at < completed_before
+                key
+                for key, c in self._commands.items()
+                if c.command.completed_at is not None and c.command.completed_at < completed_before
             ]
             for command_id in doomed:
                 del self._commands[command_id]

@@ -278,6 +278,13 @@ class ContractBase(unittest.TestCase):
     def assertVersions(self, store: TaskStore, task_id: str, versions: list[int]) -> None:
         self.assertEqual([t.version for t in store.history(task_id)], versions, f"{task_id} 的历史版本号")
 
+    def assertNeverSaved(self, store: TaskStore, task_id: str) -> None:
+        """被拒绝的 save 什么都没留下：快照仍是 create 时的版本 0，历史为空（整笔写入要么全有要么全无）。"""
+        got = store.get(task_id)
+        assert got is not None
+        self.assertEqual(got.status_version, 0)
+        self.assertEqual(store.history(task_id), [])
+
     def _prune_fixture(self) -> TaskStore:
         """prune 用例与成员表用例共用：5 个终态任务与 6 个未结束的任务。"""
         store = self.open_store()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from chongming_task.errors import ConfigurationError, TaskNotFound
-from chongming_task.storage import Command, CommandAction
+from chongming_task.storage import Command, CommandAction, TaskStore
 from chongming_task.testing.contract._base import REAL_LEASE, ContractBase, snap
 
 
@@ -127,21 +128,25 @@ class CommandCases(ContractBase):
         self.assertGreater(again.lease_until, first.lease_until)
         self.assertEqual(store.claim_commands("third", lease=lease), [])
 
-    def test_completed_command_is_never_redelivered(self) -> None:
+    def _claimed_command(
+        self, task_id: str, action: str, claimant: str
+    ) -> tuple[TaskStore, Callable[[float], None], float, Command]:
+        """一个任务、一条指令、已被 ``claimant`` 认领：返回 (store, advance, lease, 认领到的指令)。"""
         store, advance, lease, _ = self.open_timed_store()
-        store.create(snap("done"))
-        store.submit_command("done", "stop")
-        (command,) = store.claim_commands("w", lease=lease)
+        store.create(snap(task_id))
+        store.submit_command(task_id, action)
+        (command,) = store.claim_commands(claimant, lease=lease)
+        return store, advance, lease, command
+
+    def test_completed_command_is_never_redelivered(self) -> None:
+        store, advance, lease, command = self._claimed_command("done", "stop", "w")
         self.assertIs(store.complete_command(command.command_id, "w"), True)
         advance(lease * 1.5 if lease == REAL_LEASE else lease * 10)
         self.assertEqual(store.claim_commands("w", lease=lease), [])
         self.assertEqual(store.claim_commands("other", lease=lease), [])
 
     def test_previous_holder_cannot_complete_after_redelivery(self) -> None:
-        store, advance, lease, _ = self.open_timed_store()
-        store.create(snap("steal"))
-        store.submit_command("steal", "pause")
-        (command,) = store.claim_commands("slow", lease=lease)
+        store, advance, lease, command = self._claimed_command("steal", "pause", "slow")
         advance(lease * 1.5 if lease == REAL_LEASE else lease + 1)
         (again,) = store.claim_commands("fast", lease=lease)
         self.assertEqual(again.command_id, command.command_id)

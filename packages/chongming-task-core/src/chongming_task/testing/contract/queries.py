@@ -174,12 +174,17 @@ class QueryCases(ContractBase):
         store, _ = self._loaded()
         self.assertEqual(store.query(TaskQuery(limit=0)), [])
 
-    def test_query_oldest_first_breaks_ties_by_task_id(self) -> None:
+    def _tied_creation_times(self) -> TaskStore:
+        """三个同一时刻创建的任务（b c a），前后各差一微秒的 z-early 与 0-late：排序要按 task_id 破平局。"""
         store = self.open_store()
         for task_id in ("b", "c", "a"):
             store.create(snap(task_id, at=T0))
         store.create(snap("z-early", at=T0 - timedelta(microseconds=1)))
         store.create(snap("0-late", at=T0 + timedelta(microseconds=1)))
+        return store
+
+    def test_query_oldest_first_breaks_ties_by_task_id(self) -> None:
+        store = self._tied_creation_times()
         got = _ids(store.query(TaskQuery(order=QueryOrder.OLDEST_FIRST)))
         self.assertEqual(got, ["z-early", "a", "b", "c", "0-late"])
         self.assertEqual(
@@ -187,11 +192,7 @@ class QueryCases(ContractBase):
         )
 
     def test_query_newest_first_breaks_ties_by_task_id(self) -> None:
-        store = self.open_store()
-        for task_id in ("b", "c", "a"):
-            store.create(snap(task_id, at=T0))
-        store.create(snap("z-early", at=T0 - timedelta(microseconds=1)))
-        store.create(snap("0-late", at=T0 + timedelta(microseconds=1)))
+        store = self._tied_creation_times()
         got = _ids(store.query(TaskQuery(order=QueryOrder.NEWEST_FIRST)))
         self.assertEqual(got, ["0-late", "c", "b", "a", "z-early"])
         self.assertEqual(_ids(store.query(TaskQuery(limit=2))), ["0-late", "c"])

@@ -125,10 +125,7 @@ class SaveCases(ContractBase):
             store.save(nxt, expect_version=0, transitions=records[1:])  # 缺了版本 1
         with self.assertRaises(ConfigurationError):
             store.save(nxt, expect_version=0, transitions=[records[0], records[0]])
-        got = store.get("s-bad")
-        assert got is not None
-        self.assertEqual(got.status_version, 0)
-        self.assertEqual(store.history("s-bad"), [])
+        self.assertNeverSaved(store, "s-bad")
 
     def test_save_without_version_bump(self) -> None:
         store = self.open_store()

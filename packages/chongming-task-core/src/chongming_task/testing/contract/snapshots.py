@@ -193,10 +193,7 @@ class SnapshotCases(ContractBase):
         bad, record = step(snap("ok"), S.QUEUED, outcome=object())
         with self.assertRaises(ConfigurationError):
             store.save(bad, expect_version=0, transitions=[record])
-        got = store.get("ok")
-        assert got is not None
-        self.assertEqual(got.status_version, 0)
-        self.assertEqual(store.history("ok"), [])
+        self.assertNeverSaved(store, "ok")
 
     # ===============================================================================================
     # 可存储值的上限（用户指南 §13、持久层实现指南 §5.2）：每个后端都必须存得下恰好在上限上的值
@@ -307,10 +304,7 @@ class SnapshotCases(ContractBase):
                 bad, record = step(base, S.QUEUED)
                 with self.assertRaises(ConfigurationError):
                     store.save(bad.evolve(**fields), expect_version=0, transitions=[record])
-        got = store.get("bypass")
-        assert got is not None
-        self.assertEqual(got.status_version, 0)
-        self.assertEqual(store.history("bypass"), [])
+        self.assertNeverSaved(store, "bypass")
 
     # ===============================================================================================
     # copies

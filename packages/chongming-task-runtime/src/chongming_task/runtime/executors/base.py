@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from chongming_task.clock import Clock
-from chongming_task.context import ContextEvents, LogEntry, TaskContext
+from chongming_task.context import ContextEvents, ContextHandle, LogEntry, TaskContext
 from chongming_task.core.json_depth import check_json_depth
 from chongming_task.errors import ConfigurationError, TaskCancelled
 from chongming_task.models import Failure, FailureKind
@@ -194,13 +194,17 @@ def _cancelled_failure(reason: str | None) -> Failure:
     return Failure(FailureKind.CANCELLED, reason or "任务响应停止请求而结束", retryable=False)
 
 
-class LocalAttempt(AttemptHandle):
-    """在本进程里执行的尝试（线程与内联执行器共用）：控制就是直接拨上下文的标志。"""
+class LocalAttempt(ContextHandle, AttemptHandle):
+    """在本进程里执行的尝试（线程与内联执行器共用）：控制就是直接拨上下文的标志。
+
+    停止 / 暂停 / 恢复 / 确认暂停与 ``make_context`` 给任务作者的 ``ContextHandle`` 是同一件事，所以
+    直接继承它（先于 AttemptHandle，满足那几个抽象方法），不再另写一份转发。
+    """
 
     def __init__(self, spec: AttemptSpec, events: AttemptEvents) -> None:
+        super().__init__(build_context(spec, events))
         self.spec = spec
         self.events = events
-        self.context = build_context(spec, events)
 
     def run_here(self) -> None:
         """在当前线程里报告就位、执行任务体、报告结束。"""
@@ -209,20 +213,8 @@ class LocalAttempt(AttemptHandle):
         result = execute_body(spec.fn, self.context, spec.args, spec.kwargs, spec.retry)
         self.events.finished(result)
 
-    def request_stop(self, reason: str | None) -> None:
-        self.context._request_stop(reason)
-
-    def request_pause(self) -> None:
-        self.context._request_pause()
-
-    def request_resume(self) -> None:
-        self.context._request_resume()
-
-    def confirm_or_cancel_pause(self) -> bool:
-        return self.context._confirm_or_cancel_pause()
-
     def last_beat(self) -> float:
-        return self.context._beat
+        return self.heartbeat
 
 
 __all__ = [

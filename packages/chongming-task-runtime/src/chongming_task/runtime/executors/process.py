@@ -29,16 +29,23 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK
-from chongming_task.context import LOGGER_PREFIX, ContextEvents, LogEntry, TaskContext, emit_task_log
+from chongming_task.context import (
+    LOGGER_PREFIX,
+    MAX_LOGS,
+    ContextEvents,
+    LogEntry,
+    TaskContext,
+    emit_task_log,
+)
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import Failure, FailureKind, Progress
-from chongming_task.policies import RetryPolicy
 from chongming_task.runtime.executors.base import (
     AttemptEvents,
     AttemptHandle,
@@ -46,6 +53,7 @@ from chongming_task.runtime.executors.base import (
     AttemptSpec,
     Executor,
     ResultKind,
+    build_context,
     execute_body,
 )
 
@@ -70,20 +78,6 @@ _EXIT_GRACE = 2.0
 """子进程交回结果之后，等它自己退出的真实秒数；还不退（例如留下了非守护线程）就强制结束。"""
 
 runtime_logger = logging.getLogger("chongming_task.runtime")
-
-
-@dataclass(frozen=True)
-class _ChildPayload:
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    task_id: str
-    name: str
-    attempt: int
-    retry: RetryPolicy
-    upstream: dict[str, Any]
-    artifact_root: str | None
-    artifact_hint: str | None = None
 
 
 # -- the child side ---------------------------------------------------------------------------------
@@ -172,7 +166,7 @@ def _release_forkserver_alive_fd() -> None:
         return
 
 
-def _child_main(conn: multiprocessing.connection.Connection, payload: _ChildPayload) -> None:
+def _child_main(conn: multiprocessing.connection.Connection, payload: AttemptSpec) -> None:
     """子进程入口（模块级函数，spawn / forkserver 都能按名字找到它）。"""
     _die_with_parent()
     # 日志由父进程统一发出（带 task_id 等 extra）；子进程里不再重复打印到 stderr。
@@ -183,16 +177,7 @@ def _child_main(conn: multiprocessing.connection.Connection, payload: _ChildPayl
         with send_lock:
             conn.send(message)
 
-    ctx = TaskContext(
-        payload.task_id,
-        name=payload.name,
-        attempt=payload.attempt,
-        clock=SYSTEM_CLOCK,
-        upstream=payload.upstream,
-        artifact_root=payload.artifact_root,
-        events=_ChildEvents(send),
-        artifact_hint=payload.artifact_hint,
-    )
+    ctx = build_context(payload, _ChildEvents(send))
     listener = threading.Thread(
         target=_child_listen, args=(conn, ctx, send), name="chongming-task-control", daemon=True
     )
@@ -309,18 +294,10 @@ class ProcessAttempt(AttemptHandle):
     def _monitor(self) -> None:
         spec = self._spec
         events = self._events
-        payload = _ChildPayload(
-            fn=spec.fn,
-            args=spec.args,
-            kwargs=spec.kwargs,
-            task_id=spec.task_id,
-            name=spec.name,
-            attempt=spec.attempt,
-            retry=spec.retry,
-            upstream=dict(spec.upstream),
-            artifact_root=None if spec.artifact_root is None else str(spec.artifact_root),
-            artifact_hint=spec.artifact_hint,
-        )
+        # 子进程拿到的就是这份 AttemptSpec（pickle 过去），只换掉不能或不该跨进程的三样：时钟用子进程的
+        # 真实时钟（注入的测试时钟不跨进程）、upstream 可能是只读映射代理（不能 pickle）、日志缓冲在子进程
+        # 里另起一份（父进程经事件收日志，子进程的 ctx.logs 只看本次尝试）。
+        payload = replace(spec, clock=SYSTEM_CLOCK, upstream=dict(spec.upstream), logs=deque(maxlen=MAX_LOGS))
         process = self._executor.mp_context.Process(
             target=_child_main,
             args=(self._child_conn, payload),

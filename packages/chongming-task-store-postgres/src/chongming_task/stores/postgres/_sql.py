@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from chongming_task.core.storage.sql import RowCodec, escape_like
@@ -201,41 +201,44 @@ class Sql:
         return text
 
 
+def _as_is(value: Any) -> Any:
+    return value
+
+
+_EQUAL_FILTERS = ("bucket", "owner", "pipeline_id")
+"""列名与 ``TaskQuery`` 字段同名的等值过滤。"""
+
+_FILTER_CLAUSES: dict[str, str] = {
+    "statuses": "status = ANY(%(statuses)s::text[])",
+    "tag": "tags @> ARRAY[%(tag)s::text]",
+    **{name: f"{name} = %({name})s" for name in _EQUAL_FILTERS},
+    "buckets": "bucket = ANY(%(buckets)s::bigint[])",
+    "created_after": "created_at > %(created_after)s",
+    "created_before": "created_at < %(created_before)s",
+    "lease_expired_before": "(lease_until IS NULL OR lease_until < %(lease_expired_before)s)",
+}
+"""``TaskQuery`` 字段 → 子句（参数名即字段名）。字段为 None 表示不限，不出现在 WHERE 里。"""
+
+_FILTER_PARAMS: dict[str, Callable[[Any], Any]] = {
+    "statuses": lambda statuses: sorted(s.value for s in statuses),
+    "buckets": sorted,
+}
+"""需要换个形状才能绑定的参数（集合 → 排好序的数组）；其余字段原样绑定。"""
+
+
 def where_clause(query: TaskQuery) -> tuple[str, dict[str, Any]]:
     """TaskQuery → WHERE 子句。每一条都与 ``TaskQuery.matches`` 的参照语义逐条对应。"""
     clauses: list[str] = []
     params: dict[str, Any] = {}
-    if query.statuses is not None:
-        clauses.append("status = ANY(%(statuses)s::text[])")
-        params["statuses"] = sorted(s.value for s in query.statuses)
+    for name, clause in _FILTER_CLAUSES.items():
+        value = getattr(query, name)
+        if value is not None:
+            clauses.append(clause)
+            params[name] = _FILTER_PARAMS.get(name, _as_is)(value)
     if query.name_prefix is not None:
         # 前缀按字面匹配：escape_like 转义 % _ 与转义符本身（列是 COLLATE "C"，按码点比较）。
         clauses.append("name LIKE %(name_like)s ESCAPE '\\'")
         params["name_like"] = escape_like(query.name_prefix)
-    if query.tag is not None:
-        clauses.append("tags @> ARRAY[%(tag)s::text]")
-        params["tag"] = query.tag
-    if query.bucket is not None:
-        clauses.append("bucket = %(bucket)s")
-        params["bucket"] = query.bucket
-    if query.buckets is not None:
-        clauses.append("bucket = ANY(%(buckets)s::bigint[])")
-        params["buckets"] = sorted(query.buckets)
-    if query.owner is not None:
-        clauses.append("owner = %(owner)s")
-        params["owner"] = query.owner
-    if query.pipeline_id is not None:
-        clauses.append("pipeline_id = %(pipeline_id)s")
-        params["pipeline_id"] = query.pipeline_id
-    if query.created_after is not None:
-        clauses.append("created_at > %(created_after)s")
-        params["created_after"] = query.created_after
-    if query.created_before is not None:
-        clauses.append("created_at < %(created_before)s")
-        params["created_before"] = query.created_before
-    if query.lease_expired_before is not None:
-        clauses.append("(lease_until IS NULL OR lease_until < %(lease_expired_before)s)")
-        params["lease_expired_before"] = query.lease_expired_before
     for name in ("name_like", "tag", "owner", "pipeline_id"):
         if name in params:
             check_text(params[name], f"TaskQuery.{name}")

@@ -43,6 +43,7 @@ from chongming_task.core.storage.values import (
     QueryOrder,
     TaskQuery,
     TaskStats,
+    TouchUpdate,
     as_query,
     lease_held_message,
 )
@@ -53,7 +54,7 @@ from chongming_task.errors import (
     StoreError,
     TaskNotFound,
 )
-from chongming_task.models import Progress, TaskSnapshot, Transition
+from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TERMINAL_STATUSES, TaskStatus
 from chongming_task.stores.postgres import _archive, _logs, _schema, _sql
 from chongming_task.stores.postgres._codec import (
@@ -918,19 +919,17 @@ class PostgresTaskStore(TaskStore):
 
     # -- side channel ---------------------------------------------------------------------------------
 
-    def _touch_statement(
-        self,
-        task_id: str,
-        progress: Progress | None,
-        heartbeat_at: datetime | None,
-        lease_owner: str | None,
-        lease_until: datetime | None,
-    ) -> tuple[str, dict[str, Any]] | None:
-        checks.touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
-        check_text(lease_owner, "lease_owner")
+    def _touch_statement(self, update: TouchUpdate) -> tuple[str, dict[str, Any]] | None:
+        check_text(update.lease_owner, "lease_owner")
+        progress, heartbeat_at, lease_owner, lease_until = (
+            update.progress,
+            update.heartbeat_at,
+            update.lease_owner,
+            update.lease_until,
+        )
         if progress is None and heartbeat_at is None and lease_owner is None and lease_until is None:
             return None
-        params: dict[str, Any] = {"task_id": task_id, "lease_owner": lease_owner}
+        params: dict[str, Any] = {"task_id": update.task_id, "lease_owner": lease_owner}
         params["progress"] = None if progress is None else json_text(progress.to_dict(), "progress")
         params["heartbeat_at"], params["heartbeat_at_off"] = split_dt(heartbeat_at)
         params["lease_until"], params["lease_until_off"] = split_dt(lease_until)
@@ -939,16 +938,9 @@ class PostgresTaskStore(TaskStore):
         )
         return text, params
 
-    def touch(
-        self,
-        task_id: str,
-        *,
-        progress: Progress | None = None,
-        heartbeat_at: datetime | None = None,
-        lease_owner: str | None = None,
-        lease_until: datetime | None = None,
-    ) -> bool:
-        statement = self._touch_statement(task_id, progress, heartbeat_at, lease_owner, lease_until)
+    def _touch(self, update: TouchUpdate) -> bool:
+        task_id = update.task_id
+        statement = self._touch_statement(update)
         if "\x00" in task_id:
             return False
         if statement is None:
@@ -966,14 +958,7 @@ class PostgresTaskStore(TaskStore):
         """一次事务、一次管道发送：控制器每轮续租几十个任务，不该付几十次往返。"""
         statements: list[tuple[str, dict[str, Any]]] = []
         for task_id, raw in updates:
-            fields = checks.touch_many_fields(raw)
-            statement = self._touch_statement(
-                task_id,
-                fields.get("progress"),
-                fields.get("heartbeat_at"),
-                fields.get("lease_owner"),
-                fields.get("lease_until"),
-            )
+            statement = self._touch_statement(checks.touch_many_update(task_id, raw))
             if statement is not None and "\x00" not in task_id:  # 含 NUL 的任务不可能存在
                 statements.append(statement)
         if not statements:

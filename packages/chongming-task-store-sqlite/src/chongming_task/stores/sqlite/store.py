@@ -30,6 +30,7 @@ from chongming_task.core.storage.values import (
     QueryOrder,
     TaskQuery,
     TaskStats,
+    TouchUpdate,
     as_query,
     lease_held_message,
 )
@@ -40,7 +41,7 @@ from chongming_task.errors import (
     StoreError,
     TaskNotFound,
 )
-from chongming_task.models import Progress, TaskSnapshot, Transition
+from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
 from chongming_task.stores.sqlite import _archive, _logs, _sql
 from chongming_task.stores.sqlite import _codec as codec
@@ -549,40 +550,26 @@ class SqliteTaskStore(TaskStore):
     # -- side channel -------------------------------------------------------------------------------
 
     @staticmethod
-    def _touch_sets(
-        task_id: object,
-        progress: Progress | None,
-        heartbeat_at: datetime | None,
-        lease_owner: str | None,
-        lease_until: datetime | None,
-    ) -> tuple[str, list[Any]]:
-        checks.touch_args(task_id, progress, heartbeat_at, lease_owner, lease_until)
+    def _touch_sets(update: TouchUpdate) -> tuple[str, list[Any]]:
         sets: list[str] = []
         params: list[Any] = []
-        if progress is not None:
+        if update.progress is not None:
             sets.append("progress = ?")
-            params.append(codec.progress_text(progress))
-        if heartbeat_at is not None:
+            params.append(codec.progress_text(update.progress))
+        if update.heartbeat_at is not None:
             sets.append("last_heartbeat_at = ?")
-            params.append(codec.dt_text(heartbeat_at))
-        if lease_owner is not None:
+            params.append(codec.dt_text(update.heartbeat_at))
+        if update.lease_owner is not None:
             sets.append("lease_owner = ?")
-            params.append(lease_owner)
-        if lease_until is not None:
+            params.append(update.lease_owner)
+        if update.lease_until is not None:
             sets.append("lease_until = ?, lease_key = ?")
-            params.extend((codec.dt_text(lease_until), codec.dt_key(lease_until)))
+            params.extend((codec.dt_text(update.lease_until), codec.dt_key(update.lease_until)))
         return ", ".join(sets), params
 
-    def touch(
-        self,
-        task_id: str,
-        *,
-        progress: Progress | None = None,
-        heartbeat_at: datetime | None = None,
-        lease_owner: str | None = None,
-        lease_until: datetime | None = None,
-    ) -> bool:
-        sets, params = self._touch_sets(task_id, progress, heartbeat_at, lease_owner, lease_until)
+    def _touch(self, update: TouchUpdate) -> bool:
+        task_id = update.task_id
+        sets, params = self._touch_sets(update)
         if not sets:
             found = self._run(
                 "touch",
@@ -599,14 +586,7 @@ class SqliteTaskStore(TaskStore):
         """整批一个写事务：心跳线程每轮给全部任务续租，一次提交，而不是每个任务一次。"""
         prepared: list[tuple[str, list[Any]]] = []
         for task_id, raw in updates:
-            fields = checks.touch_many_fields(raw)
-            sets, params = self._touch_sets(
-                task_id,
-                fields.get("progress"),
-                fields.get("heartbeat_at"),
-                fields.get("lease_owner"),
-                fields.get("lease_until"),
-            )
+            sets, params = self._touch_sets(checks.touch_many_update(task_id, raw))
             if sets:
                 params.append(task_id)
                 prepared.append((f"UPDATE tasks SET {sets} WHERE task_id = ?", params))
