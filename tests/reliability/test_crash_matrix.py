@@ -159,6 +159,18 @@ def trial_snapshots(store: TaskStore, prefix: str) -> dict[str, Any]:
     return {s.task_id: s for s in store.query() if s.task_id.startswith(prefix)}
 
 
+def settle(store: TaskStore, prefix: str, timeout: float = 5.0) -> None:
+    """等存储静止：该试验所有任务的版本号相隔 0.1 秒的两次读取完全相同（或超时）。"""
+    deadline = time.monotonic() + timeout
+    previous = None
+    while time.monotonic() < deadline:
+        current = {k: v.status_version for k, v in trial_snapshots(store, prefix).items()}
+        if current == previous:
+            return
+        previous = current
+        time.sleep(0.1)
+
+
 def wait_for_state(store: TaskStore, prefix: str, status: TaskStatus, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     query = TaskQuery(statuses=frozenset({status}))
@@ -241,6 +253,9 @@ def run_trial(
     store = open_store(url)
     recoverer: Controller | None = None
     try:
+        # 进程死了，服务器上可能还有它最后一条已经收到、正在执行的自动提交语句（Postgres 照样会提交它）：
+        # 等存储里这一试验的版本号连续两次读都不再变，再拿它当"被杀那一刻"的基准。
+        settle(store, prefix)
         snapshots = trial_snapshots(store, prefix)
         trial.tasks = len(snapshots)
         for task_id in snapshots:
