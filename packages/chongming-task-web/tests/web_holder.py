@@ -22,7 +22,7 @@ def live_counter(ctx: Any, steps: int = 100_000) -> int:
     for step in range(1, steps + 1):
         ctx.checkpoint()
         ctx.progress(step, total=steps, unit="步", message=f"第 {step} 步")
-        ctx.log(f"第 {step} 步完成 <ok> \"引号\"")  # 持久化日志：任务页的实时尾巴
+        ctx.log(f'第 {step} 步完成 <ok> "引号"')  # 持久化日志：任务页的实时尾巴
         time.sleep(0.2)
     return steps
 

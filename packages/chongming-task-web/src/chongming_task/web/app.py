@@ -25,6 +25,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from chongming_task import TaskStatus, TaskStore
+from chongming_task.clock import Clock
 from chongming_task.web.filters import (
     BadRequest,
     TaskFilter,
@@ -38,11 +39,14 @@ from chongming_task.web.present import ACTION_LABELS, STATUS_LABELS
 from chongming_task.web.security import (
     CSRF_FIELD,
     CSRF_HEADER,
+    LoginLimiter,
     SecurityMiddleware,
     Session,
     SessionStore,
+    client_address,
     cookie_header,
     tokens_equal,
+    too_many_attempts,
 )
 from chongming_task.web.service import (
     Conflict,
@@ -106,8 +110,9 @@ def _templates() -> jinja2.Environment:
 class WebConsole:
     """一个控制台实例：存储、服务层、共享轮询器、会话表与 Starlette 应用。"""
 
-    def __init__(self, store: TaskStore, settings: WebSettings) -> None:
+    def __init__(self, store: TaskStore, settings: WebSettings, *, clock: Clock | None = None) -> None:
         self.settings = settings
+        self.limiter = LoginLimiter(clock=clock)  # 登录限速的时钟（测试传 FakeClock）
         self.service = ConsoleService(store, num_buckets=settings.num_buckets, read_only=settings.read_only)
         self.poller = SharedPoller(settings.poll_interval)
         self.sessions = SessionStore()
@@ -171,6 +176,7 @@ class WebConsole:
             token=self.settings.token,
             default_operator=self.operator,
             sessions=self.sessions,
+            limiter=self.limiter,
         )
         return app
 
@@ -298,9 +304,20 @@ class WebConsole:
         form = await self.form(request)
         self.check_csrf(request, session, form)
         next_url = _safe_next(form.get("next"))
-        if self.settings.token is not None and not tokens_equal(self.settings.token, form.get("token")):
-            context = {"next": next_url, "error": "口令不对：请核对启动控制台时给的 --token"}
-            return self.render(request, "login.html", context, 403)
+        if self.settings.token is not None:
+            client = client_address(request.scope)
+            wait = self.limiter.retry_after(client)
+            if wait is not None:  # 被限速：连口令都不比较
+                page = self.render(
+                    request, "login.html", {"next": next_url, "error": too_many_attempts(wait)}, 429
+                )
+                page.headers["Retry-After"] = str(wait)
+                return page
+            if not tokens_equal(self.settings.token, form.get("token")):
+                self.limiter.failed(client)
+                context = {"next": next_url, "error": "口令不对：请核对启动控制台时给的 --token"}
+                return self.render(request, "login.html", context, 403)
+            self.limiter.succeeded(client)
         try:
             operator = check_operator(form.get("operator") or self.operator)
         except BadRequest as exc:
