@@ -11,7 +11,7 @@ import httpx
 import pytest
 from markupsafe import escape
 from starlette.testclient import TestClient
-from web_testkit import T0, ClientFactory, LiveServer, MakeTask, sse_events
+from web_testkit import T0, ClientFactory, CountingStore, LiveServer, MakeTask, sse_events
 
 from chongming_task import TaskStatus
 from chongming_task.storage import LOG_TRUNCATED_MARKER, MAX_LOG_MESSAGE_BYTES, LogLine
@@ -130,25 +130,6 @@ def test_hostile_log_lines_are_escaped(
 
 
 # -- SSE 实时尾巴（真实的 uvicorn：TestClient 不流式） ------------------------------------------------------
-
-
-class CountingStore:
-    """包一层存储，数每个方法被调了几次（共享轮询器"每视图每间隔一次查询"就靠它来核对）。"""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.calls: dict[str, int] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self.inner, name)
-        if not callable(target):
-            return target
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.calls[name] = self.calls.get(name, 0) + 1
-            return target(*args, **kwargs)
-
-        return counted
 
 
 def test_live_log_tail_over_sse_is_shared_and_resumes(store: SqliteTaskStore, make_task: MakeTask) -> None:

@@ -27,6 +27,25 @@ def csrf_of(client: TestClient, path: str = "/tasks") -> str:
     return html[start : html.index('"', start)]
 
 
+class CountingStore:
+    """包一层存储，数每个方法被调了几次（共享轮询器"每视图每间隔一次查询"就靠它来核对）。"""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self.inner, name)
+        if not callable(target):
+            return target
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return target(*args, **kwargs)
+
+        return counted
+
+
 class LiveServer:
     """在本线程之外用真实的 uvicorn 跑一个控制台（127.0.0.1 的随机端口）：SSE 长连接要真实的流式服务器，
     TestClient 会等响应结束才返回。``with LiveServer(console) as base_url: ...``；退出时像 Ctrl-C 那样关。"""
@@ -70,10 +89,16 @@ class LiveServer:
 
 
 async def sse_events(
-    client: Any, url: str, *, until: Callable[[list[tuple[str, str]]], bool], headers: Any = None
+    client: Any,
+    url: str,
+    *,
+    until: Callable[[list[tuple[str, str]]], bool],
+    headers: Any = None,
+    events: list[tuple[str, str]] | None = None,
 ) -> list[tuple[str, str]]:
-    """读一个 SSE 流，收集 (event, data)，直到 ``until(events)`` 成立或服务器结束流（收到 bye）。"""
-    events: list[tuple[str, str]] = []
+    """读一个 SSE 流，收集 (event, data)（也追加进 ``events``，调用方边读边看），直到 ``until(events)``
+    成立或服务器结束流（收到 bye）。"""
+    events = [] if events is None else events
     event, data = "message", ""
     async with client.stream("GET", url, headers=headers) as response:
         assert response.status_code == 200, await response.aread()
