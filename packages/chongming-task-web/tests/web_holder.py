@@ -41,6 +41,7 @@ def main() -> None:
     )
     controller.register_all(live_counter, bulk_spin)
     controller.submit("live.counter", task_id="live-1", label="实时计数")
+    controller.submit("live.counter", task_id="live-2", label="一直在跑（总览里节点在线）")
     for i in range(3):
         controller.submit("bulk.spin", task_id=f"bulk-{i}", label=f"批量 {i}")
     signal.signal(signal.SIGTERM, lambda *_: controller.close(reason="持有者退出", timeout=5))
