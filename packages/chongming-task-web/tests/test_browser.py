@@ -246,6 +246,8 @@ def test_live_console_in_a_real_browser(browser: Any, spawn: Callable[..., Proc]
     assert page.locator('#status-counts tr[data-status="stopped"] [data-count]').inner_text() == "4"
     expect(page.locator("#nodes")).to_contain_text("holder-1")  # 持有者进程还在：节点与租约新鲜度
     assert "存活" in page.locator("#nodes").inner_text()
+    heartbeat = page.locator("#nodes tr").first.locator("td").nth(3)
+    expect(heartbeat).not_to_have_text(heartbeat.inner_text(), timeout=15_000)  # 节点表也经 SSE 原地更新
     shot(page, tmp_path, "web-overview")
 
     # 5. 只读服务器：没有任何按钮

@@ -592,12 +592,16 @@ class WebConsole:
         poller = self.poller
 
         async def events() -> AsyncIterator[str]:
-            yield f"retry: {int(max(1.0, self.settings.poll_interval) * 1000)}\n\n"
+            yield self._retry_line()
             async for text in poller.subscribe(key, fetch):
                 yield ": keepalive\n\n" if text is None else f"event: update\ndata: {text}\n\n"
             yield "event: bye\ndata: {}\n\n"  # 服务器关闭：告诉页面别急着重连
 
         return self._event_stream(events())
+
+    def _retry_line(self) -> str:
+        """SSE 的第一行：断线后浏览器隔多久重连（不短于 1 秒）。"""
+        return f"retry: {int(max(1.0, self.settings.poll_interval) * 1000)}\n\n"
 
     @staticmethod
     def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
@@ -641,7 +645,7 @@ class WebConsole:
 
         async def events() -> AsyncIterator[str]:
             nonlocal sent
-            yield f"retry: {int(max(1.0, self.settings.poll_interval) * 1000)}\n\n"
+            yield self._retry_line()
             async for payload in poller.subscribe_values(key, tail):
                 if payload is KEEPALIVE:
                     yield ": keepalive\n\n"

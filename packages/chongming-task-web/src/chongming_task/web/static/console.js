@@ -75,6 +75,7 @@
     td.textContent = text;
     if (cls) { td.className = cls; }
     tr.appendChild(td);
+    return td;
   }
 
   function updateTask(data) {
@@ -104,8 +105,31 @@
     }
   }
 
+  function updateNodes(nodes) {
+    var body = document.getElementById("nodes");
+    if (!body || !nodes) { return; }
+    while (body.firstChild) { body.removeChild(body.firstChild); }
+    if (!nodes.length) {
+      var tr = document.createElement("tr");
+      cell(tr, "（没有节点登记：没有持有任务的进程在线）", "empty").colSpan = 5;
+      body.appendChild(tr);
+      return;
+    }
+    for (var i = 0; i < nodes.length; i++) {
+      var n = nodes[i];
+      var row = document.createElement("tr");
+      cell(row, n.owner);
+      cell(row, n.buckets);
+      cell(row, String(n.num_buckets));
+      cell(row, n.heartbeat);
+      cell(row, n.freshness, n.alive ? "ok" : "bad");
+      body.appendChild(row);
+    }
+  }
+
   function updateOverview(data) {
     fill(main, data);
+    updateNodes(data.nodes);
     var rows = document.querySelectorAll("#status-counts tr[data-status]");
     var counts = {};
     for (var i = 0; i < data.statuses.length; i++) { counts[data.statuses[i].status] = data.statuses[i].count; }
