@@ -24,7 +24,7 @@ import json
 import math
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -37,12 +37,14 @@ from chongming_task.core.storage.values import (
     ArchiveDeleted,
     ArchivedTask,
     ArchiveReceipt,
+    ClaimRequest,
     Command,
-    CommandAction,
+    CommandSubmission,
     LogLine,
     LogStats,
     NodeRecord,
     QueryOrder,
+    SaveRequest,
     TaskQuery,
     TaskStats,
     TouchUpdate,
@@ -197,18 +199,8 @@ class InMemoryTaskStore(TaskStore):
                 row.history.setdefault(record.version, record)
             self._rows[snapshot.task_id] = row
 
-    def save(
-        self,
-        snapshot: TaskSnapshot,
-        *,
-        expect_version: int,
-        transitions: Sequence[Transition] = (),
-        lease_expired_before: datetime | None = None,
-    ) -> None:
-        snapshot = checks.check_snapshot(snapshot)
-        transitions = tuple(transitions)
-        checks.validate_save(snapshot, expect_version, transitions)
-        checks.check_aware("lease_expired_before", lease_expired_before)
+    def _save(self, request: SaveRequest) -> None:
+        snapshot, expect_version = request.snapshot, request.expect_version
         scalar, text = _encode_json(snapshot.outcome, what="outcome")
         with self._lock:
             self._check_open()
@@ -219,7 +211,7 @@ class InMemoryTaskStore(TaskStore):
                     f"任务 {snapshot.task_id!r} 的版本已是 {current.status_version}，"
                     f"不是期望的 {expect_version}：有别的写者抢先了，请重新读取后再决定"
                 )
-            if lease_is_held(current.lease_until, lease_expired_before):
+            if lease_is_held(current.lease_until, request.lease_expired_before):
                 raise ConcurrencyConflict(lease_held_message(snapshot.task_id, current.lease_until))
             # 旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。
             row.snapshot = snapshot.evolve(
@@ -230,7 +222,7 @@ class InMemoryTaskStore(TaskStore):
                 lease_until=current.lease_until,
             )
             row.outcome_text = text
-            for record in transitions:
+            for record in request.transitions:
                 row.history.setdefault(record.version, record)
 
     def get(self, task_id: str) -> TaskSnapshot | None:
@@ -332,45 +324,37 @@ class InMemoryTaskStore(TaskStore):
 
     # -- commands -----------------------------------------------------------------------------------
 
-    def submit_command(
-        self,
-        task_id: str,
-        action: CommandAction | str,
-        *,
-        issuer: str | None = None,
-        reason: str | None = None,
-        payload: Mapping[str, Any] | None = None,
-    ) -> Command:
-        action, body = checks.command_args(task_id, action, issuer, reason, payload)
-        payload_text = checks.check_json_value(body, what="指令 payload")
+    def _submit_command(self, submission: CommandSubmission) -> Command:
+        payload_text = checks.check_json_value(submission.payload, what="指令 payload")
+        task_id = submission.task_id
         with self._lock:
             self._check_open()
             row = self._row(task_id)
             command_id = f"{next(self._sequence):012d}-{uuid.uuid4().hex[:12]}"
             # payload 先放空字典：库里只信 payload_text（见 _CommandRow）。
             created = Command(
-                command_id, task_id, action, issuer, reason, {}, self._clock.now(), row.snapshot.bucket
+                command_id,
+                task_id,
+                submission.action,
+                submission.issuer,
+                submission.reason,
+                {},
+                self._clock.now(),
+                row.snapshot.bucket,
             )
             command = _CommandRow(created, payload_text)
             self._commands[command_id] = command
             self._pending[command_id] = command
             return command.export()
 
-    def claim_commands(
-        self,
-        claimant: str,
-        *,
-        lease: float,
-        limit: int = 100,
-        task_ids: Iterable[str] | None = None,
-        buckets: Iterable[int] | None = None,
-    ) -> list[Command]:
-        wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
+    def _claim_commands(self, request: ClaimRequest) -> list[Command]:
+        claimant, limit = request.claimant, request.limit
+        wanted_tasks, wanted_buckets = request.task_ids, request.buckets
         claimed: list[Command] = []
         with self._lock:
             self._check_open()
             now = self._clock.now()
-            lease_until = now + timedelta(seconds=lease)
+            lease_until = now + timedelta(seconds=request.lease)
             for row in self._pending.values():
                 if len(claimed) >= limit:
                     break

@@ -11,7 +11,7 @@ import select
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -35,12 +35,14 @@ from chongming_task.core.storage.values import (
     ArchiveDeleted,
     ArchivedTask,
     ArchiveReceipt,
+    ClaimRequest,
     Command,
-    CommandAction,
+    CommandSubmission,
     LogLine,
     LogStats,
     NodeRecord,
     QueryOrder,
+    SaveRequest,
     TaskQuery,
     TaskStats,
     TouchUpdate,
@@ -808,17 +810,9 @@ class PostgresTaskStore(TaskStore):
         if row is None or row[0] == 0:
             raise DuplicateTaskId(f"task_id {snapshot.task_id!r} 已存在；想再跑一次请换一个 task_id 提交")
 
-    def save(
-        self,
-        snapshot: TaskSnapshot,
-        *,
-        expect_version: int,
-        transitions: Sequence[Transition] = (),
-        lease_expired_before: datetime | None = None,
-    ) -> None:
-        snapshot = checks.check_snapshot(snapshot)
-        checks.validate_save(snapshot, expect_version, transitions)
-        checks.check_aware("lease_expired_before", lease_expired_before)
+    def _save(self, request: SaveRequest) -> None:
+        snapshot, transitions = request.snapshot, request.transitions
+        expect_version, lease_expired_before = request.expect_version, request.lease_expired_before
         params = task_params(snapshot)
         params["expect_version"] = expect_version
         leased = lease_expired_before is not None
@@ -969,16 +963,9 @@ class PostgresTaskStore(TaskStore):
 
     # -- commands -------------------------------------------------------------------------------------
 
-    def submit_command(
-        self,
-        task_id: str,
-        action: CommandAction | str,
-        *,
-        issuer: str | None = None,
-        reason: str | None = None,
-        payload: Mapping[str, Any] | None = None,
-    ) -> Command:
-        action, body = checks.command_args(task_id, action, issuer, reason, payload)
+    def _submit_command(self, submission: CommandSubmission) -> Command:
+        task_id, action = submission.task_id, submission.action
+        issuer, reason, body = submission.issuer, submission.reason, submission.payload
         check_text(issuer, "指令的 issuer")
         check_text(reason, "指令的 reason")
         if "\x00" in task_id:
@@ -1013,16 +1000,9 @@ class PostgresTaskStore(TaskStore):
             bucket=row[0],
         )
 
-    def claim_commands(
-        self,
-        claimant: str,
-        *,
-        lease: float,
-        limit: int = 100,
-        task_ids: Iterable[str] | None = None,
-        buckets: Iterable[int] | None = None,
-    ) -> list[Command]:
-        wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
+    def _claim_commands(self, request: ClaimRequest) -> list[Command]:
+        claimant, lease, limit = request.claimant, request.lease, request.limit
+        wanted_tasks, wanted_buckets = request.task_ids, request.buckets
         check_text(claimant, "认领者 claimant")
         # text 存不下 NUL、integer 存不下 2**31 以上的桶号：这样的过滤值不可能匹配任何指令，直接去掉。
         ids = None if wanted_tasks is None else sorted(t for t in wanted_tasks if "\x00" not in t)

@@ -10,7 +10,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -22,12 +22,14 @@ from chongming_task.core.storage.values import (
     ArchiveDeleted,
     ArchivedTask,
     ArchiveReceipt,
+    ClaimRequest,
     Command,
-    CommandAction,
+    CommandSubmission,
     LogLine,
     LogStats,
     NodeRecord,
     QueryOrder,
+    SaveRequest,
     TaskQuery,
     TaskStats,
     TouchUpdate,
@@ -416,19 +418,9 @@ class SqliteTaskStore(TaskStore):
 
         self._run("create", tx)
 
-    def save(
-        self,
-        snapshot: TaskSnapshot,
-        *,
-        expect_version: int,
-        transitions: Sequence[Transition] = (),
-        lease_expired_before: datetime | None = None,
-    ) -> None:
-        snapshot = checks.check_snapshot(snapshot)
-        transitions = tuple(transitions)
-        checks.check_transitions(snapshot.task_id, transitions)
-        checks.validate_save(snapshot, expect_version, transitions)
-        checks.check_aware("lease_expired_before", lease_expired_before)
+    def _save(self, request: SaveRequest) -> None:
+        snapshot, expect_version, transitions = request.snapshot, request.expect_version, request.transitions
+        lease_expired_before = request.lease_expired_before
         lease_key = None if lease_expired_before is None else codec.dt_key(lease_expired_before)
         row = codec.snapshot_row(snapshot)
         new_values = [row[column] for column in schema.SAVE_COLUMNS]
@@ -602,19 +594,11 @@ class SqliteTaskStore(TaskStore):
 
     # -- commands -----------------------------------------------------------------------------------
 
-    def submit_command(
-        self,
-        task_id: str,
-        action: CommandAction | str,
-        *,
-        issuer: str | None = None,
-        reason: str | None = None,
-        payload: Mapping[str, Any] | None = None,
-    ) -> Command:
-        action, body = checks.command_args(task_id, action, issuer, reason, payload)
-        payload_text = codec.json_text(body, what="指令 payload")
+    def _submit_command(self, submission: CommandSubmission) -> Command:
+        task_id, verb = submission.task_id, submission.action
+        issuer, reason = submission.issuer, submission.reason
+        payload_text = codec.json_text(submission.payload, what="指令 payload")
         command_id = uuid.uuid4().hex
-        verb = action
 
         def tx(conn: sqlite3.Connection) -> Command:
             found = conn.execute("SELECT bucket FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
@@ -649,16 +633,9 @@ class SqliteTaskStore(TaskStore):
 
         return self._run("submit_command", tx)
 
-    def claim_commands(
-        self,
-        claimant: str,
-        *,
-        lease: float,
-        limit: int = 100,
-        task_ids: Iterable[str] | None = None,
-        buckets: Iterable[int] | None = None,
-    ) -> list[Command]:
-        wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
+    def _claim_commands(self, request: ClaimRequest) -> list[Command]:
+        claimant, lease, limit = request.claimant, request.lease, request.limit
+        wanted_tasks, wanted_buckets = request.task_ids, request.buckets
         if limit == 0 or wanted_tasks == frozenset() or wanted_buckets == frozenset():
             self._check_open()
             return []
