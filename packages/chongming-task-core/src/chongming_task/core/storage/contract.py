@@ -32,23 +32,56 @@ from chongming_task.core.storage.values import (
     ArchiveDeleted,
     ArchivedTask,
     ArchiveReceipt,
+    ClaimRequest,
     Command,
     CommandAction,
+    CommandSubmission,
     LogLine,
     LogStats,
     NodeRecord,
+    SaveRequest,
     TaskQuery,
     TaskStats,
     TouchUpdate,
 )
 from chongming_task.models import Progress, TaskSnapshot, Transition
 
+# 签名与入参检查只写在基类里的公开方法 → 后端实现的钩子（只收一个已检查的值）。
+_HOOKS = {
+    "save": "_save",
+    "touch": "_touch",
+    "submit_command": "_submit_command",
+    "claim_commands": "_claim_commands",
+}
+
+
+def _public_override(public: str) -> Any:
+    def hook(self: TaskStore, request: object) -> Any:
+        raise NotImplementedError(
+            f"{type(self).__name__} 直接覆盖了 {public}，基类的 {public} 不会调用 {_HOOKS[public]}"
+        )
+
+    return hook
+
 
 class TaskStore(ClosesOnExit, ABC):
-    """持久层契约（24 个抽象方法，六类流量 + 维护；touch 在这里检查一次再交给 ``_touch``）。
+    """持久层契约（六类流量 + 维护）。
+
+    ``save`` / ``touch`` / ``submit_command`` / ``claim_commands`` 的签名与入参检查只写在这里：公开方法检查
+    一次，把结果装成一个值（``SaveRequest`` / ``TouchUpdate`` / ``CommandSubmission`` / ``ClaimRequest``）
+    交给后端实现的抽象钩子 ``_save`` / ``_touch`` / ``_submit_command`` / ``_claim_commands``（内置后端曾各抄
+    一份签名与检查）。兼容：公开方法不是 final，直接覆盖公开方法的旧式第三方后端照常可用——定义子类时
+    基类发现公开方法被覆盖，就不再要求对应的钩子（``__init_subclass__``）。
 
     实现必须线程安全；多进程共享同一存储时语义不变。
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for public, hook in _HOOKS.items():
+            overridden = getattr(cls, public) is not getattr(TaskStore, public)
+            if overridden and getattr(getattr(cls, hook), "__isabstractmethod__", False):
+                setattr(cls, hook, _public_override(public))
 
     # -- snapshots ----------------------------------------------------------------------------------
 
@@ -60,7 +93,6 @@ class TaskStore(ClosesOnExit, ABC):
         ``check_json_value``，否则 ConfigurationError，什么也不写。
         """
 
-    @abstractmethod
     def save(
         self,
         snapshot: TaskSnapshot,
@@ -77,7 +109,14 @@ class TaskStore(ClosesOnExit, ABC):
         没有这个条件，一个恰好在 reconcile 读与写之间续上租约的节点会被误判（docs/distributed.md §7.3）。
         任务不存在 → TaskNotFound。不改写旁路字段（progress / last_heartbeat_at / lease_*）。
         参数自相矛盾（``validate_save`` 不通过、outcome 不是 JSON）→ ConfigurationError，什么也不写。
+
+        入参经 ``checks.check_save`` 检查一次，后端实现 ``_save``。
         """
+        self._save(checks.check_save(snapshot, expect_version, transitions, lease_expired_before))
+
+    @abstractmethod
+    def _save(self, request: SaveRequest) -> None:
+        """后端实现 save 的地方（入参已检查，outcome 的 JSON 检查归后端）。"""
 
     @abstractmethod
     def get(self, task_id: str) -> TaskSnapshot | None:
@@ -121,16 +160,14 @@ class TaskStore(ClosesOnExit, ABC):
     ) -> bool:
         """更新旁路字段（None 表示不改）。不递增 status_version，不与 save 冲突。任务不存在返回 False。
 
-        签名与入参检查只写在这里：入参经 ``checks.check_touch`` 检查一次，后端实现 ``_touch``，只处理
-        一个 ``TouchUpdate``（内置后端曾各抄一份签名与检查）。第三方后端照旧直接覆盖 ``touch`` 也可以：
-        它一直是公开的可覆盖方法，旧后端不必改。
+        入参经 ``checks.check_touch`` 检查一次，后端实现 ``_touch``，只处理一个 ``TouchUpdate``。
         """
         update = TouchUpdate(task_id, progress, heartbeat_at, lease_owner, lease_until)
         return self._touch(checks.check_touch(update))
 
+    @abstractmethod
     def _touch(self, update: TouchUpdate) -> bool:
-        """后端实现 touch 的地方（入参已检查）。后端必须覆盖它或 ``touch`` 之一。"""
-        raise NotImplementedError(f"{type(self).__name__} 没有实现 touch：请覆盖 _touch（或 touch）")
+        """后端实现 touch 的地方（入参已检查）。"""
 
     def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """批量 touch：``[(task_id, {"progress": ..., ...}), ...]``。后端可覆盖为一次事务。"""
@@ -139,7 +176,6 @@ class TaskStore(ClosesOnExit, ABC):
 
     # -- commands -----------------------------------------------------------------------------------
 
-    @abstractmethod
     def submit_command(
         self,
         task_id: str,
@@ -149,9 +185,17 @@ class TaskStore(ClosesOnExit, ABC):
         reason: str | None = None,
         payload: Mapping[str, Any] | None = None,
     ) -> Command:
-        """写一条指令。任务不存在 → TaskNotFound。指令记下任务当时的桶号，供按桶认领。"""
+        """写一条指令。任务不存在 → TaskNotFound。指令记下任务当时的桶号，供按桶认领。
+
+        入参经 ``checks.command_args`` 检查一次，后端实现 ``_submit_command``。
+        """
+        verb, body = checks.command_args(task_id, action, issuer, reason, payload)
+        return self._submit_command(CommandSubmission(task_id, verb, issuer, reason, body))
 
     @abstractmethod
+    def _submit_command(self, submission: CommandSubmission) -> Command:
+        """后端实现 submit_command 的地方（入参已检查，payload 的 JSON 检查归后端）。"""
+
     def claim_commands(
         self,
         claimant: str,
@@ -167,7 +211,15 @@ class TaskStore(ClosesOnExit, ABC):
         可被重新取走（deliveries 加一）。"先后"须由存储自己的顺序号决定：同一时刻提交的指令也要有序。
         ``now`` 取自存储注入的时钟（若有）。``task_ids`` / ``buckets`` 同时给出时取交集；桶为空的
         指令不会被按桶认领。``lease`` 不是正的有限秒数 → ConfigurationError。
+
+        入参经 ``checks.claim_args`` 检查一次，后端实现 ``_claim_commands``。
         """
+        wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
+        return self._claim_commands(ClaimRequest(claimant, lease, limit, wanted_tasks, wanted_buckets))
+
+    @abstractmethod
+    def _claim_commands(self, request: ClaimRequest) -> list[Command]:
+        """后端实现 claim_commands 的地方（入参已检查、过滤集合已规范化）。"""
 
     @abstractmethod
     def complete_command(self, command_id: str, claimant: str) -> bool:

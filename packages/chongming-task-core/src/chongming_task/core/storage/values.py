@@ -245,6 +245,42 @@ class TouchUpdate:
     lease_until: datetime | None = None
 
 
+# 下面三个与 TouchUpdate 同理：``TaskStore`` 的公开方法检查一次入参，把结果装进一个值交给后端的钩子
+# （``_save`` / ``_submit_command`` / ``_claim_commands``）。字段都已检查、规范化过，后端直接用。
+
+
+@dataclass(frozen=True)
+class SaveRequest:
+    """一次 save：快照、期望的版本、随附的迁移记录（已确认正好接上版本）、可选的租约条件。"""
+
+    snapshot: TaskSnapshot
+    expect_version: int
+    transitions: tuple[Transition, ...] = ()
+    lease_expired_before: datetime | None = None
+
+
+@dataclass(frozen=True)
+class CommandSubmission:
+    """一条待写入的指令：动作已规范化为 CommandAction，payload 是 dict（JSON 检查由后端按自己的规则做）。"""
+
+    task_id: str
+    action: CommandAction
+    issuer: str | None
+    reason: str | None
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """一次认领：认领者、租约秒数、最多几条，以及规范化后的过滤集合（None = 不限）。"""
+
+    claimant: str
+    lease: float
+    limit: int
+    task_ids: frozenset[str] | None = None
+    buckets: frozenset[int] | None = None
+
+
 @dataclass(frozen=True)
 class TaskStats:
     """各状态计数。``unfinished`` 是非终态数量（含排队与暂停）。"""
@@ -603,12 +639,15 @@ __all__ = [
     "ArchiveDeleted",
     "ArchiveReceipt",
     "ArchivedTask",
+    "ClaimRequest",
     "Command",
     "CommandAction",
+    "CommandSubmission",
     "LogLine",
     "LogStats",
     "NodeRecord",
     "QueryOrder",
+    "SaveRequest",
     "TaskQuery",
     "TaskStats",
     "as_query",

@@ -11,10 +11,10 @@ import select
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from datetime import timedelta
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -24,6 +24,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
+from chongming_task.core.storage import values as v
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.opening import (
     CreateSchema,
@@ -31,22 +32,7 @@ from chongming_task.core.storage.opening import (
     SchemaPrivilegeError,
     check_opening,
 )
-from chongming_task.core.storage.values import (
-    ArchiveDeleted,
-    ArchivedTask,
-    ArchiveReceipt,
-    Command,
-    CommandAction,
-    LogLine,
-    LogStats,
-    NodeRecord,
-    QueryOrder,
-    TaskQuery,
-    TaskStats,
-    TouchUpdate,
-    as_query,
-    lease_held_message,
-)
+from chongming_task.core.storage.retention import RetentionByModule, RetentionModule
 from chongming_task.errors import (
     ConcurrencyConflict,
     ConfigurationError,
@@ -259,7 +245,7 @@ def _data_error(exc: BaseException) -> ConfigurationError:
 # -- the store ---------------------------------------------------------------------------------------
 
 
-class PostgresTaskStore(TaskStore):
+class PostgresTaskStore(RetentionByModule, TaskStore):
     """PostgreSQL 持久层：多台机器共用一套任务存储与控制指令通道。
 
     ``dsn`` 是 libpq 连接串（``postgresql://user:pw@host:5432/db`` 或 ``host=... dbname=...``）。
@@ -289,6 +275,8 @@ class PostgresTaskStore(TaskStore):
       （schema 里有别的表也建）、``"never"``（从不建表，表由 DBA 按 ``schema_sql()`` 建）。
       约定见 ``chongming_task.core.storage.opening``。
     """
+
+    _retention: ClassVar[RetentionModule] = _archive  # 归档保留四个方法的实现（见 RetentionByModule）
 
     def __init__(
         self,
@@ -808,17 +796,9 @@ class PostgresTaskStore(TaskStore):
         if row is None or row[0] == 0:
             raise DuplicateTaskId(f"task_id {snapshot.task_id!r} 已存在；想再跑一次请换一个 task_id 提交")
 
-    def save(
-        self,
-        snapshot: TaskSnapshot,
-        *,
-        expect_version: int,
-        transitions: Sequence[Transition] = (),
-        lease_expired_before: datetime | None = None,
-    ) -> None:
-        snapshot = checks.check_snapshot(snapshot)
-        checks.validate_save(snapshot, expect_version, transitions)
-        checks.check_aware("lease_expired_before", lease_expired_before)
+    def _save(self, request: v.SaveRequest) -> None:
+        snapshot, transitions = request.snapshot, request.transitions
+        expect_version, lease_expired_before = request.expect_version, request.lease_expired_before
         params = task_params(snapshot)
         params["expect_version"] = expect_version
         leased = lease_expired_before is not None
@@ -839,7 +819,7 @@ class PostgresTaskStore(TaskStore):
             current = conn.execute(self._sql.current_lease, [snapshot.task_id]).fetchone()
         actual = "?" if current is None else current[0]
         if current is not None and current[0] == expect_version and leased:
-            raise ConcurrencyConflict(lease_held_message(snapshot.task_id, current[1]))
+            raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, current[1]))
         raise ConcurrencyConflict(
             f"任务 {snapshot.task_id!r} 的版本冲突：期望 status_version={expect_version}，存储中为 {actual}；"
             "有别的写入者抢先改了它，请重新读取后再决定"
@@ -855,12 +835,12 @@ class PostgresTaskStore(TaskStore):
 
         return self._read(run)
 
-    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
-        query = as_query(query)
+    def query(self, query: v.TaskQuery | None = None) -> list[TaskSnapshot]:
+        query = v.as_query(query)
         if query.limit == 0:
             return []
         where, params = _sql.where_clause(query)
-        direction = "DESC" if query.order is QueryOrder.NEWEST_FIRST else "ASC"
+        direction = "DESC" if query.order is v.QueryOrder.NEWEST_FIRST else "ASC"
         text = (
             f"SELECT {self._sql.task_cols} FROM {self._sql.s}.tasks{where} "
             f"ORDER BY created_at {direction}, task_id {direction}"
@@ -874,19 +854,19 @@ class PostgresTaskStore(TaskStore):
 
         return self._read(run)
 
-    def stats(self, query: TaskQuery | None = None) -> TaskStats:
-        query = as_query(query)
+    def stats(self, query: v.TaskQuery | None = None) -> v.TaskStats:
+        query = v.as_query(query)
         where, params = _sql.where_clause(query)
         text = f"SELECT status, count(*) FROM {self._sql.s}.tasks{where} GROUP BY status"
 
-        def run(conn: Conn) -> TaskStats:
+        def run(conn: Conn) -> v.TaskStats:
             rows = conn.execute(text, params).fetchall()
-            return TaskStats({TaskStatus(status): int(n) for status, n in rows})
+            return v.TaskStats({TaskStatus(status): int(n) for status, n in rows})
 
         return self._read(run)
 
-    def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
-        query = as_query(query)
+    def bucket_counts(self, query: v.TaskQuery | None = None) -> dict[int, int]:
+        query = v.as_query(query)
         where, params = _sql.where_clause(query)
         where = f"{where} AND bucket IS NOT NULL" if where else " WHERE bucket IS NOT NULL"
         text = f"SELECT bucket, count(*) FROM {self._sql.s}.tasks{where} GROUP BY bucket ORDER BY bucket"
@@ -919,7 +899,7 @@ class PostgresTaskStore(TaskStore):
 
     # -- side channel ---------------------------------------------------------------------------------
 
-    def _touch_statement(self, update: TouchUpdate) -> tuple[str, dict[str, Any]] | None:
+    def _touch_statement(self, update: v.TouchUpdate) -> tuple[str, dict[str, Any]] | None:
         check_text(update.lease_owner, "lease_owner")
         progress, heartbeat_at, lease_owner, lease_until = (
             update.progress,
@@ -938,7 +918,7 @@ class PostgresTaskStore(TaskStore):
         )
         return text, params
 
-    def _touch(self, update: TouchUpdate) -> bool:
+    def _touch(self, update: v.TouchUpdate) -> bool:
         task_id = update.task_id
         statement = self._touch_statement(update)
         if "\x00" in task_id:
@@ -969,16 +949,9 @@ class PostgresTaskStore(TaskStore):
 
     # -- commands -------------------------------------------------------------------------------------
 
-    def submit_command(
-        self,
-        task_id: str,
-        action: CommandAction | str,
-        *,
-        issuer: str | None = None,
-        reason: str | None = None,
-        payload: Mapping[str, Any] | None = None,
-    ) -> Command:
-        action, body = checks.command_args(task_id, action, issuer, reason, payload)
+    def _submit_command(self, submission: v.CommandSubmission) -> v.Command:
+        task_id, action = submission.task_id, submission.action
+        issuer, reason, body = submission.issuer, submission.reason, submission.payload
         check_text(issuer, "指令的 issuer")
         check_text(reason, "指令的 reason")
         if "\x00" in task_id:
@@ -1002,7 +975,7 @@ class PostgresTaskStore(TaskStore):
             row = conn.execute(self._sql.submit, params).fetchone()
         if row is None:
             raise TaskNotFound(f"任务 {task_id!r} 不存在，无法下发指令 {action.value}")
-        return Command(
+        return v.Command(
             command_id=command_id,
             task_id=task_id,
             action=action,
@@ -1013,16 +986,9 @@ class PostgresTaskStore(TaskStore):
             bucket=row[0],
         )
 
-    def claim_commands(
-        self,
-        claimant: str,
-        *,
-        lease: float,
-        limit: int = 100,
-        task_ids: Iterable[str] | None = None,
-        buckets: Iterable[int] | None = None,
-    ) -> list[Command]:
-        wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
+    def _claim_commands(self, request: v.ClaimRequest) -> list[v.Command]:
+        claimant, lease, limit = request.claimant, request.lease, request.limit
+        wanted_tasks, wanted_buckets = request.task_ids, request.buckets
         check_text(claimant, "认领者 claimant")
         # text 存不下 NUL、integer 存不下 2**31 以上的桶号：这样的过滤值不可能匹配任何指令，直接去掉。
         ids = None if wanted_tasks is None else sorted(t for t in wanted_tasks if "\x00" not in t)
@@ -1126,7 +1092,7 @@ class PostgresTaskStore(TaskStore):
 
     # -- membership -----------------------------------------------------------------------------------
 
-    def publish_node(self, record: NodeRecord) -> None:
+    def publish_node(self, record: v.NodeRecord) -> None:
         params = node_params(checks.check_node_record(record))
         try:
             with self._connection() as conn:
@@ -1134,8 +1100,8 @@ class PostgresTaskStore(TaskStore):
         except StoreError as exc:
             raise self._membership_error(exc) from exc.__cause__
 
-    def list_nodes(self) -> list[NodeRecord]:
-        def run(conn: Conn) -> list[NodeRecord]:
+    def list_nodes(self) -> list[v.NodeRecord]:
+        def run(conn: Conn) -> list[v.NodeRecord]:
             return [node_from_row(row) for row in conn.execute(self._sql.list_nodes).fetchall()]
 
         try:
@@ -1153,15 +1119,15 @@ class PostgresTaskStore(TaskStore):
 
     # -- task logs (issue 18；实现在 _logs.py) ------------------------------------------------------
 
-    def append_logs(self, lines: Sequence[LogLine]) -> None:
+    def append_logs(self, lines: Sequence[v.LogLine]) -> None:
         _logs.append_logs(self, self._log_sql, lines)
 
     def read_logs(
         self, task_id: str, *, attempt: int | None = None, after_seq: int | None = None, limit: int = 1000
-    ) -> list[LogLine]:
+    ) -> list[v.LogLine]:
         return _logs.read_logs(self, self._log_sql, task_id, attempt, after_seq, limit)
 
-    def log_stats(self, task_id: str) -> LogStats:
+    def log_stats(self, task_id: str) -> v.LogStats:
         return _logs.log_stats(self, self._log_sql, task_id)
 
     # -- upkeep ---------------------------------------------------------------------------------------
@@ -1173,24 +1139,6 @@ class PostgresTaskStore(TaskStore):
             statement = self._sql.prune_with_logs if _logs.has_table(conn, self._log_sql) else self._sql.prune
             row = conn.execute(statement, params).fetchone()
         return 0 if row is None else int(row[0])
-
-    # -- retention: archive-then-delete (issue 20；实现在 _archive.py) --------------------------------
-
-    def export_transitions(
-        self, before: datetime, *, after: tuple[str, int] | None = None, limit: int = 1000
-    ) -> list[Transition]:
-        return _archive.export_transitions(self, before, after, limit)
-
-    def export_finished(
-        self, before: datetime, *, after: str | None = None, limit: int = 100
-    ) -> list[ArchivedTask]:
-        return _archive.export_finished(self, before, after, limit)
-
-    def delete_archived(self, receipt: ArchiveReceipt) -> ArchiveDeleted:
-        return _archive.delete_archived(self, receipt)
-
-    def purge_commands(self, completed_before: datetime) -> int:
-        return _archive.purge_commands(self, completed_before)
 
     def close(self) -> None:
         with self._close_lock:
