@@ -28,6 +28,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -45,6 +46,8 @@ try:  # POSIX：同一目录只允许一个归档进程
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger("chongming_task.archive")
 
 MANIFEST = "manifest.json"
 LOCK = "archive.lock"
@@ -66,6 +69,7 @@ class ArchiveSummary:
     segments: int = 0
     purged_commands: int = 0
     reconciled_segments: int = 0
+    partitions_dropped: int = 0
     deleted: ArchiveDeleted = field(default_factory=ArchiveDeleted)
     dry_run: bool = False
 
@@ -77,6 +81,8 @@ class ArchiveSummary:
         ).rstrip("，")
         if self.reconciled_segments:
             text += f"，续上次中断的 {self.reconciled_segments} 个段"
+        if self.partitions_dropped:
+            text += f"，整块丢弃过期分区 {self.partitions_dropped} 个"
         if self.purged_commands:
             text += f"，清理已完成的旧指令 {self.purged_commands} 条"
         return text
@@ -255,6 +261,8 @@ class Archiver:
         with self._locked():
             manifest = self._load_manifest()
             summary.reconciled_segments = self._reconcile(manifest)
+            for name in self.store.expired_partitions(before):
+                self._archive_partition(manifest, summary, name, before)
             while True:
                 batch = self.store.export_transitions(before, limit=self.batch_size)
                 if not batch:
@@ -301,27 +309,62 @@ class Archiver:
         transitions: list[Transition],
         tasks: list[ArchivedTask],
     ) -> None:
-        lines = _lines_for(transitions, tasks)
-        times = [t.at for t in transitions] + [t.at for item in tasks for t in item.history]
-        times += [item.snapshot.finished_at or item.snapshot.created_at for item in tasks]
-        name = f"seg-{self._next_sequence(manifest):06d}-{_stamp(min(times))}-{_stamp(max(times))}.jsonl.gz"
-        data = _encode_segment(lines)
-        # 1. 段落盘（临时名 → fsync → rename → fsync 目录）
-        _write_atomic(self.directory / name, data)
-        # 2. 记入清单（水位线）
-        entry = _describe(name, hashlib.sha256(data).hexdigest(), lines)
-        manifest["segments"].append(entry)
-        self._save_manifest(manifest)
+        entry = self._write_segment(manifest, transitions, tasks)
         # 3. 存储按回执删除；4. 标记已删除
         summary.deleted += self.store.delete_archived(ArchiveReceipt.of(transitions, tasks))
         entry["state"] = "deleted"
         self._save_manifest(manifest)
+        self._count(summary, entry)
+
+    def _count(self, summary: ArchiveSummary, entry: dict[str, Any]) -> None:
         summary.segments += 1
         summary.transitions += entry["transitions"]
         summary.tasks += entry["tasks"]
         summary.commands += entry["commands"]
         if self.progress is not None:
             self.progress(summary)
+
+    def _write_segment(
+        self, manifest: dict[str, Any], transitions: list[Transition], tasks: list[ArchivedTask]
+    ) -> dict[str, Any]:
+        """第 1、2 步：段落盘（临时名 → fsync → rename → fsync 目录），记入清单（水位线，state=recorded）。"""
+        lines = _lines_for(transitions, tasks)
+        times = [t.at for t in transitions] + [t.at for item in tasks for t in item.history]
+        times += [item.snapshot.finished_at or item.snapshot.created_at for item in tasks]
+        name = f"seg-{self._next_sequence(manifest):06d}-{_stamp(min(times))}-{_stamp(max(times))}.jsonl.gz"
+        data = _encode_segment(lines)
+        _write_atomic(self.directory / name, data)
+        entry = _describe(name, hashlib.sha256(data).hexdigest(), lines)
+        manifest["segments"].append(entry)
+        self._save_manifest(manifest)
+        return entry
+
+    def _archive_partition(
+        self, manifest: dict[str, Any], summary: ArchiveSummary, name: str, before: datetime
+    ) -> None:
+        """整块归档一个过期分区：每批写成一段（recorded），存储 DETACH + DROP 之后一起标 deleted。
+
+        丢弃不成（没有属主权限、拿不到锁、分区被并发改动）时存储什么也没删：按这些段的键逐行删除，
+        结果与逐行归档一样。"""
+        entries: list[dict[str, Any]] = []
+
+        def write(batch: list[Transition]) -> None:
+            entries.append(self._write_segment(manifest, batch, []))
+            self._count(summary, entries[-1])
+
+        result = self.store.archive_partition(name, before, write, batch=self.batch_size)
+        if result.dropped:
+            summary.partitions_dropped += 1
+            summary.deleted += ArchiveDeleted(transitions=result.exported)
+        else:
+            logger.warning("分区 %s 没能整块丢弃，改为逐行删除：%s", name, result.reason)
+        for entry in entries:
+            if not result.dropped:
+                receipt = _receipt_of(read_segment(self.directory / entry["name"]))
+                summary.deleted += self.store.delete_archived(receipt)
+            entry["state"] = "deleted"
+        if entries:
+            self._save_manifest(manifest)
 
     def _reconcile(self, manifest: dict[str, Any]) -> int:
         """续上次中断的运行：清理临时文件、补记孤儿段、重放没删完的段。返回处理的段数。"""
