@@ -29,11 +29,12 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -395,6 +396,60 @@ class Archiver:
         return replayed
 
 
+# -- periodic retention (Controller) --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Retention:
+    """控制器后台定期执行的时间窗口保留：``Controller(store=..., retention=Retention(...))``（默认关闭）。
+
+    * ``older_than``：在线保留多长的窗口（``timedelta`` 或秒数），截止时刻 = 每次运行时的"现在"减去它；
+    * ``to``：归档目录（与 CLI ``archive --to`` 同一种目录，可以混用）；
+    * ``every``：两次运行的间隔（秒，至少 1）。控制器启动后立刻跑第一次，之后每隔 ``every`` 一次；
+      上一次还没跑完就跳过这一轮（同一目录同时只能有一个归档进程）；
+    * ``purge_commands``：顺带清理截止时刻之前已完成的指令；
+    * ``batch_size``：每段最多多少条迁移记录。
+    """
+
+    older_than: timedelta | float
+    to: str | os.PathLike[str]
+    every: float = 3600.0
+    purge_commands: bool = True
+    batch_size: int = 5000
+
+    def __post_init__(self) -> None:
+        window = self.older_than
+        if isinstance(window, bool) or not isinstance(window, (timedelta, int, float)):
+            raise ConfigurationError(f"Retention.older_than 必须是 timedelta 或秒数，收到 {window!r}")
+        seconds = window.total_seconds() if isinstance(window, timedelta) else float(window)
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ConfigurationError(f"Retention.older_than 必须是正的时长，收到 {window!r}")
+        object.__setattr__(self, "older_than", timedelta(seconds=seconds))
+        every = self.every
+        if isinstance(every, bool) or not isinstance(every, (int, float)) or not math.isfinite(every):
+            raise ConfigurationError(f"Retention.every 必须是秒数，收到 {every!r}")
+        if every < 1.0:
+            raise ConfigurationError(f"Retention.every 至少 1 秒，收到 {every!r}")
+        object.__setattr__(self, "every", float(every))
+        if not isinstance(self.to, (str, os.PathLike)) or not os.fspath(self.to):
+            raise ConfigurationError(f"Retention.to 必须是归档目录的路径，收到 {self.to!r}")
+        if not isinstance(self.purge_commands, bool):
+            raise ConfigurationError(
+                f"Retention.purge_commands 必须是 True 或 False，收到 {self.purge_commands!r}"
+            )
+
+    @property
+    def window(self) -> timedelta:
+        assert isinstance(self.older_than, timedelta)  # __post_init__ 已归一
+        return self.older_than
+
+    def run(self, store: TaskStore, now: datetime) -> ArchiveSummary:
+        """执行一次：归档 ``now - older_than`` 之前的历史（及已完成的旧指令）。"""
+        before = now - self.window
+        archiver = Archiver(store, self.to, batch_size=self.batch_size)
+        return archiver.run(before, purge_commands_before=before if self.purge_commands else None)
+
+
 # -- reading back ---------------------------------------------------------------------------------------
 
 
@@ -512,6 +567,7 @@ __all__ = [
     "ArchiveSummary",
     "ArchivedTaskView",
     "Archiver",
+    "Retention",
     "load_manifest",
     "merged_history",
     "read_segment",
