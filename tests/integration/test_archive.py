@@ -210,7 +210,7 @@ _CHILD = """
 import sys
 from datetime import datetime
 from chongming_task.core.archive import Archiver
-from chongming_task.stores import open_store
+from chongming_task.store_registry import open_store
 store = open_store(sys.argv[1])
 archiver = Archiver(store, sys.argv[2], batch_size=int(sys.argv[4]), task_batch=5)
 archiver.run(datetime.fromisoformat(sys.argv[3]))
@@ -220,6 +220,7 @@ store.close()
 
 def _kill_trials(url: str, open_: type[TaskStore] | None, make, tmp_path: Path, trials: int) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(20)
+    killed = started = 0
     for trial in range(trials):
         store, url_t = make(trial)
         try:
@@ -234,11 +235,17 @@ def _kill_trials(url: str, open_: type[TaskStore] | None, make, tmp_path: Path, 
             if child.poll() is None:
                 os.kill(child.pid, signal.SIGKILL)
             child.wait(30)
+            _, err = child.communicate()
+            # 被杀（-9）或自己跑完（0）；别的退出码说明子进程根本没在归档（这个检验就成了空转）。
+            assert child.returncode in (0, -signal.SIGKILL), err.decode(errors="replace")[-2000:]
+            killed += child.returncode == -signal.SIGKILL
+            started += (directory / "manifest.json").exists() or any(directory.glob("seg-*"))
             summary = Archiver(store, directory, batch_size=20, task_batch=5).run(CUTOFF)  # 续跑
             _assert_complete(store, directory, expected)
             assert summary.segments >= 0
         finally:
             store.close()
+    assert killed >= 1 and started >= 1, f"{trials} 次里被杀在归档中途的 {killed} 次、已写出段的 {started} 次"
 
 
 def test_kill_9_during_archive_on_sqlite(tmp_path: Path) -> None:
