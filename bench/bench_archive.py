@@ -152,8 +152,9 @@ def bench_sqlite(tmp: Path) -> list[tuple[str, str, str, bool]]:
     p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 100 else max(latencies)
     p50 = statistics.median(latencies)
     print(
-        f"  SQLite：归档 {result['transitions']:,} 条，{result['seconds']:.1f} 秒；文件 {before_size / 2**20:.0f} MB → "
-        f"{after_size / 2**20:.0f} MB（新文件 {fresh_size / 2**20:.0f} MB）；写穿 {len(latencies)} 次"
+        f"  SQLite：归档 {result['transitions']:,} 条，{result['seconds']:.1f} 秒；"
+        f"文件 {before_size / 2**20:.0f} MB → {after_size / 2**20:.0f} MB"
+        f"（新文件 {fresh_size / 2**20:.0f} MB）；写穿 {len(latencies)} 次"
     )
     return [
         ("SQLite 归档速率", f"{rate:,.0f} 行/秒", f"≥ {GOAL_RATE:,}", rate >= GOAL_RATE),
