@@ -3,15 +3,11 @@
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from chongming_task.core.archive import Archiver, merged_history, verify_archive
 from chongming_task.core.storage.opening import SchemaPrivilegeError
@@ -188,17 +184,6 @@ def test_version_1_schema_is_migrated_in_place_keeping_its_rows(
     finally:
         store.close()
     PostgresTaskStore(postgres_dsn, schema=schema).close()  # 再次打开：已是第 2 版，什么也不做
-
-
-@pytest.fixture
-def limited_role(admin: Any, postgres_dsn: str) -> Iterator[tuple[str, str]]:
-    role = f"ct_part_{secrets.token_hex(4)}"
-    admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    try:
-        yield role, make_conninfo(postgres_dsn, user=role)
-    finally:
-        admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def _grant(admin: Any, schema: str, role: str) -> None:
