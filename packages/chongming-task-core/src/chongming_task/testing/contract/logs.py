@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import functools
+import threading
 from datetime import datetime, timedelta
 
 from chongming_task.core.storage.values import (
@@ -195,6 +197,33 @@ class LogCases(ContractBase):
         store.append_logs(numbered("t", "w1", range(total - 1, total + 2)))
         self.assertEqual(store.log_stats("t"), LogStats(kept=MAX_LOG_LINES, dropped=6, last_seq=total + 1))
         self.assertEqual(messages(store, "t")[-1], (total + 1, f"w1#{total + 1}"))
+
+    def test_concurrent_retrying_writers_of_one_task_each_land_once_in_order(self) -> None:
+        store = self.open_store()
+        self._task(store, "t")
+        writers, batches, size = 4, 12, 3
+        errors: list[BaseException] = []
+        start = threading.Barrier(writers)
+
+        def writer(name: str) -> None:
+            try:
+                start.wait()
+                for b in range(batches):
+                    batch = numbered("t", name, range(b * size + 1, (b + 1) * size + 1))
+                    store.append_logs(batch)
+                    store.append_logs(batch)  # 每一批都被重试一次（回执丢了）
+            except BaseException as exc:
+                errors.append(exc)
+
+        self.run_threads([functools.partial(writer, f"w{i}") for i in range(writers)])
+        self.assertEqual(errors, [])
+        got = store.read_logs("t", limit=MAX_LOG_LINES)
+        total = writers * batches * size
+        self.assertEqual([g.seq for g in got], list(range(1, total + 1)), "并发写入也不重号、不留空洞")
+        for i in range(writers):
+            mine = [g.message for g in got if g.message.startswith(f"w{i}#")]
+            self.assertEqual(mine, [f"w{i}#{n}" for n in range(1, batches * size + 1)], "每行一次、按序")
+        self.assertEqual(store.log_stats("t"), LogStats(kept=total, dropped=0, last_seq=total))
 
     def test_long_messages_are_truncated_with_a_marker(self) -> None:
         store = self.open_store()
