@@ -54,16 +54,20 @@ class LogSql:
         self.table = f"{s}.task_logs"
         self.writers_table = f"{s}.task_log_writers"
         self.marks = f"SELECT writer, writer_seq FROM {s}.task_log_writers WHERE task_id = %s"
-        self.set_mark = (
-            f"INSERT INTO {s}.task_log_writers (task_id, writer, writer_seq) VALUES (%s, %s, %s) "
+        self.set_marks = (
+            f"INSERT INTO {s}.task_log_writers (task_id, writer, writer_seq) "
+            "SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[]) "
             "ON CONFLICT (task_id, writer) DO UPDATE SET writer_seq = excluded.writer_seq"
         )
         self.lock = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
         self.task = f"SELECT 1 FROM {s}.tasks WHERE task_id = %s FOR KEY SHARE"
         self.last = f"SELECT coalesce(max(seq), 0) FROM {s}.task_logs WHERE task_id = %s"
+        # 一批行一条语句（按列传数组再 unnest）：管道里的 executemany 会在中途同步一次，一条语句则与水位线、
+        # 裁剪、COMMIT 一起在最后一次往返里发出。
         self.insert = (
             f"INSERT INTO {s}.task_logs (task_id, seq, attempt, at, at_off, level, message, truncated) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+            "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::timestamptz[], %s::bigint[], "
+            "%s::text[], %s::text[], %s::boolean[])"
         )
         self.trim = f"DELETE FROM {s}.task_logs WHERE task_id = %s AND seq <= %s"
         self.select = (
@@ -149,14 +153,14 @@ def append_logs(store: PostgresTaskStore, sql: LogSql, lines: Sequence[LogLine])
             newest = last + len(group)
             if group and newest > MAX_LOG_LINES:
                 trims.append((task_id, newest - MAX_LOG_LINES))
-        # 写入、水位线、裁剪与事务结束时的 COMMIT 一起发出（管道在退出时才同步）。
-        cursor = conn.cursor()
+        # 写入、水位线、裁剪与事务结束时的 COMMIT 一起发出（管道在退出时才同步）：COMMIT 的回执丢了，
+        # 这一整批要么都已提交、要么都没有，重试时水位线认得出已提交的行。
         if rows:
-            cursor.executemany(sql.insert, rows)
+            conn.execute(sql.insert, [list(column) for column in zip(*rows, strict=True)])
         if marks:
-            cursor.executemany(sql.set_mark, marks)
-        if trims:
-            cursor.executemany(sql.trim, trims)
+            conn.execute(sql.set_marks, [list(column) for column in zip(*marks, strict=True)])
+        for task_id, upto in trims:
+            conn.execute(sql.trim, [task_id, upto])
 
 
 def read_logs(
