@@ -15,13 +15,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_support import report
+from reliability_support import report, wait_until
 
 from chongming_task import Controller, FixedBackoff, RetryPolicy, open_store
 from chongming_task.errors import StoreError
@@ -34,15 +33,6 @@ PROXIED_OPTIONS: dict[str, Any] = {"connect_timeout": 2.0, "pool_timeout": 2.0, 
 T0 = datetime(2026, 3, 1, 8, 0, 0, tzinfo=UTC)
 # append_logs 的写入那一批：插入日志行、记水位线与裁剪（见 postgres/_logs.py）；之后的 COMMIT 单独一批。
 LOG_INSERT = ("INSERT INTO", ".task_logs")
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return bool(predicate())
 
 
 def messages(store: TaskStore, task_id: str) -> list[tuple[int, str]]:

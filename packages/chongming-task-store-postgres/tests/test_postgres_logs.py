@@ -15,6 +15,7 @@ from psycopg import sql
 from chongming_task.states import TaskStatus as S
 from chongming_task.storage import LogLine, LogStats
 from chongming_task.stores.postgres import PostgresTaskStore
+from chongming_task.testing.contract.logs import messages, numbered
 from chongming_task.testing.store_contract import snap, walk
 
 pytestmark = pytest.mark.postgres
@@ -78,17 +79,9 @@ def test_writable_open_of_a_schema_without_watermarks_adds_them(
     assert not _has_watermarks(admin, schema), "只读打开绝不迁移"
     with PostgresTaskStore(postgres_dsn, schema=schema) as store:
         assert _has_watermarks(admin, schema), "可写打开时补建水位线表"
-        retried = [
-            LogLine(task_id="t", attempt=1, at=T0, level="INFO", message=f"m{n}", writer="w", writer_seq=n)
-            for n in (1, 2)
-        ]
-        store.append_logs(retried)
-        store.append_logs(retried)
-        assert [(line.seq, line.message) for line in store.read_logs("t")] == [
-            (1, "before"),
-            (2, "m1"),
-            (3, "m2"),
-        ]
+        store.append_logs(numbered("t", "w", range(1, 3)))
+        store.append_logs(numbered("t", "w", range(1, 3)))  # 重试：不写第二遍
+        assert messages(store, "t") == [(1, "before"), (2, "w#1"), (3, "w#2")]
         done, records = walk(snap("done", finished_at=T0), S.QUEUED, S.RUNNING, S.SUCCEEDED)
         store.create(done, records)
         store.append_logs(

@@ -13,6 +13,7 @@ from pathlib import Path
 from chongming_task.states import TaskStatus as S
 from chongming_task.storage import LogLine, LogStats
 from chongming_task.stores.sqlite import SqliteTaskStore
+from chongming_task.testing.contract.logs import messages, numbered
 from chongming_task.testing.store_contract import snap, walk
 
 T0 = datetime(2026, 3, 1, 8, 0, 0, tzinfo=UTC)
@@ -90,17 +91,9 @@ def test_writable_open_adds_the_watermark_table_and_keeps_existing_lines(tmp_pat
     assert "task_log_writers" not in _tables(path), "只读打开绝不迁移"
     with SqliteTaskStore(path) as store:
         assert "task_log_writers" in _tables(path), "可写打开时补建水位线表"
-        retried = [
-            LogLine(task_id="t", attempt=1, at=T0, level="INFO", message=f"m{n}", writer="w", writer_seq=n)
-            for n in (1, 2)
-        ]
-        store.append_logs(retried)
-        store.append_logs(retried)
-        assert [(line.seq, line.message) for line in store.read_logs("t")] == [
-            (1, "before"),
-            (2, "m1"),
-            (3, "m2"),
-        ]
+        store.append_logs(numbered("t", "w", range(1, 3)))
+        store.append_logs(numbered("t", "w", range(1, 3)))  # 重试：不写第二遍
+        assert messages(store, "t") == [(1, "before"), (2, "w#1"), (3, "w#2")]
 
 
 def test_never_create_open_without_the_watermark_table_still_prunes(tmp_path: Path) -> None:
