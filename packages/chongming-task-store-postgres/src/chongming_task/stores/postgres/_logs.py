@@ -6,9 +6,10 @@
   事务级咨询锁下排队（按任务一把，不挡别的任务，也不挡 save——save 改的是 tasks 行，不拿这把锁）。
   任务行另加 ``FOR KEY SHARE``：并发的删除（prune / delete_archived）等本事务提交后再删，删时看得见
   刚写的行，不会留下孤儿。
-* 一次 append_logs 是**一个事务**（管道里发送：每任务一次往返读锁、任务行、最大 seq 与水位线，最后
-  插入、水位线、裁剪与 COMMIT 同一次往返）。连接是 autocommit 的：不显式开事务，咨询锁在它那条语句结束
-  时就放掉了，插入与裁剪也不是原子的。
+* 一次 append_logs 是**一个事务**（管道里发送：每任务一次往返取锁、任务行、最大 seq 与水位线，最后插入、
+  水位线、裁剪各一条语句，再 COMMIT）。连接是 autocommit 的：不显式开事务，咨询锁在它那条语句结束时就
+  放掉了，两个写入者会算出同一个 seq 撞主键，插入与裁剪也不是原子的。"拿到锁之后的语句才取快照"是
+  READ COMMITTED 的语义：事务显式设成这一级，服务器默认级别被改成 REPEATABLE READ 时也不会读到旧的最大 seq。
 * 重试幂等：``task_log_writers`` 记着每任务每写入者已接受的最大 writer_seq（``values.unseen_log_lines``
   说明为什么是水位线而不是 task_logs 上的唯一约束）。写过的行在插入前滤掉，新水位线与行同一事务提交：
   COMMIT 的回执丢了、调用方重试同一批，读到的是已提交的水位线，一行也不会写第二遍，也不会被算成丢弃。
@@ -135,6 +136,7 @@ def append_logs(store: PostgresTaskStore, sql: LogSql, lines: Sequence[LogLine])
         trims: list[tuple[str, int]] = []
         # 按 task_id 排序加锁：两个写入者的批次有交集时不会互相死锁。锁、任务行、最大 seq 与水位线在同一次
         # 往返里发出：服务器按顺序执行，后面的语句在拿到锁之后才取快照，看得见上一个持锁者提交的行。
+        conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
         for task_id in sorted(by_task):
             conn.execute(sql.lock, ["chongming_task.logs:" + store._schema + ":" + task_id])
             exists = conn.execute(sql.task, [task_id])
@@ -153,8 +155,8 @@ def append_logs(store: PostgresTaskStore, sql: LogSql, lines: Sequence[LogLine])
             newest = last + len(group)
             if group and newest > MAX_LOG_LINES:
                 trims.append((task_id, newest - MAX_LOG_LINES))
-        # 写入、水位线、裁剪与事务结束时的 COMMIT 一起发出（管道在退出时才同步）：COMMIT 的回执丢了，
-        # 这一整批要么都已提交、要么都没有，重试时水位线认得出已提交的行。
+        # 写入、水位线、裁剪各一条语句，不等各自的回复就发出，随后是事务结束时的 COMMIT：它们同一事务提交，
+        # COMMIT 的回执丢了也是要么都已提交、要么都没有，重试时水位线认得出已提交的行。
         if rows:
             conn.execute(sql.insert, [list(column) for column in zip(*rows, strict=True)])
         if marks:
