@@ -562,6 +562,8 @@ MAX_LOG_WRITER_CHARS = 64
 
 def check_log_writer(writer: object, writer_seq: int) -> None:
     """幂等身份要么整个没有（``""`` 与 0），要么两半都在：1..64 个可打印 ASCII 字符、行号 ≥ 1。"""
+    if writer == "" and writer_seq == 0:
+        return  # 最常见的情形（读回的行、不带身份的行）：一次比较
     if not isinstance(writer, str) or len(writer) > MAX_LOG_WRITER_CHARS:
         raise ConfigurationError(
             f"LogLine.writer 必须是不超过 {MAX_LOG_WRITER_CHARS} 个字符的字符串，收到 {writer!r}"
