@@ -8,6 +8,8 @@
   为止）整批转发给服务器，服务器执行并提交（autocommit 下在 Sync 时提交，显式事务在 COMMIT 时），
   代理把服务器发回的一切扣下，等到 ReadyForQuery（这时提交已经发生）就切断两端连接。客户端看到的是
   "连接在语句中途断了"：结果未知，而服务器上其实已经提交——这正是"回执丢失的提交"。
+  ``at_commit=True``：匹配的那一批照常放行，丢的是同一连接上**下一个 COMMIT** 那一批的回执——显式事务里
+  驱动把 COMMIT 单独发出（psycopg 在 COMMIT 之前先同步一次），要瞄准"这个事务的提交"只能这样认。
 * :meth:`blackhole`：两个方向都停止转发，套接字保持打开——对端看到的是挂住，不是拒绝；
   新连接也被接受（内核替代理完成握手），但启动包永远到不了服务器。
 * :meth:`refuse`：新连接一接受就关闭（拒绝）；已有连接照常。
@@ -62,6 +64,7 @@ class _Rule:
     remaining: int | None  # None：不限次数
     rate: float = 1.0
     rng: random.Random = field(default_factory=random.Random)
+    at_commit: bool = False  # True：丢的是匹配之后本连接上下一个 COMMIT 的回执
 
 
 class _Link:
@@ -73,6 +76,7 @@ class _Link:
         self.server: socket.socket | None = None
         self.statements: dict[bytes, bytes] = {}  # 本连接上 Parse 过的具名语句 → SQL
         self.drop_at_ready = False
+        self.drop_at_commit = False  # 一条 at_commit 规则已命中：等本连接的下一个 COMMIT
         self.dead = threading.Event()
         self._kill_lock = threading.Lock()
 
@@ -141,8 +145,14 @@ class _Link:
                     statement, _ = _cstring(raw[5:], rest)
                     text += self.statements.get(statement, b"")
             batch.clear()
-            if self.proxy._should_lose(text):
-                self.drop_at_ready = True  # 先立旗再转发：之后服务器发回的每个字节都在旗子之后
+            if self.drop_at_commit and b"COMMIT" in text:
+                self.drop_at_ready = True
+            else:
+                rule = self.proxy._matching_rule(text)
+                if rule is not None and rule.at_commit:
+                    self.drop_at_commit = True
+                elif rule is not None:
+                    self.drop_at_ready = True  # 先立旗再转发：之后服务器发回的每个字节都在旗子之后
             assert self.server is not None
             if not self._send(self.server, raw_batch):
                 break
@@ -223,12 +233,18 @@ class PgFaultProxy:
     # -- fault control -----------------------------------------------------------------------------
 
     def lose_reply(
-        self, *needles: bytes | str, count: int | None = 1, rate: float = 1.0, seed: int = 0
+        self,
+        *needles: bytes | str,
+        count: int | None = 1,
+        rate: float = 1.0,
+        seed: int = 0,
+        at_commit: bool = False,
     ) -> None:
-        """丢掉接下来 ``count`` 次（None：不限）"批次文本包含全部 needles"的写的回执；rate < 1 按概率命中。"""
+        """丢掉接下来 ``count`` 次（None：不限）"批次文本包含全部 needles"的写的回执；rate < 1 按概率命中。
+        ``at_commit``：丢的是那一批之后本连接上下一个 COMMIT 的回执（显式事务的提交，见模块说明）。"""
         encoded = tuple(n.encode() if isinstance(n, str) else n for n in needles)
         with self._lock:
-            self._rules.append(_Rule(encoded, count, rate, random.Random(seed)))
+            self._rules.append(_Rule(encoded, count, rate, random.Random(seed), at_commit))
 
     def clear_rules(self) -> None:
         with self._lock:
@@ -263,7 +279,7 @@ class PgFaultProxy:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _should_lose(self, text: bytes) -> bool:
+    def _matching_rule(self, text: bytes) -> _Rule | None:
         with self._lock:
             for rule in self._rules:
                 if rule.remaining == 0 or not all(n in text for n in rule.needles):
@@ -272,8 +288,8 @@ class PgFaultProxy:
                     continue
                 if rule.remaining is not None:
                     rule.remaining -= 1
-                return True
-        return False
+                return rule
+        return None
 
     def _count_lost(self) -> None:
         with self._lock:

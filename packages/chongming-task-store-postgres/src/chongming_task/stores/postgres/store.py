@@ -527,7 +527,7 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
                 if (
                     version == _schema.SCHEMA_VERSION
                     and self._create_schema != "never"
-                    and not _logs.has_table(conn, self._log_sql)
+                    and not _logs.has_tables(conn, self._log_sql)
                 ):
                     self._add_logs_table(conn)
                 if (
@@ -675,13 +675,14 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                     ["chongming_task.ddl:" + self._schema],
                 )
-                if not _logs.has_table(conn, self._log_sql):
+                if not _logs.has_tables(conn, self._log_sql):
                     for statement in _logs.ddl_statements(self._sql.s):
                         conn.execute(statement)
         except pg_errors.InsufficientPrivilege:
             logger.warning(
-                "schema %r 里没有任务日志表 task_logs，而角色 %r 没有建表权限：任务读写照常，"
-                "任务日志不会持久化，直到有权限的账号执行 chongming-task schema-sql 里的 task_logs 建表语句",
+                "schema %r 里缺任务日志表 task_logs / task_log_writers，而角色 %r 没有建表权限："
+                "任务读写照常，任务日志不会持久化，直到有权限的账号执行 chongming-task schema-sql 里"
+                "这两张表的建表语句",
                 self._schema,
                 conn.info.user,
             )
