@@ -284,7 +284,8 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
       （写入的结果未知，写穿层会读回再收敛）。一次调用的上界因此是
       ``pool_timeout + network_timeout``（docs/distributed.md §7.1）。
       同时默认开启 TCP keepalive 与 ``tcp_user_timeout``，连接串或 ``connect_kwargs``
-      里给了同名参数就以它们为准。
+      里给了同名参数就以它们为准。连接池会话的 ``idle_in_transaction_session_timeout`` 也等于它：
+      分区时留在服务器上的事务由服务器结束、放掉行锁（见 ``_session_options`` 与 docs/distributed.md §7.5）。
     * ``clock``：写进指令与租约的"现在"（测试注入 FakeClock）。
     * ``readonly``：只读打开——不建 schema、不建表、不补建，每条连接都是
       ``default_transaction_read_only``（写方法一律失败）；schema 里没有 chongming-task 的表 →
