@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,16 @@ def report(figures_dir: Path, name: str, figures: dict[str, Any]) -> Path:
     print(f"\n[reliability] {name}: {json.dumps(figures, ensure_ascii=False, default=str)}")
     print(f"[reliability] {name}: 数据已写入 {path}")
     return path
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float) -> bool:
+    """每 20 毫秒查一次 predicate，最多 timeout 秒；返回最后一次的结果（真实时间：等的是网络与进程）。"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
 
 
 def rss_bytes() -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_support import check_history, report
+from reliability_support import check_history, report, wait_until
 
 from chongming_task import Controller, TaskStatus, open_store
 
@@ -47,15 +47,6 @@ STORE_OPTIONS: dict[str, Any] = {
 }
 CALL_BOUND = 1.5  # B 的每个控制调用（B 自己的 statement_timeout 是默认的 10 秒：等锁就会超出）
 DECIDE_BOUND = 9.0  # A 失联后，B 最迟在这么久之内能把 a-0 判成 LOST（锁不会一直留着）
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return bool(predicate())
 
 
 def timed(fn: Callable[[], Any], bound: float) -> tuple[float | None, str]:
