@@ -22,7 +22,7 @@ docs/store-guide.md（持久层实现指南）。
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -39,11 +39,13 @@ from chongming_task.core.storage.values import (
     LogLine,
     LogStats,
     NodeRecord,
+    PartitionArchived,
     SaveRequest,
     TaskQuery,
     TaskStats,
     TouchUpdate,
 )
+from chongming_task.errors import StoreError
 from chongming_task.models import Progress, TaskSnapshot, Transition
 
 # 签名与入参检查只写在基类里的公开方法 → 后端实现的钩子（只收一个已检查的值）。
@@ -336,6 +338,26 @@ class TaskStore(ClosesOnExit, ABC):
         """删除 ``completed_at`` 早于 ``completed_before`` 的已完成指令（不归档：它们只在"持有者重复
         完成"的幂等窗口内有用）。未完成的指令永远不删。返回删除条数；参数不带时区 → ConfigurationError。
         """
+
+    # 可选能力：按时间分区的后端（PostgreSQL）可以整块归档、丢弃过期分区，代替逐行删除。默认没有分区。
+
+    def expired_partitions(self, before: datetime) -> list[str]:
+        """整个时间范围都早于 ``before`` 的迁移记录分区名，从旧到新。没有分区的后端返回 ``[]``。"""
+        checks.check_aware("before", before, required=True)
+        return []
+
+    def archive_partition(
+        self,
+        name: str,
+        before: datetime,
+        write: Callable[[list[Transition]], None],
+        *,
+        batch: int = 5000,
+    ) -> PartitionArchived:
+        """把分区 ``name`` 里属于"可归档前缀"的行按批交给 ``write``（它返回时这批必须已经持久落盘），
+        然后丢弃整个分区（不属于前缀的行先移回在线表）。整个过程是一个事务：``write`` 抛异常或丢弃
+        不成，什么也不删（``dropped=False``），已写出的段由归档器按键逐行删除。"""
+        raise StoreError(f"{type(self).__name__} 没有迁移记录分区，不能按分区归档 {name!r}")
 
     @abstractmethod
     def close(self) -> None:

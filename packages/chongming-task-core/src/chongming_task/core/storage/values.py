@@ -557,6 +557,22 @@ def bound_log_message(message: str) -> tuple[str, bool]:
 
 
 @dataclass(frozen=True)
+class PartitionArchived:
+    """``archive_partition`` 的结果：整块归档、丢弃一个过期分区（存储指南 §9）。
+
+    * ``exported``：交给归档器写进段里的迁移记录条数；
+    * ``kept``：分区里不属于"可归档前缀"的行（时钟偏差造成的乱序），丢弃分区之前已移回在线表；
+    * ``dropped``：分区已经 DETACH + DROP。为 False 时什么也没删（事务已回滚），``reason`` 说明原因——
+      没有属主权限、拿不到锁、导出期间分区被并发改动——这时归档器按段里的键逐行删除，结果一样，只是慢一些。
+    """
+
+    exported: int = 0
+    kept: int = 0
+    dropped: bool = False
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class LogLine:
     """任务的一行日志（``ctx.log`` 写出的那一行）。
 
@@ -646,6 +662,7 @@ __all__ = [
     "LogLine",
     "LogStats",
     "NodeRecord",
+    "PartitionArchived",
     "QueryOrder",
     "SaveRequest",
     "TaskQuery",

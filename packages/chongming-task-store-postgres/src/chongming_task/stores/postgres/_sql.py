@@ -34,7 +34,12 @@ def _values(codec: RowCodec) -> list[tuple[str, str]]:
 
 
 def transitions_insert(s: str, guard: str) -> str:
-    """从列数组 unnest 出多行迁移记录；(task_id, version) 已存在则跳过（幂等）。"""
+    """从列数组 unnest 出多行迁移记录；同一行已存在则跳过（幂等）。
+
+    迁移记录表按 ``at`` 分区（第 2 版），主键只能是 (task_id, version, at)：重放同一条记录撞主键、
+    被 ``ON CONFLICT DO NOTHING`` 跳过。"同一 (task_id, version) 只留一条"对 create / save 天然成立
+    （任务行的版本校验挡住了重复写），``append`` 另加一个按 (task_id, version) 的 NOT EXISTS（见 ``Sql``）。
+    """
     arrays = ", ".join(
         f"%(t_{name})s::{DIALECT.array_type(column, name)}"
         for column in TRANSITIONS.logical
@@ -43,7 +48,7 @@ def transitions_insert(s: str, guard: str) -> str:
     return (
         f"INSERT INTO {s}.transitions ({_cols(TRANSITION_COLUMNS)}) "
         f"SELECT {_cols(TRANSITION_COLUMNS, 'x.')} FROM unnest({arrays}) AS x({_cols(TRANSITION_COLUMNS)}) "
-        f"{guard} ON CONFLICT (task_id, version) DO NOTHING"
+        f"{guard} ON CONFLICT DO NOTHING"
     )
 
 
@@ -62,6 +67,13 @@ TOUCH_MANY_COLUMNS = {
     "lease_until_off": "bigint",
 }
 """touch_many 按列传入的数组：参数名 → 元素类型（进度以 JSON 文本传入，语句里转 jsonb）。"""
+
+
+_APPEND_GUARD = (
+    "WHERE NOT EXISTS (SELECT 1 FROM missing) AND NOT EXISTS (SELECT 1 FROM {s}.transitions o "
+    "WHERE o.task_id = x.task_id AND o.version = x.version)"
+)
+"""append 的写入条件：批里没有未知任务，且这个 (task_id, version) 还没有（哪怕 ``at`` 不同）。"""
 
 
 class Sql:
@@ -114,7 +126,7 @@ class Sql:
         self.append = (
             "WITH missing AS (SELECT DISTINCT m.task_id FROM unnest(%(t_task_id)s::text[]) AS m(task_id) "
             f"WHERE NOT EXISTS (SELECT 1 FROM {s}.tasks t WHERE t.task_id = m.task_id)), "
-            f"ins AS ({transitions_insert(s, 'WHERE NOT EXISTS (SELECT 1 FROM missing)')}) "
+            f"ins AS ({transitions_insert(s, _APPEND_GUARD.format(s=s))}) "
             "SELECT array_agg(task_id ORDER BY task_id) FROM missing"
         )
         self.history = (

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -42,7 +42,7 @@ from chongming_task.errors import (
 )
 from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TERMINAL_STATUSES, TaskStatus
-from chongming_task.stores.postgres import _archive, _logs, _schema, _sql
+from chongming_task.stores.postgres import _archive, _logs, _partitions, _schema, _sql
 from chongming_task.stores.postgres._codec import (
     check_text,
     command_from_row,
@@ -241,6 +241,9 @@ def _session_options(statement_ms: int | None, network_timeout: float | None) ->
       让服务器那一侧的 TCP 连接一直活着，服务器自己永远发现不了）。到期由服务器结束会话、放掉行锁，
       否则同伴对这些任务的 reconcile / 控制要一直等到 TCP keepalive（几个小时）。活着的客户端在事务里
       从不空等这么久：它等回复最多 ``network_timeout``，到期自己就切断连接了。
+
+    只给连接池的会话：建表与维护（``_maintenance_connection``，整块归档分区）用的独立连接在事务里
+    要做客户端的工作（写归档文件），不适用这条上限。
     """
     options = []
     if statement_ms is not None:
@@ -450,6 +453,18 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
         return _schema.schema_sql(_validate_schema_name(schema))
 
     @staticmethod
+    def migration_sql(schema: str = _schema.DEFAULT_SCHEMA, from_version: int = 1) -> str:
+        """把第 ``from_version`` 版的表结构升级到本程序版本的 SQL（含事务），交给表的属主执行。"""
+        if isinstance(from_version, bool) or not isinstance(from_version, int):
+            raise ConfigurationError(f"from_version 必须是整数，收到 {from_version!r}")
+        if not 1 <= from_version < _schema.SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"from_version 必须在 1..{_schema.SCHEMA_VERSION - 1} 之间"
+                f"（当前版本是 {_schema.SCHEMA_VERSION}），收到 {from_version}"
+            )
+        return _schema.migration_sql(_validate_schema_name(schema), from_version)
+
+    @staticmethod
     def grant_sql(schema: str, role: str) -> str:
         """给只读写、不建表的角色授权的 SQL（在 schema_sql 之后执行）。"""
         return _schema.grant_sql(_validate_schema_name(schema), role)
@@ -524,6 +539,8 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
                         if version is None:
                             self._create_tables(conn)
                             version = _schema.SCHEMA_VERSION
+                if version < _schema.SCHEMA_VERSION and not self._readonly:
+                    version = self._migrate(conn, version)
                 if (
                     version == _schema.SCHEMA_VERSION
                     and self._create_schema != "never"
@@ -536,6 +553,12 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
                     and not _logs.has_table(conn, self._log_sql)
                 ):
                     self._add_logs_table(conn)
+                if (
+                    version == _schema.SCHEMA_VERSION
+                    and self._create_schema != "never"
+                    and not self._readonly
+                ):
+                    _partitions.ensure_ahead_or_warn(conn, self._schema)
             except pg_errors.InsufficientPrivilege as exc:
                 raise self._privilege_error(conn, exc) from exc
             except psycopg.Error as exc:
@@ -549,11 +572,61 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
                 f"{_schema.SCHEMA_VERSION}：它是由更新版本的 chongming-task 建的。请升级 "
                 "chongming-task-store-postgres，或换一个 schema，不要用旧程序写新结构。"
             )
-        if version < _schema.SCHEMA_VERSION:
+        if version < _schema.SCHEMA_VERSION and not self._readonly:
             raise StoreError(
                 f"PostgreSQL schema {self._schema!r} 的表结构版本是 {version}，低于本程序的 "
                 f"{_schema.SCHEMA_VERSION}，且没有可用的迁移路径；请联系维护者或换一个新 schema。"
             )
+
+    def _migrate(self, conn: Conn, version: int) -> int:
+        """把旧版本的 schema 原地升级到 ``SCHEMA_VERSION``（咨询锁下、一个事务；数据不搬，见 ``_schema``）。
+
+        ``create_schema="never"`` 或角色不是表的属主 → SchemaPrivilegeError，说明要运行什么。
+        """
+        if self._create_schema == "never":
+            raise self._migration_error(conn, version, "create_schema='never'：本程序不改表结构")
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    ["chongming_task.ddl:" + self._schema],
+                )
+                current = self._read_version(conn)
+                if current is None or current >= _schema.SCHEMA_VERSION:
+                    return current if current is not None else version
+                steps = _schema.migration_statements(self._schema)
+                for step in range(current, _schema.SCHEMA_VERSION):
+                    for statement in steps[step]:
+                        conn.execute(statement)
+        except pg_errors.InsufficientPrivilege as exc:
+            raise self._migration_error(conn, version, (str(exc).strip().splitlines() or [""])[0]) from exc
+        logger.info(
+            "schema %r 的表结构已从第 %d 版升级到第 %d 版", self._schema, version, _schema.SCHEMA_VERSION
+        )
+        return _schema.SCHEMA_VERSION
+
+    def _migration_error(self, conn: Conn, version: int, why: str) -> SchemaPrivilegeError:
+        role = "?"
+        with contextlib.suppress(psycopg.Error):
+            role = conn.info.user
+        sql = _schema.migration_sql(self._schema, version)
+        return SchemaPrivilegeError(
+            f"PostgreSQL schema {self._schema!r} 的表结构是第 {version} 版，"
+            f"需要升级到第 {_schema.SCHEMA_VERSION} 版（迁移记录表改为按月分区），"
+            f"而角色 {role!r} 不能改表结构（{why}）："
+            f"请让表的属主执行 chongming-task schema-sql --migrate-from {version} 打印的 SQL，然后再启动"
+            f"\n升级 SQL 也可以在代码里取：PostgresTaskStore.migration_sql({self._schema!r}, {version})",
+            ddl=sql,
+            detail=_schema.grant_sql(self._schema, role),
+        )
+
+    def _maintenance_connection(self) -> Conn:
+        """维护操作（整块归档分区）用的独立连接：它的事务比一次普通调用长，不占连接池、不受单次调用期限约束。"""
+        self._check_open()
+        try:
+            return psycopg.connect(self._dsn, autocommit=True, **self._connect_kwargs)
+        except psycopg.Error as exc:
+            raise StoreError(f"连不上 PostgreSQL（{self._display}）：{str(exc).strip()}") from exc
 
     def _refuse_creation(self, conn: Conn) -> None:
         """schema 里没有我们的表：按 readonly / create_schema 决定能不能建（见 ``core.storage.opening``）。
@@ -1181,6 +1254,21 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
             statement = self._sql.prune_with_logs if _logs.has_table(conn, self._log_sql) else self._sql.prune
             row = conn.execute(statement, params).fetchone()
         return 0 if row is None else int(row[0])
+
+    # -- retention: 按月分区整块归档（实现在 _archive.py；另四个保留方法来自 RetentionByModule） --
+
+    def expired_partitions(self, before: datetime) -> list[str]:
+        return _archive.expired_partitions(self, before)
+
+    def archive_partition(
+        self,
+        name: str,
+        before: datetime,
+        write: Callable[[list[Transition]], None],
+        *,
+        batch: int = 5000,
+    ) -> v.PartitionArchived:
+        return _archive.archive_partition(self, name, before, write, batch)
 
     def close(self) -> None:
         with self._close_lock:
