@@ -12,6 +12,9 @@
   驱动把 COMMIT 单独发出（psycopg 在 COMMIT 之前先同步一次），要瞄准"这个事务的提交"只能这样认。
 * :meth:`blackhole`：两个方向都停止转发，套接字保持打开——对端看到的是挂住，不是拒绝；
   新连接也被接受（内核替代理完成握手），但启动包永远到不了服务器。
+* :meth:`blackhole_after`：下一批匹配的客户端消息照常送到服务器，紧接着整个代理进入挂住状态——
+  服务器执行了这一批（若它在显式事务里，行锁就留在服务器上），回复与之后的一切都到不了。
+  用来把"分区恰好发生在事务两条语句之间"做成确定的。
 * :meth:`refuse`：新连接一接受就关闭（拒绝）；已有连接照常。
 * :meth:`heal`：恢复转发（挂住期间扣下的字节继续送达，如同分区愈合）。:meth:`cut_all` 切断所有现有连接。
 
@@ -103,8 +106,8 @@ class _Link:
                 return False
         return not self.dead.is_set()
 
-    def _send(self, sock: socket.socket, data: bytes) -> bool:
-        if not self._wait_flowing():
+    def _send(self, sock: socket.socket, data: bytes, *, force: bool = False) -> bool:
+        if not force and not self._wait_flowing():
             return False
         try:
             sock.sendall(data)
@@ -154,6 +157,11 @@ class _Link:
                 elif rule is not None:
                     self.drop_at_ready = True  # 先立旗再转发：之后服务器发回的每个字节都在旗子之后
             assert self.server is not None
+            if self._wait_flowing() and self.proxy._should_cut_after(text):
+                self.proxy.blackhole()  # 先挂住再转发：服务器的回复一个字节也回不来
+                if not self._send(self.server, raw_batch, force=True):
+                    break
+                continue
             if not self._send(self.server, raw_batch):
                 break
         self.kill()
@@ -224,6 +232,8 @@ class PgFaultProxy:
         self._lock = threading.Lock()
         self._links: set[_Link] = set()
         self._rules: list[_Rule] = []
+        self._cut_after: tuple[bytes, ...] | None = None
+        self.cut_after_hits = 0
         self.lost_replies = 0
         self.connections = 0
         self._closed = False
@@ -246,9 +256,15 @@ class PgFaultProxy:
         with self._lock:
             self._rules.append(_Rule(encoded, count, rate, random.Random(seed), at_commit))
 
+    def blackhole_after(self, *needles: bytes | str) -> None:
+        """下一批包含全部 needles 的客户端消息送到服务器之后立刻挂住（见模块说明）；只命中一次。"""
+        with self._lock:
+            self._cut_after = tuple(n.encode() if isinstance(n, str) else n for n in needles)
+
     def clear_rules(self) -> None:
         with self._lock:
             self._rules.clear()
+            self._cut_after = None
 
     def blackhole(self) -> None:
         self._flowing.clear()
@@ -290,6 +306,15 @@ class PgFaultProxy:
                     rule.remaining -= 1
                 return rule
         return None
+
+    def _should_cut_after(self, text: bytes) -> bool:
+        with self._lock:
+            needles = self._cut_after
+            if needles is None or not all(n in text for n in needles):
+                return False
+            self._cut_after = None
+            self.cut_after_hits += 1
+            return True
 
     def _count_lost(self) -> None:
         with self._lock:
