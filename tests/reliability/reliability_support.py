@@ -117,16 +117,6 @@ def report(figures_dir: Path, name: str, figures: dict[str, Any]) -> Path:
     return path
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float) -> bool:
-    """每 20 毫秒查一次 predicate，最多 timeout 秒；返回最后一次的结果（真实时间：等的是网络与进程）。"""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return bool(predicate())
-
-
 def rss_bytes() -> int:
     """本进程的常驻内存（/proc/self/statm 第二列 × 页大小）。"""
     import os

@@ -558,7 +558,7 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
                     and self._create_schema != "never"
                     and not self._readonly
                 ):
-                    _partitions.ensure_ahead_or_warn(conn, self._schema)
+                    _partitions.ensure_ahead_or_warn(conn, self._schema, at_open=True)
             except pg_errors.InsufficientPrivilege as exc:
                 raise self._privilege_error(conn, exc) from exc
             except psycopg.Error as exc:
