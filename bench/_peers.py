@@ -86,7 +86,7 @@ def print_peer_line(
     if ours is not None:
         line += f"   比值 {ours / peer.rate:.2f}×"
         if goal is not None:
-            line += f"（目标 {goal.text()}）"
+            line += f"（目标：{goal.text()}）"
     print(line)
 
 
