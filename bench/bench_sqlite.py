@@ -59,13 +59,20 @@ HUEY_SCRIPT = textwrap.dedent(
     """
     import os, sys, threading, time
     from huey import SqliteHuey
-    huey = SqliteHuey(filename=sys.argv[1], results=False)
+    from huey.signals import SIGNAL_COMPLETE
+    # 结果照常保存（空任务返回 None，store_none=True 让它也落进结果表）；
+    # 计数挂在 SIGNAL_COMPLETE 上：Huey 先写结果再发这个信号。
+    huey = SqliteHuey(filename=sys.argv[1], results=True, store_none=True)
     n = int(sys.argv[2])
     done = [0]
     lock = threading.Lock()
 
     @huey.task()
     def noop():
+        return None
+
+    @huey.signal(SIGNAL_COMPLETE)
+    def completed(signal, task):
         with lock:
             done[0] += 1
             if done[0] == n:
