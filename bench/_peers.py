@@ -126,6 +126,23 @@ def verdict(passed: bool) -> str:
     return "达成" if passed else "未达成"
 
 
+def postgres_reachable(dsn: str, what: str) -> bool:
+    """连得上 dsn 就返回 True；连不上时打印一行中文说明（跳过 what）并返回 False。"""
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        reason = " ".join(str(exc).split())[:200]
+        print(
+            f"连不上 Postgres（{reason}）：跳过 {what}；"
+            "请检查服务器是否在运行、CHONGMING_TEST_POSTGRES 是否正确"
+        )
+        return False
+    return True
+
+
 def with_database(dsn: str, name: str) -> str:
     """把连接串里的库名换成 name（同一台服务器、同样的用户与参数）。"""
     parts = urlsplit(dsn)

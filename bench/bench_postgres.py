@@ -176,15 +176,7 @@ def main() -> int:
         return 0
     import psycopg
 
-    try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        reason = " ".join(str(exc).split())[:200]
-        print(
-            f"连不上 Postgres（{reason}）：跳过 Postgres 基准；"
-            "请检查服务器是否在运行、CHONGMING_TEST_POSTGRES 是否正确"
-        )
+    if not _peers.postgres_reachable(dsn, "Postgres 基准"):
         return 0
 
     quick = "--quick" in sys.argv

@@ -21,6 +21,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
+import _peers
 import psycopg
 from psycopg import sql
 
@@ -205,15 +206,7 @@ def main() -> None:
     if not dsn:
         print("需要 DSN（参数或环境变量 CHONGMING_TEST_POSTGRES），跳过 Postgres 存储基准")
         return
-    try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        reason = " ".join(str(exc).split())[:200]
-        print(
-            f"连不上 Postgres（{reason}）：跳过 Postgres 存储基准；"
-            "请检查服务器是否在运行、CHONGMING_TEST_POSTGRES 是否正确"
-        )
+    if not _peers.postgres_reachable(dsn, "Postgres 存储基准"):
         return
     schema = f"ct_bench_{secrets.token_hex(4)}"
     try:
