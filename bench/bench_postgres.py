@@ -7,6 +7,8 @@
    对照组只装在基准环境里（requirements-bench.txt）。
    目标（issue 17）：≥ 2.0× Procrastinate，且领先 DBOS 与 PgQueuer。
 2. 跨进程停止时延（LISTEN/NOTIFY）：另一个进程 stop() → 任务在存储里落终态，p50 ≤ 50 ms。
+3. reconcile()：10 万个任务（其中 1,000 个失去监督者的 running、1,000 个排队）≤ 2 s
+   （与 bench_sqlite.py 同一目标）。
 最后打印汇总表（每个对照一行：我们、对照、比值、目标、是否达成）。
 
 需要 CHONGMING_TEST_POSTGRES（例如 postgresql://postgres@127.0.0.1:5432/test）。
@@ -24,12 +26,15 @@ import sys
 import tempfile
 import textwrap
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import _peers
 
-from chongming_task import Controller, TaskStatus, open_store
+from chongming_task import Controller, TaskSnapshot, TaskStatus, open_store
+from chongming_task.stores.postgres._codec import task_params
+from chongming_task.stores.postgres._sql import Sql, transition_params
 
 S = TaskStatus
 PROCRASTINATE = "Procrastinate（concurrency=2）"
@@ -124,6 +129,47 @@ def pgqueuer_rate(dsn: str, n: int) -> float | None:
         return _peers.run_script("_peer_pgqueuer.py", [url, str(n)], what="PgQueuer")
 
 
+def build_reconcile_schema(dsn: str, schema: str, rows: int, orphans: int, queued: int) -> None:
+    """批量灌入（存储自己的 create 语句，一个事务）。
+
+    orphans 个租约早已过期的 running、queued 个排队、其余终态。
+    """
+    import psycopg
+
+    open_store(f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}").close()  # 建表
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    no_history = transition_params([])
+
+    def params(index: int) -> dict[str, Any]:
+        created = t0 + timedelta(seconds=index)
+        status = S.RUNNING if index < orphans else S.QUEUED if index < orphans + queued else S.SUCCEEDED
+        snapshot = TaskSnapshot(
+            task_id=f"t{index:07d}",
+            name="sync",
+            created_at=created,
+            status=status,
+            owner="dead-node",
+            lease_owner="dead-node",
+            lease_until=t0,
+            started_at=created if status is not S.QUEUED else None,
+            finished_at=created if status.is_terminal else None,
+        )
+        return {**task_params(snapshot), **no_history}
+
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        cur.executemany(Sql(schema).create, (params(index) for index in range(rows)))
+
+
+def reconcile_seconds(dsn: str, schema: str, rows: int) -> tuple[float, int, int]:
+    build_reconcile_schema(dsn, schema, rows, orphans=1_000, queued=1_000)
+    c = Controller(store=open_store(f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"), owner="heir")
+    started = time.perf_counter()
+    report = c.reconcile()
+    elapsed = time.perf_counter() - started
+    c.close(close_store=True)
+    return elapsed, len(report.lost), len(report.adoptable)
+
+
 WORKER_SCRIPT = textwrap.dedent(
     """
     import sys, time
@@ -206,11 +252,22 @@ def main() -> int:
                 f"跨进程停止时延（NOTIFY）：p50 {p50:.0f} ms，最大 {worst:.0f} ms"
                 f"（目标 p50 ≤ 50 ms，{_peers.verdict(stop_ok)}）"
             )
-            extra = ((f"跨进程停止（NOTIFY）p50 {p50:.0f} ms", "≤ 50 ms", stop_ok),)
+            rows = 20_000 if quick else 100_000
+            elapsed, lost, adoptable = reconcile_seconds(dsn, f"{schema}_reconcile", rows)
+            reconcile_ok = elapsed <= 2
+            print(
+                f"reconcile()：{rows:,} 个任务（判 LOST {lost}、adoptable {adoptable}）用时 {elapsed:.2f} s"
+                f"（目标 ≤ 2 s，{_peers.verdict(reconcile_ok)}）"
+            )
+            extra = (
+                (f"跨进程停止（NOTIFY）p50 {p50:.0f} ms", "≤ 50 ms", stop_ok),
+                (f"reconcile() {rows:,} 个任务 {elapsed:.2f} s", "≤ 2 s", reconcile_ok),
+            )
             _peers.print_summary("Postgres", "Controller + PostgresTaskStore", our_rate, peers, GOALS, extra)
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            for name in (schema, f"{schema}_reconcile"):
+                conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
     return 0
 
 
