@@ -49,7 +49,7 @@ class Goal:
         return ratio > self.ratio if self.ahead else ratio >= self.ratio
 
 
-def measure(label: str, fn: Callable[[], float | None], *, missing: str = "") -> Peer:
+def measure(label: str, fn: Callable[[], float | None]) -> Peer:
     """跑一个对照组；没装（fn 返回 None）或失败都不抛出，只记下一行中文原因。"""
     try:
         rate = fn()
@@ -57,7 +57,7 @@ def measure(label: str, fn: Callable[[], float | None], *, missing: str = "") ->
         reason = " ".join(str(exc).split())[-300:] or type(exc).__name__
         return Peer(label, None, f"失败，已跳过：{reason}")
     if rate is None:
-        return Peer(label, None, missing or "未安装，已跳过（pip install -r requirements-bench.txt）")
+        return Peer(label, None, "未安装，已跳过（pip install -r requirements-bench.txt）")
     return Peer(label, rate)
 
 
