@@ -22,8 +22,9 @@ docs/store-guide.md（持久层实现指南）。
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from chongming_task.core.closing import ClosesOnExit
@@ -37,10 +38,12 @@ from chongming_task.core.storage.values import (
     LogLine,
     LogStats,
     NodeRecord,
+    SaveRequest,
     TaskQuery,
     TaskStats,
     TouchUpdate,
 )
+from chongming_task.errors import TaskError
 from chongming_task.models import Progress, TaskSnapshot, Transition
 
 
@@ -78,6 +81,41 @@ class TaskStore(ClosesOnExit, ABC):
         任务不存在 → TaskNotFound。不改写旁路字段（progress / last_heartbeat_at / lease_*）。
         参数自相矛盾（``validate_save`` 不通过、outcome 不是 JSON）→ ConfigurationError，什么也不写。
         """
+
+    def create_many(
+        self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
+    ) -> list[TaskError | None]:
+        """批量 create（``Controller.submit_many`` 用）：``[(snapshot, transitions), ...]``，返回逐项结果
+        （``None`` = 写进去了；否则是这一项的 create 会抛的异常，如 DuplicateTaskId、ConfigurationError）。
+
+        每一项的语义与单独一次 ``create`` 完全相同；一项失败不影响别的项。SQL 后端覆盖为一次事务；
+        这里的默认实现逐项调用 ``create``，第三方后端不必改。整批的事务失败（连接断了、写锁超时）直接抛出
+        StoreError：此时每一项都按"这次 create 结果未知"处理（调用方读回对照，见 ``save_many``）。
+        """
+        return [_outcome(partial(self.create, snapshot, transitions)) for snapshot, transitions in items]
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        """组提交：多个任务的 save 一次写完，返回逐项结果（``None`` = 已提交；否则是这一项单独 save 会抛的
+        异常：ConcurrencyConflict、TaskNotFound、ConfigurationError）。
+
+        * 逐项语义与 ``save`` 相同：版本不符的那一项什么也不写，**不连累同批的其他项**（它们照常提交）。
+        * 整批事务本身失败（提交失败、连接断了、写锁超时）→ 抛出 StoreError：同批每一项都当作"自己的
+          save 抛了这个异常"，与今天一次失败的 save 语义完全一样（结果未知，写穿层下次先读回对照，
+          runtime/fencing.py）。不在这里逐项重试：故障期间逐项重试会让一批 N 项各等满一次超时。
+        * SQL 后端覆盖为一次事务；默认实现逐项调用 ``save``（第三方后端不必改）。
+        """
+        return [
+            _outcome(
+                partial(
+                    self.save,
+                    r.snapshot,
+                    expect_version=r.expect_version,
+                    transitions=r.transitions,
+                    lease_expired_before=r.lease_expired_before,
+                )
+            )
+            for r in requests
+        ]
 
     @abstractmethod
     def get(self, task_id: str) -> TaskSnapshot | None:
@@ -288,6 +326,14 @@ class TaskStore(ClosesOnExit, ABC):
     @abstractmethod
     def close(self) -> None:
         """释放资源。幂等；关闭后再调用其他方法 → StoreError。"""
+
+
+def _outcome(write: Callable[[], None]) -> TaskError | None:
+    try:
+        write()
+    except TaskError as exc:
+        return exc
+    return None
 
 
 __all__ = ["TaskStore"]

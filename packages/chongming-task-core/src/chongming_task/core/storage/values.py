@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -228,6 +228,17 @@ class Command:
             if self.completed_at is None
             else self.completed_at.isoformat(timespec="microseconds"),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class SaveRequest:
+    """``TaskStore.save_many`` 的一项：与一次 ``save(snapshot, expect_version=..., transitions=...,
+    lease_expired_before=...)`` 的参数逐个对应（组提交把多个任务的迁移交给存储一次写完）。"""
+
+    snapshot: TaskSnapshot
+    expect_version: int
+    transitions: Sequence[Transition] = ()
+    lease_expired_before: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -609,6 +620,7 @@ __all__ = [
     "LogStats",
     "NodeRecord",
     "QueryOrder",
+    "SaveRequest",
     "TaskQuery",
     "TaskStats",
     "as_query",

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
@@ -28,6 +29,7 @@ from chongming_task.core.storage.values import (
     LogStats,
     NodeRecord,
     QueryOrder,
+    SaveRequest,
     TaskQuery,
     TaskStats,
     TouchUpdate,
@@ -39,6 +41,7 @@ from chongming_task.errors import (
     ConfigurationError,
     DuplicateTaskId,
     StoreError,
+    TaskError,
     TaskNotFound,
 )
 from chongming_task.models import TaskSnapshot, Transition
@@ -392,6 +395,53 @@ class SqliteTaskStore(TaskStore):
     # -- snapshots ----------------------------------------------------------------------------------
 
     def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
+        self._run("create", self._create_tx(snapshot, transitions))
+
+    def create_many(
+        self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
+    ) -> list[TaskError | None]:
+        """一次写事务建一批任务（语义见 ``TaskStore.create_many``）。"""
+        return self._run_many("create_many", [partial(self._create_tx, s, t) for s, t in items])
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        """组提交：一次写事务写一批 save（语义见 ``TaskStore.save_many``）。"""
+        return self._run_many("save_many", [partial(self._save_tx, r) for r in requests])
+
+    def _run_many(
+        self, what: str, prepare: Sequence[Callable[[], Callable[[sqlite3.Connection], None]]]
+    ) -> list[TaskError | None]:
+        """一次写事务执行多项，每项包在一个 SAVEPOINT 里：某项抛 TaskError（版本冲突、重复 id、任务不存在）
+        只回滚它自己，同批其余照常提交；入参检查不过的项根本不进事务。事务本身失败（写锁超时、磁盘满）
+        照常抛出：整批都没写进去，调用方逐项按"这次写失败"处理。撞锁重试整个事务时逐项结果重新算。"""
+        results: list[TaskError | None] = [None] * len(prepare)
+        work: list[tuple[int, Callable[[sqlite3.Connection], None]]] = []
+        for index, make in enumerate(prepare):
+            try:
+                work.append((index, make()))
+            except TaskError as exc:
+                results[index] = exc
+        if not work:
+            return results
+
+        def tx(conn: sqlite3.Connection) -> dict[int, TaskError]:
+            failed: dict[int, TaskError] = {}
+            for index, item in work:
+                conn.execute("SAVEPOINT item")
+                try:
+                    item(conn)
+                except TaskError as exc:
+                    conn.execute("ROLLBACK TO item")
+                    failed[index] = exc
+                conn.execute("RELEASE item")
+            return failed
+
+        for index, error in self._run(what, tx).items():
+            results[index] = error
+        return results
+
+    def _create_tx(
+        self, snapshot: TaskSnapshot, transitions: Sequence[Transition]
+    ) -> Callable[[sqlite3.Connection], None]:
         snapshot = checks.check_snapshot(snapshot)
         transitions = tuple(transitions)
         checks.check_transitions(snapshot.task_id, transitions)
@@ -414,7 +464,7 @@ class SqliteTaskStore(TaskStore):
             if history:
                 conn.executemany(_sql.INSERT_TRANSITION, history)
 
-        self._run("create", tx)
+        return tx
 
     def save(
         self,
@@ -424,7 +474,14 @@ class SqliteTaskStore(TaskStore):
         transitions: Sequence[Transition] = (),
         lease_expired_before: datetime | None = None,
     ) -> None:
-        snapshot = checks.check_snapshot(snapshot)
+        request = SaveRequest(snapshot, expect_version, transitions, lease_expired_before)
+        self._run("save", self._save_tx(request))
+
+    def _save_tx(self, request: SaveRequest) -> Callable[[sqlite3.Connection], None]:
+        expect_version = request.expect_version
+        lease_expired_before = request.lease_expired_before
+        snapshot = checks.check_snapshot(request.snapshot)
+        transitions = request.transitions
         transitions = tuple(transitions)
         checks.check_transitions(snapshot.task_id, transitions)
         checks.validate_save(snapshot, expect_version, transitions)
@@ -475,7 +532,7 @@ class SqliteTaskStore(TaskStore):
             if history:
                 conn.executemany(_sql.INSERT_TRANSITION, history)
 
-        self._run("save", tx)
+        return tx
 
     def get(self, task_id: str) -> TaskSnapshot | None:
         def read(conn: sqlite3.Connection) -> TaskSnapshot | None:
