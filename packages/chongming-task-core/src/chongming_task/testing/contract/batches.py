@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 
 from chongming_task.errors import ConcurrencyConflict, ConfigurationError, DuplicateTaskId, TaskNotFound
@@ -124,7 +125,7 @@ class BatchCases(ContractBase):
             barrier.wait()
             outcomes[k] = list(store.save_many(requests))
 
-        self.run_threads([lambda k=k: writer(k) for k in range(writers)])
+        self.run_threads([functools.partial(writer, k) for k in range(writers)])
         for index, base in enumerate(bases):
             per_writer = [
                 outcomes[k][index if k % 2 == 0 else len(bases) - 1 - index] for k in range(writers)
