@@ -1,0 +1,237 @@
+"""组提交（runtime/group_commit.py）与批量提交（Controller.submit_many）。"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chongming_task import Controller, SqliteTaskStore, Submit, TaskStatus
+from chongming_task.errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    DuplicateTaskId,
+    StoreError,
+    TaskError,
+)
+from chongming_task.models import TaskSnapshot, Transition
+from chongming_task.runtime.group_commit import GroupCommit
+from chongming_task.storage import SaveRequest
+from chongming_task.stores.memory import InMemoryTaskStore
+from chongming_task.testing.contract._base import S, snap, step
+
+
+class GatedStore(InMemoryTaskStore):
+    """第一次 save 停在闸门上（让别的调用方排进同一批），记下每个事务写了哪些任务。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.transactions: list[list[str]] = []
+        self.fail_batches = False
+
+    def save(self, snapshot: TaskSnapshot, **kwargs: Any) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.gate.wait(10)
+        self.transactions.append([snapshot.task_id])
+        super().save(snapshot, **kwargs)
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        if self.fail_batches:
+            raise StoreError("写事务失败（测试）")
+        self.transactions.append([r.snapshot.task_id for r in requests])
+        out: list[TaskError | None] = []
+        for r in requests:
+            try:
+                super().save(r.snapshot, expect_version=r.expect_version, transitions=r.transitions)
+            except TaskError as exc:
+                out.append(exc)
+            else:
+                out.append(None)
+        return out
+
+
+def _queued(store: InMemoryTaskStore, task_id: str) -> tuple[SaveRequest, TaskSnapshot, Transition]:
+    base = snap(task_id)
+    store.create(base)
+    queued, record = step(base, S.QUEUED)
+    return SaveRequest(queued, 0, [record]), queued, record
+
+
+def _run_followers(
+    commits: GroupCommit, requests: list[SaveRequest]
+) -> tuple[dict[str, object], list[threading.Thread]]:
+    results: dict[str, object] = {}
+
+    def call(request: SaveRequest) -> None:
+        try:
+            commits.save(request)
+        except TaskError as exc:
+            results[request.snapshot.task_id] = exc
+        else:
+            results[request.snapshot.task_id] = "committed"
+
+    threads = [threading.Thread(target=call, args=(r,)) for r in requests]
+    for thread in threads:
+        thread.start()
+    return results, threads
+
+
+def _wait_pending(commits: GroupCommit, count: int) -> None:
+    for _ in range(1000):
+        with commits._cond:
+            if len(commits._pending) >= count:
+                return
+        threading.Event().wait(0.005)
+    raise AssertionError("调用方没有排进队列")
+
+
+def test_pending_saves_share_one_transaction_and_each_caller_waits_for_its_own() -> None:
+    store = GatedStore()
+    commits = GroupCommit(store)
+    leader_request, _, _ = _queued(store, "lead")
+    others = [_queued(store, f"t{i}")[0] for i in range(4)]
+    results, threads = _run_followers(commits, [leader_request])
+    assert store.entered.wait(10)  # 写者卡在自己的事务里
+    follower_results, follower_threads = _run_followers(commits, others)
+    _wait_pending(commits, 4)
+    assert follower_results == {}, "自己那一项还没提交，调用方不能返回"
+    store.gate.set()
+    for thread in [*threads, *follower_threads]:
+        thread.join(10)
+    assert results == {"lead": "committed"}
+    assert follower_results == dict.fromkeys(["t0", "t1", "t2", "t3"], "committed")
+    assert store.transactions == [["lead"], ["t0", "t1", "t2", "t3"]]
+    assert (commits.batches, commits.items) == (2, 5)
+    for task_id in ["lead", "t0", "t1", "t2", "t3"]:
+        got = store.get(task_id)
+        assert got is not None and got.status is TaskStatus.QUEUED
+        assert [t.version for t in store.history(task_id)] == [1]
+
+
+def test_a_conflict_is_reported_to_its_own_caller_only() -> None:
+    store = GatedStore()
+    commits = GroupCommit(store)
+    leader_request, _, _ = _queued(store, "lead")
+    good = _queued(store, "good")[0]
+    stale_request, stale_queued, _ = _queued(store, "stale")
+    # 别人抢先写了（绕过闸门直接写）
+    InMemoryTaskStore.save(store, stale_queued, expect_version=0, transitions=stale_request.transitions)
+    store.transactions.clear()
+    leader, threads = _run_followers(commits, [leader_request])
+    assert store.entered.wait(10)
+    follower_results, follower_threads = _run_followers(commits, [good, stale_request])
+    _wait_pending(commits, 2)
+    store.gate.set()
+    for thread in [*threads, *follower_threads]:
+        thread.join(10)
+    assert leader == {"lead": "committed"}
+    assert follower_results["good"] == "committed"
+    assert isinstance(follower_results["stale"], ConcurrencyConflict)
+    assert [t.version for t in store.history("stale")] == [1]
+
+
+def test_a_failed_batch_fails_every_member_like_a_failed_save() -> None:
+    store = GatedStore()
+    store.fail_batches = True
+    commits = GroupCommit(store)
+    leader_request, _, _ = _queued(store, "lead")
+    others = [_queued(store, f"f{i}")[0] for i in range(3)]
+    results, threads = _run_followers(commits, [leader_request])
+    assert store.entered.wait(10)
+    follower_results, follower_threads = _run_followers(commits, others)
+    _wait_pending(commits, 3)
+    store.gate.set()
+    for thread in [*threads, *follower_threads]:
+        thread.join(10)
+    assert results == {"lead": "committed"}
+    assert set(follower_results) == {"f0", "f1", "f2"}
+    assert all(isinstance(error, StoreError) for error in follower_results.values())
+    for task_id in follower_results:
+        assert store.history(task_id) == [], "没提交的项在存储里什么也没有"
+
+
+def noop(ctx: Any, x: int = 0) -> int:
+    return x
+
+
+class CountingSqlite(SqliteTaskStore):
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.create_batches: list[int] = []
+        self.single_creates = 0
+
+    def create_many(
+        self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
+    ) -> list[TaskError | None]:
+        self.create_batches.append(len(items))
+        return super().create_many(items)
+
+    def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
+        self.single_creates += 1
+        super().create(snapshot, transitions)
+
+
+def test_submit_many_writes_one_transaction_per_batch_and_runs_everything(tmp_path: Path) -> None:
+    store = CountingSqlite(str(tmp_path / "t.db"))
+    with Controller(max_parallel=2, store=store) as c:
+        c.register("noop", noop)
+        runs = c.submit_many(
+            [Submit("noop", i, task_id=f"m{i}", label="batch") for i in range(25)], batch_size=10
+        )
+        assert [r.task_id for r in runs] == [f"m{i}" for i in range(25)]
+        assert c.wait_all(timeout=30)
+        assert [r.wait(timeout=5).value for r in runs] == list(range(25))
+        assert store.create_batches == [10, 10, 5] and store.single_creates == 0
+        for i in range(25):
+            got = store.get(f"m{i}")
+            assert got is not None and got.status is TaskStatus.SUCCEEDED and got.label == "batch"
+            history = store.history(f"m{i}")
+            assert [t.version for t in history] == list(range(1, len(history) + 1)), "历史不能有空洞"
+
+
+def test_submit_many_checks_everything_before_writing(tmp_path: Path) -> None:
+    store = CountingSqlite(str(tmp_path / "t.db"))
+    with Controller(max_parallel=2, store=store) as c:
+        c.register("noop", noop)
+        with pytest.raises(DuplicateTaskId):
+            c.submit_many([Submit("noop", task_id="same"), Submit("noop", task_id="same")])
+        with pytest.raises(ConfigurationError, match="不是 Submit"):
+            c.submit_many([Submit("noop"), ("noop",)])  # type: ignore[list-item]
+        with pytest.raises(ConfigurationError):
+            c.submit_many([Submit("noop"), Submit("unregistered")])
+        assert store.create_batches == [] and store.query() == []
+
+
+def test_submit_many_stops_at_a_store_duplicate_but_keeps_what_was_written(tmp_path: Path) -> None:
+    path = str(tmp_path / "t.db")
+    with Controller(store=SqliteTaskStore(path), owner="other") as other:
+        other.register("noop", noop)
+        other.submit("noop", task_id="taken").wait(timeout=10)
+    with Controller(max_parallel=2, store=SqliteTaskStore(path)) as c:
+        c.register("noop", noop)
+        specs = [Submit("noop", task_id=t) for t in ["a", "taken", "b", "c"]]
+        with pytest.raises(DuplicateTaskId, match="批量提交已停止：3 个任务已提交"):
+            c.submit_many(specs, batch_size=4)
+        assert c.wait_all(timeout=10)
+        assert sorted(s.task_id for s in c.list_tasks() if s.owner != "other") == ["a", "b", "c"]
+
+
+def test_pipeline_nodes_are_created_in_one_transaction(tmp_path: Path) -> None:
+    from chongming_task import Pipeline
+
+    store = CountingSqlite(str(tmp_path / "t.db"))
+    with Controller(max_parallel=2, store=store) as c:
+        c.register("noop", noop)
+        p = Pipeline("etl")
+        first = p.node("noop", node_id="a")
+        p.node("noop", node_id="b", depends_on=[first])
+        p.node("noop", node_id="c", depends_on=[first])
+        run = c.submit_pipeline(p)
+        run.wait(timeout=30)
+        assert store.create_batches == [3] and store.single_creates == 0
