@@ -410,9 +410,11 @@ class SqliteTaskStore(TaskStore):
     def _run_many(
         self, what: str, prepare: Sequence[Callable[[], Callable[[sqlite3.Connection], None]]]
     ) -> list[TaskError | None]:
-        """一次写事务执行多项，每项包在一个 SAVEPOINT 里：某项抛 TaskError（版本冲突、重复 id、任务不存在）
-        只回滚它自己，同批其余照常提交；入参检查不过的项根本不进事务。事务本身失败（写锁超时、磁盘满）
-        照常抛出：整批都没写进去，调用方逐项按"这次写失败"处理。撞锁重试整个事务时逐项结果重新算。"""
+        """一次写事务执行多项：某项抛 TaskError（版本冲突、重复 id、任务不存在）只是它自己的结果，同批其余
+        照常提交；入参检查不过的项根本不进事务。不必每项一个 SAVEPOINT：``_create_tx`` / ``_save_tx`` 只在
+        这一项写下任何东西之前抛 TaskError（create 的重复 id 由第一条 INSERT 报出，SQLite 只撤销那一条语句；
+        save 先查版本再写）。事务本身失败（写锁超时、磁盘满）照常抛出：整批都没写进去，调用方逐项按
+        "这次写失败"处理。撞锁重试整个事务时逐项结果重新算。"""
         results: list[TaskError | None] = [None] * len(prepare)
         work: list[tuple[int, Callable[[sqlite3.Connection], None]]] = []
         for index, make in enumerate(prepare):
@@ -426,13 +428,10 @@ class SqliteTaskStore(TaskStore):
         def tx(conn: sqlite3.Connection) -> dict[int, TaskError]:
             failed: dict[int, TaskError] = {}
             for index, item in work:
-                conn.execute("SAVEPOINT item")
                 try:
                     item(conn)
                 except TaskError as exc:
-                    conn.execute("ROLLBACK TO item")
                     failed[index] = exc
-                conn.execute("RELEASE item")
             return failed
 
         for index, error in self._run(what, tx).items():
