@@ -1,4 +1,4 @@
-"""批量提交基准（issue 17.3；用户指南 §8.11）：Controller.submit_many 把 N 个 create 按批写进一个事务。
+"""批量提交基准（issue 17.3；用户指南 §9.8）：Controller.submit_many 把 N 个 create 按批写进一个事务。
 
 1. 100,000 个任务 submit_many 进 SqliteTaskStore ≤ 5 s；对照：SqliteHuey 逐个 enqueue 同样多
    （huey 没有批量入队）。

@@ -570,7 +570,7 @@ class Controller(ClosesOnExit):
     def submit_many(
         self, submits: Iterable[Submit], *, batch_size: int = DEFAULT_SUBMIT_BATCH
     ) -> list[TaskRun]:
-        """批量提交（用户指南 §8.11）：``[Submit("etl", day=d) for d in days]``，返回同样顺序的句柄。
+        """批量提交（用户指南 §9.8）：``[Submit("etl", day=d) for d in days]``，返回同样顺序的句柄。
 
         每个 ``Submit`` 的参数与 ``submit`` 一模一样；区别只在落库：每 ``batch_size`` 个任务一次写事务
         （``TaskStore.create_many``），而不是每个任务一次。全部参数先检查完（名字没登记、id 重复、参数
