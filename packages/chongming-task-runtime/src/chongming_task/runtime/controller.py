@@ -391,33 +391,6 @@ class Controller(ClosesOnExit):
         ``task_id`` / ``label`` / ``tags`` / ``priority`` / ``bucket_key`` 是提交参数，
         其余关键字参数交给任务。
         """
-        return self._submit(
-            name,
-            args,
-            kwargs,
-            task_id=task_id,
-            label=label,
-            tags=tags,
-            priority=priority,
-            bucket_key=bucket_key,
-        )
-
-    def _submit(
-        self,
-        name: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        task_id: str | None,
-        label: str | None,
-        tags: Iterable[str],
-        priority: int | None,
-        bucket_key: str | None,
-        pipeline_id: str | None = None,
-        node_id: str | None = None,
-        upstream: Any = None,
-        blocked: bool = False,
-    ) -> TaskRun:
         run = self._prepare(
             name,
             args,
@@ -427,17 +400,13 @@ class Controller(ClosesOnExit):
             tags=tags,
             priority=priority,
             bucket_key=bucket_key,
-            pipeline_id=pipeline_id,
-            node_id=node_id,
-            upstream=upstream,
-            blocked=blocked,
         )
         self._reserve([run])
         try:
             self._link.create(run.machine)
         finally:
             self._release_reserved([run])
-        self._admit([run], blocked=blocked)
+        self._admit([run], blocked=False)
         return run
 
     def _prepare(

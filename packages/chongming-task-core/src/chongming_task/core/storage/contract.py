@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.storage import checks
@@ -328,6 +328,25 @@ class TaskStore(ClosesOnExit, ABC):
         """释放资源。幂等；关闭后再调用其他方法 → StoreError。"""
 
 
+P = TypeVar("P")
+
+
+def prepare_batch(prepare: Sequence[Callable[[], P]]) -> tuple[list[TaskError | None], list[tuple[int, P]]]:
+    """``save_many`` / ``create_many`` 覆盖实现的共同前半：逐项做入参检查、准备好要执行的东西（还不碰存储）。
+
+    返回 (逐项结果, 要执行的 (下标, 准备好的项))：检查不过的项（ConfigurationError 等）直接成为它自己的结果，
+    根本不进事务；其余项的结果先是 None，由后端执行后填上。
+    """
+    results: list[TaskError | None] = [None] * len(prepare)
+    work: list[tuple[int, P]] = []
+    for index, make in enumerate(prepare):
+        try:
+            work.append((index, make()))
+        except TaskError as exc:
+            results[index] = exc
+    return results, work
+
+
 def _outcome(write: Callable[[], None]) -> TaskError | None:
     try:
         write()
@@ -336,4 +355,4 @@ def _outcome(write: Callable[[], None]) -> TaskError | None:
     return None
 
 
-__all__ = ["TaskStore"]
+__all__ = ["TaskStore", "prepare_batch"]

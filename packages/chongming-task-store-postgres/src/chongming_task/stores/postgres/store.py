@@ -25,7 +25,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
-from chongming_task.core.storage.contract import TaskStore
+from chongming_task.core.storage.contract import TaskStore, prepare_batch
 from chongming_task.core.storage.opening import (
     CreateSchema,
     SchemaMissing,
@@ -839,13 +839,7 @@ class PostgresTaskStore(TaskStore):
         """一次事务执行多条写语句（管道发送：一次往返）。每条语句自带条件（版本、id 不重复），条件不满足的
         那条什么也不写、由 ``judge`` 报成它自己的异常，不连累同批其他项；入参检查不过的项根本不发。
         事务本身失败（连接断了、没有回复）照常抛出：整批按"这次写失败、结果未知"处理。"""
-        results: list[TaskError | None] = [None] * len(prepare)
-        work: list[tuple[int, _Prepared]] = []
-        for index, make in enumerate(prepare):
-            try:
-                work.append((index, make()))
-            except TaskError as exc:
-                results[index] = exc
+        results, work = prepare_batch(prepare)
         if not work:
             return results
         # 按 task_id 排序执行（稳定排序：同一任务的几项仍按给出的顺序）：所有批量写都按同一顺序拿行锁，

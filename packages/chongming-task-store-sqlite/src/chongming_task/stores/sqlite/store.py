@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
-from chongming_task.core.storage.contract import TaskStore
+from chongming_task.core.storage.contract import TaskStore, prepare_batch
 from chongming_task.core.storage.opening import CreateSchema, SchemaMissing, check_opening
 from chongming_task.core.storage.values import (
     ArchiveDeleted,
@@ -415,13 +415,7 @@ class SqliteTaskStore(TaskStore):
         这一项写下任何东西之前抛 TaskError（create 的重复 id 由第一条 INSERT 报出，SQLite 只撤销那一条语句；
         save 先查版本再写）。事务本身失败（写锁超时、磁盘满）照常抛出：整批都没写进去，调用方逐项按
         "这次写失败"处理。撞锁重试整个事务时逐项结果重新算。"""
-        results: list[TaskError | None] = [None] * len(prepare)
-        work: list[tuple[int, Callable[[sqlite3.Connection], None]]] = []
-        for index, make in enumerate(prepare):
-            try:
-                work.append((index, make()))
-            except TaskError as exc:
-                results[index] = exc
+        results, work = prepare_batch(prepare)
         if not work:
             return results
 
