@@ -83,13 +83,11 @@ class GroupCommit:
         self.batches += 1
         self.items += len(batch)
         try:
-            if len(batch) == 1:
+            if len(batch) == 1 and batch[0].request.lease_expired_before is None:
+                # 只有一项（没有竞争）：直接 save。写穿从不带租约条件（那是 reconcile 的事）。
                 request = batch[0].request
                 self._store.save(
-                    request.snapshot,
-                    expect_version=request.expect_version,
-                    transitions=request.transitions,
-                    lease_expired_before=request.lease_expired_before,
+                    request.snapshot, expect_version=request.expect_version, transitions=request.transitions
                 )
                 results: list[TaskError | None] = [None]
             else:

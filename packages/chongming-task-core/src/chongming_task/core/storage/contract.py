@@ -104,18 +104,19 @@ class TaskStore(ClosesOnExit, ABC):
           runtime/fencing.py）。不在这里逐项重试：故障期间逐项重试会让一批 N 项各等满一次超时。
         * SQL 后端覆盖为一次事务；默认实现逐项调用 ``save``（第三方后端不必改）。
         """
-        return [
-            _outcome(
-                partial(
-                    self.save,
-                    r.snapshot,
-                    expect_version=r.expect_version,
-                    transitions=r.transitions,
-                    lease_expired_before=r.lease_expired_before,
-                )
+        return [_outcome(partial(self._save_one, r)) for r in requests]
+
+    def _save_one(self, r: SaveRequest) -> None:
+        # lease_expired_before 只在给出时才传：没有这个参数的旧第三方后端也能用默认的 save_many。
+        if r.lease_expired_before is None:
+            self.save(r.snapshot, expect_version=r.expect_version, transitions=r.transitions)
+        else:
+            self.save(
+                r.snapshot,
+                expect_version=r.expect_version,
+                transitions=r.transitions,
+                lease_expired_before=r.lease_expired_before,
             )
-            for r in requests
-        ]
 
     @abstractmethod
     def get(self, task_id: str) -> TaskSnapshot | None:
