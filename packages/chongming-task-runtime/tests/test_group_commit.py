@@ -235,3 +235,27 @@ def test_pipeline_nodes_are_created_in_one_transaction(tmp_path: Path) -> None:
         run = c.submit_pipeline(p)
         run.wait(timeout=30)
         assert store.create_batches == [3] and store.single_creates == 0
+
+
+class ShortStore(GatedStore):
+    """坏掉的第三方 save_many：少返回一个结果。"""
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        return super().save_many(requests)[:-1]
+
+
+def test_a_save_many_with_the_wrong_number_of_results_fails_the_batch_instead_of_hanging() -> None:
+    store = ShortStore()
+    commits = GroupCommit(store)
+    leader_request, _, _ = _queued(store, "lead")
+    others = [_queued(store, f"s{i}")[0] for i in range(2)]
+    results, threads = _run_followers(commits, [leader_request])
+    assert store.entered.wait(10)
+    follower_results, follower_threads = _run_followers(commits, others)
+    _wait_pending(commits, 2)
+    store.gate.set()
+    for thread in [*threads, *follower_threads]:
+        thread.join(10)
+        assert not thread.is_alive(), "调用方不能永远等下去"
+    assert results == {"lead": "committed"}
+    assert all(isinstance(follower_results[k], StoreError) for k in ("s0", "s1"))

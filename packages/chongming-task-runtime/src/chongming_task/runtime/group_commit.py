@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 
-from chongming_task.errors import TaskError
+from chongming_task.errors import StoreError, TaskError
 from chongming_task.storage import SaveRequest, TaskStore
 
 MAX_BATCH = 256
@@ -91,7 +91,12 @@ class GroupCommit:
                 )
                 results: list[TaskError | None] = [None]
             else:
-                results = self._store.save_many([item.request for item in batch])
+                results = list(self._store.save_many([item.request for item in batch]))
+                if len(results) != len(batch):
+                    raise StoreError(
+                        f"{type(self._store).__name__}.save_many 返回了 {len(results)} 个结果，"
+                        f"应为 {len(batch)} 个：这一批按写失败处理（请修正存储实现）"
+                    )
         except BaseException as exc:
             # 整批失败：每个调用方都得到这个异常（与一次失败的 save 同义：结果未知）。
             for item in batch:
@@ -99,7 +104,9 @@ class GroupCommit:
                 item.done = True
             return
         for item, error in zip(batch, results, strict=True):
-            item.error = error
+            item.error = (
+                error if error is None or isinstance(error, BaseException) else StoreError(repr(error))
+            )
             item.done = True
 
 
