@@ -93,7 +93,7 @@ def _wait_pending(commits: GroupCommit, count: int) -> None:
 
 def test_pending_saves_share_one_transaction_and_each_caller_waits_for_its_own() -> None:
     store = GatedStore()
-    commits = GroupCommit(store)
+    commits = GroupCommit(store, writers=1)
     leader_request, _, _ = _queued(store, "lead")
     others = [_queued(store, f"t{i}")[0] for i in range(4)]
     results, threads = _run_followers(commits, [leader_request])
@@ -106,7 +106,7 @@ def test_pending_saves_share_one_transaction_and_each_caller_waits_for_its_own()
         thread.join(10)
     assert results == {"lead": "committed"}
     assert follower_results == dict.fromkeys(["t0", "t1", "t2", "t3"], "committed")
-    assert store.transactions == [["lead"], ["t0", "t1", "t2", "t3"]]
+    assert [sorted(t) for t in store.transactions] == [["lead"], ["t0", "t1", "t2", "t3"]]
     assert (commits.batches, commits.items) == (2, 5)
     for task_id in ["lead", "t0", "t1", "t2", "t3"]:
         got = store.get(task_id)
@@ -116,7 +116,7 @@ def test_pending_saves_share_one_transaction_and_each_caller_waits_for_its_own()
 
 def test_a_conflict_is_reported_to_its_own_caller_only() -> None:
     store = GatedStore()
-    commits = GroupCommit(store)
+    commits = GroupCommit(store, writers=1)
     leader_request, _, _ = _queued(store, "lead")
     good = _queued(store, "good")[0]
     stale_request, stale_queued, _ = _queued(store, "stale")
@@ -139,7 +139,7 @@ def test_a_conflict_is_reported_to_its_own_caller_only() -> None:
 def test_a_failed_batch_fails_every_member_like_a_failed_save() -> None:
     store = GatedStore()
     store.fail_batches = True
-    commits = GroupCommit(store)
+    commits = GroupCommit(store, writers=1)
     leader_request, _, _ = _queued(store, "lead")
     others = [_queued(store, f"f{i}")[0] for i in range(3)]
     results, threads = _run_followers(commits, [leader_request])
@@ -246,7 +246,7 @@ class ShortStore(GatedStore):
 
 def test_a_save_many_with_the_wrong_number_of_results_fails_the_batch_instead_of_hanging() -> None:
     store = ShortStore()
-    commits = GroupCommit(store)
+    commits = GroupCommit(store, writers=1)
     leader_request, _, _ = _queued(store, "lead")
     others = [_queued(store, f"s{i}")[0] for i in range(2)]
     results, threads = _run_followers(commits, [leader_request])
@@ -259,3 +259,36 @@ def test_a_save_many_with_the_wrong_number_of_results_fails_the_batch_instead_of
         assert not thread.is_alive(), "调用方不能永远等下去"
     assert results == {"lead": "committed"}
     assert all(isinstance(follower_results[k], StoreError) for k in ("s0", "s1"))
+
+
+class BarrierStore(InMemoryTaskStore):
+    """save 在一个两方屏障上等：两次 save 不是同时进行就会超时失败。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(2, timeout=10)
+
+    def save(self, snapshot: TaskSnapshot, **kwargs: Any) -> None:
+        self.barrier.wait()
+        super().save(snapshot, **kwargs)
+
+
+def test_two_writers_commit_side_by_side_instead_of_queueing() -> None:
+    """能并发提交的存储（group_commit_writers > 1）：两个线程同时写时并行提交，组提交不把它们排成一队。"""
+    store = BarrierStore()
+    assert store.group_commit_writers >= 2
+    commits = GroupCommit(store)
+    requests = [_queued(store, f"p{i}")[0] for i in range(2)]
+    results, threads = _run_followers(commits, requests)
+    for thread in threads:
+        thread.join(15)
+    assert results == {"p0": "committed", "p1": "committed"}
+    assert commits.batches == 2
+
+
+def test_sqlite_group_commit_has_one_writer(tmp_path: Path) -> None:
+    store = SqliteTaskStore(str(tmp_path / "one.db"))
+    try:
+        assert store.group_commit_writers == 1
+    finally:
+        store.close()

@@ -1,9 +1,11 @@
 """组提交（group commit）：许多任务的状态迁移合进同一个写事务（用户指南 §9.8）。
 
-每个调用方（持有自己任务锁的线程）把它的 save 交给 :class:`GroupCommit` 并等着；同一时刻只有一个
-"写者"：第一个到的调用方当写者，把此刻排着的全部 save（至多 ``max_batch`` 个）用一次
-``TaskStore.save_many`` 写完，再叫醒这一批的调用方；它自己那一项提交之后把写者的身份交给下一个还在等的
-调用方。没有竞争时就是调用方自己直接 ``save``——不多一个线程、不多一次线程切换。
+每个调用方（持有自己任务锁的线程）把它的 save 交给 :class:`GroupCommit` 并等着。同一时刻至多
+``writers`` 个"写者"（每个占一条存储连接，数目取自存储的 ``TaskStore.group_commit_writers``：SQLite 一次只能有
+一个写者，取 1；Postgres 的并发提交由服务器自己合并 WAL 刷盘，取 4）：有空位时，到达的调用方自己当写者，把
+自己那一项连同此刻排着的其余项（至多 ``max_batch`` 个）用一次 ``TaskStore.save_many`` 写完，叫醒这一批的
+调用方，让出位置；写者都忙时才排队，由下一个空出来的写者捎带。没有竞争时就是调用方自己直接 ``save``——
+不多一个线程、不多一次线程切换；写者不止一个，所以两个线程同时写时照样并行提交，不会因为组提交反而排成一队。
 
 三条保证（crash 测试 tests/reliability/test_group_commit_crash.py 逐条验证）：
 
@@ -29,23 +31,25 @@ MAX_BATCH = 256
 
 
 class _Pending:
-    __slots__ = ("done", "error", "request")
+    __slots__ = ("done", "error", "request", "taken")
 
     def __init__(self, request: SaveRequest) -> None:
         self.request = request
+        self.taken = False  # 已被某个写者放进它的批次
         self.done = False
         self.error: BaseException | None = None
 
 
 class GroupCommit:
-    """一个存储连接上的组提交写者（见模块说明）。线程安全。"""
+    """一个存储上的组提交（见模块说明）。线程安全。"""
 
-    def __init__(self, store: TaskStore, *, max_batch: int = MAX_BATCH) -> None:
+    def __init__(self, store: TaskStore, *, writers: int | None = None, max_batch: int = MAX_BATCH) -> None:
         self._store = store
+        self._writers = max(1, store.group_commit_writers if writers is None else writers)
         self._max_batch = max_batch
         self._cond = threading.Condition(threading.Lock())
         self._pending: list[_Pending] = []
-        self._writing = False
+        self._active = 0  # 正在写的写者数
         self.batches = 0  # 写了几个事务（测试与基准看合并得怎样）
         self.items = 0  # 经它写的项数
 
@@ -53,31 +57,29 @@ class GroupCommit:
         """写一项；只在这一项提交之后返回。失败时抛出它自己的异常（整批失败则是那一批的异常）。"""
         item = _Pending(request)
         cond = self._cond
+        leading = False
         with cond:
             self._pending.append(item)
-            while self._writing and not item.done:
+            while not item.done and (item.taken or self._active >= self._writers):
                 cond.wait()
             if not item.done:
-                self._writing = True  # 没有写者在写：由本线程来写
-        if not item.done:
-            self._lead(item)
+                leading = True
+                # 有空位、这一项还没被别的写者捎走：本线程当写者，自己这一项排在批首。
+                self._active += 1
+                self._pending.remove(item)
+                batch = [item, *self._pending[: self._max_batch - 1]]
+                del self._pending[: self._max_batch - 1]
+                for member in batch:
+                    member.taken = True
+        if leading:
+            try:
+                self._commit(batch)
+            finally:
+                with cond:
+                    self._active -= 1
+                    cond.notify_all()  # 叫醒这一批的调用方；排着的调用方里有一个接着当写者
         if item.error is not None:
             raise item.error
-
-    def _lead(self, mine: _Pending) -> None:
-        cond = self._cond
-        try:
-            while not mine.done:
-                with cond:
-                    batch = self._pending[: self._max_batch]
-                    del self._pending[: self._max_batch]
-                self._commit(batch)
-                with cond:
-                    cond.notify_all()
-        finally:
-            with cond:
-                self._writing = False
-                cond.notify_all()  # 还有人在等：其中一个接着当写者
 
     def _commit(self, batch: list[_Pending]) -> None:
         self.batches += 1

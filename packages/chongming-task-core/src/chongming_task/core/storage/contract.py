@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.storage import checks
@@ -52,6 +52,10 @@ class TaskStore(ClosesOnExit, ABC):
 
     实现必须线程安全；多进程共享同一存储时语义不变。
     """
+
+    group_commit_writers: ClassVar[int] = 4
+    """组提交（``save_many``）时同一进程里至多几个写事务同时进行。一次只允许一个写者的存储（SQLite）取 1：
+    多开只会在存储的写锁上互相等；能并发提交的存储（Postgres）取几个，两个线程同时写时仍并行提交。"""
 
     # -- snapshots ----------------------------------------------------------------------------------
 

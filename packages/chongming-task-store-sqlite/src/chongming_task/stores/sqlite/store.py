@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
@@ -217,6 +217,8 @@ class SqliteTaskStore(TaskStore):
     * ``create_schema``：``"auto"``（默认，只在新文件 / 0 字节 / 一张表也没有的库上建表）、``"always"``
       （库里有别的应用的表也建）、``"never"``（从不建表）。约定见 ``chongming_task.core.storage.opening``。
     """
+
+    group_commit_writers: ClassVar[int] = 1  # 一次只有一个写者：组提交排成一队、合批，不在写锁上互相等
 
     def __init__(
         self,
