@@ -292,3 +292,46 @@ def test_sqlite_group_commit_has_one_writer(tmp_path: Path) -> None:
         assert store.group_commit_writers == 1
     finally:
         store.close()
+
+
+class FlakyBatchStore(InMemoryTaskStore):
+    """create_many 抛 StoreError（结果未知）；committed=True 时其实已经写进去了（回执丢了）。"""
+
+    def __init__(self, *, committed: bool, readable: bool) -> None:
+        super().__init__()
+        self.committed = committed
+        self.readable = readable
+        self.reads = 0
+
+    def create_many(
+        self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
+    ) -> list[TaskError | None]:
+        if self.committed:
+            super().create_many(items)
+        raise StoreError("连接在提交中途断了（测试）")
+
+    def get(self, task_id: str) -> TaskSnapshot | None:
+        self.reads += 1
+        if not self.readable:
+            raise StoreError("存储不可用（测试）")
+        return super().get(task_id)
+
+
+def test_submit_many_after_a_lost_reply_reads_back_and_keeps_what_was_written() -> None:
+    store = FlakyBatchStore(committed=True, readable=True)
+    with Controller(max_parallel=2, store=store) as c:
+        c.register("noop", noop)
+        runs = c.submit_many([Submit("noop", i, task_id=f"lost-{i}") for i in range(5)])
+        assert c.wait_all(timeout=10)
+        assert [r.wait(timeout=5).value for r in runs] == list(range(5))
+        assert len(c.persist_failures) == 5, "回执丢了也要如实记下"
+
+
+def test_submit_many_while_the_store_is_down_refuses_without_reading_back_every_task() -> None:
+    store = FlakyBatchStore(committed=False, readable=False)
+    with Controller(max_parallel=2, store=store) as c:
+        c.register("noop", noop)
+        with pytest.raises(StoreError, match="批量提交已停止：0 个任务已提交"):
+            c.submit_many([Submit("noop", task_id=f"down-{i}") for i in range(50)])
+        assert store.reads == 1, "读不到一次之后其余不再逐个去撞"
+        assert c.list_tasks() == []

@@ -66,6 +66,10 @@ CREATE_ATTEMPTS = 3
 """提交时的 create 最多试几次（只在读回确认"没写进去"时才重试）。"""
 
 
+class _Unreachable(StoreError):
+    """批量 create 失败后读回也读不到：存储仍不可用。"""
+
+
 class WriteThrough:
     """一个 Controller 的写穿状态。"""
 
@@ -168,7 +172,14 @@ class WriteThrough:
         except ConfigurationError:
             raise
         except TaskError as exc:
-            return [self._create_after_unknown(machine, exc) for machine in machines]
+            # 逐个读回；一旦读不到（存储仍不可用），其余的不再逐个去撞（每次都可能等满一次超时）。
+            results = []
+            for machine in machines:
+                if results and isinstance(results[-1], _Unreachable):
+                    results.append(_Unreachable(f"任务 {machine.task_id!r} 没能写进存储，已拒绝提交：{exc}"))
+                else:
+                    results.append(self._create_after_unknown(machine, exc))
+            return results
         for snapshot, error in zip(snapshots, results, strict=True):
             if error is None:
                 self._tasks[snapshot.task_id] = _TaskState(persisted_version=snapshot.status_version)
@@ -184,10 +195,15 @@ class WriteThrough:
         if verdict is Verdict.ABSENT:
             try:
                 self.create(machine)
+            except ConfigurationError as refused:  # 含 DuplicateTaskId：这一项自己的问题
+                return refused
             except TaskError as again:
-                return again
+                return _Unreachable(str(again))
             return None
-        return StoreError(f"任务 {task_id!r} 没能写进存储，已拒绝提交（任务没有执行）：{exc}")
+        text = f"任务 {task_id!r} 没能写进存储，已拒绝提交（任务没有执行）：{exc}"
+        if verdict is Verdict.DIVERGED:  # 存储里是别人的同名任务
+            return StoreError(text)
+        return _Unreachable(text)
 
     def _read_back_create(self, machine: StateMachine) -> Verdict | None:
         """create 结果未知之后读回：PREFIX = 存储里正是这一份；ABSENT = 确定没写进去；None = 读不到。"""
