@@ -91,20 +91,30 @@ def _wait_pending(commits: GroupCommit, count: int) -> None:
     raise AssertionError("调用方没有排进队列")
 
 
-def test_pending_saves_share_one_transaction_and_each_caller_waits_for_its_own() -> None:
-    store = GatedStore()
+def _behind_a_stuck_leader(
+    store: GatedStore, leader_request: SaveRequest, followers: list[SaveRequest]
+) -> tuple[GroupCommit, dict[str, object], dict[str, object]]:
+    """一个写者卡在闸门上（它自己的事务里），followers 全部排进队列，然后开闸。返回 (组提交, 写者的结果,
+    排队者的结果)。排队者在开闸之前一个也不能返回：它们那一项还没提交。"""
     commits = GroupCommit(store, writers=1)
-    leader_request, _, _ = _queued(store, "lead")
-    others = [_queued(store, f"t{i}")[0] for i in range(4)]
-    results, threads = _run_followers(commits, [leader_request])
-    assert store.entered.wait(10)  # 写者卡在自己的事务里
-    follower_results, follower_threads = _run_followers(commits, others)
-    _wait_pending(commits, 4)
-    assert follower_results == {}, "自己那一项还没提交，调用方不能返回"
+    leader, threads = _run_followers(commits, [leader_request])
+    assert store.entered.wait(10)
+    results, follower_threads = _run_followers(commits, followers)
+    _wait_pending(commits, len(followers))
+    assert results == {}, "自己那一项还没提交，调用方不能返回"
     store.gate.set()
     for thread in [*threads, *follower_threads]:
         thread.join(10)
-    assert results == {"lead": "committed"}
+        assert not thread.is_alive(), "调用方不能永远等下去"
+    assert leader == {leader_request.snapshot.task_id: "committed"}
+    return commits, leader, results
+
+
+def test_pending_saves_share_one_transaction_and_each_caller_waits_for_its_own() -> None:
+    store = GatedStore()
+    leader_request, _, _ = _queued(store, "lead")
+    others = [_queued(store, f"t{i}")[0] for i in range(4)]
+    commits, _, follower_results = _behind_a_stuck_leader(store, leader_request, others)
     assert follower_results == dict.fromkeys(["t0", "t1", "t2", "t3"], "committed")
     assert [sorted(t) for t in store.transactions] == [["lead"], ["t0", "t1", "t2", "t3"]]
     assert (commits.batches, commits.items) == (2, 5)
@@ -116,21 +126,13 @@ def test_pending_saves_share_one_transaction_and_each_caller_waits_for_its_own()
 
 def test_a_conflict_is_reported_to_its_own_caller_only() -> None:
     store = GatedStore()
-    commits = GroupCommit(store, writers=1)
     leader_request, _, _ = _queued(store, "lead")
     good = _queued(store, "good")[0]
     stale_request, stale_queued, _ = _queued(store, "stale")
     # 别人抢先写了（绕过闸门直接写）
     InMemoryTaskStore.save(store, stale_queued, expect_version=0, transitions=stale_request.transitions)
     store.transactions.clear()
-    leader, threads = _run_followers(commits, [leader_request])
-    assert store.entered.wait(10)
-    follower_results, follower_threads = _run_followers(commits, [good, stale_request])
-    _wait_pending(commits, 2)
-    store.gate.set()
-    for thread in [*threads, *follower_threads]:
-        thread.join(10)
-    assert leader == {"lead": "committed"}
+    _, _, follower_results = _behind_a_stuck_leader(store, leader_request, [good, stale_request])
     assert follower_results["good"] == "committed"
     assert isinstance(follower_results["stale"], ConcurrencyConflict)
     assert [t.version for t in store.history("stale")] == [1]
@@ -139,17 +141,9 @@ def test_a_conflict_is_reported_to_its_own_caller_only() -> None:
 def test_a_failed_batch_fails_every_member_like_a_failed_save() -> None:
     store = GatedStore()
     store.fail_batches = True
-    commits = GroupCommit(store, writers=1)
     leader_request, _, _ = _queued(store, "lead")
     others = [_queued(store, f"f{i}")[0] for i in range(3)]
-    results, threads = _run_followers(commits, [leader_request])
-    assert store.entered.wait(10)
-    follower_results, follower_threads = _run_followers(commits, others)
-    _wait_pending(commits, 3)
-    store.gate.set()
-    for thread in [*threads, *follower_threads]:
-        thread.join(10)
-    assert results == {"lead": "committed"}
+    _, _, follower_results = _behind_a_stuck_leader(store, leader_request, others)
     assert set(follower_results) == {"f0", "f1", "f2"}
     assert all(isinstance(error, StoreError) for error in follower_results.values())
     for task_id in follower_results:
@@ -246,18 +240,9 @@ class ShortStore(GatedStore):
 
 def test_a_save_many_with_the_wrong_number_of_results_fails_the_batch_instead_of_hanging() -> None:
     store = ShortStore()
-    commits = GroupCommit(store, writers=1)
     leader_request, _, _ = _queued(store, "lead")
     others = [_queued(store, f"s{i}")[0] for i in range(2)]
-    results, threads = _run_followers(commits, [leader_request])
-    assert store.entered.wait(10)
-    follower_results, follower_threads = _run_followers(commits, others)
-    _wait_pending(commits, 2)
-    store.gate.set()
-    for thread in [*threads, *follower_threads]:
-        thread.join(10)
-        assert not thread.is_alive(), "调用方不能永远等下去"
-    assert results == {"lead": "committed"}
+    _, _, follower_results = _behind_a_stuck_leader(store, leader_request, others)
     assert all(isinstance(follower_results[k], StoreError) for k in ("s0", "s1"))
 
 
