@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -320,3 +321,31 @@ def test_submit_many_while_the_store_is_down_refuses_without_reading_back_every_
             c.submit_many([Submit("noop", task_id=f"down-{i}") for i in range(50)])
         assert store.reads == 1, "读不到一次之后其余不再逐个去撞"
         assert c.list_tasks() == []
+
+
+class TouchCounting(InMemoryTaskStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.touch_batches: list[int] = []
+
+    def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        self.touch_batches.append(len(updates))
+        super().touch_many(updates)
+
+
+def test_lease_renewal_of_many_queued_tasks_is_written_in_batches() -> None:
+    """十万个排队任务续一次租不能是一个十万行的事务（会超过一次调用的时限、租约随之过期）：分批写。"""
+    from chongming_task.core.state_machine import StateMachine
+    from chongming_task.runtime.persistence import TOUCH_BATCH, WriteThrough
+    from chongming_task.testing import FakeClock
+
+    clock = FakeClock()
+    store = TouchCounting()
+    write = WriteThrough(store, owner="node-a", lease_ttl=30, clock=clock)
+    machines = [StateMachine.create(f"q{i}", "noop", clock=clock) for i in range(2 * TOUCH_BATCH + 5)]
+    assert write.create_many(machines) == [None] * len(machines)
+    clock.advance(20)
+    write.flush_side_channel([m.snapshot for m in machines], renew_lease=True)
+    assert store.touch_batches == [TOUCH_BATCH, TOUCH_BATCH, 5]
+    got = store.get("q0")
+    assert got is not None and got.lease_until == clock.now() + timedelta(seconds=30)

@@ -62,6 +62,9 @@ class _TaskState:
     fenced: bool = False
 
 
+TOUCH_BATCH = 2000
+"""旁路回写（进度、心跳、续租）每个事务至多写几个任务。"""
+
 CREATE_ATTEMPTS = 3
 """提交时的 create 最多试几次（只在读回确认"没写进去"时才重试）。"""
 
@@ -390,17 +393,21 @@ class WriteThrough:
             if renew_lease:
                 self.lease.renewed(started)  # 没有在管的任务：没有要续的租约
             return
-        try:
-            self.store.touch_many(updates)
-        except TaskError as exc:
-            self.record(updates[0][0], f"touch×{len(updates)}", exc)
-            return
+        # 分批写：十万个排队任务续一次租，一个事务写十万行会超过一次调用的时限（Postgres 的 StoreNoReply），
+        # 租约随之过期。每批一个事务；某一批失败就停（存储此刻不可用），已写的批照样算数。
+        for start in range(0, len(updates), TOUCH_BATCH):
+            chunk = updates[start : start + TOUCH_BATCH]
+            try:
+                self.store.touch_many(chunk)
+            except TaskError as exc:
+                self.record(chunk[0][0], f"touch×{len(chunk)}", exc)
+                return
+            for state, snapshot in touched[start : start + TOUCH_BATCH]:
+                state.last_progress = snapshot.progress
+                state.last_heartbeat = snapshot.last_heartbeat_at
         self.outage.recovered()
         if renew_lease and self.lease.renewed(started):
             logger.info("本节点 %s 重新续上了租约", self.owner)
-        for state, snapshot in touched:
-            state.last_progress = snapshot.progress
-            state.last_heartbeat = snapshot.last_heartbeat_at
 
     def tick(self) -> None:
         """后台循环每轮调用：按时打故障汇总；租约到期没续上时本节点自己先知道（docs/distributed.md §7.3）。"""
