@@ -25,7 +25,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from chongming_task import Controller, SqliteTaskStore, Submit, open_store
+from chongming_task import Controller, SqliteTaskStore, Submit
 
 GOAL_SQLITE = 5.0
 GOAL_POSTGRES = 10.0
@@ -56,14 +56,27 @@ def finish(c: Controller, gate: threading.Event) -> None:
     c.close(close_store=True)
 
 
-def submit_many_seconds(store: Any, n: int) -> float:
+def submit_many_seconds(store: Any, n: int, *, teardown: bool = True) -> float:
     c, gate = queued_controller(store)
     specs = [Submit("noop") for _ in range(n)]
     started = time.perf_counter()
     c.submit_many(specs)
     elapsed = time.perf_counter() - started
-    finish(c, gate)
+    if teardown:
+        finish(c, gate)
     return elapsed
+
+
+OURS_PG_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, sys.argv[3])
+    from bench_submit_many import submit_many_seconds
+    from chongming_task import open_store
+    print(f"{submit_many_seconds(open_store(sys.argv[1]), int(sys.argv[2]), teardown=False):.3f}", flush=True)
+    os._exit(0)  # 不逐个停掉十万个排队任务（那是十万次写）：父进程直接删掉整个 schema
+    """
+)
 
 
 def submit_loop_seconds(store: Any, n: int) -> float:
@@ -197,7 +210,8 @@ def main() -> int:
             schema = f"ct_bench_many_{os.getpid()}"
             url = f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
             try:
-                ours_pg = submit_many_seconds(open_store(url), n)
+                here = str(Path(__file__).resolve().parent)
+                ours_pg = peer_seconds(OURS_PG_SCRIPT, [url, str(n), here], workdir, "ours_pg")
             finally:
                 import psycopg
 
