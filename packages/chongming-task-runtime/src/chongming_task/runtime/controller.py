@@ -224,6 +224,7 @@ class Controller(ClosesOnExit):
         # 公开的事件钩子（runtime/events.py）：监听器在专用交付线程里、任何锁之外被调用。
         self._events = EventHub(name=f"chongming-events[{self.owner}]")
         self._events.add_all(listeners)
+        self._progress_hook = self._on_progress  # 绑定一次，所有任务共用（不为每个任务造一个绑定方法）
         self._link: LocalLink = (
             LocalLink()
             if store is None
@@ -375,8 +376,11 @@ class Controller(ClosesOnExit):
             priority = self.concurrency.priority
         else:
             check_int("priority（越大越先执行）", priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
-        extra_tags = normalize_tags(tags)
-        all_tags = definition.tags | extra_tags if extra_tags else definition.tags
+        if tags.__class__ is tuple and not tags:  # 最常见：没有额外标签
+            all_tags = definition.tags
+        else:
+            extra_tags = normalize_tags(tags)
+            all_tags = definition.tags | extra_tags if extra_tags else definition.tags
         bucket = self._bucket_for_submit(bucket_key)
         if task_id is None:
             task_id = f"{definition.name}-{self._id_prefix}{next(self._id_counter):06d}"
@@ -418,7 +422,7 @@ class Controller(ClosesOnExit):
             clock=self.clock,
             upstream=upstream,
             on_requeue=self._requeue,
-            on_progress=self._on_progress,
+            on_progress=self._progress_hook,
             log_sink=self._link.log_sink,
         )
         with self._lock:

@@ -87,6 +87,8 @@ class SlotScheduler:
 
     def resources_for(self, bucket: int | None, tags: Iterable[str]) -> tuple[Resource, ...]:
         """一个任务要占的受限资源：有每桶额度时占它的桶，加上每个写进 limits 的标签。"""
+        if not self.tag_limits and self.per_bucket is None:
+            return ()  # 最常见的配置：只有全局槽位
         resources: list[Resource] = []
         if self.per_bucket is not None and bucket is not None:
             resources.append(("bucket", bucket))

@@ -66,6 +66,13 @@ class LogSink:
                 "任务日志积压超过 %d 行（存储写不进去？），开始丢弃最旧的行；任务照常运行", self._max_pending
             )
 
+    def has_unwritten(self) -> bool:
+        """有没有还没确认写进存储的行（积压着的，或另一个 flush 正在写的）。不拿锁：空闲时的快速判定。
+
+        先看缓冲、再看写锁，次序不能反：另一个 flush 先拿写锁再取走一批，所以"缓冲已空且写锁空闲"意味着
+        此前加进来的行都已经写完（或如实记了失败），调用方（落终态之前的那次 flush）可以跳过。"""
+        return bool(self._pending) or self._flush_lock.locked()
+
     @property
     def pending(self) -> int:
         with self._lock:
