@@ -21,7 +21,6 @@ import functools
 import inspect
 import types
 import typing
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,7 +40,9 @@ _CONTEXT = object()
 # 已通过检查的调用形状（位置参数个数, 关键字名）——只给普通函数记：Signature.bind 的成败只取决于参数
 # 个数与关键字名，不看值，所以同一个函数、同一种形状的提交不必每次重算签名（提交热路径上最贵的一步）。
 _Shape = tuple[int, tuple[str, ...]] | None
-_passed: weakref.WeakKeyDictionary[Callable[..., Any], set[_Shape]] = weakref.WeakKeyDictionary()
+# 普通字典（热路径上比 WeakKeyDictionary 便宜得多）；强引用的函数至多 _MAX_CACHED 个，满了整个清掉重记。
+_passed: dict[Callable[..., Any], set[_Shape]] = {}
+_MAX_CACHED = 1024
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
@@ -108,6 +109,8 @@ def check_task_signature(
     _check(fn, args, kwargs)
     if cacheable:
         if passed is None:
+            if len(_passed) >= _MAX_CACHED:
+                _passed.clear()
             passed = _passed.setdefault(fn, set())
         passed.add(shape)
 
