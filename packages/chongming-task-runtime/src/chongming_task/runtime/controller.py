@@ -436,10 +436,13 @@ class Controller(ClosesOnExit):
             self._reserved_ids.add(task_id)  # 先占住 id，落库（可能较慢）在锁外做
         try:
             self._link.create(machine)
-        finally:
+        except BaseException:
             with self._lock:
                 self._reserved_ids.discard(task_id)
+            raise
         with self._lock:
+            # 占位一直留到登记进 _runs 的这一刻（同一次加锁）：中间没有"两边都查不到"的窗口。
+            self._reserved_ids.discard(task_id)
             if self._closed:
                 closed_meanwhile = True
             else:

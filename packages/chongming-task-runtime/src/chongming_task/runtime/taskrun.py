@@ -307,7 +307,6 @@ class TaskRun:
         self.machine = machine
         self.clock: Clock = clock
         self._lock = machine.lock
-        self._watchdog = Watchdog.for_clock(clock)
         self._on_requeue = on_requeue
         # 进度通知（控制器的事件钩子）：在本任务的锁内以更新后的快照调用，所以必须只做常数时间的事、
         # 不碰别的锁（控制器只把事件放进交付队列）。
@@ -327,6 +326,11 @@ class TaskRun:
         machine.add_listener(self._on_transition)
         if machine.snapshot.is_terminal:
             self._is_done = True
+
+    @property
+    def _watchdog(self) -> Watchdog:
+        # 用到定时器（超时、优雅窗口、重试等待）时才去取：绝大多数任务一个定时器也不登记。
+        return Watchdog.for_clock(self.clock)
 
     # -- reading ------------------------------------------------------------------------------------
 
