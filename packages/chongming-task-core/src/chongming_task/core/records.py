@@ -426,10 +426,14 @@ def validate_task_id(task_id: object, *, what: str = "task_id") -> str:
     return task_id
 
 
+_NO_TAGS: frozenset[str] = frozenset()
+_PLAIN_COLLECTIONS = (frozenset, set, tuple, list)
+
+
 def normalize_tags(tags: object) -> frozenset[str]:
     """标签的类型契约是 frozenset[str]：非字符串在入口处就拒绝，而不是等到存储层出错。"""
-    if tags is None:
-        return frozenset()
+    if tags is None or (not tags and tags.__class__ in _PLAIN_COLLECTIONS):
+        return _NO_TAGS  # 最常见：没有标签。共用一个空集合，不为每个快照新建一个（集合都被循环 GC 追踪）
     if isinstance(tags, str):
         raise ConfigurationError(
             f"tags 必须是字符串的集合（如 {{'io'}} 或 ['io']），不能是单个字符串 {tags!r}"

@@ -73,6 +73,10 @@ ARTIFACT_HINT = "请给 Controller(artifact_dir=...) 传产物根目录（它管
 """Controller 管的任务没配产物目录时的提示：指向 Controller 自己的参数，而不是 TaskRun 的。"""
 
 
+# 占着执行槽、载体在跑的状态（不含 paused：排队中暂停的任务从未占槽，要走下面的完整判定）。
+_STILL_RUNNING = frozenset(SLOT_HOLDING_STATUSES - {TaskStatus.PAUSED})
+
+
 def default_owner() -> str:
     """默认的发起者/持有者标识：主机名:pid，便于事后追溯是谁按的停止。"""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -530,6 +534,12 @@ class Controller(ClosesOnExit):
             self._events.emit(TransitionEvent.of(snapshot, record))
         task_id = snapshot.task_id
         target = record.to_status
+        if target in _STILL_RUNNING and (
+            target is TaskStatus.STARTING or record.from_status is not TaskStatus.QUEUED
+        ):
+            # 占着槽、还在跑的迁移（starting / running / pausing / stopping）：不入队、不让额度、不落地，
+            # 调度账本没有要改的——每个任务的四次迁移里有两次不必去拿控制器锁。
+            return
         with self._lock:
             scheduler = self._scheduler
             if target is TaskStatus.QUEUED:
