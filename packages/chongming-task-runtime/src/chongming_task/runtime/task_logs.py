@@ -111,9 +111,14 @@ class LogSink:
 
 def _line(task_id: str, entry: LogEntry) -> LogLine:
     message = entry.message
-    if "\x00" in message or not message.isascii():
-        # 存储存不下 NUL 与孤立代理项（契约要求整批拒绝）：转义成可见的文本，而不是让整批写不进去。
-        message = message.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    # 存储存不下 NUL 与孤立代理项（契约要求整批拒绝）：转义成可见的文本，而不是让整批写不进去。
+    if "\x00" in message:
+        message = message.replace("\x00", "\\x00")
+    if not message.isascii():
+        try:
+            message.encode("utf-8")  # 正常的中文行到此为止：不必再编码、解码一个来回
+        except UnicodeEncodeError:
+            message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     # 级别名来自 logging.getLevelName：自定义的数字级别是 "Level 25"，截到 16 个字符以内。
     return LogLine(
         task_id=task_id,
