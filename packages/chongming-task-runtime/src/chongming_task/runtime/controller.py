@@ -114,6 +114,10 @@ ARTIFACT_HINT = "请给 Controller(artifact_dir=...) 传产物根目录（它管
 """Controller 管的任务没配产物目录时的提示：指向 Controller 自己的参数，而不是 TaskRun 的。"""
 
 
+# 占着执行槽、载体在跑的状态（不含 paused：排队中暂停的任务从未占槽，要走下面的完整判定）。
+_STILL_RUNNING = frozenset(SLOT_HOLDING_STATUSES - {TaskStatus.PAUSED})
+
+
 def default_owner() -> str:
     """默认的发起者/持有者标识：主机名:pid，便于事后追溯是谁按的停止。"""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -283,6 +287,7 @@ class Controller(ClosesOnExit):
         # 公开的事件钩子（runtime/events.py）：监听器在专用交付线程里、任何锁之外被调用。
         self._events = EventHub(name=f"chongming-events[{self.owner}]")
         self._events.add_all(listeners)
+        self._progress_hook = self._on_progress  # 绑定一次，所有任务共用（不为每个任务造一个绑定方法）
         self._link: LocalLink = (
             LocalLink()
             if store is None
@@ -447,8 +452,11 @@ class Controller(ClosesOnExit):
             priority = self.concurrency.priority
         else:
             check_int("priority（越大越先执行）", priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
-        extra_tags = normalize_tags(tags)
-        all_tags = definition.tags | extra_tags if extra_tags else definition.tags
+        if tags.__class__ is tuple and not tags:  # 最常见：没有额外标签
+            all_tags = definition.tags
+        else:
+            extra_tags = normalize_tags(tags)
+            all_tags = definition.tags | extra_tags if extra_tags else definition.tags
         bucket = self._bucket_for_submit(bucket_key)
         if task_id is None:
             task_id = f"{definition.name}-{self._id_prefix}{next(self._id_counter):06d}"
@@ -490,7 +498,7 @@ class Controller(ClosesOnExit):
             clock=self.clock,
             upstream=upstream,
             on_requeue=self._requeue,
-            on_progress=self._on_progress,
+            on_progress=self._progress_hook,
             log_sink=self._link.log_sink,
         )
         return run
@@ -519,6 +527,9 @@ class Controller(ClosesOnExit):
     def _admit(self, runs: list[TaskRun], *, blocked: bool) -> None:
         """提交的后一半（已落库）：登记、补发第一次迁移的事件、入队，有额度就启动。"""
         with self._lock:
+            # 占位一直留到登记进 _runs 的这一刻（同一次加锁）：中间没有"两边都查不到"的窗口；
+            # 没能登记的（落库失败的）由 _submit_batches 的 finally 放掉。
+            self._reserved_ids.difference_update(run.task_id for run in runs)
             if self._closed:
                 closed_meanwhile = True
             else:
@@ -662,6 +673,12 @@ class Controller(ClosesOnExit):
             self._events.emit(TransitionEvent.of(snapshot, record))
         task_id = snapshot.task_id
         target = record.to_status
+        if target in _STILL_RUNNING and (
+            target is TaskStatus.STARTING or record.from_status is not TaskStatus.QUEUED
+        ):
+            # 占着槽、还在跑的迁移（starting / running / pausing / stopping）：不入队、不让额度、不落地，
+            # 调度账本没有要改的——每个任务的四次迁移里有两次不必去拿控制器锁。
+            return
         with self._lock:
             scheduler = self._scheduler
             if target is TaskStatus.QUEUED:
