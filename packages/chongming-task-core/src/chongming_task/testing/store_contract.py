@@ -31,6 +31,7 @@ from typing import ClassVar
 from chongming_task.testing.contract._base import ContractBase, full_snapshot, node, snap, step, walk
 from chongming_task.testing.contract.archive import ArchiveCases
 from chongming_task.testing.contract.commands import CommandCases
+from chongming_task.testing.contract.durable import DurableCases
 from chongming_task.testing.contract.history import HistoryCases
 from chongming_task.testing.contract.housekeeping import HousekeepingCases
 from chongming_task.testing.contract.logs import LogCases
@@ -52,6 +53,7 @@ class StoreContract(
     HousekeepingCases,
     ArchiveCases,
     LogCases,
+    DurableCases,
     ContractBase,
 ):
     """TaskStore 契约套件。子类实现 ``make_store()``；可选实现 ``make_clocked_store(clock)``。"""

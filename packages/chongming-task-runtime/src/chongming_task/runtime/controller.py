@@ -38,13 +38,15 @@ from typing import Any, Unpack
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.numbers import check_int, check_seconds
-from chongming_task.core.records import MAX_PRIORITY, MIN_PRIORITY
+from chongming_task.core.recipes import OnLost
+from chongming_task.core.records import MAX_PRIORITY, MIN_PRIORITY, check_tag_count, validate_task_id
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.errors import ConfigurationError, DuplicateTaskId, TaskError
 from chongming_task.models import Outcome, TaskSnapshot, Transition, normalize_tags
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ConcurrencyPolicy, RetryPolicy, Timeout
 from chongming_task.runtime.cluster import DEFAULT_ORPHAN_LIMIT, ClusterReport
 from chongming_task.runtime.commands import remote_payload
+from chongming_task.runtime.durable import build_recipe, check_durable_flag, enqueue_recipe
 from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent, TransitionEvent
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
@@ -52,6 +54,7 @@ from chongming_task.runtime.pipeline_host import NodeFields
 from chongming_task.runtime.reconcile import ReconcileReport
 from chongming_task.runtime.registry import TaskDefinition, TaskRegistry
 from chongming_task.runtime.scheduler import SlotScheduler
+from chongming_task.runtime.signature import check_task_signature
 from chongming_task.runtime.store_link import NOTIFIED_POLL_INTERVAL, LocalLink, StoreLink
 from chongming_task.runtime.table import render_table
 from chongming_task.runtime.taskrun import TaskRun
@@ -67,7 +70,7 @@ MIN_INTERVAL = 0.01
 """command_poll_interval / side_channel_interval 的下限（秒）：再短的间隔只会让后台循环空转。"""
 
 # submit() 自己用的关键字；其余关键字参数原样交给任务。
-SUBMIT_KEYWORDS = ("task_id", "label", "tags", "priority", "bucket_key")
+SUBMIT_KEYWORDS = ("task_id", "label", "tags", "priority", "bucket_key", "durable")
 
 ARTIFACT_HINT = "请给 Controller(artifact_dir=...) 传产物根目录（它管的每个任务在其下各有一个目录）"
 """Controller 管的任务没配产物目录时的提示：指向 Controller 自己的参数，而不是 TaskRun 的。"""
@@ -302,10 +305,20 @@ class Controller(ClosesOnExit):
         retry: RetryPolicy | None = None,
         timeout: Timeout | None = None,
         description: str | None = None,
+        durable: bool | None = None,
+        on_lost: OnLost | str | None = None,
     ) -> TaskDefinition:
+        """``durable`` / ``on_lost``：持久任务的默认（None 取 @task 的；用户指南 §9.8）。"""
         with self._lock:
             return self._registry.register(
-                name, fn, tags=tags, retry=retry, timeout=timeout, description=description
+                name,
+                fn,
+                tags=tags,
+                retry=retry,
+                timeout=timeout,
+                description=description,
+                durable=durable,
+                on_lost=on_lost,
             )
 
     def register_module(self, module: ModuleType) -> list[TaskDefinition]:
@@ -331,12 +344,14 @@ class Controller(ClosesOnExit):
         tags: Iterable[str] = (),
         priority: int | None = None,
         bucket_key: str | None = None,
+        durable: bool | None = None,
         **kwargs: Any,
     ) -> TaskRun:
         """按名字提交（只接受登记过的名字）。返回 TaskRun 句柄；任务先排队，有额度时才执行。
 
-        ``task_id`` / ``label`` / ``tags`` / ``priority`` / ``bucket_key`` 是提交参数，
-        其余关键字参数交给任务。
+        ``task_id`` / ``label`` / ``tags`` / ``priority`` / ``bucket_key`` / ``durable`` 是提交参数，
+        其余关键字参数交给任务。``durable=True``（None 取任务定义的）：连同配方落库——参数必须能经 JSON
+        原样往返，否则 ConfigurationError；本进程照常执行它，进程死后别的 worker 能接手（§9.8）。
         """
         return self._submit(
             name,
@@ -347,6 +362,82 @@ class Controller(ClosesOnExit):
             tags=tags,
             priority=priority,
             bucket_key=bucket_key,
+            durable=check_durable_flag(durable),
+        )
+
+    def enqueue(
+        self,
+        name: str,
+        *args: Any,
+        task_id: str | None = None,
+        label: str | None = None,
+        tags: Iterable[str] = (),
+        priority: int | None = None,
+        bucket_key: str | None = None,
+        on_lost: OnLost | str | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """只入队、不执行：写下一个 ``queued``、无人持有的持久任务，返回它的 task_id（用户指南 §9.8）。
+
+        由负责它所在桶、登记了这个名字的 worker（``serve()`` / ``chongming-task worker``）认领执行。名字在本
+        控制器上登记过时，重试次数、超时与参数签名按登记的定义检查；没登记也可以入队（纯提交者不必有代码），
+        只是要等某个登记了它的 worker。需要 store。
+        """
+        return self._enqueue(
+            name, args, kwargs, task_id=task_id, label=label, tags=tags, priority=priority,
+            bucket_key=bucket_key, on_lost=on_lost,
+        )  # fmt: skip
+
+    def _enqueue(
+        self,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        task_id: str | None,
+        label: str | None,
+        tags: Iterable[str],
+        priority: int | None,
+        bucket_key: str | None,
+        on_lost: OnLost | str | None,
+    ) -> str:
+        store = self._link.store
+        if store is None:
+            raise ConfigurationError(
+                "enqueue() 需要共享存储：任务要由别的 worker 认领，请用 Controller(store=...) 构造"
+            )
+        if self._closed:
+            raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
+        validate_task_id(name, what="任务名")
+        with self._lock:
+            definition = self._registry.resolve(name) if name in self._registry else None
+        if definition is not None:
+            check_task_signature(definition.fn, args, kwargs)
+        if label is not None and not isinstance(label, str):
+            raise ConfigurationError(f"label 必须是字符串，收到 {label!r}")
+        if priority is None:
+            priority = self.concurrency.priority
+        else:
+            check_int("priority（越大越先执行）", priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
+        extra = normalize_tags(tags)
+        all_tags = check_tag_count((definition.tags if definition is not None else frozenset()) | extra)
+        # 提交者往任何桶里放都可以（它不执行）：桶只决定哪个 worker 来认领。
+        bucket = None if bucket_key is None else self.bucket_policy.bucket_for(bucket_key)
+        recipe = build_recipe(
+            definition, name, args, kwargs, tags=all_tags, priority=priority, bucket_key=bucket_key,
+            on_lost=on_lost,
+        )  # fmt: skip
+        if task_id is None:
+            task_id = f"{name}-{self._id_prefix}{next(self._id_counter):06d}"
+        return enqueue_recipe(
+            store,
+            recipe,
+            task_id=task_id,
+            clock=self.clock,
+            bucket=bucket,
+            label=label,
+            description=definition.description if definition is not None else None,
+            issuer=self.owner,
         )
 
     def _submit(
@@ -364,6 +455,7 @@ class Controller(ClosesOnExit):
         node_id: str | None = None,
         upstream: Any = None,
         blocked: bool = False,
+        durable: bool | None = None,
     ) -> TaskRun:
         with self._lock:
             if self._closed:
@@ -381,6 +473,21 @@ class Controller(ClosesOnExit):
         if task_id is None:
             task_id = f"{definition.name}-{self._id_prefix}{next(self._id_counter):06d}"
         retry = definition.retry
+        recipe = None
+        if durable if durable is not None else definition.durable:
+            if pipeline_id is not None:
+                raise ConfigurationError(
+                    "管道节点不能是持久任务：管道的编排状态不落库，节点无法被别的进程接手"
+                )
+            recipe = build_recipe(
+                definition,
+                definition.name,
+                args,
+                kwargs,
+                tags=all_tags,
+                priority=priority,
+                bucket_key=bucket_key,
+            )
         machine = StateMachine.create(
             task_id,
             definition.name,
@@ -396,11 +503,30 @@ class Controller(ClosesOnExit):
             description=definition.description,
             pipeline_id=pipeline_id,
             node_id=node_id,
+            recipe=recipe,
         )
         if blocked:
             machine.mark_blocked()
         else:
             machine.mark_queued()
+        return self._admit(machine, definition, args, kwargs, upstream=upstream, blocked=blocked, create=True)
+
+    def _admit(
+        self,
+        machine: StateMachine,
+        definition: TaskDefinition,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        upstream: Any = None,
+        blocked: bool = False,
+        create: bool,
+        retry: RetryPolicy | None = None,
+        timeout: Timeout | None = None,
+    ) -> TaskRun:
+        """把一台状态机交给本控制器管：挂监听器、建 TaskRun、落库（``create``）或接着存储里的版本写
+        （认领 / 接手来的持久任务，``create=False``），再按状态入队。"""
+        task_id = machine.task_id
         # 控制器的监听器必须排在 TaskRun 自己的监听器之前：TaskRun 在终态时叫醒 wait() 的调用方，
         # 到那一刻存储必须已经写穿（否则 wait() 返回后别的进程还读到旧状态）。
         machine.add_listener(self._make_listener(machine))
@@ -410,8 +536,8 @@ class Controller(ClosesOnExit):
             kwargs,
             machine=machine,
             executor=self.executor,
-            retry=retry,
-            timeout=definition.timeout,
+            retry=retry if retry is not None else definition.retry,
+            timeout=timeout if timeout is not None else definition.timeout,
             graceful_stop=self.graceful_stop,
             artifact_dir=self.artifact_dir,
             artifact_hint=ARTIFACT_HINT,
@@ -431,7 +557,10 @@ class Controller(ClosesOnExit):
                 raise DuplicateTaskId.for_existing(task_id, status)
             self._reserved_ids.add(task_id)  # 先占住 id，落库（可能较慢）在锁外做
         try:
-            self._link.create(machine)
+            if create:
+                self._link.create(machine)
+            else:
+                self._link.track(machine)
         finally:
             with self._lock:
                 self._reserved_ids.discard(task_id)
@@ -442,7 +571,7 @@ class Controller(ClosesOnExit):
                 closed_meanwhile = False
                 self._runs[task_id] = run
                 self._unfinished.add(task_id)
-                if self._events.listeners:
+                if create and self._events.listeners:
                     # 第一次迁移（pending → queued/blocked）发生在控制器挂上监听器之前，在这里补发；
                     # 必须在入队之前：入队后别的线程可能立刻启动它，它的 starting 事件不能抢在前面。
                     self._events.emit(
@@ -450,7 +579,7 @@ class Controller(ClosesOnExit):
                             machine.snapshot, machine.transitions[-1], contextvars.copy_context()
                         )
                     )
-                if not blocked:
+                if not blocked and machine.status is TaskStatus.QUEUED:
                     self._enqueue_locked(run)
             to_start = self._scheduler.take_runnable()
         if closed_meanwhile:

@@ -58,6 +58,9 @@ class LocalLink:
     def create(self, machine: StateMachine) -> None:
         """新任务只在内存里。"""
 
+    def track(self, machine: StateMachine) -> None:
+        """没有存储，就没有"接着存储里的版本写"（认领 / 接手只在有存储时发生）。"""
+
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         """没有要写穿的地方。"""
 
@@ -188,6 +191,9 @@ class StoreLink(LocalLink):
                 existing = None
             status = existing.status if existing is not None else None
             raise DuplicateTaskId.for_existing(machine.task_id, status, where="于存储中") from None
+
+    def track(self, machine: StateMachine) -> None:
+        self._write.track(machine)
 
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         self._write.on_transition(machine, snapshot, record)
