@@ -58,6 +58,7 @@ from chongming_task.runtime.signature import check_task_signature
 from chongming_task.runtime.store_link import NOTIFIED_POLL_INTERVAL, LocalLink, StoreLink
 from chongming_task.runtime.table import render_table
 from chongming_task.runtime.taskrun import TaskRun
+from chongming_task.runtime.worker import DEFAULT_DRAIN_TIMEOUT, DEFAULT_POLL_INTERVAL, ServeReport, Worker
 from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
 from chongming_task.storage import CommandAction, QueryOrder, TaskQuery, TaskStats, TaskStore
 
@@ -197,6 +198,7 @@ class Controller(ClosesOnExit):
                 "owned_buckets 不能为空集合：不负责任何桶的节点提交不了任务；不想限定请传 None"
             )
         self.owner = owner or default_owner()
+        self.lease_ttl = lease_ttl
         self.clock: Clock = clock or SYSTEM_CLOCK
         self.graceful_stop = float(graceful_stop)
         self.artifact_dir = Path(artifact_dir) if artifact_dir is not None else None
@@ -589,6 +591,75 @@ class Controller(ClosesOnExit):
         self._link.start_polling()  # 提交过任务的节点才认领指令、登记节点（幂等）
         self._start_runs(to_start)
         return run
+
+    # -- durable tasks: the worker's share (runtime/worker.py) ---------------------------------------
+
+    def serve(
+        self,
+        stop: threading.Event | None = None,
+        *,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+    ) -> ServeReport:
+        """作为 worker 运行（阻塞，直到 ``stop`` 置位）：认领、接手、重跑持久任务（用户指南 §9.8）。
+
+        只认领本控制器登记了名字、落在 ``owned_buckets`` 里的任务，一次只认领空闲槽位
+        （``max_parallel``）那么多个。
+        停止时不再认领，交还还没开始的，等在跑的最多 ``drain_timeout`` 秒，到点仍在跑的走优雅停止。
+        返回 ``ServeReport``（``drained`` 为 False 表示有任务是被停掉的）。
+        """
+        worker = Worker(self, poll_interval=poll_interval, drain_timeout=drain_timeout)
+        report = worker.run(stop if stop is not None else threading.Event())
+        if report.stopped_at_drain:
+            self.stop_all(reason=f"worker 停止：{drain_timeout:g} 秒内没有跑完")
+            with contextlib.suppress(TimeoutError):
+                self.wait_all(timeout=self.graceful_stop + 2.0)
+        return report
+
+    def start_serving(self) -> None:
+        """worker 启动时：登记节点、开始认领指令（与提交过任务的控制器一样）。"""
+        self._link.start_polling()
+
+    def local_run(self, task_id: str) -> TaskRun | None:
+        """本进程持有的任务句柄（没有返回 None）。"""
+        return self._runs.get(task_id)
+
+    def host_durable(
+        self,
+        machine: StateMachine,
+        definition: TaskDefinition,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        timeout: Timeout | None = None,
+    ) -> TaskRun:
+        """接管一个存储里已归本节点持有的持久任务（认领或接手来的）：接着存储里的版本写，按状态入队。"""
+        return self._admit(machine, definition, args, kwargs, create=False, timeout=timeout)
+
+    def detach_unstarted_durable(self) -> list[TaskRun]:
+        """worker 停止时：把本地还没开始（排队、重试等待、排队中暂停）的持久任务摘出本控制器，
+        交给调用方交还存储。"""
+        detached: list[TaskRun] = []
+        with self._lock:
+            for task_id in list(self._unfinished):
+                run = self._runs.get(task_id)
+                if run is None or self._scheduler.is_active(task_id):
+                    continue
+                snapshot = run.machine.snapshot
+                if snapshot.recipe is None or snapshot.holds_slot:
+                    continue
+                if snapshot.status not in (TaskStatus.QUEUED, TaskStatus.RETRY_WAIT, TaskStatus.PAUSED):
+                    continue
+                self._scheduler.discard(task_id)
+                del self._runs[task_id]
+                self._unfinished.discard(task_id)
+                detached.append(run)
+            if not self._unfinished:
+                self._settled.notify_all()
+        for run in detached:
+            run.detach()
+            self._link.forget(run.task_id)
+        return detached
 
     def check_cluster(self, *, orphan_limit: int = DEFAULT_ORPHAN_LIMIT) -> ClusterReport:
         """运维体检：各节点登记的桶有没有重复、空洞，有没有落在无人负责的桶里（或失去监督者）的任务。"""
