@@ -332,3 +332,25 @@ def test_serve_needs_store_slots_and_registrations() -> None:
         Controller(store=InMemoryTaskStore()).serve(threading.Event())
     with pytest.raises(ConfigurationError, match="先登记任务"):
         Controller(2, store=InMemoryTaskStore()).serve(threading.Event())
+
+
+def test_doctor_reports_durable_tasks_no_live_worker_serves(db: str) -> None:
+    store = SqliteTaskStore(db)
+    submitter = Controller(store=SqliteTaskStore(db), owner="submitter")
+    served = submitter.enqueue("record", 1, pause=5.0)
+    lonely = submitter.enqueue("nobody-registers-this", 1)
+    controller = worker(SqliteTaskStore(db), "w", max_parallel=1)
+    serving = Serving(controller)
+    wait_until(lambda: (s := store.get(served)) is not None and s.status is S.RUNNING)
+    report = submitter.check_cluster()
+    assert [s.task_id for s in report.unserved] == [lonely] and report.unserved_count == 1
+    assert not report.healthy
+    assert any(
+        "没有存活的 worker 登记这些名字" in line and "nobody-registers-this" in line
+        for line in report.problems()
+    )
+    assert report.orphan_count == 0, "等认领的持久任务不是孤儿"
+    serving.stop.set()
+    controller.stop(served)
+    serving.finish()
+    submitter.close()

@@ -46,7 +46,7 @@ from chongming_task.models import Outcome, TaskSnapshot, Transition, normalize_t
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ConcurrencyPolicy, RetryPolicy, Timeout
 from chongming_task.runtime.cluster import DEFAULT_ORPHAN_LIMIT, ClusterReport
 from chongming_task.runtime.commands import remote_payload
-from chongming_task.runtime.durable import build_recipe, check_durable_flag, enqueue_recipe
+from chongming_task.runtime.durable import build_recipe, check_durable_flag, enqueue_recipe, requeue
 from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent, TransitionEvent
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
@@ -616,9 +616,19 @@ class Controller(ClosesOnExit):
                 self.wait_all(timeout=self.graceful_stop + 2.0)
         return report
 
+    def requeue(self, task_id: str, *, reason: str | None = None) -> TaskSnapshot:
+        """把一个已结束（failed / stopped / cancelled / lost）的持久任务经审计的 retry() 复活、交回队列，
+        由 worker 认领（``chongming-task retry``）。返回复活后的快照。需要 store。"""
+        store = self._link.store
+        if store is None:
+            raise ConfigurationError("requeue() 需要共享存储：请用 Controller(store=...) 构造")
+        if task_id in self._runs and not self._runs[task_id].done:
+            raise ConfigurationError(f"任务 {task_id!r} 还在本进程里运行：只能重跑已结束的任务")
+        return requeue(store, task_id, clock=self.clock, actor=self.owner, reason=reason)
+
     def start_serving(self) -> None:
-        """worker 启动时：登记节点、开始认领指令（与提交过任务的控制器一样）。"""
-        self._link.start_polling()
+        """worker 启动时：登记节点（带上本节点执行的任务名）、开始认领指令。"""
+        self._link.serve_names([definition.name for definition in self.definitions()])
 
     def local_run(self, task_id: str) -> TaskRun | None:
         """本进程持有的任务句柄（没有返回 None）。"""

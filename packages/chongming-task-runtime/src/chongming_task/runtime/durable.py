@@ -18,7 +18,8 @@ from typing import Any
 from chongming_task.clock import Clock
 from chongming_task.core.recipes import OnLost, Recipe, check_durable_value, check_on_lost
 from chongming_task.core.state_machine import StateMachine
-from chongming_task.errors import ConfigurationError, DuplicateTaskId
+from chongming_task.errors import ConfigurationError, DuplicateTaskId, TaskNotFound
+from chongming_task.models import TaskSnapshot
 from chongming_task.policies import Timeout
 from chongming_task.runtime.registry import TaskDefinition
 from chongming_task.storage import TaskStore
@@ -123,6 +124,31 @@ def enqueue_recipe(
     return task_id
 
 
+def requeue(store: TaskStore, task_id: str, *, clock: Clock, actor: str, reason: str | None) -> TaskSnapshot:
+    """已结束（failed / stopped / cancelled / lost）的持久任务经审计的 ``retry()`` 复活、交回队列、无人持有。
+
+    与 reconcile 的 on_lost 重跑同一条路径（``control:retry``），只是由人发起；之后任何登记了它名字、负责它的
+    桶的 worker 都能认领。不是持久任务 → ConfigurationError（它的参数从未落库，没法重跑：请重新提交）。
+    """
+    snapshot = store.get(task_id)
+    if snapshot is None:
+        raise TaskNotFound(f"存储里没有任务 {task_id!r}")
+    if snapshot.recipe is None:
+        raise ConfigurationError(
+            f"任务 {task_id!r} 不是持久任务（提交时没有 durable=True）：它的参数从未落库，无法重跑；"
+            "请重新提交它"
+        )
+    machine = StateMachine(snapshot, (), clock=clock, lock=threading.RLock())
+    machine.retry(actor=actor, reason=reason or f"{actor} 要求重跑持久任务")
+    revived = machine.snapshot.evolve(owner=None)
+    store.save(
+        revived,
+        expect_version=snapshot.status_version,
+        transitions=machine.transitions_since(snapshot.status_version),
+    )
+    return revived
+
+
 def check_durable_flag(durable: object) -> bool | None:
     if durable is not None and not isinstance(durable, bool):
         raise ConfigurationError(f"durable 必须是 True / False（None 表示按任务定义），收到 {durable!r}")
@@ -140,5 +166,6 @@ __all__ = [
     "enqueue_recipe",
     "names_text",
     "recipe_timeout",
+    "requeue",
     "timeout_dict",
 ]

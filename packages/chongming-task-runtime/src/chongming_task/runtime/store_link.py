@@ -70,6 +70,9 @@ class LocalLink:
     def start_polling(self) -> None:
         """没有指令表可认领。"""
 
+    def serve_names(self, names: Collection[str]) -> None:
+        """没有节点记录可发布。"""
+
     def next_deadline(self) -> float | None:
         # 不回写旁路字段、不续租、不轮询：后台循环只等唤醒（否则到点后不再推进的期限会让它空转）。
         return None
@@ -170,6 +173,7 @@ class StoreLink(LocalLink):
         self._polling = False
         self._poll_now = threading.Event()
         self._unlisten: Callable[[], None] | None = None
+        self._serves: list[str] | None = None
         now = clock.monotonic()
         self._next_side = now + side_channel_interval
         self._next_lease = now + lease_ttl / 3
@@ -224,6 +228,13 @@ class StoreLink(LocalLink):
                 logger.warning("无法订阅指令通知，改为纯轮询：%s", exc)
         self._wake.set()
 
+    def serve_names(self, names: Collection[str]) -> None:
+        """本节点作为 worker 执行这些名字的持久任务：写进节点记录（info.serves），
+        doctor 据此找出没人服务的任务。"""
+        self._serves = sorted(names)
+        self.start_polling()
+        self._publish_node()
+
     def _on_command_notice(self, notice: object) -> None:
         self._poll_now.set()
         self._wake.set()
@@ -240,7 +251,11 @@ class StoreLink(LocalLink):
             num_buckets=self._num_buckets,
             ttl=self._lease_ttl,
             clock=self._clock,
-            info={"hostname": socket.gethostname(), "pid": os.getpid()},
+            info={
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                **({} if self._serves is None else {"serves": self._serves}),
+            },
         )
         try:
             self._store.publish_node(record)
