@@ -96,8 +96,8 @@ def _submit(url: str, effects: str, count: int, pause: float) -> None:
         str(count),
         str(NUM_BUCKETS),
     ]
-    done = subprocess.run([*script, str(pause)], env=_env("submitter", effects), capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    env = _env("submitter", effects)
+    done = subprocess.run([*script, str(pause)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "SUBMITTED" in done.stdout, done.stderr
 
 
