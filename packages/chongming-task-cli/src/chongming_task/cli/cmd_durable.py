@@ -154,7 +154,7 @@ def retry_command(state: AppState, task_id: str, reason: str | None) -> int:
 @click.option(
     "--poll-interval",
     type=SECONDS,
-    default=0.5,
+    default=0.2,
     show_default=True,
     metavar="SECONDS",
     help="没有新任务通知时（SQLite；PostgreSQL 有 NOTIFY）多久看一次队列。",

@@ -48,7 +48,7 @@ from chongming_task.storage import TaskStore
 logger = logging.getLogger("chongming_task.worker")
 
 S = TaskStatus
-DEFAULT_POLL_INTERVAL = 0.5
+DEFAULT_POLL_INTERVAL = 0.2
 """没有即时通知时（SQLite）多久看一次有没有新任务（秒）；有 NOTIFY 时它只是兜底。"""
 DEFAULT_DRAIN_TIMEOUT = 30.0
 
