@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -60,51 +59,10 @@ def our_throughput(url: str, n: int) -> float:
     return rate
 
 
-PROCRASTINATE_SCRIPT = textwrap.dedent(
-    """
-    import sys, time
-    import procrastinate
-    conninfo, schema, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(
-        conninfo=conninfo, kwargs={"options": f"-c search_path={schema}"}))
-
-    @app.task(queue="bench")
-    def noop(i):
-        return i
-
-    with app.open():
-        app.schema_manager.apply_schema()
-        started = time.perf_counter()
-        for i in range(n):
-            noop.defer(i=i)
-        app.run_worker(queues=["bench"], concurrency=2, wait=False, install_signal_handlers=False)
-        print(f"{n / (time.perf_counter() - started):.1f}", flush=True)
-    """
-)
-
-
-def procrastinate_throughput(dsn: str, schema: str, n: int, workdir: Path) -> float | None:
-    try:
-        import procrastinate  # noqa: F401
-    except ImportError:
-        return None
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-    script = workdir / "procrastinate_durable.py"
-    script.write_text(PROCRASTINATE_SCRIPT, encoding="utf-8")
-    try:
-        result = subprocess.run(
-            [sys.executable, str(script), dsn, schema, str(n)], capture_output=True, text=True, timeout=900
-        )
-        lines = [line for line in result.stdout.splitlines() if line.strip()]
-        if result.returncode != 0 or not lines:
-            raise RuntimeError(f"Procrastinate 基准失败：{result.stderr[-2000:]}")
-        return float(lines[-1])
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+# Procrastinate 的对照（defer N 个空作业 + run_worker(concurrency=2, wait=False) 跑到队列空）与
+# bench_postgres.py 用同一段代码：两个基准的对照组一模一样，比值才可比。
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_postgres import procrastinate_rate as procrastinate_throughput  # noqa: E402
 
 
 def start_latencies(url: str, trials: int) -> list[float]:

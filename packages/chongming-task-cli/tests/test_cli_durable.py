@@ -36,6 +36,8 @@ def test_submit_refuses_unregistered_names_and_bad_arguments(invoke: Any, db: st
     assert bad.exit_code == 1 and "对不上" in bad.stderr
     no_store = invoke("submit", "add", "--tasks", TASKS, "--arg", "a=1")
     assert no_store.exit_code == 1
+    clash = invoke("--db", db, "submit", "add", "--tasks", TASKS, "--arg", "a=1", "--arg", "on_lost=retry")
+    assert clash.exit_code == 1 and "--on-lost" in clash.stderr
 
 
 def test_worker_runs_submitted_tasks_and_exits_0_on_sigterm(

@@ -21,16 +21,16 @@ from chongming_task.cli.buckets import format_bucket_spec, owned_buckets
 from chongming_task.cli.cmd_run import (
     SignalStop,
     _check_signature,
-    _duplicate_id,
     _parse_arguments,
     _resolve_name,
+    submit_errors,
 )
 from chongming_task.cli.errors import EXIT_OK, EXIT_TASK_NOT_SUCCEEDED, CliError
 from chongming_task.cli.output import echo_json
 from chongming_task.cli.params import EXECUTOR, INT, SECONDS, IntType
 from chongming_task.cli.state import AppState, load_task_module, register_tasks
 from chongming_task.controller import Controller
-from chongming_task.errors import DuplicateTaskId, StoreError, TaskError, TaskNotFound
+from chongming_task.errors import StoreError, TaskError, TaskNotFound
 from chongming_task.runtime.executors import ProcessExecutor, ThreadExecutor
 
 
@@ -69,6 +69,8 @@ def submit_command(
     """只入队不执行：写下一个持久任务，由 worker 认领执行；打印 task_id（退出码 0）。"""
     module = load_task_module(module_name)
     kwargs = _parse_arguments(raw_args)
+    if "on_lost" in kwargs:
+        raise CliError("--arg on_lost=... 与提交参数同名：请用 --on-lost 选项")
     if not state.has_store():
         raise CliError(
             "submit 需要共享存储（--db 或 --store）：任务要由别的 worker 进程认领", error="configuration"
@@ -78,7 +80,7 @@ def submit_command(
     register_tasks(controller, module)
     _resolve_name(controller, module.__name__, task_name)
     _check_signature(controller, task_name, kwargs)
-    try:
+    with submit_errors(state, controller, task_id):
         new_id = controller.enqueue(
             task_name,
             task_id=task_id,
@@ -89,12 +91,6 @@ def submit_command(
             on_lost=on_lost,
             **kwargs,
         )
-    except DuplicateTaskId as exc:
-        raise _duplicate_id(state, controller, run_id=task_id, exc=exc) from exc
-    except StoreError as exc:
-        raise CliError(f"提交被拒绝：{state.mask(str(exc))}", error="store_error") from exc
-    except TaskError as exc:
-        raise CliError(f"提交被拒绝：{state.mask(str(exc))}", error="submit_rejected") from exc
     if state.json:
         snapshot = store.get(new_id)
         echo_json(snapshot.to_dict() if snapshot is not None else {"task_id": new_id})

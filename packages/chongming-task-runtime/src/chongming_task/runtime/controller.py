@@ -385,24 +385,6 @@ class Controller(ClosesOnExit):
         控制器上登记过时，重试次数、超时与参数签名按登记的定义检查；没登记也可以入队（纯提交者不必有代码），
         只是要等某个登记了它的 worker。需要 store。
         """
-        return self._enqueue(
-            name, args, kwargs, task_id=task_id, label=label, tags=tags, priority=priority,
-            bucket_key=bucket_key, on_lost=on_lost,
-        )  # fmt: skip
-
-    def _enqueue(
-        self,
-        name: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        task_id: str | None,
-        label: str | None,
-        tags: Iterable[str],
-        priority: int | None,
-        bucket_key: str | None,
-        on_lost: OnLost | str | None,
-    ) -> str:
         store = self._link.store
         if store is None:
             raise ConfigurationError(
@@ -415,14 +397,8 @@ class Controller(ClosesOnExit):
             definition = self._registry.resolve(name) if name in self._registry else None
         if definition is not None:
             check_task_signature(definition.fn, args, kwargs)
-        if label is not None and not isinstance(label, str):
-            raise ConfigurationError(f"label 必须是字符串，收到 {label!r}")
-        if priority is None:
-            priority = self.concurrency.priority
-        else:
-            check_int("priority（越大越先执行）", priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
-        extra = normalize_tags(tags)
-        all_tags = check_tag_count((definition.tags if definition is not None else frozenset()) | extra)
+        base_tags = definition.tags if definition is not None else frozenset()
+        priority, all_tags = self._submit_fields(label, priority, tags, base_tags)
         # 提交者往任何桶里放都可以（它不执行）：桶只决定哪个 worker 来认领。
         bucket = None if bucket_key is None else self.bucket_policy.bucket_for(bucket_key)
         recipe = build_recipe(
@@ -441,6 +417,19 @@ class Controller(ClosesOnExit):
             description=definition.description if definition is not None else None,
             issuer=self.owner,
         )
+
+    def _submit_fields(
+        self, label: object, priority: int | None, tags: Iterable[str], base_tags: frozenset[str]
+    ) -> tuple[int, frozenset[str]]:
+        """submit / enqueue 共用的提交参数检查：label、priority（None 取默认）、标签（并上定义里的）。"""
+        if label is not None and not isinstance(label, str):
+            raise ConfigurationError(f"label 必须是字符串，收到 {label!r}")
+        if priority is None:
+            priority = self.concurrency.priority
+        else:
+            check_int("priority（越大越先执行）", priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
+        extra_tags = normalize_tags(tags)
+        return priority, check_tag_count(base_tags | extra_tags) if extra_tags else base_tags
 
     def _submit(
         self,
@@ -463,14 +452,7 @@ class Controller(ClosesOnExit):
             if self._closed:
                 raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
             definition = self._registry.resolve(name)
-        if label is not None and not isinstance(label, str):
-            raise ConfigurationError(f"label 必须是字符串，收到 {label!r}")
-        if priority is None:
-            priority = self.concurrency.priority
-        else:
-            check_int("priority（越大越先执行）", priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
-        extra_tags = normalize_tags(tags)
-        all_tags = definition.tags | extra_tags if extra_tags else definition.tags
+        priority, all_tags = self._submit_fields(label, priority, tags, definition.tags)
         bucket = self._bucket_for_submit(bucket_key)
         if task_id is None:
             task_id = f"{definition.name}-{self._id_prefix}{next(self._id_counter):06d}"
