@@ -313,15 +313,23 @@ def test_running_durable_task_is_rerun_only_with_on_lost_retry(db: str) -> None:
 
 def test_non_durable_tasks_behave_as_before(db: str) -> None:
     store = SqliteTaskStore(db)
-    machine = StateMachine.create("plain-q", "record", owner="dead")
-    machine.mark_queued()
-    machine.update_side(lease_owner="dead", lease_until=datetime.now(UTC) - timedelta(minutes=1))
-    store.create(machine.snapshot, machine.transitions)
+    for task_id, running in (("plain-q", False), ("plain-r", True)):
+        machine = StateMachine.create(task_id, "record", owner="dead")
+        machine.mark_queued()
+        if running:
+            machine.mark_starting()
+            machine.mark_running()
+        machine.update_side(lease_owner="dead", lease_until=datetime.now(UTC) - timedelta(minutes=1))
+        store.create(machine.snapshot, machine.transitions)
     serving = Serving(worker(SqliteTaskStore(db), "alive"))
     time.sleep(1.0)  # 至少一轮维护
     serving.finish()
     stored = store.get("plain-q")
     assert stored is not None and (stored.status, stored.owner) == (S.QUEUED, "dead"), "普通任务不被接手"
+    running = store.get("plain-r")
+    assert running is not None and running.status is S.RUNNING, (
+        "普通任务何时判 lost 仍由调用方的 reconcile() 决定"
+    )
     assert RAN == []
 
 

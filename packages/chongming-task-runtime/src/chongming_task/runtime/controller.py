@@ -1025,9 +1025,15 @@ class Controller(ClosesOnExit):
                 self._link.forget(task_id)
         return len(dropped)
 
-    def reconcile(self, *, dry_run: bool = False) -> ReconcileReport:
-        """把租约过期、失去监督者的任务如实标记（见 runtime/reconcile.py 的规则表）。只看本节点的桶。"""
-        return self._link.reconcile(live_ids=set(self._live_ids()), dry_run=dry_run)
+    def reconcile(self, *, dry_run: bool = False, durable_only: bool = False) -> ReconcileReport:
+        """把租约过期、失去监督者的任务如实标记（见 runtime/reconcile.py 的规则表）。只看本节点的桶。
+
+        ``durable_only=True`` 只看持久任务（worker 的自动维护用它，普通任务留给调用方自己决定
+        何时 reconcile）。
+        """
+        return self._link.reconcile(
+            live_ids=set(self._live_ids()), dry_run=dry_run, durable_only=durable_only
+        )
 
     def close(
         self, *, reason: str = "控制器关闭", timeout: float | None = None, close_store: bool = False

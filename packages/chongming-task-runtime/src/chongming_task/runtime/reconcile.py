@@ -10,7 +10,8 @@
 | 租约过期 + 不占资源（排队/暂停/重试等待）| 不改状态，报告为 adoptable      |
 | 写入时版本冲突（原监督者活过来抢先写了）  | 放手，报告为 skipped           |
 
-reconcile 不会重新执行任务：存储里记的是状态，不是配方（函数与参数从未落库）。
+reconcile 不会重新执行任务：存储里记的是状态，不是配方（函数与参数从未落库）。持久任务（带配方）的接手与
+``on_lost`` 重跑由 worker 在 reconcile 之后做（``runtime/worker.py``），这里只如实标记。
 """
 
 from __future__ import annotations
@@ -51,8 +52,13 @@ def reconcile_store(
     buckets: Collection[int] | None,
     live_task_ids: Collection[str],
     dry_run: bool,
+    durable_only: bool = False,
 ) -> ReconcileReport:
-    """扫描租约已过期的非终态任务并按规则处置。``buckets`` 非 None 时只看这些桶。"""
+    """扫描租约已过期的非终态任务并按规则处置。``buckets`` 非 None 时只看这些桶。
+
+    ``durable_only``：只看持久任务（worker 的自动维护用它：普通任务何时被判 lost 仍由调用方的
+    reconcile() 决定，行为与没有 worker 时一样）。
+    """
     report = ReconcileReport(dry_run=dry_run)
     now = clock.now()
     query = TaskQuery(
@@ -62,8 +68,8 @@ def reconcile_store(
         order=QueryOrder.OLDEST_FIRST,
     )
     for snapshot in store.query(query):
-        if snapshot.task_id in live_task_ids:
-            continue  # 本进程正在管它（续租只是还没写到）
+        if snapshot.task_id in live_task_ids or (durable_only and snapshot.recipe is None):
+            continue  # 本进程正在管它（续租只是还没写到）；或只看持久任务时的普通任务
         if snapshot.status not in RESOURCE_HOLDING_STATUSES:
             report.adoptable.append(snapshot)
             continue

@@ -110,7 +110,9 @@ class LocalLink:
     def prune(self, keep_terminal: int) -> int:
         return 0
 
-    def reconcile(self, *, live_ids: Collection[str], dry_run: bool) -> ReconcileReport:
+    def reconcile(
+        self, *, live_ids: Collection[str], dry_run: bool, durable_only: bool = False
+    ) -> ReconcileReport:
         raise ConfigurationError(
             "reconcile() 需要持久化存储：请用 Controller(store=SqliteTaskStore(...)) 构造"
         )
@@ -373,7 +375,9 @@ class StoreLink(LocalLink):
 
     # -- operations ---------------------------------------------------------------------------------
 
-    def reconcile(self, *, live_ids: Collection[str], dry_run: bool) -> ReconcileReport:
+    def reconcile(
+        self, *, live_ids: Collection[str], dry_run: bool, durable_only: bool = False
+    ) -> ReconcileReport:
         return reconcile_store(
             self._store,
             clock=self._clock,
@@ -381,6 +385,7 @@ class StoreLink(LocalLink):
             buckets=self._owned_buckets if self._partitioned else None,
             live_task_ids=live_ids,
             dry_run=dry_run,
+            durable_only=durable_only,
         )
 
     def check_cluster(self, *, orphan_limit: int) -> ClusterReport:

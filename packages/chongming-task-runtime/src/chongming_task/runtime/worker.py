@@ -6,12 +6,12 @@
    持久任务；一次只认领空闲槽位那么多个（槽位 = ``max_parallel`` 减去本地在跑与排队的），不囤积。认领是存储里
    的原子操作，多少个 worker 同时来取，每个任务也只被一个取走。认领来的任务按它存储里的版本接着写（写穿、
    续租、指令都和本地提交的一样）。
-2. **维护**（每 ``lease_ttl / 2`` 一次）：``reconcile()`` 本节点的桶——
+2. **维护**（每 ``lease_ttl / 2`` 一次）：``reconcile(durable_only=True)`` 本节点的桶里的持久任务——
    * 失联持有者的 queued / paused / retry_wait 持久任务：以 ``cluster:adopted`` 接手（状态不变、换持有者，迁移
      记录写明接手者与原持有者；暂停的仍暂停，重试等待的到点才排队）。queued 的也只接手空闲槽位那么多个；
    * 失联持有者在跑的任务：reconcile 照旧判 lost；配方说 ``on_lost="retry"`` 且尝试预算有剩余的，经审计的
      ``retry()`` 复活并由本节点接手、重新排队（at-least-once：任务体可能执行了两次）。
-   非持久任务的处置与以前完全一样（lost / adoptable 报告）。
+   普通任务 worker 不碰：它们何时被判 lost 仍由调用方自己的 ``reconcile()`` 决定，与以前完全一样。
 3. **等待**：有空槽时等"新任务"的通知（PostgreSQL 的 NOTIFY；``store.listen``）或本地有任务落地，最多
    ``poll_interval`` 秒（轮询兜底；SQLite 只有轮询）。
 
@@ -93,7 +93,7 @@ class WorkerHost(Protocol):
     def start_serving(self) -> None: ...
     def add_listener(self, listener: Listener) -> None: ...
     def remove_listener(self, listener: Listener) -> bool: ...
-    def reconcile(self, *, dry_run: bool = False) -> ReconcileReport: ...
+    def reconcile(self, *, dry_run: bool = False, durable_only: bool = False) -> ReconcileReport: ...
     def local_run(self, task_id: str) -> TaskRun | None: ...
     def detach_unstarted_durable(self) -> list[TaskRun]: ...
     def host_durable(
@@ -276,7 +276,7 @@ class Worker:
 
     def _maintain(self) -> None:
         try:
-            report = self.controller.reconcile()
+            report = self.controller.reconcile(durable_only=True)
         except TaskError as exc:
             logger.warning("reconcile 失败（下一轮再试）：%s", exc)
             return
