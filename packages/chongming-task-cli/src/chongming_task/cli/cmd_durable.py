@@ -33,6 +33,9 @@ from chongming_task.controller import Controller
 from chongming_task.errors import StoreError, TaskError, TaskNotFound
 from chongming_task.runtime.executors import ProcessExecutor, ThreadExecutor
 
+KEEP_FINISHED = 1000
+"""常驻的 worker 在内存里只留最新这么多个已落地任务的句柄（更早的仍可在存储里查到），内存不随处理量增长。"""
+
 
 @cli.command("submit")
 @click.argument("task_name", metavar="TASK")
@@ -195,6 +198,7 @@ def worker_command(
             owned_buckets=owned,
             executor=executor,
             lease_ttl=lease_ttl,
+            keep_finished=KEEP_FINISHED,
         )
     except TaskError as exc:
         raise CliError(state.mask(str(exc)), error="configuration") from exc
