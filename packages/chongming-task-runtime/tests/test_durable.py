@@ -362,3 +362,11 @@ def test_doctor_reports_durable_tasks_no_live_worker_serves(db: str) -> None:
     controller.stop(served)
     serving.finish()
     submitter.close()
+
+
+def test_reconcile_does_not_report_tasks_waiting_for_a_worker(db: str) -> None:
+    with Controller(store=SqliteTaskStore(db), owner="submitter") as submitter:
+        waiting = submitter.enqueue("record", 1)
+        report = submitter.reconcile()
+        assert waiting not in {s.task_id for s in (*report.lost, *report.adoptable, *report.skipped)}
+        assert submitter.get(waiting).status is S.QUEUED  # type: ignore[union-attr]

@@ -27,11 +27,12 @@ from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.numbers import check_int, check_seconds
+from chongming_task.core.storage.claiming import awaits_claim
 from chongming_task.core.version import __version__
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import TaskSnapshot
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy
-from chongming_task.states import NON_TERMINAL_STATUSES, TaskStatus
+from chongming_task.states import NON_TERMINAL_STATUSES
 from chongming_task.storage import NodeRecord, QueryOrder, TaskQuery, TaskStore, check_node_owner
 
 DEFAULT_ORPHAN_LIMIT = 1000
@@ -342,20 +343,16 @@ def _find_orphans(
     expired = store.query(
         TaskQuery(statuses=unfinished, lease_expired_before=now, order=QueryOrder.OLDEST_FIRST)
     )
-    waiting = [s for s in expired if _awaits_claim(s)]
+    waiting = [s for s in expired if awaits_claim(s)]
     unsupervised = [
         s
         for s in expired
         if s.lease_owner not in alive_owners
         and (s.bucket is None or s.bucket not in hole_set)
-        and not _awaits_claim(s)
+        and not awaits_claim(s)
     ]
     merged = sorted([*in_holes, *unsupervised], key=lambda s: (s.created_at, s.task_id))
     return tuple(merged[:limit]), hole_count + len(unsupervised), waiting
-
-
-def _awaits_claim(snapshot: TaskSnapshot) -> bool:
-    return snapshot.recipe is not None and snapshot.owner is None and snapshot.status is TaskStatus.QUEUED
 
 
 def default_node_info() -> dict[str, Any]:

@@ -21,6 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from chongming_task.clock import Clock
+from chongming_task.core.storage.claiming import awaits_claim
 from chongming_task.core.triggers import TRIGGER_RECONCILE
 from chongming_task.errors import ConcurrencyConflict
 from chongming_task.models import TaskSnapshot
@@ -70,6 +71,8 @@ def reconcile_store(
     for snapshot in store.query(query):
         if snapshot.task_id in live_task_ids or (durable_only and snapshot.recipe is None):
             continue  # 本进程正在管它（续租只是还没写到）；或只看持久任务时的普通任务
+        if awaits_claim(snapshot):
+            continue  # 等 worker 认领的持久任务本来就没有持有者：不是失去监督者
         if snapshot.status not in RESOURCE_HOLDING_STATUSES:
             report.adoptable.append(snapshot)
             continue

@@ -298,8 +298,6 @@ class Worker:
                 or snapshot.status not in _ADOPT_STATUSES
             ):
                 continue
-            if snapshot.owner is None and snapshot.status is S.QUEUED:
-                continue  # 无人持有的排队任务走认领
             if snapshot.status is S.QUEUED:
                 if budget <= 0:
                     continue  # 不囤积：剩下的留给下一轮或别的 worker

@@ -56,9 +56,15 @@ def check_claim(
     return ClaimRequest(holder, wanted, id_set("buckets", buckets, int), limit, lease_until)
 
 
+def awaits_claim(snapshot: TaskSnapshot) -> bool:
+    """等 worker 认领的持久任务：queued、带配方、无人持有。它本来就没有持有者，不是"失去监督者"——
+    reconcile 不报告它，doctor 也不把它算作孤儿（有没有 worker 服务它另有检查）。"""
+    return snapshot.status is TaskStatus.QUEUED and snapshot.recipe is not None and snapshot.owner is None
+
+
 def claimable(snapshot: TaskSnapshot, request: ClaimRequest) -> bool:
     """一个快照是否可被这次认领取走（内存与第三方后端用；SQL 后端写成 WHERE）。"""
-    if snapshot.status is not TaskStatus.QUEUED or snapshot.recipe is None or snapshot.owner is not None:
+    if not awaits_claim(snapshot):
         return False
     if snapshot.name not in request.names:
         return False
@@ -76,4 +82,4 @@ def claimed(snapshot: TaskSnapshot, request: ClaimRequest) -> TaskSnapshot:
     return snapshot.evolve(owner=request.holder, lease_owner=request.holder, lease_until=request.lease_until)
 
 
-__all__ = ["MAX_CLAIM", "ClaimRequest", "check_claim", "claim_order", "claimable", "claimed"]
+__all__ = ["MAX_CLAIM", "ClaimRequest", "awaits_claim", "check_claim", "claim_order", "claimable", "claimed"]
