@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from chongming_task.core.storage.claiming import ClaimRequest
+from chongming_task.core.storage.claiming import QueuedClaim
 from chongming_task.errors import ConcurrencyConflict
 from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
@@ -191,7 +191,7 @@ class SaveRewritesRecipe(InMemoryTaskStore):
 class ClaimIgnoresHolder(InMemoryTaskStore):
     """认领不看 owner：已被别的 worker 取走的任务会被再取一次（同一任务启动两次）。"""
 
-    def _claim_queued(self, request: ClaimRequest) -> list[TaskSnapshot]:
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
         with self._lock:
             for row in self._rows.values():
                 if row.snapshot.status is TaskStatus.QUEUED and row.snapshot.recipe is not None:
@@ -202,7 +202,7 @@ class ClaimIgnoresHolder(InMemoryTaskStore):
 class ClaimHoards(InMemoryTaskStore):
     """认领不管 limit：一个 worker 把队列全搬走（囤积），别的 worker 空闲。"""
 
-    def _claim_queued(self, request: ClaimRequest) -> list[TaskSnapshot]:
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
         return super()._claim_queued(dataclasses.replace(request, limit=10_000))
 
 

@@ -46,7 +46,7 @@ from chongming_task.core.storage.checks import (
     touch_args,
     validate_save,
 )
-from chongming_task.core.storage.claiming import ClaimRequest, claim_order, claimable, claimed
+from chongming_task.core.storage.claiming import QueuedClaim, claim_order, claimable, claimed
 from chongming_task.core.storage.columns import CREATE_ONLY_FIELDS, SIDE_CHANNEL_FIELDS
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.retention import archivable_prefix
@@ -298,7 +298,7 @@ class JsonFileTaskStore(TaskStore):
 
     # -- durable tasks (issue 19) -------------------------------------------------------------------
 
-    def _claim_queued(self, request: ClaimRequest) -> list[TaskSnapshot]:
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
         """认领待执行的持久任务：判据、顺序与认领后的快照都取自 ``core.storage.claiming``，锁内一次完成。"""
         with self._lock:
             self._check_open()

@@ -27,7 +27,7 @@ MAX_CLAIM = 1000
 
 
 @dataclass(frozen=True)
-class ClaimRequest:
+class QueuedClaim:
     """检查过的认领参数。``names`` 为空时什么也认领不到（后端可以直接返回空列表）。"""
 
     holder: str
@@ -43,7 +43,7 @@ class ClaimRequest:
 
 def check_claim(
     holder: object, names: Iterable[Any], buckets: Iterable[Any] | None, limit: object, lease_until: object
-) -> ClaimRequest:
+) -> QueuedClaim:
     check_claimant(holder)
     if names is None or isinstance(names, str):
         raise ConfigurationError(f"names 必须是任务名的集合（例如 ['etl']），收到 {names!r}")
@@ -53,7 +53,7 @@ def check_claim(
         raise ConfigurationError(f"limit 必须是 0..{MAX_CLAIM} 的整数（本轮空闲的槽位数），收到 {limit!r}")
     check_aware("lease_until", lease_until, required=True)
     assert isinstance(holder, str) and isinstance(lease_until, datetime)
-    return ClaimRequest(holder, wanted, id_set("buckets", buckets, int), limit, lease_until)
+    return QueuedClaim(holder, wanted, id_set("buckets", buckets, int), limit, lease_until)
 
 
 def awaits_claim(snapshot: TaskSnapshot) -> bool:
@@ -62,7 +62,7 @@ def awaits_claim(snapshot: TaskSnapshot) -> bool:
     return snapshot.status is TaskStatus.QUEUED and snapshot.recipe is not None and snapshot.owner is None
 
 
-def claimable(snapshot: TaskSnapshot, request: ClaimRequest) -> bool:
+def claimable(snapshot: TaskSnapshot, request: QueuedClaim) -> bool:
     """一个快照是否可被这次认领取走（内存与第三方后端用；SQL 后端写成 WHERE）。"""
     if not awaits_claim(snapshot):
         return False
@@ -77,9 +77,9 @@ def claim_order(snapshot: TaskSnapshot) -> tuple[int, datetime, str]:
     return (-snapshot.priority, snapshot.created_at, snapshot.task_id)
 
 
-def claimed(snapshot: TaskSnapshot, request: ClaimRequest) -> TaskSnapshot:
+def claimed(snapshot: TaskSnapshot, request: QueuedClaim) -> TaskSnapshot:
     """认领之后的快照：持有者与租约换成认领者，别的不变（版本号也不变）。"""
     return snapshot.evolve(owner=request.holder, lease_owner=request.holder, lease_until=request.lease_until)
 
 
-__all__ = ["MAX_CLAIM", "ClaimRequest", "awaits_claim", "check_claim", "claim_order", "claimable", "claimed"]
+__all__ = ["MAX_CLAIM", "QueuedClaim", "awaits_claim", "check_claim", "claim_order", "claimable", "claimed"]

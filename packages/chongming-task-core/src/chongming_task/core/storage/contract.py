@@ -28,7 +28,7 @@ from typing import Any
 
 from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.storage import checks
-from chongming_task.core.storage.claiming import ClaimRequest, check_claim
+from chongming_task.core.storage.claiming import QueuedClaim, check_claim
 from chongming_task.core.storage.values import (
     ArchiveDeleted,
     ArchivedTask,
@@ -160,7 +160,7 @@ class TaskStore(ClosesOnExit, ABC):
         request = check_claim(holder, names, buckets, limit, lease_until)
         return self._claim_queued(request)
 
-    def _claim_queued(self, request: ClaimRequest) -> list[TaskSnapshot]:
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
         """后端实现 claim_queued 的地方（入参已检查）。"""
         raise ConfigurationError(
             f"{type(self).__name__} 不支持持久任务的认领（没有实现 _claim_queued）：worker 需要一个实现了它的"

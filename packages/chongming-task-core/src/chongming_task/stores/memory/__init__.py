@@ -30,7 +30,7 @@ from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
-from chongming_task.core.storage.claiming import ClaimRequest, claim_order, claimable, claimed
+from chongming_task.core.storage.claiming import QueuedClaim, claim_order, claimable, claimed
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.retention import archivable_prefix
 from chongming_task.core.storage.values import (
@@ -299,7 +299,7 @@ class InMemoryTaskStore(TaskStore):
 
     # -- durable tasks ------------------------------------------------------------------------------
 
-    def _claim_queued(self, request: ClaimRequest) -> list[TaskSnapshot]:
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
         with self._lock:
             self._check_open()
             if request.empty:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from chongming_task.core.storage.claiming import ClaimRequest
+from chongming_task.core.storage.claiming import QueuedClaim
 from chongming_task.models import TaskSnapshot
 from chongming_task.stores.postgres import _schema
 from chongming_task.stores.postgres._codec import TASK_COLUMNS, snapshot_from_row, split_dt
@@ -40,7 +40,7 @@ def claim_sql(s: str, *, by_bucket: bool) -> str:
     )
 
 
-def claim(conn: Conn, s: str, request: ClaimRequest) -> list[TaskSnapshot]:
+def claim(conn: Conn, s: str, request: QueuedClaim) -> list[TaskSnapshot]:
     # text 存不下 NUL、integer 存不下 2**31 以上的桶号：这样的过滤值不可能匹配任何任务，直接去掉。
     names = sorted(name for name in request.names if "\x00" not in name)
     buckets = None if request.buckets is None else sorted(b for b in request.buckets if b < 2**31)

@@ -24,7 +24,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
-from chongming_task.core.storage.claiming import ClaimRequest
+from chongming_task.core.storage.claiming import QueuedClaim
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.opening import (
     CreateSchema,
@@ -1074,7 +1074,7 @@ class PostgresTaskStore(TaskStore):
         rows.sort(key=lambda row: (row[-1], row[0]))
         return [command_from_row(row[:-1]) for row in rows]
 
-    def _claim_queued(self, request: ClaimRequest) -> list[TaskSnapshot]:
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
         if request.empty:
             self._check_open()
             return []

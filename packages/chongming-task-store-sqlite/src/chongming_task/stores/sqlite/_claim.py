@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from chongming_task.core.storage.claiming import ClaimRequest
+from chongming_task.core.storage.claiming import QueuedClaim
 from chongming_task.models import TaskSnapshot
 from chongming_task.stores.sqlite import _codec as codec
 from chongming_task.stores.sqlite import _sql
@@ -19,7 +19,7 @@ _CLAIMABLE = "status = 'queued' AND owner IS NULL AND recipe IS NOT NULL"
 _ORDER = "priority DESC, created_key, task_id"
 
 
-def claim_statement(request: ClaimRequest) -> tuple[str, list[Any]]:
+def claim_statement(request: QueuedClaim) -> tuple[str, list[Any]]:
     """挑选语句：满足判据的前 ``limit`` 个 task_id（按认领顺序）。"""
     params: list[Any] = []
     clauses = [_CLAIMABLE, _sql.in_clause("name", request.names, params)]
@@ -29,7 +29,7 @@ def claim_statement(request: ClaimRequest) -> tuple[str, list[Any]]:
     return f"SELECT task_id FROM tasks WHERE {' AND '.join(clauses)} ORDER BY {_ORDER} LIMIT ?", params
 
 
-def claim(conn: sqlite3.Connection, request: ClaimRequest) -> list[TaskSnapshot]:
+def claim(conn: sqlite3.Connection, request: QueuedClaim) -> list[TaskSnapshot]:
     """在调用方开好的写事务里认领（见模块说明）。"""
     select, params = claim_statement(request)
     ids = [row[0] for row in conn.execute(select, params).fetchall()]

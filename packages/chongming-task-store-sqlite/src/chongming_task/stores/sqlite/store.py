@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
-from chongming_task.core.storage.claiming import ClaimRequest
+from chongming_task.core.storage.claiming import QueuedClaim
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.opening import CreateSchema, SchemaMissing, check_opening
 from chongming_task.core.storage.values import (
@@ -530,7 +530,7 @@ class SqliteTaskStore(TaskStore):
 
     # -- history ------------------------------------------------------------------------------------
 
-    def _claim_queued(self, request: ClaimRequest) -> list[TaskSnapshot]:
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
         if request.empty:
             self._check_open()
             return []
