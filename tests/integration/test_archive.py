@@ -210,9 +210,10 @@ _CHILD = """
 import sys
 from datetime import datetime
 from chongming_task.core.archive import Archiver
-from chongming_task.stores import open_store
+from chongming_task.store_registry import open_store
 store = open_store(sys.argv[1])
 archiver = Archiver(store, sys.argv[2], batch_size=int(sys.argv[4]), task_batch=5)
+print("ready", flush=True)
 archiver.run(datetime.fromisoformat(sys.argv[3]))
 store.close()
 """
@@ -220,6 +221,7 @@ store.close()
 
 def _kill_trials(url: str, open_: type[TaskStore] | None, make, tmp_path: Path, trials: int) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(20)
+    killed = started = 0
     for trial in range(trials):
         store, url_t = make(trial)
         try:
@@ -227,18 +229,28 @@ def _kill_trials(url: str, open_: type[TaskStore] | None, make, tmp_path: Path, 
             directory = tmp_path / f"archive-{trial}"
             child = subprocess.Popen(
                 [sys.executable, "-c", _CHILD, url_t, str(directory), CUTOFF.isoformat(), "20"],
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
             )
-            time.sleep(rng.uniform(0.3, 1.5))  # 解释器启动 ~0.3 秒：杀在启动、导出、写段、删除的任意时刻
+            # 杀在导出、写段、删除的任意时刻：从子进程报"就绪"（导入与打开存储之后，机器再忙也一样）起算，
+            # 而不是从启动起算——负载高时解释器启动本身就可能超过固定的等待，那样一次也杀不到归档中途。
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == b"ready", child.stderr and child.stderr.read()[-2000:]
+            time.sleep(rng.uniform(0.0, 0.4))
             if child.poll() is None:
                 os.kill(child.pid, signal.SIGKILL)
             child.wait(30)
+            _, err = child.communicate()
+            # 被杀（-9）或自己跑完（0）；别的退出码说明子进程根本没在归档（这个检验就成了空转）。
+            assert child.returncode in (0, -signal.SIGKILL), err.decode(errors="replace")[-2000:]
+            killed += child.returncode == -signal.SIGKILL
+            started += (directory / "manifest.json").exists() or any(directory.glob("seg-*"))
             summary = Archiver(store, directory, batch_size=20, task_batch=5).run(CUTOFF)  # 续跑
             _assert_complete(store, directory, expected)
             assert summary.segments >= 0
         finally:
             store.close()
+    assert killed >= 1 and started >= 1, f"{trials} 次里被杀在归档中途的 {killed} 次、已写出段的 {started} 次"
 
 
 def test_kill_9_during_archive_on_sqlite(tmp_path: Path) -> None:

@@ -72,3 +72,33 @@ def test_archive_rejects_bad_age_and_broken_archive(invoke: Any, db: str, tmp_pa
     assert json.loads(broken.stderr)["error"] == "archive_error"
     missing = invoke("--db", db, "history", "long", "--archive", str(tmp_path / "nope"))
     assert missing.exit_code == 1 and "归档目录" in missing.stderr
+
+
+def test_task_paused_and_resumed_10000_times_keeps_only_its_window_online(
+    invoke: Any, db: str, tmp_path: Path
+) -> None:
+    """常驻任务暂停/恢复 10,000 次（每 10 分钟一次，迁移经存储直接写入）：archive 之后在线只留 30 天的
+    窗口，``history --archive`` 给出从版本 1 起完整的 10,001 条。"""
+    start = datetime.now(UTC) - timedelta(minutes=10 * 10_001)
+    records = [Transition("forever", S.PENDING, S.QUEUED, "t", None, None, 1, start)]
+    status = S.QUEUED
+    for version in range(2, 10_002):
+        target = S.PAUSED if status is S.RUNNING else S.RUNNING
+        at = start + timedelta(minutes=10 * (version - 1))
+        records.append(Transition("forever", status, target, "t", None, None, version, at))
+        status = target
+    store = SqliteTaskStore(db)
+    store.create(TaskSnapshot("forever", "forever", start, status=status, status_version=10_001), records)
+    store.close()
+    archive = str(tmp_path / "archive")
+    result = invoke("--json", "--db", db, "archive", "--older-than", "30d", "--to", archive)
+    assert result.exit_code == 0, result.stderr
+    cutoff = datetime.now(UTC) - timedelta(days=30)
+    expected_online = [r for r in records if r.at >= cutoff]
+    assert json.loads(result.stdout)["transitions"] == 10_001 - len(expected_online)
+    online = json.loads(invoke("--json", "--db", db, "history", "forever").stdout)
+    assert len(online) == len(expected_online) and 4_000 < len(online) < 4_400, "在线只留 30 天"
+    assert online[0]["version"] == expected_online[0].version
+    full = json.loads(invoke("--json", "--db", db, "history", "forever", "--archive", archive).stdout)
+    assert [d["version"] for d in full] == list(range(1, 10_002))
+    assert full[-1] == records[-1].to_dict() and full[0] == records[0].to_dict()

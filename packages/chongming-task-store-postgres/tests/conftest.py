@@ -11,6 +11,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ psycopg = pytest.importorskip(
     "psycopg", reason='Postgres 用例需要 psycopg 3（pip install "chongming-task[postgres]"）'
 )
 from psycopg import sql  # noqa: E402
+from psycopg.conninfo import make_conninfo  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 _RUN = f"{os.getpid()}_{secrets.token_hex(3)}"
@@ -59,3 +61,16 @@ def admin(postgres_dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]
 @pytest.fixture
 def worker_script() -> Path:
     return HERE / "_pg_worker.py"
+
+
+@pytest.fixture
+def limited_role(admin: Any, postgres_dsn: str) -> Iterator[tuple[str, str]]:
+    """(角色名, 以该角色连接的 DSN)。角色只有 LOGIN，没有任何 CREATE 权限；用例结束时删掉。"""
+    role = f"ct_ro_{secrets.token_hex(4)}"
+    admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        yield role, make_conninfo(postgres_dsn, user=role)
+    finally:
+        # DROP OWNED 撤销本库里授予它的全部权限（否则 DROP ROLE 会因"仍有依赖"失败）。
+        admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from chongming_task.stores.postgres import PostgresTaskStore
+from chongming_task.stores.postgres import PostgresTaskStore, _schema
 from chongming_task.testing.store_contract import snap
 
 pytestmark = pytest.mark.postgres
@@ -130,7 +130,7 @@ def test_concurrent_first_connection_ddl_does_not_race(
     results = _run_together([worker] * 5)
     assert [r for r in results if not r["ok"]] == []
     rows = admin.execute(f'SELECT version FROM "{schema}".schema_version').fetchall()
-    assert rows == [(1,)]
+    assert rows == [(_schema.SCHEMA_VERSION,)]
     store = PostgresTaskStore(postgres_dsn, schema=schema)
     try:
         store.create(snap("after-race"))

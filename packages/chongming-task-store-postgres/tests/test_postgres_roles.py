@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from chongming_task.core.storage.opening import SchemaPrivilegeError
 from chongming_task.errors import StoreError
@@ -17,19 +15,6 @@ from chongming_task.stores.postgres import PostgresTaskStore
 from chongming_task.testing.store_contract import snap, step
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def limited_role(admin: Any, postgres_dsn: str) -> Iterator[tuple[str, str]]:
-    """(角色名, 以该角色连接的 DSN)。角色只有 LOGIN，没有任何 CREATE 权限；用例结束时删掉。"""
-    role = f"ct_ro_{secrets.token_hex(4)}"
-    admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    try:
-        yield role, make_conninfo(postgres_dsn, user=role)
-    finally:
-        # DROP OWNED 撤销本库里授予它的全部权限（否则 DROP ROLE 会因"仍有依赖"失败）。
-        admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def _grant(admin: Any, schema: str, role: str) -> None:

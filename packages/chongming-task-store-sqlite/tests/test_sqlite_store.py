@@ -648,3 +648,41 @@ def test_sql_queries_agree_with_the_reference_semantics(
                 if s.bucket is not None:
                     buckets[s.bucket] = buckets.get(s.bucket, 0) + 1
             assert store.bucket_counts(query) == buckets
+
+
+def test_broad_name_prefix_walks_the_time_index_with_the_same_results(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """前缀匹配的行多于 NAME_INDEX_ROWS 时不走 name 索引（百万行上 name=sync- 要排一秒多）：结果不变。"""
+    import chongming_task.stores.sqlite.store as store_module
+    from chongming_task.storage import QueryOrder
+
+    store = SqliteTaskStore(db)
+    base = datetime(2030, 1, 1, tzinfo=UTC)
+    for i in range(40):
+        status = TaskStatus.RUNNING if i % 3 == 0 else TaskStatus.SUCCEEDED
+        store.create(
+            snap(
+                f"t{i:02d}", name=f"sync-{i % 7}", status=status, created_at=base + timedelta(seconds=i // 2)
+            )
+        )
+    queries = [
+        TaskQuery(name_prefix="sync-", limit=5),
+        TaskQuery(name_prefix="sync-", limit=5, order=QueryOrder.OLDEST_FIRST),
+        TaskQuery(name_prefix="sync-3", limit=3, statuses=frozenset({TaskStatus.RUNNING})),
+        TaskQuery(name_prefix="sync", limit=4, created_before=base + timedelta(seconds=10)),
+        TaskQuery(name_prefix="nomatch", limit=4),
+    ]
+    narrow = [[s.task_id for s in store.query(q)] for q in queries]
+    monkeypatch.setattr(store_module, "NAME_INDEX_ROWS", 3)  # 让同样的查询都走"沿时间索引"那条路
+    broad = [[s.task_id for s in store.query(q)] for q in queries]
+    everything = store.query()
+    expected = []
+    for q in queries:
+        rows = sorted((s for s in everything if q.matches(s)), key=lambda s: (s.created_at, s.task_id))
+        if q.order is QueryOrder.NEWEST_FIRST:
+            rows.reverse()
+        expected.append([s.task_id for s in rows[: q.limit]])
+    assert narrow == expected and broad == expected
+    assert expected[0] and expected[3]
+    store.close()

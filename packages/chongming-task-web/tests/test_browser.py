@@ -199,8 +199,18 @@ def test_live_console_in_a_real_browser(browser: Any, spawn: Callable[..., Proc]
     assert progress.inner_text() != first and "步" in progress.inner_text()
     shot(page, tmp_path, "web-tasks")
 
-    # 2. 任务页：暂停 → "已暂停"，恢复 → "运行中"，停止 → "已停止"（都由持有者执行，页面经 SSE 更新）
+    # 2. 任务页：日志的实时尾巴不刷新页面就在长（第二条 SSE，同一个共享轮询器）
     page.goto(url + "tasks/live-1")
+    log_lines = page.locator("#log-lines li[data-seq]")
+    expect(log_lines.first).to_contain_text('步完成 <ok> "引号"', timeout=15_000)  # 原样显示，不被当成标签
+    loads, shown = len(navigations), log_lines.count()
+    expect(log_lines).not_to_have_count(shown, timeout=15_000)
+    assert len(navigations) == loads and log_lines.count() > shown
+    last = int(log_lines.last.get_attribute("data-seq") or 0)
+    assert [int(s) for s in log_lines.evaluate_all("els => els.map(e => e.dataset.seq)")] == list(
+        range(last - log_lines.count() + 1, last + 1)
+    )  # 首屏与实时追加的行接得上：不重不漏
+    # 暂停 → "已暂停"，恢复 → "运行中"，停止 → "已停止"（都由持有者执行，页面经 SSE 更新）
     badge = page.locator('#task [data-field="status_label"]')
     act(page, "pause", "浏览器测试：暂停")
     expect(badge).to_have_text("已暂停", timeout=20_000)
@@ -234,6 +244,10 @@ def test_live_console_in_a_real_browser(browser: Any, spawn: Callable[..., Proc]
     page.goto(url + "overview")
     page.wait_for_selector("#status-counts")
     assert page.locator('#status-counts tr[data-status="stopped"] [data-count]').inner_text() == "4"
+    expect(page.locator("#nodes")).to_contain_text("holder-1")  # 持有者进程还在：节点与租约新鲜度
+    assert "存活" in page.locator("#nodes").inner_text()
+    heartbeat = page.locator("#nodes tr").first.locator("td").nth(3)
+    expect(heartbeat).not_to_have_text(heartbeat.inner_text(), timeout=15_000)  # 节点表也经 SSE 原地更新
     shot(page, tmp_path, "web-overview")
 
     # 5. 只读服务器：没有任何按钮

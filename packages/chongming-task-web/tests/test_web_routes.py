@@ -426,3 +426,30 @@ def test_index_redirects_and_static_js_has_no_inner_html(client: TestClient) -> 
     js = client.get("/static/console.js")
     assert js.status_code == 200 and "EventSource" in js.text
     assert "innerHTML" not in js.text.replace("从不 innerHTML", "")
+
+
+def test_logout_needs_csrf_and_ends_the_session(client_for: ClientFactory, make_task: MakeTask) -> None:
+    make_task("o1")
+    client = client_for(token=TOKEN)
+    csrf = csrf_of(client, "/login")
+    assert client.post("/login", data={"csrf": csrf, "token": TOKEN, "operator": "bob"}).status_code == 303
+    fresh = csrf_of(client)
+    assert client.post("/logout", data={}).status_code == 403  # 没有 CSRF：别的网页不能把人登出
+    assert client.get("/api/tasks").status_code == 200
+    out = client.post("/logout", data={"csrf": fresh})
+    assert out.status_code == 303 and out.headers["location"] == "/login"
+    assert client.get("/api/tasks").status_code == 401
+
+
+def test_favicon_and_healthz_when_the_store_is_gone(client_for: ClientFactory, db_path: str) -> None:
+    assert client_for().get("/favicon.ico").status_code == 204
+    broken = SqliteTaskStore(db_path)
+    from chongming_task.web import WebSettings
+    from chongming_task.web.app import WebConsole
+
+    console = WebConsole(broken, WebSettings(default_operator="alice"))
+    broken.close()  # 存储断了：healthz 走一次真实查询，就该失败
+    with TestClient(console.app) as client:
+        response = client.get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["ok"] is False and "存储不可用" in response.json()["error"]

@@ -18,10 +18,11 @@ from chongming_task.stores.sqlite import SqliteTaskStore
 
 @task(name="live.counter")
 def live_counter(ctx: Any, steps: int = 100_000) -> int:
-    """每 0.2 秒进一步，持续报告进度；随时可暂停 / 停止（checkpoint）。"""
+    """每 0.2 秒进一步，持续报告进度、写一行日志；随时可暂停 / 停止（checkpoint）。"""
     for step in range(1, steps + 1):
         ctx.checkpoint()
         ctx.progress(step, total=steps, unit="步", message=f"第 {step} 步")
+        ctx.log(f'第 {step} 步完成 <ok> "引号"')  # 持久化日志：任务页的实时尾巴
         time.sleep(0.2)
     return steps
 
@@ -40,6 +41,7 @@ def main() -> None:
     )
     controller.register_all(live_counter, bulk_spin)
     controller.submit("live.counter", task_id="live-1", label="实时计数")
+    controller.submit("live.counter", task_id="live-2", label="一直在跑（总览里节点在线）")
     for i in range(3):
         controller.submit("bulk.spin", task_id=f"bulk-{i}", label=f"批量 {i}")
     signal.signal(signal.SIGTERM, lambda *_: controller.close(reason="持有者退出", timeout=5))

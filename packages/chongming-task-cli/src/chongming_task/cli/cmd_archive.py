@@ -84,6 +84,7 @@ def archive_command(
                 "commands": summary.commands,
                 "segments": summary.segments,
                 "reconciled_segments": summary.reconciled_segments,
+                "partitions_dropped": summary.partitions_dropped,
                 "purged_commands": summary.purged_commands,
                 "directory": directory,
             }

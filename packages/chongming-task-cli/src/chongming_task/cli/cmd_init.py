@@ -37,8 +37,15 @@ def init_command(state: AppState) -> int:
 @click.option(
     "--grant", "role", metavar="ROLE", help="Postgres：再打印给只读写、不建表的角色 ROLE 授权的 SQL。"
 )
+@click.option(
+    "--migrate-from",
+    "migrate_from",
+    type=int,
+    metavar="N",
+    help="Postgres：改为打印把第 N 版表结构原地升级到当前版本的 SQL（交给表的属主执行）。",
+)
 @pass_state
-def schema_sql_command(state: AppState, role: str | None) -> int:
+def schema_sql_command(state: AppState, role: str | None, migrate_from: int | None) -> int:
     """打印建表 SQL（不连接数据库），交给有权限的账号执行。
 
     --store postgresql://...?schema=名字 或 --db 文件。
@@ -54,8 +61,10 @@ def schema_sql_command(state: AppState, role: str | None) -> int:
     except TaskError as exc:
         raise CliError(state.mask(str(exc))) from exc
     if scheme == "sqlite":
-        if role is not None:
-            raise CliError("--grant 只用于 PostgreSQL：SQLite 没有角色与授权")
+        if role is not None or migrate_from is not None:
+            raise CliError(
+                "--grant / --migrate-from 只用于 PostgreSQL：SQLite 没有角色，旧文件在可写打开时自动升级"
+            )
         from chongming_task.stores.sqlite import SqliteTaskStore
 
         click.echo(SqliteTaskStore.schema_sql(), nl=False)
@@ -71,7 +80,10 @@ def schema_sql_command(state: AppState, role: str | None) -> int:
         ) from exc
     schema = dict(parse_qsl(urlsplit(url).query)).get("schema", DEFAULT_SCHEMA)
     try:
-        click.echo(PostgresTaskStore.schema_sql(schema), nl=False)
+        if migrate_from is not None:
+            click.echo(PostgresTaskStore.migration_sql(schema, migrate_from), nl=False)
+        else:
+            click.echo(PostgresTaskStore.schema_sql(schema), nl=False)
         if role is not None:
             click.echo("\n" + PostgresTaskStore.grant_sql(schema, role), nl=False)
     except TaskError as exc:

@@ -28,11 +28,13 @@ import gzip
 import hashlib
 import io
 import json
+import logging
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,8 @@ try:  # POSIX：同一目录只允许一个归档进程
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger("chongming_task.archive")
 
 MANIFEST = "manifest.json"
 LOCK = "archive.lock"
@@ -66,6 +70,7 @@ class ArchiveSummary:
     segments: int = 0
     purged_commands: int = 0
     reconciled_segments: int = 0
+    partitions_dropped: int = 0
     deleted: ArchiveDeleted = field(default_factory=ArchiveDeleted)
     dry_run: bool = False
 
@@ -77,6 +82,8 @@ class ArchiveSummary:
         ).rstrip("，")
         if self.reconciled_segments:
             text += f"，续上次中断的 {self.reconciled_segments} 个段"
+        if self.partitions_dropped:
+            text += f"，整块丢弃过期分区 {self.partitions_dropped} 个"
         if self.purged_commands:
             text += f"，清理已完成的旧指令 {self.purged_commands} 条"
         return text
@@ -255,6 +262,8 @@ class Archiver:
         with self._locked():
             manifest = self._load_manifest()
             summary.reconciled_segments = self._reconcile(manifest)
+            for name in self.store.expired_partitions(before):
+                self._archive_partition(manifest, summary, name, before)
             while True:
                 batch = self.store.export_transitions(before, limit=self.batch_size)
                 if not batch:
@@ -301,27 +310,62 @@ class Archiver:
         transitions: list[Transition],
         tasks: list[ArchivedTask],
     ) -> None:
-        lines = _lines_for(transitions, tasks)
-        times = [t.at for t in transitions] + [t.at for item in tasks for t in item.history]
-        times += [item.snapshot.finished_at or item.snapshot.created_at for item in tasks]
-        name = f"seg-{self._next_sequence(manifest):06d}-{_stamp(min(times))}-{_stamp(max(times))}.jsonl.gz"
-        data = _encode_segment(lines)
-        # 1. 段落盘（临时名 → fsync → rename → fsync 目录）
-        _write_atomic(self.directory / name, data)
-        # 2. 记入清单（水位线）
-        entry = _describe(name, hashlib.sha256(data).hexdigest(), lines)
-        manifest["segments"].append(entry)
-        self._save_manifest(manifest)
+        entry = self._write_segment(manifest, transitions, tasks)
         # 3. 存储按回执删除；4. 标记已删除
         summary.deleted += self.store.delete_archived(ArchiveReceipt.of(transitions, tasks))
         entry["state"] = "deleted"
         self._save_manifest(manifest)
+        self._count(summary, entry)
+
+    def _count(self, summary: ArchiveSummary, entry: dict[str, Any]) -> None:
         summary.segments += 1
         summary.transitions += entry["transitions"]
         summary.tasks += entry["tasks"]
         summary.commands += entry["commands"]
         if self.progress is not None:
             self.progress(summary)
+
+    def _write_segment(
+        self, manifest: dict[str, Any], transitions: list[Transition], tasks: list[ArchivedTask]
+    ) -> dict[str, Any]:
+        """第 1、2 步：段落盘（临时名 → fsync → rename → fsync 目录），记入清单（水位线，state=recorded）。"""
+        lines = _lines_for(transitions, tasks)
+        times = [t.at for t in transitions] + [t.at for item in tasks for t in item.history]
+        times += [item.snapshot.finished_at or item.snapshot.created_at for item in tasks]
+        name = f"seg-{self._next_sequence(manifest):06d}-{_stamp(min(times))}-{_stamp(max(times))}.jsonl.gz"
+        data = _encode_segment(lines)
+        _write_atomic(self.directory / name, data)
+        entry = _describe(name, hashlib.sha256(data).hexdigest(), lines)
+        manifest["segments"].append(entry)
+        self._save_manifest(manifest)
+        return entry
+
+    def _archive_partition(
+        self, manifest: dict[str, Any], summary: ArchiveSummary, name: str, before: datetime
+    ) -> None:
+        """整块归档一个过期分区：每批写成一段（recorded），存储 DETACH + DROP 之后一起标 deleted。
+
+        丢弃不成（没有属主权限、拿不到锁、分区被并发改动）时存储什么也没删：按这些段的键逐行删除，
+        结果与逐行归档一样。"""
+        entries: list[dict[str, Any]] = []
+
+        def write(batch: list[Transition]) -> None:
+            entries.append(self._write_segment(manifest, batch, []))
+            self._count(summary, entries[-1])
+
+        result = self.store.archive_partition(name, before, write, batch=self.batch_size)
+        if result.dropped:
+            summary.partitions_dropped += 1
+            summary.deleted += ArchiveDeleted(transitions=result.exported)
+        else:
+            logger.warning("分区 %s 没能整块丢弃，改为逐行删除：%s", name, result.reason)
+        for entry in entries:
+            if not result.dropped:
+                receipt = _receipt_of(read_segment(self.directory / entry["name"]))
+                summary.deleted += self.store.delete_archived(receipt)
+            entry["state"] = "deleted"
+        if entries:
+            self._save_manifest(manifest)
 
     def _reconcile(self, manifest: dict[str, Any]) -> int:
         """续上次中断的运行：清理临时文件、补记孤儿段、重放没删完的段。返回处理的段数。"""
@@ -350,6 +394,60 @@ class Archiver:
             self._save_manifest(manifest)
             replayed += 1
         return replayed
+
+
+# -- periodic retention (Controller) --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Retention:
+    """控制器后台定期执行的时间窗口保留：``Controller(store=..., retention=Retention(...))``（默认关闭）。
+
+    * ``older_than``：在线保留多长的窗口（``timedelta`` 或秒数），截止时刻 = 每次运行时的"现在"减去它；
+    * ``to``：归档目录（与 CLI ``archive --to`` 同一种目录，可以混用）；
+    * ``every``：两次运行的间隔（秒，至少 1）。控制器构造之后马上跑第一次，之后每隔 ``every`` 一次；
+      上一次还没跑完就跳过这一轮（同一目录同时只能有一个归档进程）；
+    * ``purge_commands``：顺带清理截止时刻之前已完成的指令；
+    * ``batch_size``：每段最多多少条迁移记录。
+    """
+
+    older_than: timedelta | float
+    to: str | os.PathLike[str]
+    every: float = 3600.0
+    purge_commands: bool = True
+    batch_size: int = 5000
+
+    def __post_init__(self) -> None:
+        window = self.older_than
+        if isinstance(window, bool) or not isinstance(window, (timedelta, int, float)):
+            raise ConfigurationError(f"Retention.older_than 必须是 timedelta 或秒数，收到 {window!r}")
+        seconds = window.total_seconds() if isinstance(window, timedelta) else float(window)
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ConfigurationError(f"Retention.older_than 必须是正的时长，收到 {window!r}")
+        object.__setattr__(self, "older_than", timedelta(seconds=seconds))
+        every = self.every
+        if isinstance(every, bool) or not isinstance(every, (int, float)) or not math.isfinite(every):
+            raise ConfigurationError(f"Retention.every 必须是秒数，收到 {every!r}")
+        if every < 1.0:
+            raise ConfigurationError(f"Retention.every 至少 1 秒，收到 {every!r}")
+        object.__setattr__(self, "every", float(every))
+        if not isinstance(self.to, (str, os.PathLike)) or not os.fspath(self.to):
+            raise ConfigurationError(f"Retention.to 必须是归档目录的路径，收到 {self.to!r}")
+        if not isinstance(self.purge_commands, bool):
+            raise ConfigurationError(
+                f"Retention.purge_commands 必须是 True 或 False，收到 {self.purge_commands!r}"
+            )
+
+    @property
+    def window(self) -> timedelta:
+        assert isinstance(self.older_than, timedelta)  # __post_init__ 已归一
+        return self.older_than
+
+    def run(self, store: TaskStore, now: datetime) -> ArchiveSummary:
+        """执行一次：归档 ``now - older_than`` 之前的历史（及已完成的旧指令）。"""
+        before = now - self.window
+        archiver = Archiver(store, self.to, batch_size=self.batch_size)
+        return archiver.run(before, purge_commands_before=before if self.purge_commands else None)
 
 
 # -- reading back ---------------------------------------------------------------------------------------
@@ -469,6 +567,7 @@ __all__ = [
     "ArchiveSummary",
     "ArchivedTaskView",
     "Archiver",
+    "Retention",
     "load_manifest",
     "merged_history",
     "read_segment",

@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import Any, Unpack
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.archive import ArchiveSummary, Retention
 from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.numbers import check_int, check_seconds
 from chongming_task.core.recipes import OnLost
@@ -142,6 +143,7 @@ class Controller(ClosesOnExit):
         keep_finished: int | None = None,
         listeners: Iterable[Listener] = (),
         persist_logs: bool = True,
+        retention: Retention | None = None,
     ) -> None:
         concurrency = concurrency if concurrency is not None else ConcurrencyPolicy()
         if not isinstance(concurrency, ConcurrencyPolicy):
@@ -183,6 +185,10 @@ class Controller(ClosesOnExit):
             raise ConfigurationError(f"listeners 必须是监听器的列表（如 listeners=[fn]），收到 {listeners!r}")
         if not isinstance(persist_logs, bool):
             raise ConfigurationError(f"persist_logs 必须是 True 或 False，收到 {persist_logs!r}")
+        if retention is not None and not isinstance(retention, Retention):
+            raise ConfigurationError(f"retention 必须是 Retention(...)，收到 {retention!r}")
+        if retention is not None and store is None:
+            raise ConfigurationError("retention 需要存储：只有 Controller(store=...) 才有历史可归档")
         if owner is not None and (not isinstance(owner, str) or not owner.strip()):
             raise ConfigurationError(f"owner 必须是非空字符串，收到 {owner!r}")
 
@@ -249,6 +255,11 @@ class Controller(ClosesOnExit):
                 persist_logs=persist_logs,
             )
         )
+        self.retention = retention
+        self.last_retention: ArchiveSummary | None = None
+        """最近一次完成的定期归档的结果（``retention`` 没开时一直是 None）。"""
+        self._retention_due: float | None = None if retention is None else self.clock.monotonic()
+        self._retention_thread: threading.Thread | None = None
         self._loop = threading.Thread(
             target=self._background_loop, name=f"chongming-controller[{self.owner}]", daemon=True
         )
@@ -795,6 +806,9 @@ class Controller(ClosesOnExit):
         while not self._stop_loop.is_set():
             # 本地只等唤醒；有存储时还要等续租、旁路回写与指令轮询的期限（由链接给出）。
             deadline = link.next_deadline()
+            due = self._retention_due
+            if due is not None:
+                deadline = due if deadline is None else min(deadline, due)
             timeout = None if deadline is None else max(0.0, deadline - self.clock.monotonic())
             self.clock.wait(self._wake, timeout)
             self._wake.clear()
@@ -805,9 +819,40 @@ class Controller(ClosesOnExit):
                 self._dispatch()
                 self._trim_finished()
                 link.tick(self.clock.monotonic())
+                self._retention_tick()
             except Exception:  # 后台循环不能死：记下来，下一轮继续
                 logger.exception("控制器后台循环出错")
                 time.sleep(0.05)
+
+    def _retention_tick(self) -> None:
+        """到期就在单独的线程里跑一次归档：它可能要几分钟，不能挡住续租、派发与指令轮询。"""
+        retention, due = self.retention, self._retention_due
+        if retention is None or due is None or self.clock.monotonic() < due:
+            return
+        self._retention_due = self.clock.monotonic() + retention.every
+        running = self._retention_thread
+        if running is not None and running.is_alive():
+            logger.warning("上一次定期归档还没结束，跳过这一轮")
+            return
+        self._retention_thread = threading.Thread(
+            target=self._run_retention,
+            args=(retention,),
+            name=f"chongming-retention[{self.owner}]",
+            daemon=True,
+        )
+        self._retention_thread.start()
+
+    def _run_retention(self, retention: Retention) -> None:
+        store = self._link.store
+        if store is None or self._closed:
+            return
+        try:
+            summary = retention.run(store, self.clock.now())
+        except Exception:
+            logger.exception("定期归档失败（下一轮会续上，已写出的段不会重复归档）")
+            return
+        self.last_retention = summary
+        logger.info("定期归档：%s", summary.line())
 
     def _over_keep_finished(self) -> bool:
         keep = self.keep_finished
@@ -1057,6 +1102,9 @@ class Controller(ClosesOnExit):
             self._wake.set()
             if self._loop is not threading.current_thread():
                 self._loop.join(timeout=5.0)
+            retention = self._retention_thread
+            if retention is not None:
+                retention.join(timeout=self.graceful_stop)  # 正在归档就等它一会儿；中断了下次也能续跑
             self._link.shutdown()
         if close_store:
             self._link.close_store()

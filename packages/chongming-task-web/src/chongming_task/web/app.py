@@ -25,27 +25,33 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from chongming_task import TaskStatus, TaskStore
+from chongming_task.clock import Clock
 from chongming_task.web.filters import (
     BadRequest,
     TaskFilter,
     parse_cursor,
     parse_filter,
+    parse_log_args,
     parse_page_size,
 )
-from chongming_task.web.poller import SharedPoller
+from chongming_task.web.poller import KEEPALIVE, SharedPoller
 from chongming_task.web.present import ACTION_LABELS, STATUS_LABELS
 from chongming_task.web.security import (
     CSRF_FIELD,
     CSRF_HEADER,
+    LoginLimiter,
     SecurityMiddleware,
     Session,
     SessionStore,
+    client_address,
     cookie_header,
     tokens_equal,
+    too_many_attempts,
 )
 from chongming_task.web.service import (
     Conflict,
     ConsoleService,
+    LogTail,
     NotFound,
     check_action,
     check_operator,
@@ -104,8 +110,9 @@ def _templates() -> jinja2.Environment:
 class WebConsole:
     """一个控制台实例：存储、服务层、共享轮询器、会话表与 Starlette 应用。"""
 
-    def __init__(self, store: TaskStore, settings: WebSettings) -> None:
+    def __init__(self, store: TaskStore, settings: WebSettings, *, clock: Clock | None = None) -> None:
         self.settings = settings
+        self.limiter = LoginLimiter(clock=clock)  # 登录限速的时钟（测试传 FakeClock）
         self.service = ConsoleService(store, num_buckets=settings.num_buckets, read_only=settings.read_only)
         self.poller = SharedPoller(settings.poll_interval)
         self.sessions = SessionStore()
@@ -140,6 +147,8 @@ class WebConsole:
             r("/api/stream/tasks", self.stream_tasks),
             r("/api/stream/overview", self.stream_overview),
             r("/api/stream/task/{task_id:path}", self.stream_task),
+            r("/api/stream/logs/{task_id:path}", self.stream_logs),
+            r("/api/tasks/{task_id:path}/logs", self.api_task_logs, methods=["GET"]),
             r("/api/tasks/{task_id:path}/{action:str}", self.api_task_action, methods=["POST"]),
             r("/api/tasks/{task_id:path}", self.api_task),
             r("/favicon.ico", self.favicon),
@@ -167,6 +176,7 @@ class WebConsole:
             token=self.settings.token,
             default_operator=self.operator,
             sessions=self.sessions,
+            limiter=self.limiter,
         )
         return app
 
@@ -294,9 +304,20 @@ class WebConsole:
         form = await self.form(request)
         self.check_csrf(request, session, form)
         next_url = _safe_next(form.get("next"))
-        if self.settings.token is not None and not tokens_equal(self.settings.token, form.get("token")):
-            context = {"next": next_url, "error": "口令不对：请核对启动控制台时给的 --token"}
-            return self.render(request, "login.html", context, 403)
+        if self.settings.token is not None:
+            client = client_address(request.scope)
+            wait = self.limiter.retry_after(client)
+            if wait is not None:  # 被限速：连口令都不比较
+                page = self.render(
+                    request, "login.html", {"next": next_url, "error": too_many_attempts(wait)}, 429
+                )
+                page.headers["Retry-After"] = str(wait)
+                return page
+            if not tokens_equal(self.settings.token, form.get("token")):
+                self.limiter.failed(client)
+                context = {"next": next_url, "error": "口令不对：请核对启动控制台时给的 --token"}
+                return self.render(request, "login.html", context, 403)
+            self.limiter.succeeded(client)
         try:
             operator = check_operator(form.get("operator") or self.operator)
         except BadRequest as exc:
@@ -334,14 +355,35 @@ class WebConsole:
             },
         )
 
+    def _log_args(self, request: Request) -> tuple[int | None, int | None, int]:
+        try:
+            return parse_log_args(request.query_params)
+        except BadRequest as exc:
+            raise HttpError(400, str(exc)) from None
+
     async def task_page(self, request: Request) -> Response:
         self.require_login(request, api=False)
         task_id = request.path_params["task_id"]
+        attempt, _after, _limit = self._log_args(request)
         detail = await self.call(self.service.task, task_id)
+        logs = await self.call(self.service.log_tail, task_id, attempt)
+        quoted = quote(task_id, safe="")
+        log_query = urlencode([("attempt", str(attempt))] if attempt is not None else [])
+        log_stream = f"/api/stream/logs/{quoted}?" + urlencode(
+            [*([("attempt", str(attempt))] if attempt is not None else []), ("after", str(logs["last_seq"]))]
+        )
         return self.render(
             request,
             "task.html",
-            {"task": detail, "stream_url": "/api/stream/task/" + quote(task_id, safe="")},
+            {
+                "task": detail,
+                "stream_url": "/api/stream/task/" + quoted,
+                "logs": logs,
+                "log_attempt": attempt,
+                "log_attempts": list(range(1, max(detail["attempt"], attempt or 0) + 1)),
+                "log_stream_url": log_stream,
+                "log_api_url": f"/api/tasks/{quoted}/logs" + (f"?{log_query}" if log_query else ""),
+            },
         )
 
     async def task_action(self, request: Request) -> Response:
@@ -481,6 +523,12 @@ class WebConsole:
         self.require_login(request, api=True)
         return JSONResponse(await self.call(self.service.task, request.path_params["task_id"]))
 
+    async def api_task_logs(self, request: Request) -> Response:
+        self.require_login(request, api=True)
+        attempt, after, limit = self._log_args(request)
+        task_id = request.path_params["task_id"]
+        return JSONResponse(await self.call(self.service.logs, task_id, attempt, after, limit))
+
     async def api_overview(self, request: Request) -> Response:
         self.require_login(request, api=True)
         return JSONResponse(await self.call(self.service.overview))
@@ -544,13 +592,21 @@ class WebConsole:
         poller = self.poller
 
         async def events() -> AsyncIterator[str]:
-            yield f"retry: {int(max(1.0, self.settings.poll_interval) * 1000)}\n\n"
+            yield self._retry_line()
             async for text in poller.subscribe(key, fetch):
                 yield ": keepalive\n\n" if text is None else f"event: update\ndata: {text}\n\n"
             yield "event: bye\ndata: {}\n\n"  # 服务器关闭：告诉页面别急着重连
 
+        return self._event_stream(events())
+
+    def _retry_line(self) -> str:
+        """SSE 的第一行：断线后浏览器隔多久重连（不短于 1 秒）。"""
+        return f"retry: {int(max(1.0, self.settings.poll_interval) * 1000)}\n\n"
+
+    @staticmethod
+    def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
         return StreamingResponse(
-            events(),
+            events,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
@@ -572,6 +628,43 @@ class WebConsole:
                 return {"error": str(exc)}
 
         return self._sse("task:" + task_id, fetch)
+
+    async def stream_logs(self, request: Request) -> Response:
+        """日志的实时尾巴：共享轮询器每个间隔为这个（任务, 尝试）读一次新行；每个连接只收自己没见过的行。
+
+        连接从 ``after``（页面首屏的最后一行）或断线重连时浏览器带回的 ``Last-Event-ID`` 接着发。
+        """
+        self.require_login(request, api=True)
+        attempt, after, _limit = self._log_args(request)
+        task_id = request.path_params["task_id"]
+        resume = request.headers.get("last-event-id", "")
+        sent = int(resume) if resume.isdigit() and len(resume) < 20 else (after or 0)
+        key = f"logs:{'' if attempt is None else attempt}:{task_id}"
+        tail = LogTail(self.service.store, task_id, attempt)
+        poller = self.poller
+
+        async def events() -> AsyncIterator[str]:
+            nonlocal sent
+            yield self._retry_line()
+            async for payload in poller.subscribe_values(key, tail):
+                if payload is KEEPALIVE:
+                    yield ": keepalive\n\n"
+                    continue
+                if "error" in payload:
+                    yield f"event: update\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+                    continue
+                window: list[dict[str, Any]] = payload["lines"]
+                fresh = [line for line in window if line["seq"] > sent]
+                if not fresh:
+                    continue
+                # 窗口满了、而且第一行也没见过：这个连接落后太多，中间有行没推给它（页面提示刷新）。
+                gap = len(window) == payload["window"] and window[0]["seq"] > sent + 1
+                sent = fresh[-1]["seq"]
+                data = json.dumps({"lines": fresh, "gap": gap}, ensure_ascii=False, separators=(",", ":"))
+                yield f"id: {sent}\nevent: logs\ndata: {data}\n\n"
+            yield "event: bye\ndata: {}\n\n"
+
+        return self._event_stream(events())
 
     async def stream_overview(self, request: Request) -> Response:
         self.require_login(request, api=True)

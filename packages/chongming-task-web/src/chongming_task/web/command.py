@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -36,19 +38,23 @@ def _store_url(ctx: click.Context, db: str | None, store_url: str | None) -> tup
     raise ConfigurationError("没有指定存储：请用 chongming-task web --db tasks.db 或 --store URL")
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _with_default(
+    name: str, kind: click.ParamType[Any], default: float, help_text: str
+) -> Callable[[_F], _F]:
+    """带默认值（帮助里显示出来）的数值选项：端口与轮询间隔共用这一种写法。"""
+    return click.option(name, type=kind, default=default, show_default=True, help=help_text)
+
+
 @click.command("web")
 @click.option("--db", metavar="PATH", help="SQLite 数据库文件。")
 @click.option(
     "--store", "store_url", metavar="URL", help="存储连接串（sqlite:///abs.db、postgresql://...）。"
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="监听地址；非回环地址必须给 --token。")
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=DEFAULT_PORT,
-    show_default=True,
-    help="端口（0 = 随机空闲端口）。",
-)
+@_with_default("--port", click.IntRange(0, 65535), DEFAULT_PORT, "端口（0 = 随机空闲端口）。")
 @click.option("--read-only", is_flag=True, help="只读：拒绝一切操作，页面上没有按钮。")
 @click.option(
     "--token", envvar=ENV_TOKEN, show_envvar=True, metavar="TOKEN", help="登录口令（至少 16 个字符）。"
@@ -56,12 +62,11 @@ def _store_url(ctx: click.Context, db: str | None, store_url: str | None) -> tup
 @click.option(
     "--operator", metavar="NAME", help="无口令模式下的操作者名（默认当前系统用户），写成 web:<NAME>。"
 )
-@click.option(
+@_with_default(
     "--poll-interval",
-    type=click.FloatRange(0.1, 60.0),
-    default=DEFAULT_POLL_INTERVAL,
-    show_default=True,
-    help="共享轮询的间隔（秒）：每种视图每个间隔查一次存储。",
+    click.FloatRange(0.1, 60.0),
+    DEFAULT_POLL_INTERVAL,
+    "共享轮询的间隔（秒）：每种视图每个间隔查一次存储。",
 )
 @click.pass_context
 def web_command(

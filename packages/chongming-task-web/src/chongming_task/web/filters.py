@@ -18,11 +18,15 @@ from typing import Any
 from urllib.parse import urlencode
 
 from chongming_task import ConfigurationError, QueryOrder, TaskQuery, TaskStatus
+from chongming_task.storage import MAX_LOG_LINES
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 MAX_TEXT_PARAM = 1000
 """筛选文本的长度上限：任务名前缀、标签、持有者。再长只可能是误粘贴或攻击。"""
+
+MAX_LOG_PAGE = MAX_LOG_LINES
+"""日志接口一次最多返回的行数：存储每任务本来就只保存这么多。"""
 
 FILTER_KEYS = ("status", "name", "tag", "bucket", "holder")
 
@@ -195,6 +199,24 @@ def parse_page_size(value: Any) -> int:
     return _int(value, "limit", "每页条数", low=1, high=MAX_PAGE_SIZE)
 
 
+def parse_log_args(params: Mapping[str, Any]) -> tuple[int | None, int | None, int]:
+    """日志的 ``attempt``（第几次尝试，不给 = 全部）、``after``（只要 seq 大于它的行）与 ``limit``。"""
+
+    def optional(key: str, label: str) -> int | None:
+        value = params.get(key)
+        return None if value in (None, "") else _int(value, key, label, low=0, high=2**63 - 1)
+
+    attempt = optional("attempt", "尝试次数")
+    after = optional("after", "日志序号")
+    raw_limit = params.get("limit")
+    limit = (
+        MAX_LOG_PAGE
+        if raw_limit in (None, "")
+        else _int(raw_limit, "limit", "日志行数", low=1, high=MAX_LOG_PAGE)
+    )
+    return attempt, after, limit
+
+
 def parse_cursor(value: Any) -> Cursor | None:
     if value in (None, ""):
         return None
@@ -215,6 +237,7 @@ def page_query(flt: TaskFilter, cursor: Cursor | None, fetch: int) -> TaskQuery:
 __all__ = [
     "DEFAULT_PAGE_SIZE",
     "FILTER_KEYS",
+    "MAX_LOG_PAGE",
     "MAX_PAGE_SIZE",
     "BadRequest",
     "Cursor",
@@ -222,5 +245,6 @@ __all__ = [
     "page_query",
     "parse_cursor",
     "parse_filter",
+    "parse_log_args",
     "parse_page_size",
 ]

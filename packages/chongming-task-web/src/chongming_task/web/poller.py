@@ -23,12 +23,15 @@ from starlette.concurrency import run_in_threadpool
 logger = logging.getLogger("chongming_task.web")
 
 KEEPALIVE_SECONDS = 15.0
+KEEPALIVE: Any = object()
+"""``subscribe_values`` 在长时间没有变化时产出的心跳标记。"""
 
 
 @dataclass
 class _Topic:
     fetch: Callable[[], Any]
     subscribers: int = 0
+    payload: Any = None
     text: str | None = None
     version: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -87,6 +90,7 @@ class SharedPoller:
         text = _encode(payload)
         if text != topic.text:
             topic.text = text
+            topic.payload = payload
             topic.version += 1
             # 换一个新 Event 再唤醒旧的：被唤醒的订阅者下一轮等的是新 Event，不会空转。
             old, topic.changed = topic.changed, asyncio.Event()
@@ -109,6 +113,16 @@ class SharedPoller:
 
         服务器关闭时迭代结束。
         """
+        async for topic in self._follow(key, fetch):
+            yield None if topic is None else topic.text
+
+    async def subscribe_values(self, key: str, fetch: Callable[[], Any]) -> AsyncIterator[Any]:
+        """同 ``subscribe``，但产出查询结果本身（心跳是 ``KEEPALIVE``）：每个连接要自己再加工结果时用
+        （日志流只把这个连接还没见过的行发出去）。结果对象是所有订阅者共享的，不能修改。"""
+        async for topic in self._follow(key, fetch):
+            yield KEEPALIVE if topic is None else topic.payload
+
+    async def _follow(self, key: str, fetch: Callable[[], Any]) -> AsyncIterator[_Topic | None]:
         topic = self._topics.get(key)
         if topic is None:
             topic = self._topics[key] = _Topic(fetch)
@@ -118,13 +132,11 @@ class SharedPoller:
                 if topic.text is None:
                     await self._poll(key, topic)  # 新视图的第一个订阅者：立刻查一次，不等下个间隔
             seen = topic.version
-            assert topic.text is not None
-            yield topic.text
+            yield topic
             while not self._closing.is_set():
                 if topic.version != seen:
                     seen = topic.version
-                    assert topic.text is not None
-                    yield topic.text
+                    yield topic
                     continue
                 changed = asyncio.ensure_future(topic.changed.wait())
                 closing = asyncio.ensure_future(self._closing.wait())
@@ -144,4 +156,4 @@ class SharedPoller:
         return {key: topic.subscribers for key, topic in self._topics.items()}
 
 
-__all__ = ["KEEPALIVE_SECONDS", "SharedPoller"]
+__all__ = ["KEEPALIVE", "KEEPALIVE_SECONDS", "SharedPoller"]

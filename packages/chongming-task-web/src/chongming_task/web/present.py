@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from chongming_task import TaskSnapshot, TaskStatus, Transition
+from chongming_task.storage import LogLine, LogStats
 
 STATUS_LABELS: dict[TaskStatus, str] = {
     TaskStatus.PENDING: "待调度",
@@ -146,6 +147,22 @@ def transition_row(record: Transition) -> dict[str, Any]:
     }
 
 
+def log_row(line: LogLine) -> dict[str, Any]:
+    """一行持久化日志（页面、JSON API 与 SSE 共用）。时间到毫秒：同一秒里的多行仍分得清先后。"""
+    return {
+        "seq": line.seq,
+        "attempt": line.attempt,
+        "at": line.at.astimezone().strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+        "level": line.level,
+        "message": line.message,
+        "truncated": line.truncated,
+    }
+
+
+def log_stats_view(stats: LogStats) -> dict[str, int]:
+    return {"kept": stats.kept, "dropped": stats.dropped, "last_seq": stats.last_seq}
+
+
 def task_detail(
     snapshot: TaskSnapshot, history: list[Transition], now: datetime, pending: dict[str, Any] | None
 ) -> dict[str, Any]:
@@ -186,6 +203,8 @@ __all__ = [
     "elapsed",
     "fmt_duration",
     "fmt_time",
+    "log_row",
+    "log_stats_view",
     "progress_view",
     "status_label",
     "task_detail",

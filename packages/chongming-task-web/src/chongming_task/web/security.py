@@ -9,6 +9,8 @@
 * 每个改变状态的请求都要 CSRF 令牌（表单字段 ``csrf`` 或请求头 ``X-CSRF-Token``），与会话里的
   逐字比较。没有口令时也一样：否则任何网页都能让本机浏览器往 127.0.0.1 提交一个"停止"。
   Bearer 请求免 CSRF：浏览器不会替跨站请求自动带上 Authorization 头。
+* 登录限速（``LoginLimiter``）：同一个客户端地址一分钟内口令错 5 次（登录表单与 Bearer 头合计），之后的
+  尝试一律 429 + ``Retry-After``，在窗口过去之前连口令都不比较。
 * CSP 只允许同源脚本（没有内联脚本）、``frame-ancestors 'none'``（不许被嵌进别人的页面点击劫持）。
 """
 
@@ -16,13 +18,17 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
+import math
 import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
+
+from chongming_task.clock import Clock, SystemClock
 
 SESSION_COOKIE = "chongming_session"
 SESSION_TTL = 12 * 3600.0
@@ -30,6 +36,9 @@ MAX_SESSIONS = 10_000
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "x-csrf-token"
 OPERATOR_HEADER = "x-chongming-operator"
+MAX_LOGIN_FAILURES = 5
+LOGIN_WINDOW_SECONDS = 60.0
+MAX_TRACKED_CLIENTS = 10_000
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -81,6 +90,72 @@ def tokens_equal(expected: str, supplied: str | None) -> bool:
     if supplied is None:
         return False
     return hmac.compare_digest(expected.encode("utf-8"), supplied.encode("utf-8"))
+
+
+class LoginLimiter:
+    """按客户端地址数口令错误：``window`` 秒内错满 ``max_failures`` 次就拒绝，直到最早的那次滑出窗口。
+
+    只在内存里、只数失败（登录成功清零）。记录的地址数有上界（最久没动静的先忘），内存不会被换着地址刷爆。
+    时间取自 ``clock.monotonic()``，测试用 FakeClock。
+    """
+
+    def __init__(
+        self,
+        *,
+        max_failures: int = MAX_LOGIN_FAILURES,
+        window: float = LOGIN_WINDOW_SECONDS,
+        clock: Clock | None = None,
+        max_clients: int = MAX_TRACKED_CLIENTS,
+    ) -> None:
+        self.max_failures = max_failures
+        self.window = window
+        self.clock: Clock = clock or SystemClock()
+        self.max_clients = max_clients
+        self._lock = threading.Lock()
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, client: str, now: float) -> deque[float] | None:
+        stamps = self._failures.get(client)
+        if stamps is None:
+            return None
+        while stamps and stamps[0] <= now - self.window:
+            stamps.popleft()
+        if not stamps:
+            del self._failures[client]
+            return None
+        return stamps
+
+    def retry_after(self, client: str) -> int | None:
+        """这个地址现在被拒绝时返回还要等几秒（向上取整，至少 1），否则 None。"""
+        with self._lock:
+            now = self.clock.monotonic()
+            stamps = self._recent(client, now)
+            if stamps is None or len(stamps) < self.max_failures:
+                return None
+            return max(1, math.ceil(stamps[-self.max_failures] + self.window - now))
+
+    def failed(self, client: str) -> None:
+        with self._lock:
+            now = self.clock.monotonic()
+            stamps = self._recent(client, now) or deque(maxlen=self.max_failures)
+            stamps.append(now)
+            self._failures[client] = stamps
+            self._failures.move_to_end(client)
+            while len(self._failures) > self.max_clients:
+                self._failures.popitem(last=False)
+
+    def succeeded(self, client: str) -> None:
+        with self._lock:
+            self._failures.pop(client, None)
+
+
+def too_many_attempts(seconds: int) -> str:
+    return f"口令错误次数太多：请 {seconds} 秒后再试（同一地址每分钟最多错 {MAX_LOGIN_FAILURES} 次）"
+
+
+def client_address(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 @dataclass
@@ -170,18 +245,31 @@ class SecurityMiddleware:
     """
 
     def __init__(
-        self, app: ASGIApp, *, token: str | None, default_operator: str, sessions: SessionStore
+        self,
+        app: ASGIApp,
+        *,
+        token: str | None,
+        default_operator: str,
+        sessions: SessionStore,
+        limiter: LoginLimiter,
     ) -> None:
         self.app = app
         self.token = token
         self.default_operator = default_operator
         self.sessions = sessions
+        self.limiter = limiter
 
-    def _bearer(self, scope: Scope) -> Session | None:
+    def _bearer(self, scope: Scope) -> Session | int | None:
+        """Bearer 头对了 → 一次性会话；错了 → None（并计一次失败）；这个地址被限速 → 要等的秒数。"""
         header = _header(scope, b"authorization")
         if self.token is None or header is None or not header.lower().startswith("bearer "):
             return None
+        client = client_address(scope)
+        wait = self.limiter.retry_after(client)
+        if wait is not None:
+            return wait
         if not tokens_equal(self.token, header[7:].strip()):
+            self.limiter.failed(client)
             return None
         operator = (_header(scope, OPERATOR_HEADER.encode()) or "api").strip() or "api"
         return Session("", "", operator[:64], authenticated=True, expires=0.0, bearer=True)
@@ -194,7 +282,11 @@ class SecurityMiddleware:
         new_cookie: bytes | None = None
         session: Session | None = None
         if not path.startswith(_SESSIONLESS_PREFIXES):
-            session = self._bearer(scope) or self.sessions.get(_cookie(scope, SESSION_COOKIE))
+            bearer = self._bearer(scope)
+            if isinstance(bearer, int):
+                await _too_many(send, bearer)
+                return
+            session = bearer or self.sessions.get(_cookie(scope, SESSION_COOKIE))
             if session is None:
                 session = self.sessions.create(self.default_operator, authenticated=self.token is None)
                 new_cookie = cookie_header(session, secure=scope.get("scheme") == "https")
@@ -214,17 +306,32 @@ class SecurityMiddleware:
         await self.app(scope, receive, send_with_headers)
 
 
+async def _too_many(send: Send, seconds: int) -> None:
+    body = json.dumps({"error": too_many_attempts(seconds)}, ensure_ascii=False).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(seconds).encode()),
+        *SECURITY_HEADERS,
+    ]
+    await send({"type": "http.response.start", "status": 429, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 __all__ = [
     "CONTENT_SECURITY_POLICY",
     "CSRF_FIELD",
     "CSRF_HEADER",
     "SESSION_COOKIE",
     "InsecureBind",
+    "LoginLimiter",
     "SecurityMiddleware",
     "Session",
     "SessionStore",
     "check_bind",
+    "client_address",
     "cookie_header",
     "is_loopback",
     "tokens_equal",
+    "too_many_attempts",
 ]

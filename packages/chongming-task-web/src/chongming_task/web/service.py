@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import threading
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 from chongming_task import CommandAction, TaskSnapshot, TaskStatus, TaskStore
 from chongming_task.controller import Controller
 from chongming_task.runtime.cluster import format_buckets  # 与 doctor / check_cluster 同一种桶号写法
+from chongming_task.storage import MAX_LOG_LINES
 from chongming_task.web.filters import BadRequest, Cursor, TaskFilter, page_query
 from chongming_task.web.present import (
     ACTION_LABELS,
@@ -27,6 +28,8 @@ from chongming_task.web.present import (
     STATUS_LABELS,
     age,
     fmt_time,
+    log_row,
+    log_stats_view,
     status_label,
     task_detail,
     task_row,
@@ -40,6 +43,8 @@ MAX_BULK = 10_000
 BULK_BATCH = 500
 MAX_PENDING = 50_000
 ORPHAN_LIMIT = 100
+LOG_WINDOW = 200
+"""任务页显示、实时跟随的日志尾部行数（更早的行用 JSON API 按 seq 翻）。"""
 
 
 class Conflict(RuntimeError):
@@ -144,6 +149,42 @@ def _settled(action: str, status: TaskStatus) -> bool:
     return status is not TaskStatus.PAUSED  # resume
 
 
+class LogTail:
+    """一个日志视图（任务 + 可选的尝试号）的滚动窗口，作为共享轮询器的取数函数。
+
+    第一次读出仍保存的全部行（存储每任务最多保存 ``MAX_LOG_LINES`` 行，一次查询就够）并留下最后
+    ``window`` 行；之后每次只读 seq 大于已见最大 seq 的新行——每个间隔一次存储查询，不管多少个浏览器在看。
+    与 ``logs --follow`` 同一种续读条件（seq 严格递增、严格大于），所以不重不漏。
+    """
+
+    def __init__(self, store: TaskStore, task_id: str, attempt: int | None, window: int = LOG_WINDOW) -> None:
+        self.store = store
+        self.task_id = task_id
+        self.attempt = attempt
+        self.lines: deque[dict[str, Any]] = deque(maxlen=window)
+        self.last_seq: int | None = None
+
+    def __call__(self) -> dict[str, Any]:
+        while True:
+            batch = self.store.read_logs(
+                self.task_id, attempt=self.attempt, after_seq=self.last_seq, limit=MAX_LOG_LINES
+            )
+            self.lines.extend(log_row(line) for line in batch)
+            if batch:
+                self.last_seq = batch[-1].seq
+            elif self.last_seq is None:
+                self.last_seq = 0
+            if len(batch) < MAX_LOG_LINES:
+                break
+        return {
+            "task_id": self.task_id,
+            "attempt": self.attempt,
+            "window": self.lines.maxlen,
+            "last_seq": self.last_seq,
+            "lines": list(self.lines),
+        }
+
+
 class ConsoleService:
     """一个存储上的控制台操作。线程安全：存储本身线程安全，这里的可变状态只有带锁的 PendingRequests。"""
 
@@ -204,6 +245,27 @@ class ConsoleService:
             raise NotFound(f"找不到任务 {task_id!r}：它可能已被 prune 清理，或 id 写错了")
         now = self.now()
         return task_detail(snapshot, self.store.history(task_id), now, self.pending.view(snapshot, now))
+
+    def logs(self, task_id: str, attempt: int | None, after: int | None, limit: int) -> dict[str, Any]:
+        """按 seq 升序的一页日志（JSON API）：``after`` 之后、最多 ``limit`` 行，外加计数。"""
+        if self.store.get(task_id) is None:
+            raise NotFound(f"找不到任务 {task_id!r}：它可能已被 prune 清理，或 id 写错了")
+        lines = self.store.read_logs(task_id, attempt=attempt, after_seq=after, limit=limit)
+        stats = self.store.log_stats(task_id)
+        return {
+            "task_id": task_id,
+            "attempt": attempt,
+            "lines": [log_row(line) for line in lines],
+            "next_after": lines[-1].seq if lines else after,
+            "more": len(lines) == limit,
+            "stats": log_stats_view(stats),
+        }
+
+    def log_tail(self, task_id: str, attempt: int | None) -> dict[str, Any]:
+        """任务页首屏的日志尾部与计数（之后由 ``/api/stream/logs`` 续上）。"""
+        tail = LogTail(self.store, task_id, attempt)()
+        tail["stats"] = log_stats_view(self.store.log_stats(task_id))
+        return tail
 
     def overview(self) -> dict[str, Any]:
         now = self.now()
@@ -365,9 +427,11 @@ class ConsoleService:
 
 
 __all__ = [
+    "LOG_WINDOW",
     "MAX_BULK",
     "Conflict",
     "ConsoleService",
+    "LogTail",
     "NotFound",
     "PendingRequests",
     "check_action",

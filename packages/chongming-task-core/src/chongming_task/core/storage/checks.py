@@ -10,7 +10,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from chongming_task.core.storage._base_checks import (
@@ -34,8 +35,16 @@ from chongming_task.core.storage._base_checks import (
     validate_lease,
     validate_save,
 )
-from chongming_task.core.storage.values import ArchiveReceipt, CommandAction, LogLine, NodeRecord, TouchUpdate
+from chongming_task.core.storage.values import (
+    ArchiveReceipt,
+    CommandAction,
+    LogLine,
+    NodeRecord,
+    SaveRequest,
+    TouchUpdate,
+)
 from chongming_task.errors import ConfigurationError
+from chongming_task.models import TaskSnapshot, Transition
 
 
 def check_node_record(record: object) -> NodeRecord:
@@ -63,6 +72,21 @@ def command_args(
     if not isinstance(payload, Mapping):
         raise ConfigurationError(f"指令 payload 必须是 dict（JSON 对象），收到 {type(payload).__name__}")
     return normalized, dict(payload)
+
+
+def check_save(
+    snapshot: TaskSnapshot,
+    expect_version: int,
+    transitions: Sequence[Transition],
+    lease_expired_before: datetime | None,
+) -> SaveRequest:
+    """save 的入参检查一次：快照可存、迁移记录都属于它且正好接上版本、租约条件带时区。"""
+    checked = check_snapshot(snapshot)
+    records = tuple(transitions)
+    check_transitions(checked.task_id, records)
+    validate_save(checked, expect_version, records)
+    check_aware("lease_expired_before", lease_expired_before)
+    return SaveRequest(checked, expect_version, records, lease_expired_before)
 
 
 # -- 归档与保留（issue 20；存储指南 §9）---------------------------------------------------------------
@@ -174,6 +198,7 @@ __all__ = [
     "check_optional_text",
     "check_positive_seconds",
     "check_receipt",
+    "check_save",
     "check_snapshot",
     "check_touch",
     "check_transitions",

@@ -22,7 +22,7 @@ docs/store-guide.md（持久层实现指南）。
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -33,24 +33,58 @@ from chongming_task.core.storage.values import (
     ArchiveDeleted,
     ArchivedTask,
     ArchiveReceipt,
+    ClaimRequest,
     Command,
     CommandAction,
+    CommandSubmission,
     LogLine,
     LogStats,
     NodeRecord,
+    PartitionArchived,
+    SaveRequest,
     TaskQuery,
     TaskStats,
     TouchUpdate,
 )
-from chongming_task.errors import ConfigurationError
+from chongming_task.errors import ConfigurationError, StoreError
 from chongming_task.models import Progress, TaskSnapshot, Transition
+
+# 签名与入参检查只写在基类里的公开方法 → 后端实现的钩子（只收一个已检查的值）。
+_HOOKS = {
+    "save": "_save",
+    "touch": "_touch",
+    "submit_command": "_submit_command",
+    "claim_commands": "_claim_commands",
+}
+
+
+def _public_override(public: str) -> Any:
+    def hook(self: TaskStore, request: object) -> Any:
+        raise NotImplementedError(
+            f"{type(self).__name__} 直接覆盖了 {public}，基类的 {public} 不会调用 {_HOOKS[public]}"
+        )
+
+    return hook
 
 
 class TaskStore(ClosesOnExit, ABC):
-    """持久层契约（24 个抽象方法，六类流量 + 维护；touch 在这里检查一次再交给 ``_touch``）。
+    """持久层契约（六类流量 + 维护）。
+
+    ``save`` / ``touch`` / ``submit_command`` / ``claim_commands`` 的签名与入参检查只写在这里：公开方法检查
+    一次，把结果装成一个值（``SaveRequest`` / ``TouchUpdate`` / ``CommandSubmission`` / ``ClaimRequest``）
+    交给后端实现的抽象钩子 ``_save`` / ``_touch`` / ``_submit_command`` / ``_claim_commands``（内置后端曾各抄
+    一份签名与检查）。兼容：公开方法不是 final，直接覆盖公开方法的旧式第三方后端照常可用——定义子类时
+    基类发现公开方法被覆盖，就不再要求对应的钩子（``__init_subclass__``）。
 
     实现必须线程安全；多进程共享同一存储时语义不变。
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for public, hook in _HOOKS.items():
+            overridden = getattr(cls, public) is not getattr(TaskStore, public)
+            if overridden and getattr(getattr(cls, hook), "__isabstractmethod__", False):
+                setattr(cls, hook, _public_override(public))
 
     # -- snapshots ----------------------------------------------------------------------------------
 
@@ -62,7 +96,6 @@ class TaskStore(ClosesOnExit, ABC):
         ``check_json_value``，否则 ConfigurationError，什么也不写。
         """
 
-    @abstractmethod
     def save(
         self,
         snapshot: TaskSnapshot,
@@ -79,7 +112,14 @@ class TaskStore(ClosesOnExit, ABC):
         没有这个条件，一个恰好在 reconcile 读与写之间续上租约的节点会被误判（docs/distributed.md §7.3）。
         任务不存在 → TaskNotFound。不改写旁路字段（progress / last_heartbeat_at / lease_*）。
         参数自相矛盾（``validate_save`` 不通过、outcome 不是 JSON）→ ConfigurationError，什么也不写。
+
+        入参经 ``checks.check_save`` 检查一次，后端实现 ``_save``。
         """
+        self._save(checks.check_save(snapshot, expect_version, transitions, lease_expired_before))
+
+    @abstractmethod
+    def _save(self, request: SaveRequest) -> None:
+        """后端实现 save 的地方（入参已检查，outcome 的 JSON 检查归后端）。"""
 
     @abstractmethod
     def get(self, task_id: str) -> TaskSnapshot | None:
@@ -123,16 +163,14 @@ class TaskStore(ClosesOnExit, ABC):
     ) -> bool:
         """更新旁路字段（None 表示不改）。不递增 status_version，不与 save 冲突。任务不存在返回 False。
 
-        签名与入参检查只写在这里：入参经 ``checks.check_touch`` 检查一次，后端实现 ``_touch``，只处理
-        一个 ``TouchUpdate``（内置后端曾各抄一份签名与检查）。第三方后端照旧直接覆盖 ``touch`` 也可以：
-        它一直是公开的可覆盖方法，旧后端不必改。
+        入参经 ``checks.check_touch`` 检查一次，后端实现 ``_touch``，只处理一个 ``TouchUpdate``。
         """
         update = TouchUpdate(task_id, progress, heartbeat_at, lease_owner, lease_until)
         return self._touch(checks.check_touch(update))
 
+    @abstractmethod
     def _touch(self, update: TouchUpdate) -> bool:
-        """后端实现 touch 的地方（入参已检查）。后端必须覆盖它或 ``touch`` 之一。"""
-        raise NotImplementedError(f"{type(self).__name__} 没有实现 touch：请覆盖 _touch（或 touch）")
+        """后端实现 touch 的地方（入参已检查）。"""
 
     def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """批量 touch：``[(task_id, {"progress": ..., ...}), ...]``。后端可覆盖为一次事务。"""
@@ -169,7 +207,6 @@ class TaskStore(ClosesOnExit, ABC):
 
     # -- commands -----------------------------------------------------------------------------------
 
-    @abstractmethod
     def submit_command(
         self,
         task_id: str,
@@ -179,9 +216,17 @@ class TaskStore(ClosesOnExit, ABC):
         reason: str | None = None,
         payload: Mapping[str, Any] | None = None,
     ) -> Command:
-        """写一条指令。任务不存在 → TaskNotFound。指令记下任务当时的桶号，供按桶认领。"""
+        """写一条指令。任务不存在 → TaskNotFound。指令记下任务当时的桶号，供按桶认领。
+
+        入参经 ``checks.command_args`` 检查一次，后端实现 ``_submit_command``。
+        """
+        verb, body = checks.command_args(task_id, action, issuer, reason, payload)
+        return self._submit_command(CommandSubmission(task_id, verb, issuer, reason, body))
 
     @abstractmethod
+    def _submit_command(self, submission: CommandSubmission) -> Command:
+        """后端实现 submit_command 的地方（入参已检查，payload 的 JSON 检查归后端）。"""
+
     def claim_commands(
         self,
         claimant: str,
@@ -197,7 +242,15 @@ class TaskStore(ClosesOnExit, ABC):
         可被重新取走（deliveries 加一）。"先后"须由存储自己的顺序号决定：同一时刻提交的指令也要有序。
         ``now`` 取自存储注入的时钟（若有）。``task_ids`` / ``buckets`` 同时给出时取交集；桶为空的
         指令不会被按桶认领。``lease`` 不是正的有限秒数 → ConfigurationError。
+
+        入参经 ``checks.claim_args`` 检查一次，后端实现 ``_claim_commands``。
         """
+        wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
+        return self._claim_commands(ClaimRequest(claimant, lease, limit, wanted_tasks, wanted_buckets))
+
+    @abstractmethod
+    def _claim_commands(self, request: ClaimRequest) -> list[Command]:
+        """后端实现 claim_commands 的地方（入参已检查、过滤集合已规范化）。"""
 
     @abstractmethod
     def complete_command(self, command_id: str, claimant: str) -> bool:
@@ -244,6 +297,10 @@ class TaskStore(ClosesOnExit, ABC):
     def append_logs(self, lines: Sequence[LogLine]) -> None:
         """批量追加日志行（一批可跨多个任务）。存储按任务分配 ``seq``（接着该任务已分配的最大序号，
         从 1 起、不复用；入参里的 seq 被忽略），批内同一任务的行按给出的顺序编号。
+
+        重试幂等：带身份（``writer`` / ``writer_seq``）的行，若 writer_seq 不大于该任务上这个写入者已接受的
+        最大号，就是写过的，跳过——不分配 seq、不算进 dropped（``values.unseen_log_lines`` 说明为什么是水位线
+        而不是唯一约束）。水位线随任务一起删除。结果未知的一批原样重试，行只写一次、不丢、不乱序。
 
         每任务只保留最新的 ``MAX_LOG_LINES`` 行：超出的最旧行在同一事务里删掉。存储里不存在的任务的
         行被跳过（任务可能刚被 prune 掉：日志是尽力而为，不能让一批因此整体失败）。不是 LogLine 的
@@ -314,6 +371,26 @@ class TaskStore(ClosesOnExit, ABC):
         """删除 ``completed_at`` 早于 ``completed_before`` 的已完成指令（不归档：它们只在"持有者重复
         完成"的幂等窗口内有用）。未完成的指令永远不删。返回删除条数；参数不带时区 → ConfigurationError。
         """
+
+    # 可选能力：按时间分区的后端（PostgreSQL）可以整块归档、丢弃过期分区，代替逐行删除。默认没有分区。
+
+    def expired_partitions(self, before: datetime) -> list[str]:
+        """整个时间范围都早于 ``before`` 的迁移记录分区名，从旧到新。没有分区的后端返回 ``[]``。"""
+        checks.check_aware("before", before, required=True)
+        return []
+
+    def archive_partition(
+        self,
+        name: str,
+        before: datetime,
+        write: Callable[[list[Transition]], None],
+        *,
+        batch: int = 5000,
+    ) -> PartitionArchived:
+        """把分区 ``name`` 里属于"可归档前缀"的行按批交给 ``write``（它返回时这批必须已经持久落盘），
+        然后丢弃整个分区（不属于前缀的行先移回在线表）。整个过程是一个事务：``write`` 抛异常或丢弃
+        不成，什么也不删（``dropped=False``），已写出的段由归档器按键逐行删除。"""
+        raise StoreError(f"{type(self).__name__} 没有迁移记录分区，不能按分区归档 {name!r}")
 
     @abstractmethod
     def close(self) -> None:

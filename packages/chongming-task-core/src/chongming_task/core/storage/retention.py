@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any, ClassVar, Protocol
 
+from chongming_task.core.storage.values import ArchiveDeleted, ArchivedTask, ArchiveReceipt
 from chongming_task.models import Transition
 
 MAX_VERSION = 2**63 - 1
@@ -66,4 +68,46 @@ def archivable_prefix(
     return out
 
 
-__all__ = ["MAX_VERSION", "START_KEY", "Fetch", "archivable_prefix"]
+class RetentionModule(Protocol):
+    """实现归档保留的模块（SQL 后端的 ``_archive``）：四个函数，第一个参数是存储本身。"""
+
+    def export_transitions(
+        self, store: Any, before: datetime, after: tuple[str, int] | None, limit: int
+    ) -> list[Transition]: ...
+
+    def export_finished(
+        self, store: Any, before: datetime, after: str | None, limit: int
+    ) -> list[ArchivedTask]: ...
+
+    def delete_archived(self, store: Any, receipt: ArchiveReceipt) -> ArchiveDeleted: ...
+
+    def purge_commands(self, store: Any, completed_before: datetime) -> int: ...
+
+
+class RetentionByModule:
+    """TaskStore 的混入：归档保留的四个方法原样转交给类属性 ``_retention`` 指向的模块。
+
+    SQLite 与 Postgres 后端都把实现放在各自的 ``_archive`` 模块里，转交的签名只写在这里一份。
+    混入要写在 ``TaskStore`` 之前：``class MyStore(RetentionByModule, TaskStore)``。
+    """
+
+    _retention: ClassVar[RetentionModule]
+
+    def export_transitions(
+        self, before: datetime, *, after: tuple[str, int] | None = None, limit: int = 1000
+    ) -> list[Transition]:
+        return self._retention.export_transitions(self, before, after, limit)
+
+    def export_finished(
+        self, before: datetime, *, after: str | None = None, limit: int = 100
+    ) -> list[ArchivedTask]:
+        return self._retention.export_finished(self, before, after, limit)
+
+    def delete_archived(self, receipt: ArchiveReceipt) -> ArchiveDeleted:
+        return self._retention.delete_archived(self, receipt)
+
+    def purge_commands(self, completed_before: datetime) -> int:
+        return self._retention.purge_commands(self, completed_before)
+
+
+__all__ = ["MAX_VERSION", "START_KEY", "Fetch", "RetentionByModule", "RetentionModule", "archivable_prefix"]

@@ -24,34 +24,16 @@ import json
 import math
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
+from chongming_task.core.storage import values as v
 from chongming_task.core.storage.claiming import QueuedClaim, claim_order, claimable, claimed
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.retention import archivable_prefix
-from chongming_task.core.storage.values import (
-    MAX_LOG_LINES,
-    ArchiveDeleted,
-    ArchivedTask,
-    ArchiveReceipt,
-    Command,
-    CommandAction,
-    LogLine,
-    LogStats,
-    NodeRecord,
-    QueryOrder,
-    TaskQuery,
-    TaskStats,
-    TouchUpdate,
-    as_query,
-    count_buckets,
-    lease_held_message,
-    lease_is_held,
-)
 from chongming_task.errors import (
     ConcurrencyConflict,
     ConfigurationError,
@@ -94,7 +76,7 @@ def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
 class _Row:
     """一个任务的全部存储状态。snapshot 里的 outcome 只在 outcome_text 为 None 时有效。"""
 
-    __slots__ = ("history", "log_seq", "logs", "outcome_text", "snapshot")
+    __slots__ = ("history", "log_seq", "log_writers", "logs", "outcome_text", "snapshot")
 
     def __init__(self, snapshot: TaskSnapshot, outcome_text: str | None) -> None:
         self.snapshot = snapshot
@@ -102,8 +84,9 @@ class _Row:
         self.history: dict[int, Transition] = {}
         # 日志挂在任务行上：删掉任务（prune / delete_archived）就连同日志一起删掉，不会留下孤儿。
         # LogLine 是冻结的、字段全不可变，可以直接共享给读者。
-        self.logs: collections.deque[LogLine] = collections.deque(maxlen=MAX_LOG_LINES)
+        self.logs: collections.deque[v.LogLine] = collections.deque(maxlen=v.MAX_LOG_LINES)
         self.log_seq = 0
+        self.log_writers: dict[str, int] = {}  # 写入者 → 已接受的最大 writer_seq（幂等水位线，见 values）
 
 
 class _CommandRow:
@@ -115,11 +98,11 @@ class _CommandRow:
 
     __slots__ = ("command", "payload_text")
 
-    def __init__(self, command: Command, payload_text: str) -> None:
+    def __init__(self, command: v.Command, payload_text: str) -> None:
         self.command = command
         self.payload_text = payload_text
 
-    def export(self) -> Command:
+    def export(self) -> v.Command:
         return dataclasses.replace(self.command, payload=json.loads(self.payload_text))
 
     def update(self, **changes: Any) -> None:
@@ -138,7 +121,7 @@ class InMemoryTaskStore(TaskStore):
         self._pending: dict[str, _CommandRow] = {}
         self._sequence = itertools.count(1)
         # 成员记录：owner → (记录, info 的 JSON 文本)。info 是可变的 dict，出入库都经文本拷贝。
-        self._nodes: dict[str, tuple[NodeRecord, str]] = {}
+        self._nodes: dict[str, tuple[v.NodeRecord, str]] = {}
         self._closed = False
 
     @classmethod
@@ -172,11 +155,11 @@ class InMemoryTaskStore(TaskStore):
             raise TaskNotFound(f"存储里没有任务 {task_id!r}")
         return row
 
-    def _select(self, query: TaskQuery | None) -> list[TaskSnapshot]:
+    def _select(self, query: v.TaskQuery | None) -> list[TaskSnapshot]:
         """满足条件（不含 limit 与顺序）的内部快照。调用方不得把含容器 outcome 的它们直接交出去。"""
         if query is None:
             return [row.snapshot for row in self._rows.values()]
-        checked = as_query(query)
+        checked = v.as_query(query)
         return [row.snapshot for row in self._rows.values() if checked.matches(row.snapshot)]
 
     # -- snapshots ----------------------------------------------------------------------------------
@@ -198,18 +181,8 @@ class InMemoryTaskStore(TaskStore):
                 row.history.setdefault(record.version, record)
             self._rows[snapshot.task_id] = row
 
-    def save(
-        self,
-        snapshot: TaskSnapshot,
-        *,
-        expect_version: int,
-        transitions: Sequence[Transition] = (),
-        lease_expired_before: datetime | None = None,
-    ) -> None:
-        snapshot = checks.check_snapshot(snapshot)
-        transitions = tuple(transitions)
-        checks.validate_save(snapshot, expect_version, transitions)
-        checks.check_aware("lease_expired_before", lease_expired_before)
+    def _save(self, request: v.SaveRequest) -> None:
+        snapshot, expect_version = request.snapshot, request.expect_version
         scalar, text = _encode_json(snapshot.outcome, what="outcome")
         with self._lock:
             self._check_open()
@@ -220,8 +193,8 @@ class InMemoryTaskStore(TaskStore):
                     f"任务 {snapshot.task_id!r} 的版本已是 {current.status_version}，"
                     f"不是期望的 {expect_version}：有别的写者抢先了，请重新读取后再决定"
                 )
-            if lease_is_held(current.lease_until, lease_expired_before):
-                raise ConcurrencyConflict(lease_held_message(snapshot.task_id, current.lease_until))
+            if v.lease_is_held(current.lease_until, request.lease_expired_before):
+                raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, current.lease_until))
             # 旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。
             row.snapshot = snapshot.evolve(
                 outcome=scalar,
@@ -232,7 +205,7 @@ class InMemoryTaskStore(TaskStore):
                 recipe=current.recipe,  # 配方只由 create 写入
             )
             row.outcome_text = text
-            for record in transitions:
+            for record in request.transitions:
                 row.history.setdefault(record.version, record)
 
     def get(self, task_id: str) -> TaskSnapshot | None:
@@ -246,15 +219,15 @@ class InMemoryTaskStore(TaskStore):
         # JSON 解析放在锁外：大 outcome 不阻塞别的线程。
         return snapshot if text is None else snapshot.evolve(outcome=json.loads(text))
 
-    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
-        query = as_query(query)
+    def query(self, query: v.TaskQuery | None = None) -> list[TaskSnapshot]:
+        query = v.as_query(query)
         with self._lock:
             self._check_open()
             # 快照与 outcome 文本必须在锁内成对取出：锁外再分别读 row 的两个属性，中间可能插进一次 save。
             pairs = [
                 (row.snapshot, row.outcome_text) for row in self._rows.values() if query.matches(row.snapshot)
             ]
-        pairs.sort(key=lambda pair: query.sort_key(pair[0]), reverse=query.order is QueryOrder.NEWEST_FIRST)
+        pairs.sort(key=lambda pair: query.sort_key(pair[0]), reverse=query.order is v.QueryOrder.NEWEST_FIRST)
         if query.limit is not None:
             pairs = pairs[: query.limit]
         return [
@@ -262,17 +235,17 @@ class InMemoryTaskStore(TaskStore):
             for snapshot, text in pairs
         ]
 
-    def stats(self, query: TaskQuery | None = None) -> TaskStats:
+    def stats(self, query: v.TaskQuery | None = None) -> v.TaskStats:
         with self._lock:
             self._check_open()
             selected = self._select(query)
-        return TaskStats.of(selected)
+        return v.TaskStats.of(selected)
 
-    def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
+    def bucket_counts(self, query: v.TaskQuery | None = None) -> dict[int, int]:
         with self._lock:
             self._check_open()
             selected = self._select(query)
-        return count_buckets(selected)
+        return v.count_buckets(selected)
 
     # -- history ------------------------------------------------------------------------------------
 
@@ -318,7 +291,7 @@ class InMemoryTaskStore(TaskStore):
     # -- side channel -------------------------------------------------------------------------------
 
     @staticmethod
-    def _touch_changes(update: TouchUpdate) -> dict[str, Any]:
+    def _touch_changes(update: v.TouchUpdate) -> dict[str, Any]:
         changes = {
             "progress": update.progress,
             "last_heartbeat_at": update.heartbeat_at,
@@ -327,7 +300,7 @@ class InMemoryTaskStore(TaskStore):
         }
         return {name: value for name, value in changes.items() if value is not None}
 
-    def _touch(self, update: TouchUpdate) -> bool:
+    def _touch(self, update: v.TouchUpdate) -> bool:
         changes = self._touch_changes(update)
         with self._lock:
             self._check_open()
@@ -352,45 +325,37 @@ class InMemoryTaskStore(TaskStore):
 
     # -- commands -----------------------------------------------------------------------------------
 
-    def submit_command(
-        self,
-        task_id: str,
-        action: CommandAction | str,
-        *,
-        issuer: str | None = None,
-        reason: str | None = None,
-        payload: Mapping[str, Any] | None = None,
-    ) -> Command:
-        action, body = checks.command_args(task_id, action, issuer, reason, payload)
-        payload_text = checks.check_json_value(body, what="指令 payload")
+    def _submit_command(self, submission: v.CommandSubmission) -> v.Command:
+        payload_text = checks.check_json_value(submission.payload, what="指令 payload")
+        task_id = submission.task_id
         with self._lock:
             self._check_open()
             row = self._row(task_id)
             command_id = f"{next(self._sequence):012d}-{uuid.uuid4().hex[:12]}"
             # payload 先放空字典：库里只信 payload_text（见 _CommandRow）。
-            created = Command(
-                command_id, task_id, action, issuer, reason, {}, self._clock.now(), row.snapshot.bucket
+            created = v.Command(
+                command_id,
+                task_id,
+                submission.action,
+                submission.issuer,
+                submission.reason,
+                {},
+                self._clock.now(),
+                row.snapshot.bucket,
             )
             command = _CommandRow(created, payload_text)
             self._commands[command_id] = command
             self._pending[command_id] = command
             return command.export()
 
-    def claim_commands(
-        self,
-        claimant: str,
-        *,
-        lease: float,
-        limit: int = 100,
-        task_ids: Iterable[str] | None = None,
-        buckets: Iterable[int] | None = None,
-    ) -> list[Command]:
-        wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
-        claimed: list[Command] = []
+    def _claim_commands(self, request: v.ClaimRequest) -> list[v.Command]:
+        claimant, limit = request.claimant, request.limit
+        wanted_tasks, wanted_buckets = request.task_ids, request.buckets
+        claimed: list[v.Command] = []
         with self._lock:
             self._check_open()
             now = self._clock.now()
-            lease_until = now + timedelta(seconds=lease)
+            lease_until = now + timedelta(seconds=request.lease)
             for row in self._pending.values():
                 if len(claimed) >= limit:
                     break
@@ -434,7 +399,7 @@ class InMemoryTaskStore(TaskStore):
 
     # -- membership ---------------------------------------------------------------------------------
 
-    def publish_node(self, record: NodeRecord) -> None:
+    def publish_node(self, record: v.NodeRecord) -> None:
         record = checks.check_node_record(record)
         text = checks.check_json_value(dict(record.info), what="NodeRecord.info")
         stored = dataclasses.replace(record, info=json.loads(text))
@@ -442,7 +407,7 @@ class InMemoryTaskStore(TaskStore):
             self._check_open()
             self._nodes[record.owner] = (stored, text)
 
-    def list_nodes(self) -> list[NodeRecord]:
+    def list_nodes(self) -> list[v.NodeRecord]:
         with self._lock:
             self._check_open()
             pairs = sorted(self._nodes.values(), key=lambda pair: pair[0].owner)
@@ -456,28 +421,35 @@ class InMemoryTaskStore(TaskStore):
 
     # -- task logs (issue 18) -----------------------------------------------------------------------
 
-    def append_logs(self, lines: Sequence[LogLine]) -> None:
+    def append_logs(self, lines: Sequence[v.LogLine]) -> None:
         batch = checks.append_logs_args(lines)
+        by_task: dict[str, list[v.LogLine]] = {}
+        for line in batch:
+            by_task.setdefault(line.task_id, []).append(line)
         with self._lock:
             self._check_open()
-            for line in batch:
-                row = self._rows.get(line.task_id)
+            for task_id, group in by_task.items():
+                row = self._rows.get(task_id)
                 if row is None:
                     continue  # 任务已不在（例如刚被 prune）：跳过，见契约
-                row.log_seq += 1
-                # deque(maxlen) 在满时自动丢最旧的一行：丢掉的行数 = log_seq - len(logs)。
-                row.logs.append(dataclasses.replace(line, seq=row.log_seq))
+                fresh, marks = v.unseen_log_lines(group, row.log_writers)
+                row.log_writers.update(marks)
+                for line in fresh:
+                    row.log_seq += 1
+                    # deque(maxlen) 在满时自动丢最旧的一行：丢掉的行数 = log_seq - len(logs)。
+                    # 幂等身份只在写入时有用，存下的行不带它（与 SQL 后端读回的一致）。
+                    row.logs.append(dataclasses.replace(line, seq=row.log_seq, writer="", writer_seq=0))
 
     def read_logs(
         self, task_id: str, *, attempt: int | None = None, after_seq: int | None = None, limit: int = 1000
-    ) -> list[LogLine]:
+    ) -> list[v.LogLine]:
         checks.read_logs_args(task_id, attempt, after_seq, limit)
         with self._lock:
             self._check_open()
             row = self._rows.get(task_id)
             if row is None:
                 return []
-            picked: list[LogLine] = []
+            picked: list[v.LogLine] = []
             for line in row.logs:
                 if after_seq is not None and line.seq <= after_seq:
                     continue
@@ -488,14 +460,14 @@ class InMemoryTaskStore(TaskStore):
                     break
             return picked
 
-    def log_stats(self, task_id: str) -> LogStats:
+    def log_stats(self, task_id: str) -> v.LogStats:
         checks.check_key("task_id", task_id)
         with self._lock:
             self._check_open()
             row = self._rows.get(task_id)
             if row is None:
-                return LogStats()
-            return LogStats(kept=len(row.logs), dropped=row.log_seq - len(row.logs), last_seq=row.log_seq)
+                return v.LogStats()
+            return v.LogStats(kept=len(row.logs), dropped=row.log_seq - len(row.logs), last_seq=row.log_seq)
 
     # -- upkeep -------------------------------------------------------------------------------------
 
@@ -540,7 +512,7 @@ class InMemoryTaskStore(TaskStore):
 
     def export_finished(
         self, before: datetime, *, after: str | None = None, limit: int = 100
-    ) -> list[ArchivedTask]:
+    ) -> list[v.ArchivedTask]:
         after = checks.export_finished_args(before, after, limit)
         with self._lock:
             self._check_open()
@@ -558,13 +530,13 @@ class InMemoryTaskStore(TaskStore):
                 commands = tuple(c.export() for c in self._commands.values() if c.command.task_id == task_id)
                 picked.append((row.snapshot, row.outcome_text, history, commands))
         return [
-            ArchivedTask(
+            v.ArchivedTask(
                 snapshot if text is None else snapshot.evolve(outcome=json.loads(text)), history, commands
             )
             for snapshot, text, history, commands in picked
         ]
 
-    def delete_archived(self, receipt: ArchiveReceipt) -> ArchiveDeleted:
+    def delete_archived(self, receipt: v.ArchiveReceipt) -> v.ArchiveDeleted:
         receipt = checks.check_receipt(receipt)
         doomed_tasks = dict(receipt.tasks)
         transitions = tasks = commands = 0
@@ -593,7 +565,7 @@ class InMemoryTaskStore(TaskStore):
                     continue
                 del self._rows[task_id]
                 tasks += 1
-        return ArchiveDeleted(transitions, tasks, commands)
+        return v.ArchiveDeleted(transitions, tasks, commands)
 
     def _task_leaves(self, task_id: str, doomed: Mapping[str, int]) -> bool:
         """回执里的任务能否整体删除（锁内调用）：仍是终态、版本一致、在线历史已全部归档。"""

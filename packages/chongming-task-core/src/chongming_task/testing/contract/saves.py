@@ -62,30 +62,26 @@ class SaveCases(ContractBase):
         running, records = walk(base, S.QUEUED, S.STARTING, S.RUNNING)
         store.save(running, expect_version=0, transitions=records)
         lost, lost_record = step(running, S.LOST, actor="peer-b")
+
+        def save_lost(seconds: int) -> None:
+            """以"租约在 T0+seconds 时已过期"为条件写 LOST。"""
+            lease_expired_before = T0 + timedelta(seconds=seconds)
+            store.save(
+                lost, expect_version=3, transitions=[lost_record], lease_expired_before=lease_expired_before
+            )
+
         # 租约到 T0+60 秒仍有效：在 T0+30 秒判它过期的写必须被拒绝，什么也不写。
         with self.assertRaises(ConcurrencyConflict):
-            store.save(
-                lost,
-                expect_version=3,
-                transitions=[lost_record],
-                lease_expired_before=T0 + timedelta(seconds=30),
-            )
+            save_lost(30)
         got = store.get("s-lease")
         assert got is not None
         self.assertEqual((got.status, got.status_version), (S.RUNNING, 3))
         self.assertEqual(store.history("s-lease"), records, "被拒绝的 save 不能写入任何迁移记录")
         # 恰好等于 lease_until 也算仍有效（与 TaskQuery.lease_expired_before 同一判据：严格早于才算过期）。
         with self.assertRaises(ConcurrencyConflict):
-            store.save(
-                lost,
-                expect_version=3,
-                transitions=[lost_record],
-                lease_expired_before=T0 + timedelta(seconds=60),
-            )
+            save_lost(60)
         # 过了有效期：写入成功；过期与否只看租约，不改变版本条件。
-        store.save(
-            lost, expect_version=3, transitions=[lost_record], lease_expired_before=T0 + timedelta(seconds=61)
-        )
+        save_lost(61)
         got = store.get("s-lease")
         assert got is not None
         self.assertEqual((got.status, got.status_version), (S.LOST, 4))

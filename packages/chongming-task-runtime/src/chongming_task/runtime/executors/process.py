@@ -46,16 +46,7 @@ from chongming_task.context import (
 )
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import Failure, FailureKind, Progress
-from chongming_task.runtime.executors.base import (
-    AttemptEvents,
-    AttemptHandle,
-    AttemptResult,
-    AttemptSpec,
-    Executor,
-    ResultKind,
-    build_context,
-    execute_body,
-)
+from chongming_task.runtime.executors import base
 
 _BEAT_INTERVAL = 0.2
 """子进程向父进程转发心跳的间隔（秒）。idle 超时的分辨率因此约为这个量级。"""
@@ -166,7 +157,7 @@ def _release_forkserver_alive_fd() -> None:
         return
 
 
-def _child_main(conn: multiprocessing.connection.Connection, payload: AttemptSpec) -> None:
+def _child_main(conn: multiprocessing.connection.Connection, payload: base.AttemptSpec) -> None:
     """子进程入口（模块级函数，spawn / forkserver 都能按名字找到它）。"""
     _die_with_parent()
     # 日志由父进程统一发出（带 task_id 等 extra）；子进程里不再重复打印到 stderr。
@@ -177,19 +168,19 @@ def _child_main(conn: multiprocessing.connection.Connection, payload: AttemptSpe
         with send_lock:
             conn.send(message)
 
-    ctx = build_context(payload, _ChildEvents(send))
+    ctx = base.build_context(payload, _ChildEvents(send))
     listener = threading.Thread(
         target=_child_listen, args=(conn, ctx, send), name="chongming-task-control", daemon=True
     )
     listener.start()
     send(("running", os.getpid()))
-    result = execute_body(payload.fn, ctx, payload.args, payload.kwargs, payload.retry)
+    result = base.execute_body(payload.fn, ctx, payload.args, payload.kwargs, payload.retry)
     try:
         send(("result", result))
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         # 失败记录里带了不可 pickle 的东西（极少见）：退回只含文本的版本。
         failure = Failure(FailureKind.EXCEPTION, f"子进程的结果无法回传：{exc}", retryable=False)
-        send(("result", AttemptResult(ResultKind.RAISED, failure=failure)))
+        send(("result", base.AttemptResult(base.ResultKind.RAISED, failure=failure)))
 
 
 # -- the parent side --------------------------------------------------------------------------------
@@ -223,8 +214,8 @@ def _describe_exit(exit_code: int | None, pid: int | None) -> Failure:
     )
 
 
-class ProcessAttempt(AttemptHandle):
-    def __init__(self, executor: ProcessExecutor, spec: AttemptSpec, events: AttemptEvents) -> None:
+class ProcessAttempt(base.AttemptHandle):
+    def __init__(self, executor: ProcessExecutor, spec: base.AttemptSpec, events: base.AttemptEvents) -> None:
         self._executor = executor
         self._spec = spec
         self._events = events
@@ -309,7 +300,9 @@ class ProcessAttempt(AttemptHandle):
         except Exception as exc:
             self._close()
             events.finished(
-                AttemptResult(ResultKind.RAISED, failure=Failure.from_exception(exc, retryable=True))
+                base.AttemptResult(
+                    base.ResultKind.RAISED, failure=Failure.from_exception(exc, retryable=True)
+                )
             )
             return
         self._child_conn.close()  # 父进程这一端的副本：关掉它，子进程一退出 recv 就能读到 EOF
@@ -328,10 +321,10 @@ class ProcessAttempt(AttemptHandle):
         self._close()
         if result is None:
             failure = _describe_exit(exit_code, process.pid)
-            result = AttemptResult(ResultKind.CRASHED, failure=failure, exit_code=exit_code)
+            result = base.AttemptResult(base.ResultKind.CRASHED, failure=failure, exit_code=exit_code)
         events.finished(result)
 
-    def _pump(self, process: multiprocessing.process.BaseProcess) -> AttemptResult | None:
+    def _pump(self, process: multiprocessing.process.BaseProcess) -> base.AttemptResult | None:
         """读子进程的报告直到拿到结果或管道断开。"""
         spec = self._spec
         events = self._events
@@ -369,7 +362,7 @@ class ProcessAttempt(AttemptHandle):
                 elif tag == "running":
                     events.running(int(message[1]))
                 elif tag == "result":
-                    result: AttemptResult = message[1]
+                    result: base.AttemptResult = message[1]
                     return result
         except (EOFError, OSError):
             return None
@@ -463,7 +456,7 @@ def _main_module_problem(fn: Callable[..., Any], qualname: str) -> str | None:
     )
 
 
-class ProcessExecutor(Executor):
+class ProcessExecutor(base.Executor):
     """每次尝试一个子进程：停得住、真并行、崩溃隔离。代价是参数/返回值必须可 pickle，任务函数必须在
     可导入的模块里（调用方脚本要有 ``if __name__ == "__main__":`` 守卫）。"""
 
@@ -527,7 +520,7 @@ class ProcessExecutor(Executor):
                     "不需要进程隔离时改用 ThreadExecutor"
                 ) from None
 
-    def prepare(self, spec: AttemptSpec, events: AttemptEvents) -> ProcessAttempt:
+    def prepare(self, spec: base.AttemptSpec, events: base.AttemptEvents) -> ProcessAttempt:
         return ProcessAttempt(self, spec, events)
 
     def __repr__(self) -> str:

@@ -8,7 +8,8 @@
 * **删除**分成短事务，每个事务最多 ``DELETE_CHUNK`` 行：不长时间持有行锁，也不让一个巨大的事务拖住
   vacuum。整体删除任务时先 ``FOR UPDATE`` 锁住快照行：与之并发的 ``save`` 要么先提交（版本变了，
   我们不删），要么等我们删完之后得到 TaskNotFound。
-* 月度分区 + ``DETACH``/``DROP`` 是计划中的下一步（存储指南 §9），目前逐批删除。
+* 迁移记录表按月分区（第 2 版，见 ``_partitions``）：整月过期的分区由归档器先调 ``archive_partition``
+  整块导出再 ``DETACH`` + ``DROP``；其余（跨截止时刻的那个月、DEFAULT 分区、丢弃不成的分区）逐批删除。
 """
 
 from __future__ import annotations
@@ -25,10 +26,16 @@ from chongming_task.core.storage.checks import (
     export_transitions_args,
 )
 from chongming_task.core.storage.retention import archivable_prefix
-from chongming_task.core.storage.values import ArchiveDeleted, ArchivedTask, ArchiveReceipt
+from chongming_task.core.storage.values import (
+    ArchiveDeleted,
+    ArchivedTask,
+    ArchiveReceipt,
+    PartitionArchived,
+)
+from chongming_task.errors import ConfigurationError
 from chongming_task.models import Transition
 from chongming_task.states import TERMINAL_STATUSES
-from chongming_task.stores.postgres import _logs, _schema
+from chongming_task.stores.postgres import _logs, _partitions, _schema
 from chongming_task.stores.postgres._codec import (
     COMMAND_COLUMNS,
     TRANSITION_COLUMNS,
@@ -45,10 +52,13 @@ class PostgresTaskStore(Protocol):
 
     _archive_sql: ArchiveSql
     _schema: str
+    _readonly: bool
 
     def _read(self, fn: Callable[[Any], _T]) -> _T: ...
 
     def _connection(self) -> AbstractContextManager[Any]: ...
+
+    def _maintenance_connection(self) -> Any: ...
 
 
 DELETE_CHUNK = 1000
@@ -197,10 +207,37 @@ def purge_commands(store: PostgresTaskStore, completed_before: datetime) -> int:
             return deleted
 
 
+def expired_partitions(store: PostgresTaskStore, before: datetime) -> list[str]:
+    """整月早于 ``before`` 的分区（顺带提前建好后面几个月的分区；没有属主权限只告警）。只读打开 → []。"""
+    check_aware("before", before, required=True)
+    if store._readonly:
+        return []
+    with store._connection() as conn:
+        _partitions.ensure_ahead_or_warn(conn, store._schema)
+        return _partitions.expired(conn, store._schema, before)
+
+
+def archive_partition(
+    store: PostgresTaskStore,
+    name: str,
+    before: datetime,
+    write: Callable[[list[Transition]], None],
+    batch: int,
+) -> PartitionArchived:
+    check_aware("before", before, required=True)
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"分区名必须是非空字符串，收到 {name!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 100_000:
+        raise ConfigurationError(f"batch 必须是 1..100000 之间的整数，收到 {batch!r}")
+    return _partitions.archive_partition(store, name, before, write, batch)
+
+
 __all__ = [
     "DELETE_CHUNK",
     "ArchiveSql",
+    "archive_partition",
     "delete_archived",
+    "expired_partitions",
     "export_finished",
     "export_transitions",
     "purge_commands",

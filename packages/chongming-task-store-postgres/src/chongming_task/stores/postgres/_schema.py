@@ -25,8 +25,15 @@ from chongming_task.states import TERMINAL_STATUSES, TaskStatus
 from chongming_task.stores.postgres import _codec, _logs
 from chongming_task.stores.postgres._codec import _in_list
 
-SCHEMA_VERSION = 1
-"""本程序写出、也只认得的表结构版本。数据库里的版本更高 → 明确报错，而不是按旧结构乱写。"""
+SCHEMA_VERSION = 2
+"""本程序写出、也只认得的表结构版本。数据库里的版本更高 → 明确报错，而不是按旧结构乱写。
+
+* 第 1 版：迁移记录是一张普通表，主键 (task_id, version)。
+* 第 2 版：迁移记录按 ``at`` 月度分区（``PARTITION BY RANGE``），过期的整月分区归档之后 DETACH + DROP
+  （见 ``_partitions``）。分区表的主键必须包含分区键，所以主键是 (task_id, version, at)；"同一
+  (task_id, version) 只留一条"由写入语句保证（见 ``_sql.transitions_insert``）。第 1 版的库在可写打开时
+  原地升级（``migration_statements``）：旧表整张挂成一个分区，不搬数据。
+"""
 
 DEFAULT_SCHEMA = "chongming_task"
 
@@ -74,10 +81,81 @@ def later_ddl_statements(schema: str) -> list[str]:
     ]
 
 
+def _transition_columns() -> str:
+    # CHECK 约束显式命名：与第 1 版旧表上自动得到的名字相同，旧表才能挂成分区（ATTACH 按名字比对约束）。
+    statuses = _in_list([status.value for status in TaskStatus])
+    return f"""    task_id text COLLATE "C" NOT NULL,
+    version bigint NOT NULL,
+    from_status text NOT NULL CONSTRAINT transitions_from_status_check CHECK (from_status IN ({statuses})),
+    to_status text NOT NULL CONSTRAINT transitions_to_status_check CHECK (to_status IN ({statuses})),
+    trigger text NOT NULL,
+    actor text,
+    reason text,
+    at timestamptz NOT NULL,
+    at_off bigint NOT NULL"""
+
+
+def transitions_ddl_statements(schema: str) -> list[str]:
+    """按月分区的迁移记录表与它的 DEFAULT 分区（兜底：还没建好月分区的时间落在这里，写入永不失败）。
+
+    月分区不在这里：它们由可写打开与归档按需提前建（``_partitions.ensure_months``）。
+    """
+    s = quote_ident(schema)
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {s}.transitions (
+{_transition_columns()},
+    PRIMARY KEY (task_id, version, at)
+) PARTITION BY RANGE (at)""",
+        f"CREATE TABLE IF NOT EXISTS {s}.{DEFAULT_PARTITION} PARTITION OF {s}.transitions DEFAULT",
+    ]
+
+
+DEFAULT_PARTITION = "transitions_default"
+LEGACY_PARTITION = "transitions_v1"
+"""第 1 版的旧表升级后的名字：整张挂成 ``[MINVALUE, 升级时的下一个月初)`` 这一个分区。"""
+
+
+def migration_statements(schema: str) -> dict[int, list[str]]:
+    """版本 N → N+1 的升级语句（同一事务内执行；``migration_sql`` 打印的也是这一份）。"""
+    s = quote_ident(schema)
+    legacy = quote_ident(LEGACY_PARTITION)
+    legacy_pkey = quote_ident(LEGACY_PARTITION + "_pkey")
+    literal = "'" + schema.replace("'", "''") + "'"
+    # 旧表挂成一个分区：上界取"现在与表里最晚时间两者中较晚那个"的下一个月初（UTC），
+    # 月分区从这里往后建。分区边界只能是常量，所以在 DO 块里算好再 EXECUTE。
+    attach = f"""DO $migrate$
+DECLARE bound timestamptz;
+BEGIN
+    SELECT (date_trunc('month', greatest(now(), coalesce(max(at), now())) AT TIME ZONE 'UTC')
+            + interval '1 month') AT TIME ZONE 'UTC'
+      INTO bound FROM {s}.{legacy};
+    EXECUTE format('ALTER TABLE %I.transitions ATTACH PARTITION %I.%I FOR VALUES FROM (MINVALUE) TO (%L)',
+                   {literal}, {literal}, '{LEGACY_PARTITION}', bound);
+END
+$migrate$"""
+    return {
+        1: [
+            f"ALTER TABLE {s}.transitions RENAME TO {legacy}",
+            # 分区的主键必须与分区表的一致（含分区键 at）：换成 (task_id, version, at)，ATTACH 直接沿用。
+            f"ALTER TABLE {s}.{legacy} DROP CONSTRAINT transitions_pkey",
+            f"ALTER TABLE {s}.{legacy} ADD CONSTRAINT {legacy_pkey} PRIMARY KEY (task_id, version, at)",
+            *transitions_ddl_statements(schema),
+            attach,
+            f"UPDATE {s}.schema_version SET version = 2",
+        ],
+    }
+
+
+def migration_sql(schema: str, from_version: int) -> str:
+    """把 ``from_version`` 版的 schema 升级到 ``SCHEMA_VERSION`` 的 SQL（含事务），交给表的属主执行。"""
+    steps = migration_statements(schema)
+    body = [statement for version in range(from_version, SCHEMA_VERSION) for statement in steps[version]]
+    return "BEGIN;\n\n" + ";\n\n".join(body) + ";\n\nCOMMIT;\n"
+
+
 def ddl_statements(schema: str) -> list[str]:
     """建表语句，按执行顺序。全部幂等（IF NOT EXISTS），在同一事务里执行。"""
     s = quote_ident(schema)
-    statuses = _in_list([status.value for status in TaskStatus])
     terminal = _in_list(sorted(status.value for status in TERMINAL_STATUSES))
     actions = _in_list([action.value for action in CommandAction])
     return [
@@ -101,18 +179,7 @@ def ddl_statements(schema: str) -> list[str]:
         f"""CREATE INDEX IF NOT EXISTS tasks_finished_idx ON {s}.tasks (finished_at)
     WHERE status IN ({terminal})""",
         *later_ddl_statements(schema),
-        f"""CREATE TABLE IF NOT EXISTS {s}.transitions (
-    task_id text COLLATE "C" NOT NULL,
-    version bigint NOT NULL,
-    from_status text NOT NULL CHECK (from_status IN ({statuses})),
-    to_status text NOT NULL CHECK (to_status IN ({statuses})),
-    trigger text NOT NULL,
-    actor text,
-    reason text,
-    at timestamptz NOT NULL,
-    at_off bigint NOT NULL,
-    PRIMARY KEY (task_id, version)
-)""",
+        *transitions_ddl_statements(schema),
         f"""CREATE TABLE IF NOT EXISTS {s}.commands (
     command_id text COLLATE "C" PRIMARY KEY,
     task_id text COLLATE "C" NOT NULL,
@@ -158,14 +225,19 @@ def grant_sql(schema: str, role: str) -> str:
 
 
 __all__ = [
+    "DEFAULT_PARTITION",
     "DEFAULT_SCHEMA",
     "LATER_TASK_COLUMNS",
+    "LEGACY_PARTITION",
     "MAX_IDENTIFIER_BYTES",
     "SCHEMA_VERSION",
     "ddl_statements",
     "grant_sql",
     "later_ddl_statements",
+    "migration_sql",
+    "migration_statements",
     "node_ddl_statements",
     "quote_ident",
     "schema_sql",
+    "transitions_ddl_statements",
 ]

@@ -11,10 +11,10 @@ import select
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -24,6 +24,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
+from chongming_task.core.storage import values as v
 from chongming_task.core.storage.claiming import QueuedClaim
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.opening import (
@@ -32,22 +33,7 @@ from chongming_task.core.storage.opening import (
     SchemaPrivilegeError,
     check_opening,
 )
-from chongming_task.core.storage.values import (
-    ArchiveDeleted,
-    ArchivedTask,
-    ArchiveReceipt,
-    Command,
-    CommandAction,
-    LogLine,
-    LogStats,
-    NodeRecord,
-    QueryOrder,
-    TaskQuery,
-    TaskStats,
-    TouchUpdate,
-    as_query,
-    lease_held_message,
-)
+from chongming_task.core.storage.retention import RetentionByModule, RetentionModule
 from chongming_task.errors import (
     ConcurrencyConflict,
     ConfigurationError,
@@ -57,7 +43,7 @@ from chongming_task.errors import (
 )
 from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TERMINAL_STATUSES, TaskStatus
-from chongming_task.stores.postgres import _archive, _claim, _logs, _schema, _sql
+from chongming_task.stores.postgres import _archive, _claim, _logs, _partitions, _schema, _sql
 from chongming_task.stores.postgres._codec import (
     check_text,
     command_from_row,
@@ -247,6 +233,27 @@ def _keepalive_defaults(
     return {key: value for key, value in defaults.items() if key not in given}
 
 
+def _session_options(statement_ms: int | None, network_timeout: float | None) -> str:
+    """连接池会话的服务器端上限（libpq ``options``）。
+
+    * ``statement_timeout``：单条语句（含等锁）的上限。
+    * ``idle_in_transaction_session_timeout`` = ``network_timeout``：本库的事务都短、由客户端驱动，
+      一个会话在事务里空等得比客户端自己等回复的上限还久，客户端就已经死了或放弃了（网络分区：中间设备
+      让服务器那一侧的 TCP 连接一直活着，服务器自己永远发现不了）。到期由服务器结束会话、放掉行锁，
+      否则同伴对这些任务的 reconcile / 控制要一直等到 TCP keepalive（几个小时）。活着的客户端在事务里
+      从不空等这么久：它等回复最多 ``network_timeout``，到期自己就切断连接了。
+
+    只给连接池的会话：建表与维护（``_maintenance_connection``，整块归档分区）用的独立连接在事务里
+    要做客户端的工作（写归档文件），不适用这条上限。
+    """
+    options = []
+    if statement_ms is not None:
+        options.append(f"-c statement_timeout={statement_ms}")
+    if network_timeout is not None:
+        options.append(f"-c idle_in_transaction_session_timeout={math.ceil(network_timeout * 1000)}")
+    return " ".join(options)
+
+
 def _data_error(exc: BaseException) -> ConfigurationError:
     if isinstance(exc, pg_errors.NumericValueOutOfRange):
         return ConfigurationError(f"数值超出 PostgreSQL 列的范围（整数列为 64 位，桶号为 32 位）：{exc}")
@@ -260,7 +267,7 @@ def _data_error(exc: BaseException) -> ConfigurationError:
 # -- the store ---------------------------------------------------------------------------------------
 
 
-class PostgresTaskStore(TaskStore):
+class PostgresTaskStore(RetentionByModule, TaskStore):
     """PostgreSQL 持久层：多台机器共用一套任务存储与控制指令通道。
 
     ``dsn`` 是 libpq 连接串（``postgresql://user:pw@host:5432/db`` 或 ``host=... dbname=...``）。
@@ -281,7 +288,8 @@ class PostgresTaskStore(TaskStore):
       （写入的结果未知，写穿层会读回再收敛）。一次调用的上界因此是
       ``pool_timeout + network_timeout``（docs/distributed.md §7.1）。
       同时默认开启 TCP keepalive 与 ``tcp_user_timeout``，连接串或 ``connect_kwargs``
-      里给了同名参数就以它们为准。
+      里给了同名参数就以它们为准。连接池会话的 ``idle_in_transaction_session_timeout`` 也等于它：
+      分区时留在服务器上的事务由服务器结束、放掉行锁（见 ``_session_options`` 与 docs/distributed.md §7.5）。
     * ``clock``：写进指令与租约的"现在"（测试注入 FakeClock）。
     * ``readonly``：只读打开——不建 schema、不建表、不补建，每条连接都是
       ``default_transaction_read_only``（写方法一律失败）；schema 里没有 chongming-task 的表 →
@@ -290,6 +298,8 @@ class PostgresTaskStore(TaskStore):
       （schema 里有别的表也建）、``"never"``（从不建表，表由 DBA 按 ``schema_sql()`` 建）。
       约定见 ``chongming_task.core.storage.opening``。
     """
+
+    _retention: ClassVar[RetentionModule] = _archive  # 归档保留四个方法的实现（见 RetentionByModule）
 
     def __init__(
         self,
@@ -362,9 +372,10 @@ class PostgresTaskStore(TaskStore):
         # autocommit：每个方法都是一条自成事务的语句，省掉 BEGIN / COMMIT 两次往返；
         # 需要多条语句原子执行的地方显式 conn.transaction()。
         pool_kwargs["autocommit"] = True
-        if statement_ms is not None and "options" not in dsn and "options" not in pool_kwargs:
+        options = _session_options(statement_ms, self._network_timeout)
+        if options and "options" not in dsn and "options" not in pool_kwargs:
             # 连接串或 connect_kwargs 里已有 options（例如 -c statement_timeout=…）就尊重它，不覆盖。
-            pool_kwargs["options"] = f"-c statement_timeout={statement_ms}"
+            pool_kwargs["options"] = options
         try:
             self._pool: ConnectionPool[Conn] = ConnectionPool(
                 dsn,
@@ -443,6 +454,18 @@ class PostgresTaskStore(TaskStore):
         return _schema.schema_sql(_validate_schema_name(schema))
 
     @staticmethod
+    def migration_sql(schema: str = _schema.DEFAULT_SCHEMA, from_version: int = 1) -> str:
+        """把第 ``from_version`` 版的表结构升级到本程序版本的 SQL（含事务），交给表的属主执行。"""
+        if isinstance(from_version, bool) or not isinstance(from_version, int):
+            raise ConfigurationError(f"from_version 必须是整数，收到 {from_version!r}")
+        if not 1 <= from_version < _schema.SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"from_version 必须在 1..{_schema.SCHEMA_VERSION - 1} 之间"
+                f"（当前版本是 {_schema.SCHEMA_VERSION}），收到 {from_version}"
+            )
+        return _schema.migration_sql(_validate_schema_name(schema), from_version)
+
+    @staticmethod
     def grant_sql(schema: str, role: str) -> str:
         """给只读写、不建表的角色授权的 SQL（在 schema_sql 之后执行）。"""
         return _schema.grant_sql(_validate_schema_name(schema), role)
@@ -517,6 +540,8 @@ class PostgresTaskStore(TaskStore):
                         if version is None:
                             self._create_tables(conn)
                             version = _schema.SCHEMA_VERSION
+                if version < _schema.SCHEMA_VERSION and not self._readonly:
+                    version = self._migrate(conn, version)
                 if (
                     version == _schema.SCHEMA_VERSION
                     and self._create_schema != "never"
@@ -526,9 +551,15 @@ class PostgresTaskStore(TaskStore):
                 if (
                     version == _schema.SCHEMA_VERSION
                     and self._create_schema != "never"
-                    and not _logs.has_table(conn, self._log_sql)
+                    and not _logs.has_tables(conn, self._log_sql)
                 ):
                     self._add_logs_table(conn)
+                if (
+                    version == _schema.SCHEMA_VERSION
+                    and self._create_schema != "never"
+                    and not self._readonly
+                ):
+                    _partitions.ensure_ahead_or_warn(conn, self._schema, at_open=True)
                 if version == _schema.SCHEMA_VERSION:
                     self._add_later_columns(conn)
             except pg_errors.InsufficientPrivilege as exc:
@@ -544,11 +575,61 @@ class PostgresTaskStore(TaskStore):
                 f"{_schema.SCHEMA_VERSION}：它是由更新版本的 chongming-task 建的。请升级 "
                 "chongming-task-store-postgres，或换一个 schema，不要用旧程序写新结构。"
             )
-        if version < _schema.SCHEMA_VERSION:
+        if version < _schema.SCHEMA_VERSION and not self._readonly:
             raise StoreError(
                 f"PostgreSQL schema {self._schema!r} 的表结构版本是 {version}，低于本程序的 "
                 f"{_schema.SCHEMA_VERSION}，且没有可用的迁移路径；请联系维护者或换一个新 schema。"
             )
+
+    def _migrate(self, conn: Conn, version: int) -> int:
+        """把旧版本的 schema 原地升级到 ``SCHEMA_VERSION``（咨询锁下、一个事务；数据不搬，见 ``_schema``）。
+
+        ``create_schema="never"`` 或角色不是表的属主 → SchemaPrivilegeError，说明要运行什么。
+        """
+        if self._create_schema == "never":
+            raise self._migration_error(conn, version, "create_schema='never'：本程序不改表结构")
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    ["chongming_task.ddl:" + self._schema],
+                )
+                current = self._read_version(conn)
+                if current is None or current >= _schema.SCHEMA_VERSION:
+                    return current if current is not None else version
+                steps = _schema.migration_statements(self._schema)
+                for step in range(current, _schema.SCHEMA_VERSION):
+                    for statement in steps[step]:
+                        conn.execute(statement)
+        except pg_errors.InsufficientPrivilege as exc:
+            raise self._migration_error(conn, version, (str(exc).strip().splitlines() or [""])[0]) from exc
+        logger.info(
+            "schema %r 的表结构已从第 %d 版升级到第 %d 版", self._schema, version, _schema.SCHEMA_VERSION
+        )
+        return _schema.SCHEMA_VERSION
+
+    def _migration_error(self, conn: Conn, version: int, why: str) -> SchemaPrivilegeError:
+        role = "?"
+        with contextlib.suppress(psycopg.Error):
+            role = conn.info.user
+        sql = _schema.migration_sql(self._schema, version)
+        return SchemaPrivilegeError(
+            f"PostgreSQL schema {self._schema!r} 的表结构是第 {version} 版，"
+            f"需要升级到第 {_schema.SCHEMA_VERSION} 版（迁移记录表改为按月分区），"
+            f"而角色 {role!r} 不能改表结构（{why}）："
+            f"请让表的属主执行 chongming-task schema-sql --migrate-from {version} 打印的 SQL，然后再启动"
+            f"\n升级 SQL 也可以在代码里取：PostgresTaskStore.migration_sql({self._schema!r}, {version})",
+            ddl=sql,
+            detail=_schema.grant_sql(self._schema, role),
+        )
+
+    def _maintenance_connection(self) -> Conn:
+        """维护操作（整块归档分区）用的独立连接：它的事务比一次普通调用长，不占连接池、不受单次调用期限约束。"""
+        self._check_open()
+        try:
+            return psycopg.connect(self._dsn, autocommit=True, **self._connect_kwargs)
+        except psycopg.Error as exc:
+            raise StoreError(f"连不上 PostgreSQL（{self._display}）：{str(exc).strip()}") from exc
 
     def _refuse_creation(self, conn: Conn) -> None:
         """schema 里没有我们的表：按 readonly / create_schema 决定能不能建（见 ``core.storage.opening``）。
@@ -641,13 +722,14 @@ class PostgresTaskStore(TaskStore):
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                     ["chongming_task.ddl:" + self._schema],
                 )
-                if not _logs.has_table(conn, self._log_sql):
+                if not _logs.has_tables(conn, self._log_sql):
                     for statement in _logs.ddl_statements(self._sql.s):
                         conn.execute(statement)
         except pg_errors.InsufficientPrivilege:
             logger.warning(
-                "schema %r 里没有任务日志表 task_logs，而角色 %r 没有建表权限：任务读写照常，"
-                "任务日志不会持久化，直到有权限的账号执行 chongming-task schema-sql 里的 task_logs 建表语句",
+                "schema %r 里缺任务日志表 task_logs / task_log_writers，而角色 %r 没有建表权限："
+                "任务读写照常，任务日志不会持久化，直到有权限的账号执行 chongming-task schema-sql 里"
+                "这两张表的建表语句",
                 self._schema,
                 conn.info.user,
             )
@@ -834,17 +916,9 @@ class PostgresTaskStore(TaskStore):
         if row is None or row[0] == 0:
             raise DuplicateTaskId(f"task_id {snapshot.task_id!r} 已存在；想再跑一次请换一个 task_id 提交")
 
-    def save(
-        self,
-        snapshot: TaskSnapshot,
-        *,
-        expect_version: int,
-        transitions: Sequence[Transition] = (),
-        lease_expired_before: datetime | None = None,
-    ) -> None:
-        snapshot = checks.check_snapshot(snapshot)
-        checks.validate_save(snapshot, expect_version, transitions)
-        checks.check_aware("lease_expired_before", lease_expired_before)
+    def _save(self, request: v.SaveRequest) -> None:
+        snapshot, transitions = request.snapshot, request.transitions
+        expect_version, lease_expired_before = request.expect_version, request.lease_expired_before
         params = task_params(snapshot)
         params["expect_version"] = expect_version
         leased = lease_expired_before is not None
@@ -864,8 +938,14 @@ class PostgresTaskStore(TaskStore):
             # 冲突是少见路径：多花一次往返读出当前版本（与租约），让报错说清楚差在哪。
             current = conn.execute(self._sql.current_lease, [snapshot.task_id]).fetchone()
         actual = "?" if current is None else current[0]
-        if current is not None and current[0] == expect_version and leased:
-            raise ConcurrencyConflict(lease_held_message(snapshot.task_id, current[1]))
+        if current is not None and current[0] == expect_version and lease_expired_before is not None:
+            if current[1] is None or current[1] < lease_expired_before:
+                # 版本与租约都符合，只是行正被别的会话锁着（SKIP LOCKED 跳过了它，见 _sql.Sql.save_leased）。
+                raise ConcurrencyConflict(
+                    f"任务 {snapshot.task_id!r} 正被另一个会话写入（行锁未释放）：这一轮不作判定，"
+                    "没有写入任何内容；锁释放后（对方提交，或服务器结束失联的会话）再判"
+                )
+            raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, current[1]))
         raise ConcurrencyConflict(
             f"任务 {snapshot.task_id!r} 的版本冲突：期望 status_version={expect_version}，存储中为 {actual}；"
             "有别的写入者抢先改了它，请重新读取后再决定"
@@ -881,12 +961,12 @@ class PostgresTaskStore(TaskStore):
 
         return self._read(run)
 
-    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
-        query = as_query(query)
+    def query(self, query: v.TaskQuery | None = None) -> list[TaskSnapshot]:
+        query = v.as_query(query)
         if query.limit == 0:
             return []
         where, params = _sql.where_clause(query)
-        direction = "DESC" if query.order is QueryOrder.NEWEST_FIRST else "ASC"
+        direction = "DESC" if query.order is v.QueryOrder.NEWEST_FIRST else "ASC"
         text = (
             f"SELECT {self._sql.task_cols} FROM {self._sql.s}.tasks{where} "
             f"ORDER BY created_at {direction}, task_id {direction}"
@@ -900,19 +980,19 @@ class PostgresTaskStore(TaskStore):
 
         return self._read(run)
 
-    def stats(self, query: TaskQuery | None = None) -> TaskStats:
-        query = as_query(query)
+    def stats(self, query: v.TaskQuery | None = None) -> v.TaskStats:
+        query = v.as_query(query)
         where, params = _sql.where_clause(query)
         text = f"SELECT status, count(*) FROM {self._sql.s}.tasks{where} GROUP BY status"
 
-        def run(conn: Conn) -> TaskStats:
+        def run(conn: Conn) -> v.TaskStats:
             rows = conn.execute(text, params).fetchall()
-            return TaskStats({TaskStatus(status): int(n) for status, n in rows})
+            return v.TaskStats({TaskStatus(status): int(n) for status, n in rows})
 
         return self._read(run)
 
-    def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
-        query = as_query(query)
+    def bucket_counts(self, query: v.TaskQuery | None = None) -> dict[int, int]:
+        query = v.as_query(query)
         where, params = _sql.where_clause(query)
         where = f"{where} AND bucket IS NOT NULL" if where else " WHERE bucket IS NOT NULL"
         text = f"SELECT bucket, count(*) FROM {self._sql.s}.tasks{where} GROUP BY bucket ORDER BY bucket"
@@ -945,66 +1025,75 @@ class PostgresTaskStore(TaskStore):
 
     # -- side channel ---------------------------------------------------------------------------------
 
-    def _touch_statement(self, update: TouchUpdate) -> tuple[str, dict[str, Any]] | None:
+    @staticmethod
+    def _touch_params(update: v.TouchUpdate) -> dict[str, Any] | None:
+        """一项 touch 的参数（None：没有要改的字段）。值为 None 的字段表示"不改"。"""
         check_text(update.lease_owner, "lease_owner")
-        progress, heartbeat_at, lease_owner, lease_until = (
-            update.progress,
-            update.heartbeat_at,
-            update.lease_owner,
-            update.lease_until,
-        )
-        if progress is None and heartbeat_at is None and lease_owner is None and lease_until is None:
+        progress, heartbeat_at = update.progress, update.heartbeat_at
+        if (
+            progress is None
+            and heartbeat_at is None
+            and update.lease_owner is None
+            and update.lease_until is None
+        ):
             return None
-        params: dict[str, Any] = {"task_id": update.task_id, "lease_owner": lease_owner}
+        params: dict[str, Any] = {"task_id": update.task_id, "lease_owner": update.lease_owner}
         params["progress"] = None if progress is None else json_text(progress.to_dict(), "progress")
         params["heartbeat_at"], params["heartbeat_at_off"] = split_dt(heartbeat_at)
-        params["lease_until"], params["lease_until_off"] = split_dt(lease_until)
-        text = self._sql.touch(
-            progress is not None, heartbeat_at is not None, lease_owner is not None, lease_until is not None
-        )
-        return text, params
+        params["lease_until"], params["lease_until_off"] = split_dt(update.lease_until)
+        return params
 
-    def _touch(self, update: TouchUpdate) -> bool:
+    def _touch(self, update: v.TouchUpdate) -> bool:
         task_id = update.task_id
-        statement = self._touch_statement(update)
+        params = self._touch_params(update)
         if "\x00" in task_id:
             return False
-        if statement is None:
+        if params is None:
 
             def run(conn: Conn) -> bool:
                 row = conn.execute(self._sql.exists, [task_id]).fetchone()
                 return bool(row and row[0])
 
             return self._read(run)
-        text, params = statement
+        text = self._sql.touch(
+            params["progress"] is not None,
+            params["heartbeat_at"] is not None,
+            params["lease_owner"] is not None,
+            params["lease_until"] is not None,
+        )
         with self._connection() as conn:
             return conn.execute(text, params).fetchone() is not None
 
     def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
-        """一次事务、一次管道发送：控制器每轮续租几十个任务，不该付几十次往返。"""
-        statements: list[tuple[str, dict[str, Any]]] = []
+        """一条语句、一次往返：控制器每轮续租几十个任务，不该付几十次往返。
+
+        为什么不是"一个事务里逐条 UPDATE"（旧实现：管道里 BEGIN、UPDATE…、同步一次、再 COMMIT）：
+        那样行锁要跨一次网络往返持有。网络恰好在两次发送之间挂住时，服务器上的会话拿着这些任务的行锁
+        "idle in transaction"，而中间设备让服务器那一侧的 TCP 连接一直活着——同伴对这些任务的 reconcile
+        要等到 TCP keepalive（几个小时）。``idle_in_transaction_session_timeout`` 救不了这种管道事务：
+        psycopg 在 Sync 之后还发一个 Flush，PostgreSQL 收到任何消息都会关掉这个计时器，只在下一次
+        ReadyForQuery 时才重新打开，而 COMMIT 永远不会来。一条语句则在服务器收到 Sync 时就提交（或者
+        根本没执行），不把锁留在网络的另一头。同一任务出现多次时按先后合并字段，与逐条执行的结果相同。
+        """
+        merged: dict[str, dict[str, Any]] = {}
         for task_id, raw in updates:
-            statement = self._touch_statement(checks.touch_many_update(task_id, raw))
-            if statement is not None and "\x00" not in task_id:  # 含 NUL 的任务不可能存在
-                statements.append(statement)
-        if not statements:
+            params = self._touch_params(checks.touch_many_update(task_id, raw))
+            if params is None or "\x00" in task_id:  # 含 NUL 的任务不可能存在
+                continue
+            into = merged.setdefault(task_id, {})
+            into.update({key: value for key, value in params.items() if value is not None})
+        if not merged:
             return
-        with self._connection() as conn, conn.pipeline(), conn.transaction():
-            for text, params in statements:
-                conn.execute(text, params)
+        columns = _sql.TOUCH_MANY_COLUMNS
+        arrays = {name: [fields.get(name) for fields in merged.values()] for name in columns}
+        with self._connection() as conn:
+            conn.execute(self._sql.touch_many, arrays)
 
     # -- commands -------------------------------------------------------------------------------------
 
-    def submit_command(
-        self,
-        task_id: str,
-        action: CommandAction | str,
-        *,
-        issuer: str | None = None,
-        reason: str | None = None,
-        payload: Mapping[str, Any] | None = None,
-    ) -> Command:
-        action, body = checks.command_args(task_id, action, issuer, reason, payload)
+    def _submit_command(self, submission: v.CommandSubmission) -> v.Command:
+        task_id, action = submission.task_id, submission.action
+        issuer, reason, body = submission.issuer, submission.reason, submission.payload
         check_text(issuer, "指令的 issuer")
         check_text(reason, "指令的 reason")
         if "\x00" in task_id:
@@ -1028,7 +1117,7 @@ class PostgresTaskStore(TaskStore):
             row = conn.execute(self._sql.submit, params).fetchone()
         if row is None:
             raise TaskNotFound(f"任务 {task_id!r} 不存在，无法下发指令 {action.value}")
-        return Command(
+        return v.Command(
             command_id=command_id,
             task_id=task_id,
             action=action,
@@ -1039,16 +1128,9 @@ class PostgresTaskStore(TaskStore):
             bucket=row[0],
         )
 
-    def claim_commands(
-        self,
-        claimant: str,
-        *,
-        lease: float,
-        limit: int = 100,
-        task_ids: Iterable[str] | None = None,
-        buckets: Iterable[int] | None = None,
-    ) -> list[Command]:
-        wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
+    def _claim_commands(self, request: v.ClaimRequest) -> list[v.Command]:
+        claimant, lease, limit = request.claimant, request.lease, request.limit
+        wanted_tasks, wanted_buckets = request.task_ids, request.buckets
         check_text(claimant, "认领者 claimant")
         # text 存不下 NUL、integer 存不下 2**31 以上的桶号：这样的过滤值不可能匹配任何指令，直接去掉。
         ids = None if wanted_tasks is None else sorted(t for t in wanted_tasks if "\x00" not in t)
@@ -1159,7 +1241,7 @@ class PostgresTaskStore(TaskStore):
 
     # -- membership -----------------------------------------------------------------------------------
 
-    def publish_node(self, record: NodeRecord) -> None:
+    def publish_node(self, record: v.NodeRecord) -> None:
         params = node_params(checks.check_node_record(record))
         try:
             with self._connection() as conn:
@@ -1167,8 +1249,8 @@ class PostgresTaskStore(TaskStore):
         except StoreError as exc:
             raise self._membership_error(exc) from exc.__cause__
 
-    def list_nodes(self) -> list[NodeRecord]:
-        def run(conn: Conn) -> list[NodeRecord]:
+    def list_nodes(self) -> list[v.NodeRecord]:
+        def run(conn: Conn) -> list[v.NodeRecord]:
             return [node_from_row(row) for row in conn.execute(self._sql.list_nodes).fetchall()]
 
         try:
@@ -1186,15 +1268,15 @@ class PostgresTaskStore(TaskStore):
 
     # -- task logs (issue 18；实现在 _logs.py) ------------------------------------------------------
 
-    def append_logs(self, lines: Sequence[LogLine]) -> None:
+    def append_logs(self, lines: Sequence[v.LogLine]) -> None:
         _logs.append_logs(self, self._log_sql, lines)
 
     def read_logs(
         self, task_id: str, *, attempt: int | None = None, after_seq: int | None = None, limit: int = 1000
-    ) -> list[LogLine]:
+    ) -> list[v.LogLine]:
         return _logs.read_logs(self, self._log_sql, task_id, attempt, after_seq, limit)
 
-    def log_stats(self, task_id: str) -> LogStats:
+    def log_stats(self, task_id: str) -> v.LogStats:
         return _logs.log_stats(self, self._log_sql, task_id)
 
     # -- upkeep ---------------------------------------------------------------------------------------
@@ -1207,23 +1289,20 @@ class PostgresTaskStore(TaskStore):
             row = conn.execute(statement, params).fetchone()
         return 0 if row is None else int(row[0])
 
-    # -- retention: archive-then-delete (issue 20；实现在 _archive.py) --------------------------------
+    # -- retention: 按月分区整块归档（实现在 _archive.py；另四个保留方法来自 RetentionByModule） --
 
-    def export_transitions(
-        self, before: datetime, *, after: tuple[str, int] | None = None, limit: int = 1000
-    ) -> list[Transition]:
-        return _archive.export_transitions(self, before, after, limit)
+    def expired_partitions(self, before: datetime) -> list[str]:
+        return _archive.expired_partitions(self, before)
 
-    def export_finished(
-        self, before: datetime, *, after: str | None = None, limit: int = 100
-    ) -> list[ArchivedTask]:
-        return _archive.export_finished(self, before, after, limit)
-
-    def delete_archived(self, receipt: ArchiveReceipt) -> ArchiveDeleted:
-        return _archive.delete_archived(self, receipt)
-
-    def purge_commands(self, completed_before: datetime) -> int:
-        return _archive.purge_commands(self, completed_before)
+    def archive_partition(
+        self,
+        name: str,
+        before: datetime,
+        write: Callable[[list[Transition]], None],
+        *,
+        batch: int = 5000,
+    ) -> v.PartitionArchived:
+        return _archive.archive_partition(self, name, before, write, batch)
 
     def close(self) -> None:
         with self._close_lock:

@@ -52,11 +52,12 @@ def in_clause(column: str, values: frozenset[Any], params: list[Any]) -> str:
     return f"{column} IN (SELECT value FROM json_each(?))"
 
 
-def select_from(query: TaskQuery, *extra: str) -> tuple[str, list[Any], str]:
+def select_from(query: TaskQuery, *extra: str, name_index: bool = True) -> tuple[str, list[Any], str]:
     """TaskQuery → (``FROM ... WHERE ...``, 参数, 排序键所在的表别名)。逐条对应 ``TaskQuery.matches``。
 
     任务表的别名总是 ``t``。给了 tag 时从标签旁表 ``g`` 出发联到 ``t``，并按 ``g`` 上的排序键排序
     （与 t 上的值相同），这样带 LIMIT 的标签查询沿旁表主键有序读取。
+    ``name_index=False`` 时任务名前缀写成 ``+t.name``（不许用 name 索引，见 ``store.query``）。
     """
     clauses: list[str] = list(extra)
     params: list[Any] = []
@@ -73,11 +74,12 @@ def select_from(query: TaskQuery, *extra: str) -> tuple[str, list[Any], str]:
         clauses.append(in_clause("t.status", frozenset(s.value for s in query.statuses), params))
     if query.name_prefix:
         # 区间比较而不是 LIKE：LIKE 对 ASCII 不分大小写，而 startswith 区分；区间还能走索引。
-        clauses.append("t.name >= ?")
+        name = "t.name" if name_index else "+t.name"
+        clauses.append(f"{name} >= ?")
         params.append(query.name_prefix)
         upper = codec.prefix_upper_bound(query.name_prefix)
         if upper is not None:
-            clauses.append("t.name < ?")
+            clauses.append(f"{name} < ?")
             params.append(upper)
     if query.bucket is not None:
         clauses.append("t.bucket = ?")

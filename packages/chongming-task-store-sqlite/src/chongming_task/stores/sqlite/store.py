@@ -10,31 +10,17 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any, ClassVar, Literal, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
+from chongming_task.core.storage import values as v
 from chongming_task.core.storage.claiming import QueuedClaim
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.opening import CreateSchema, SchemaMissing, check_opening
-from chongming_task.core.storage.values import (
-    ArchiveDeleted,
-    ArchivedTask,
-    ArchiveReceipt,
-    Command,
-    CommandAction,
-    LogLine,
-    LogStats,
-    NodeRecord,
-    QueryOrder,
-    TaskQuery,
-    TaskStats,
-    TouchUpdate,
-    as_query,
-    lease_held_message,
-)
+from chongming_task.core.storage.retention import RetentionByModule, RetentionModule
 from chongming_task.errors import (
     ConcurrencyConflict,
     ConfigurationError,
@@ -57,6 +43,9 @@ _SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 _URL_OPTIONS = frozenset({"clock", "busy_timeout", "synchronous", "readonly", "create_schema"})
 
 # SQLite 主错误码（扩展码的低 8 位）。
+NAME_INDEX_ROWS = 5000
+"""任务名前缀匹配的行不超过这么多时，带 LIMIT 的查询走 name 索引再排序；更多时沿时间索引边走边筛。"""
+
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
 _SQLITE_READONLY = 8
@@ -182,7 +171,7 @@ def _execute(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], mo
         raise
 
 
-class SqliteTaskStore(TaskStore):
+class SqliteTaskStore(RetentionByModule, TaskStore):
     """SQLite 存储。``path`` 是文件路径或 ``":memory:"``。
 
     * ``clock``：指令的创建时间与租约取自它（测试注入 FakeClock）；默认真实时钟。
@@ -194,6 +183,8 @@ class SqliteTaskStore(TaskStore):
     * ``create_schema``：``"auto"``（默认，只在新文件 / 0 字节 / 一张表也没有的库上建表）、``"always"``
       （库里有别的应用的表也建）、``"never"``（从不建表）。约定见 ``chongming_task.core.storage.opening``。
     """
+
+    _retention: ClassVar[RetentionModule] = _archive  # 归档保留四个方法的实现（见 RetentionByModule）
 
     def __init__(
         self,
@@ -424,19 +415,9 @@ class SqliteTaskStore(TaskStore):
 
         self._run("create", tx)
 
-    def save(
-        self,
-        snapshot: TaskSnapshot,
-        *,
-        expect_version: int,
-        transitions: Sequence[Transition] = (),
-        lease_expired_before: datetime | None = None,
-    ) -> None:
-        snapshot = checks.check_snapshot(snapshot)
-        transitions = tuple(transitions)
-        checks.check_transitions(snapshot.task_id, transitions)
-        checks.validate_save(snapshot, expect_version, transitions)
-        checks.check_aware("lease_expired_before", lease_expired_before)
+    def _save(self, request: v.SaveRequest) -> None:
+        snapshot, expect_version, transitions = request.snapshot, request.expect_version, request.transitions
+        lease_expired_before = request.lease_expired_before
         lease_key = None if lease_expired_before is None else codec.dt_key(lease_expired_before)
         row = codec.snapshot_row(snapshot)
         new_values = [row[column] for column in schema.SAVE_COLUMNS]
@@ -457,7 +438,7 @@ class SqliteTaskStore(TaskStore):
                 # 与版本检查在同一个写事务里：读到的租约就是写入那一刻的租约。
                 held = conn.execute(_sql.SAVE_LEASE_HELD, (task_id, lease_key)).fetchone()
                 if held is not None:
-                    raise ConcurrencyConflict(lease_held_message(task_id, codec.dt_parse(held[0])))
+                    raise ConcurrencyConflict(v.lease_held_message(task_id, codec.dt_parse(held[0])))
             # 只 SET 真正变了的列：SQLite 会为 SET 里出现的每个被索引的列维护索引（哪怕值没变），
             # 而一次状态迁移通常只改 status / status_version 和一两个时间戳，不碰 name、owner、桶号。
             changed = [
@@ -493,13 +474,13 @@ class SqliteTaskStore(TaskStore):
         checks.check_key("task_id", task_id)
         return self._run("get", read, "none")
 
-    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
-        query = as_query(query)
+    def query(self, query: v.TaskQuery | None = None) -> list[TaskSnapshot]:
+        query = v.as_query(query)
         if query.limit == 0:
             self._check_open()
             return []
-        source, params, alias = _sql.select_from(query)
-        direction = "DESC" if query.order is QueryOrder.NEWEST_FIRST else "ASC"
+        source, params, alias = _sql.select_from(query, name_index=self._name_index_pays(query))
+        direction = "DESC" if query.order is v.QueryOrder.NEWEST_FIRST else "ASC"
         order = f"{alias}.created_key {direction}, {alias}.task_id {direction}"
         sql = f"SELECT {_sql.TASK_COLUMNS_T}{source} ORDER BY {order}"
         if query.limit is not None:
@@ -512,14 +493,34 @@ class SqliteTaskStore(TaskStore):
         rows = self._run("query", read, "none")
         return [codec.snapshot_from_row(r) for r in rows]
 
-    def stats(self, query: TaskQuery | None = None) -> TaskStats:
-        source, params, _ = _sql.select_from(as_query(query))
+    def _name_index_pays(self, query: v.TaskQuery) -> bool:
+        """带 LIMIT 的任务名前缀查询走不走 name 索引。
+
+        name 索引给出的是按名字排的行：前缀匹配的行少时，全取出来再按时间排序最快；匹配几十万行时
+        （``name=sync-``）排序要一秒多，不如沿时间索引倒着走、边走边筛，凑够 LIMIT 行就停。
+        先在 name 索引上数一数（最多数到 ``NAME_INDEX_ROWS`` 就停，只读索引），再决定。
+        """
+        if not query.name_prefix or query.limit is None or query.tag is not None:
+            return True
+        upper = codec.prefix_upper_bound(query.name_prefix)
+        sql = "SELECT count(*) FROM (SELECT 1 FROM tasks WHERE name >= ?"
+        params: list[Any] = [query.name_prefix]
+        if upper is not None:
+            sql += " AND name < ?"
+            params.append(upper)
+        sql += " LIMIT ?)"
+        params.append(NAME_INDEX_ROWS)
+        found = self._run("query", lambda conn: conn.execute(sql, params).fetchone()[0], "none")
+        return bool(found < NAME_INDEX_ROWS)
+
+    def stats(self, query: v.TaskQuery | None = None) -> v.TaskStats:
+        source, params, _ = _sql.select_from(v.as_query(query))
         sql = f"SELECT t.status, count(*){source} GROUP BY t.status"
         rows = self._run("stats", lambda conn: conn.execute(sql, params).fetchall(), "none")
-        return TaskStats({TaskStatus(status): int(count) for status, count in rows})
+        return v.TaskStats({TaskStatus(status): int(count) for status, count in rows})
 
-    def bucket_counts(self, query: TaskQuery | None = None) -> dict[int, int]:
-        source, params, _ = _sql.select_from(as_query(query), "t.bucket IS NOT NULL")
+    def bucket_counts(self, query: v.TaskQuery | None = None) -> dict[int, int]:
+        source, params, _ = _sql.select_from(v.as_query(query), "t.bucket IS NOT NULL")
         sql = f"SELECT t.bucket, count(*){source} GROUP BY t.bucket"
         rows = self._run("bucket_counts", lambda conn: conn.execute(sql, params).fetchall(), "none")
         return {int(bucket): int(count) for bucket, count in rows}
@@ -564,7 +565,7 @@ class SqliteTaskStore(TaskStore):
     # -- side channel -------------------------------------------------------------------------------
 
     @staticmethod
-    def _touch_sets(update: TouchUpdate) -> tuple[str, list[Any]]:
+    def _touch_sets(update: v.TouchUpdate) -> tuple[str, list[Any]]:
         sets: list[str] = []
         params: list[Any] = []
         if update.progress is not None:
@@ -581,7 +582,7 @@ class SqliteTaskStore(TaskStore):
             params.extend((codec.dt_text(update.lease_until), codec.dt_key(update.lease_until)))
         return ", ".join(sets), params
 
-    def _touch(self, update: TouchUpdate) -> bool:
+    def _touch(self, update: v.TouchUpdate) -> bool:
         task_id = update.task_id
         sets, params = self._touch_sets(update)
         if not sets:
@@ -616,21 +617,13 @@ class SqliteTaskStore(TaskStore):
 
     # -- commands -----------------------------------------------------------------------------------
 
-    def submit_command(
-        self,
-        task_id: str,
-        action: CommandAction | str,
-        *,
-        issuer: str | None = None,
-        reason: str | None = None,
-        payload: Mapping[str, Any] | None = None,
-    ) -> Command:
-        action, body = checks.command_args(task_id, action, issuer, reason, payload)
-        payload_text = codec.json_text(body, what="指令 payload")
+    def _submit_command(self, submission: v.CommandSubmission) -> v.Command:
+        task_id, verb = submission.task_id, submission.action
+        issuer, reason = submission.issuer, submission.reason
+        payload_text = codec.json_text(submission.payload, what="指令 payload")
         command_id = uuid.uuid4().hex
-        verb = action
 
-        def tx(conn: sqlite3.Connection) -> Command:
+        def tx(conn: sqlite3.Connection) -> v.Command:
             found = conn.execute("SELECT bucket FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
             if found is None:
                 raise TaskNotFound(f"存储里没有任务 {task_id!r}")
@@ -650,7 +643,7 @@ class SqliteTaskStore(TaskStore):
                     found[0],
                 ),
             )
-            return Command(
+            return v.Command(
                 command_id=command_id,
                 task_id=task_id,
                 action=verb,
@@ -663,16 +656,9 @@ class SqliteTaskStore(TaskStore):
 
         return self._run("submit_command", tx)
 
-    def claim_commands(
-        self,
-        claimant: str,
-        *,
-        lease: float,
-        limit: int = 100,
-        task_ids: Iterable[str] | None = None,
-        buckets: Iterable[int] | None = None,
-    ) -> list[Command]:
-        wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
+    def _claim_commands(self, request: v.ClaimRequest) -> list[v.Command]:
+        claimant, lease, limit = request.claimant, request.lease, request.limit
+        wanted_tasks, wanted_buckets = request.task_ids, request.buckets
         if limit == 0 or wanted_tasks == frozenset() or wanted_buckets == frozenset():
             self._check_open()
             return []
@@ -761,12 +747,12 @@ class SqliteTaskStore(TaskStore):
 
     # -- membership ---------------------------------------------------------------------------------
 
-    def publish_node(self, record: NodeRecord) -> None:
+    def publish_node(self, record: v.NodeRecord) -> None:
         row = codec.node_row(checks.check_node_record(record))
         # 单条语句在自动提交模式下本身就是原子的写事务。
         self._run("publish_node", lambda conn: conn.execute(_sql.UPSERT_NODE, row), "none")
 
-    def list_nodes(self) -> list[NodeRecord]:
+    def list_nodes(self) -> list[v.NodeRecord]:
         rows = self._run("list_nodes", lambda conn: conn.execute(_sql.SELECT_NODES).fetchall(), "none")
         return [codec.node_from_row(row) for row in rows]
 
@@ -780,15 +766,15 @@ class SqliteTaskStore(TaskStore):
 
     # -- task logs (issue 18；实现在 _logs.py) ------------------------------------------------------
 
-    def append_logs(self, lines: Sequence[LogLine]) -> None:
+    def append_logs(self, lines: Sequence[v.LogLine]) -> None:
         _logs.append_logs(self, lines)
 
     def read_logs(
         self, task_id: str, *, attempt: int | None = None, after_seq: int | None = None, limit: int = 1000
-    ) -> list[LogLine]:
+    ) -> list[v.LogLine]:
         return _logs.read_logs(self, task_id, attempt, after_seq, limit)
 
-    def log_stats(self, task_id: str) -> LogStats:
+    def log_stats(self, task_id: str) -> v.LogStats:
         return _logs.log_stats(self, task_id)
 
     # -- upkeep -------------------------------------------------------------------------------------
@@ -815,24 +801,6 @@ class SqliteTaskStore(TaskStore):
             return len(doomed)
 
         return self._run("prune", tx)
-
-    # -- retention: archive-then-delete (issue 20；实现在 _archive.py) --------------------------------
-
-    def export_transitions(
-        self, before: datetime, *, after: tuple[str, int] | None = None, limit: int = 1000
-    ) -> list[Transition]:
-        return _archive.export_transitions(self, before, after, limit)
-
-    def export_finished(
-        self, before: datetime, *, after: str | None = None, limit: int = 100
-    ) -> list[ArchivedTask]:
-        return _archive.export_finished(self, before, after, limit)
-
-    def delete_archived(self, receipt: ArchiveReceipt) -> ArchiveDeleted:
-        return _archive.delete_archived(self, receipt)
-
-    def purge_commands(self, completed_before: datetime) -> int:
-        return _archive.purge_commands(self, completed_before)
 
     def close(self) -> None:
         self._pool.close()

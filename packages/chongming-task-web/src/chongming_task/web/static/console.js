@@ -75,6 +75,7 @@
     td.textContent = text;
     if (cls) { td.className = cls; }
     tr.appendChild(td);
+    return td;
   }
 
   function updateTask(data) {
@@ -104,8 +105,31 @@
     }
   }
 
+  function updateNodes(nodes) {
+    var body = document.getElementById("nodes");
+    if (!body || !nodes) { return; }
+    while (body.firstChild) { body.removeChild(body.firstChild); }
+    if (!nodes.length) {
+      var tr = document.createElement("tr");
+      cell(tr, "（没有节点登记：没有持有任务的进程在线）", "empty").colSpan = 5;
+      body.appendChild(tr);
+      return;
+    }
+    for (var i = 0; i < nodes.length; i++) {
+      var n = nodes[i];
+      var row = document.createElement("tr");
+      cell(row, n.owner);
+      cell(row, n.buckets);
+      cell(row, String(n.num_buckets));
+      cell(row, n.heartbeat);
+      cell(row, n.freshness, n.alive ? "ok" : "bad");
+      body.appendChild(row);
+    }
+  }
+
   function updateOverview(data) {
     fill(main, data);
+    updateNodes(data.nodes);
     var rows = document.querySelectorAll("#status-counts tr[data-status]");
     var counts = {};
     for (var i = 0; i < data.statuses.length; i++) { counts[data.statuses[i].status] = data.statuses[i].count; }
@@ -115,6 +139,55 @@
       if (target && n !== undefined) { target.textContent = String(n); }
     }
   }
+
+  // 日志尾巴：第二条 SSE（同一个共享轮询器），只带这个连接没见过的行；DOM 里最多留 MAX_LOG_NODES 行。
+  var MAX_LOG_NODES = 2000;
+  function logLine(list, line) {
+    var last = list.lastElementChild;
+    if (last && last.hasAttribute("data-attempt") && last.getAttribute("data-attempt") !== String(line.attempt)) {
+      var sep = document.createElement("li");
+      sep.className = "log-attempt";
+      sep.textContent = "— 第 " + line.attempt + " 次尝试 —";
+      list.appendChild(sep);
+    }
+    var li = document.createElement("li");
+    li.setAttribute("data-seq", String(line.seq));
+    li.setAttribute("data-attempt", String(line.attempt));
+    li.className = "log-" + String(line.level).toLowerCase();
+    var parts = [["log-at", line.at], ["log-level", line.level], ["log-n", "#" + line.attempt], ["log-msg", line.message]];
+    for (var i = 0; i < parts.length; i++) {
+      if (i) { li.appendChild(document.createTextNode(" ")); }
+      var span = document.createElement("span");
+      span.className = parts[i][0];
+      span.textContent = String(parts[i][1]);
+      li.appendChild(span);
+    }
+    list.appendChild(li);
+  }
+
+  function followLogs(section) {
+    var logUrl = section.getAttribute("data-log-stream");
+    var list = document.getElementById("log-lines");
+    if (!logUrl || !list) { return; }
+    list.scrollTop = list.scrollHeight;  // 首屏就停在最新的一行
+    var logs = new EventSource(logUrl);
+    logs.addEventListener("bye", function () { logs.close(); });
+    logs.addEventListener("logs", function (event) {
+      var data;
+      try { data = JSON.parse(event.data); } catch (e) { return; }
+      var stick = list.scrollTop + list.clientHeight >= list.scrollHeight - 4;  // 在底部才自动滚动
+      for (var i = 0; i < data.lines.length; i++) { logLine(list, data.lines[i]); }
+      while (list.children.length > MAX_LOG_NODES) { list.removeChild(list.firstChild); }
+      var empty = document.getElementById("logs-empty");
+      if (empty) { empty.hidden = list.children.length > 0; }
+      var gap = document.getElementById("logs-gap");
+      if (gap && data.gap) { gap.hidden = false; }
+      if (stick) { list.scrollTop = list.scrollHeight; }
+    });
+  }
+
+  var logSection = document.getElementById("logs");
+  if (view === "task" && logSection) { followLogs(logSection); }
 
   var source = new EventSource(url);
   source.addEventListener("open", function () { setLive("on", "实时：已连接"); });

@@ -1,0 +1,80 @@
+"""TaskStore 的"公开方法检查一次 → 后端钩子"：钩子是抽象的；直接覆盖公开方法的旧式后端照常可用。
+
+旧式后端在这里是一个把 25 个公开方法全部转交给内存存储的包装类：它一个钩子也不实现，
+照样能实例化、照样通过完整的契约套件（存储指南第 1 节"兼容"一段）。
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from chongming_task.core.storage.contract import TaskStore
+from chongming_task.stores.memory import InMemoryTaskStore
+from chongming_task.testing import FakeClock
+from chongming_task.testing.store_contract import StoreContract, snap
+
+HOOKS = {
+    "save": "_save",
+    "touch": "_touch",
+    "submit_command": "_submit_command",
+    "claim_commands": "_claim_commands",
+}
+
+
+def _forward(name: str) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.inner, name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _init(self: Any, inner: InMemoryTaskStore) -> None:
+    self.inner = inner
+
+
+# claim_queued（持久任务的认领）是可选能力：钩子不是抽象的（没实现的后端照常能用，只是不能跑 worker），
+# 旧式后端同样直接覆盖公开方法。
+OPTIONAL = {"claim_queued"}
+_PUBLIC = sorted(
+    {name for name in TaskStore.__abstractmethods__ if not name.startswith("_")} | set(HOOKS) | OPTIONAL
+)
+LegacyStore: type[TaskStore] = type(
+    "LegacyStore", (TaskStore,), {"__init__": _init, **{name: _forward(name) for name in _PUBLIC}}
+)
+
+
+def test_hooks_are_abstract_and_the_checked_public_methods_are_not() -> None:
+    abstract = TaskStore.__abstractmethods__
+    assert set(HOOKS.values()) <= abstract
+    assert not set(HOOKS) & abstract
+
+
+def test_a_store_with_neither_the_public_method_nor_its_hook_cannot_be_instantiated() -> None:
+    namespace = {name: _forward(name) for name in _PUBLIC if name != "claim_commands"}
+    incomplete: type[Any] = type("Incomplete", (TaskStore,), {"__init__": _init, **namespace})
+    with pytest.raises(TypeError, match="_claim_commands"):
+        incomplete(InMemoryTaskStore())
+
+
+def test_a_legacy_store_is_not_asked_for_hooks_and_its_public_methods_are_used() -> None:
+    store: Any = LegacyStore(InMemoryTaskStore())  # type: ignore[call-arg]
+    store.create(snap("t1"))
+    command = store.submit_command("t1", "pause", issuer="ops")
+    assert [c.command_id for c in store.claim_commands("me", lease=30)] == [command.command_id]
+    # 基类的公开方法没被调用，所以基类填进去的钩子只会说明原因，不会被悄悄用到。
+    with pytest.raises(NotImplementedError, match="直接覆盖了 save"):
+        store._save(None)
+
+
+class TestLegacyStyleStore(StoreContract):
+    """旧式后端（只覆盖公开方法）通过完整的契约套件。"""
+
+    def make_store(self) -> TaskStore:
+        return LegacyStore(InMemoryTaskStore())  # type: ignore[call-arg]
+
+    def make_clocked_store(self, clock: FakeClock) -> TaskStore:
+        return LegacyStore(InMemoryTaskStore(clock=clock))  # type: ignore[call-arg]
