@@ -37,14 +37,26 @@ def test_column_table_matches_the_snapshot_dataclass_exactly() -> None:
     )
 
 
-def _ddl_columns(ddl: str) -> list[str]:
+def _ddl_columns(ddl: str, later: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """建表语句里的列，再加上后补列的 ``ALTER TABLE ... ADD COLUMN [IF NOT EXISTS] <列>``（按执行顺序）。"""
     body = ddl[ddl.index("(") + 1 : ddl.rindex(")")]
-    return [line.split()[0] for line in body.strip().splitlines()]
+    columns = [line.split()[0] for line in body.strip().splitlines()]
+    for statement in later:
+        if statement.startswith("ALTER TABLE") and " ADD COLUMN " in statement:
+            columns.append(statement.split(" ADD COLUMN ", 1)[1].removeprefix("IF NOT EXISTS ").split()[0])
+    return columns
+
+
+def test_later_columns_are_not_in_the_released_create_table() -> None:
+    # 后补的列（配方）不进第 1 版的 CREATE TABLE：已发布的建表语句逐字不变，列由 ALTER TABLE 补。
+    later = [c.name for c in TASK_COLUMNS if c.added_later]
+    assert later == ["recipe"]
+    assert list(sqlite_schema.LATER_TASK_COLUMNS) == later
 
 
 def test_sqlite_ddl_contains_every_column() -> None:
     (ddl,) = [s for s in sqlite_schema._DDL_V1 if "CREATE TABLE IF NOT EXISTS tasks" in s]
-    columns = _ddl_columns(ddl)
+    columns = _ddl_columns(ddl, sqlite_schema._ADD_LATER_COLUMNS)
     for column in TASK_COLUMNS:
         assert column.name in columns, f"SQLite 的 tasks 表缺列 {column.name}"
         if column.kind is Kind.TIMESTAMP and column.sort_key:
@@ -70,7 +82,10 @@ def test_sqlite_ddl_is_byte_identical_to_the_released_schema() -> None:
     body = ",\n".join(f"        {name.ljust(17)} {kind}" for name, kind in released)
     expected = f"\n    CREATE TABLE IF NOT EXISTS tasks (\n{body}\n    )\n    "
     assert expected in sqlite_schema._DDL_V1
-    assert sqlite_codec.SNAPSHOTS.names == tuple(name for name, _ in released)
+    assert sqlite_codec.SNAPSHOTS.names == (
+        *(name for name, _ in released),
+        *sqlite_schema.LATER_TASK_COLUMNS,
+    )
 
 
 postgres = pytest.importorskip("chongming_task.stores.postgres._schema", reason="没有安装 psycopg")
@@ -79,8 +94,9 @@ postgres = pytest.importorskip("chongming_task.stores.postgres._schema", reason=
 def test_postgres_ddl_contains_every_column() -> None:
     from chongming_task.stores.postgres import _codec as pg_codec
 
-    (ddl,) = [s for s in postgres.ddl_statements("s") if 'CREATE TABLE IF NOT EXISTS "s".tasks' in s]
-    columns = _ddl_columns(ddl)
+    statements = postgres.ddl_statements("s")
+    (ddl,) = [s for s in statements if 'CREATE TABLE IF NOT EXISTS "s".tasks' in s]
+    columns = _ddl_columns(ddl, statements)
     for column in TASK_COLUMNS:
         assert column.name in columns, f"PostgreSQL 的 tasks 表缺列 {column.name}"
         if column.kind is Kind.TIMESTAMP:

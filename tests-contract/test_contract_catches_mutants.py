@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 
+from chongming_task.core.storage.claiming import QueuedClaim
 from chongming_task.errors import ConcurrencyConflict, TaskError
 from chongming_task.models import Progress, TaskSnapshot, Transition
+from chongming_task.states import TaskStatus
 from chongming_task.storage import LogLine, NodeRecord, SaveRequest, TaskQuery, TaskStore
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.testing import FakeClock
@@ -232,6 +234,34 @@ class BatchStopsAtFirstConflict(InMemoryTaskStore):
         return results
 
 
+class SaveRewritesRecipe(InMemoryTaskStore):
+    """save 把调用方手里的配方原样写回（配方列进了 save 的 UPDATE）：丢了配方的快照一写，持久任务就没了。"""
+
+    def save(self, snapshot: TaskSnapshot, *, expect_version: int, **kwargs: Any) -> None:
+        super().save(snapshot, expect_version=expect_version, **kwargs)
+        with self._lock:
+            row = self._rows[snapshot.task_id]
+            row.snapshot = row.snapshot.evolve(recipe=snapshot.recipe)
+
+
+class ClaimIgnoresHolder(InMemoryTaskStore):
+    """认领不看 owner：已被别的 worker 取走的任务会被再取一次（同一任务启动两次）。"""
+
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
+        with self._lock:
+            for row in self._rows.values():
+                if row.snapshot.status is TaskStatus.QUEUED and row.snapshot.recipe is not None:
+                    row.snapshot = row.snapshot.evolve(owner=None)
+        return super()._claim_queued(request)
+
+
+class ClaimHoards(InMemoryTaskStore):
+    """认领不管 limit：一个 worker 把队列全搬走（囤积），别的 worker 空闲。"""
+
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
+        return super()._claim_queued(dataclasses.replace(request, limit=10_000))
+
+
 MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
     TouchBumpsVersion: {
         "test_touch_updates_side_channel_without_bumping_version",
@@ -277,6 +307,12 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
         "test_racing_save_many_one_winner_per_task_and_no_gap",
     },
     BatchStopsAtFirstConflict: {"test_save_many_conflict_writes_nothing_for_that_item_only"},
+    SaveRewritesRecipe: {"test_save_never_rewrites_the_recipe"},
+    ClaimIgnoresHolder: {
+        "test_claim_takes_priority_then_fifo_and_only_limit",
+        "test_concurrent_claimers_take_every_task_exactly_once",
+    },
+    ClaimHoards: {"test_claim_takes_priority_then_fifo_and_only_limit"},
 }
 
 

@@ -36,7 +36,12 @@ def _init(self: Any, inner: InMemoryTaskStore) -> None:
     self.inner = inner
 
 
-_PUBLIC = sorted({name for name in TaskStore.__abstractmethods__ if not name.startswith("_")} | set(HOOKS))
+# claim_queued（持久任务的认领）是可选能力：钩子不是抽象的（没实现的后端照常能用，只是不能跑 worker），
+# 旧式后端同样直接覆盖公开方法。
+OPTIONAL = {"claim_queued"}
+_PUBLIC = sorted(
+    {name for name in TaskStore.__abstractmethods__ if not name.startswith("_")} | set(HOOKS) | OPTIONAL
+)
 LegacyStore: type[TaskStore] = type(
     "LegacyStore", (TaskStore,), {"__init__": _init, **{name: _forward(name) for name in _PUBLIC}}
 )

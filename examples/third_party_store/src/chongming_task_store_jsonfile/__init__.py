@@ -46,7 +46,8 @@ from chongming_task.core.storage.checks import (
     touch_args,
     validate_save,
 )
-from chongming_task.core.storage.columns import SIDE_CHANNEL_FIELDS
+from chongming_task.core.storage.claiming import QueuedClaim, claim_order, claimable, claimed
+from chongming_task.core.storage.columns import CREATE_ONLY_FIELDS, SIDE_CHANNEL_FIELDS
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.retention import archivable_prefix
 from chongming_task.core.storage.values import (
@@ -244,6 +245,8 @@ class JsonFileTaskStore(TaskStore):
                 raise ConcurrencyConflict(lease_held_message(snapshot.task_id, lease_until))
             for key in SIDE_CHANNEL_FIELDS:  # 旁路字段只归 touch 管
                 data[key] = current[key]
+            for key in CREATE_ONLY_FIELDS:  # 配方只由 create 写入（旧文件里没有这个键：普通任务）
+                data[key] = current.get(key)
             self._tasks[snapshot.task_id] = data
             history = self._history.setdefault(snapshot.task_id, {})
             for record in transitions:
@@ -294,6 +297,23 @@ class JsonFileTaskStore(TaskStore):
             self._check_open()
             records = [Transition.from_dict(data) for data in self._history.get(task_id, {}).values()]
         return sorted(records, key=lambda record: record.version)
+
+    # -- durable tasks (issue 19) -------------------------------------------------------------------
+
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
+        """认领待执行的持久任务：判据、顺序与认领后的快照都取自 ``core.storage.claiming``，锁内一次完成。"""
+        with self._lock:
+            self._check_open()
+            if request.empty:
+                return []
+            candidates = [s for s in (_thaw(data) for data in self._tasks.values()) if claimable(s, request)]
+            candidates.sort(key=claim_order)
+            taken = [claimed(snapshot, request) for snapshot in candidates[: request.limit]]
+            for snapshot in taken:
+                self._tasks[snapshot.task_id] = _snapshot_dict(snapshot)
+            if taken:
+                self._flush()
+            return taken
 
     # -- side channel -------------------------------------------------------------------------------
 

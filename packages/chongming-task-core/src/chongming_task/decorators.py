@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+from chongming_task.core.recipes import OnLost, check_on_lost
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import (
     MAX_DESCRIPTION_LENGTH,
@@ -36,6 +37,10 @@ class TaskSpec:
     tags: frozenset[str] = field(default_factory=frozenset)
     retry: RetryPolicy | None = None
     timeout: Timeout | None = None
+    durable: bool = False
+    """提交时默认落配方（``submit(..., durable=...)`` 可逐次覆盖；issue 19）。"""
+    on_lost: OnLost = OnLost.FAIL
+    """持久任务在跑时载体消失之后：保持 lost（``"fail"``）或经 retry() 重新排队（``"retry"``）。"""
 
 
 def _first_doc_line(fn: Callable[..., Any]) -> str | None:
@@ -55,6 +60,8 @@ def _build_spec(
     tags: Iterable[str] | None,
     retry: RetryPolicy | None,
     timeout: Timeout | None,
+    durable: object = False,
+    on_lost: object = OnLost.FAIL,
 ) -> TaskSpec:
     if not callable(fn):
         raise ConfigurationError(f"@task 只能装饰可调用对象（函数），收到 {fn!r}")
@@ -72,12 +79,16 @@ def _build_spec(
         description = _first_doc_line(fn)
     # 存不下的描述（含取自 docstring 的）在装饰时就拒绝（用户指南 §13），而不是等到第一次提交。
     check_storable_text("@task 的 description", description, limit=MAX_DESCRIPTION_LENGTH)
+    if not isinstance(durable, bool):
+        raise ConfigurationError(f"@task(durable=...) 必须是 True 或 False，收到 {durable!r}")
     return TaskSpec(
         name=resolved,
         description=description,
         tags=normalize_tags(tags),
         retry=retry,
         timeout=timeout,
+        durable=durable,
+        on_lost=check_on_lost(on_lost),
     )
 
 
@@ -107,6 +118,8 @@ def task(
     tags: Iterable[str] | None = None,
     retry: RetryPolicy | None = None,
     timeout: Timeout | None = None,
+    durable: bool = False,
+    on_lost: OnLost | str = OnLost.FAIL,
 ) -> Callable[[F], F]: ...
 
 
@@ -119,17 +132,21 @@ def task(
     tags: Iterable[str] | None = None,
     retry: RetryPolicy | None = None,
     timeout: Timeout | None = None,
+    durable: bool = False,
+    on_lost: OnLost | str = OnLost.FAIL,
 ) -> Any:
-    """声明一个任务：``@task`` 或 ``@task(name=, description=, tags=, retry=, timeout=)``。
+    """声明一个任务：``@task`` 或 ``@task(name=, description=, tags=, retry=, timeout=, durable=, ...)``。
+
+    ``durable=True``：这个任务默认是持久任务（提交时落配方，worker 可认领、失联后可接手；用户指南 §9.9）。
 
     名字默认取函数名，描述默认取 docstring 第一行。返回原函数（不包装），规格在
     ``fn.__chongming_task__``（见 :func:`task_spec`）。
     """
     if fn is not None:
-        return _attach(fn, _build_spec(fn, name, description, tags, retry, timeout))
+        return _attach(fn, _build_spec(fn, name, description, tags, retry, timeout, durable, on_lost))
 
     def decorate(inner: F) -> F:
-        return _attach(inner, _build_spec(inner, name, description, tags, retry, timeout))
+        return _attach(inner, _build_spec(inner, name, description, tags, retry, timeout, durable, on_lost))
 
     return decorate
 

@@ -7,7 +7,7 @@
 * ``buckets``：``--owned-buckets`` 的写法；``params``：带中文报错的参数类型；
 * ``output``：表格、JSON、时间格式、run 的实时进度；
 * ``cmd_query`` / ``cmd_logs`` / ``cmd_control`` / ``cmd_run`` / ``cmd_doctor`` / ``cmd_init`` /
-  ``cmd_archive``：各命令。
+  ``cmd_archive`` / ``cmd_durable``（submit / retry / worker）：各命令。
 """
 
 from __future__ import annotations
@@ -15,11 +15,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # 导入命令模块即把命令挂到 cli 组上。
-from chongming_task.cli import cmd_archive, cmd_control, cmd_doctor, cmd_init, cmd_logs, cmd_query, cmd_run
+from chongming_task.cli import (
+    cmd_archive,
+    cmd_control,
+    cmd_doctor,
+    cmd_durable,
+    cmd_init,
+    cmd_logs,
+    cmd_query,
+    cmd_run,
+)
 from chongming_task.cli.app import cli
 from chongming_task.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_TASK_NOT_SUCCEEDED
 
-_COMMAND_MODULES = (cmd_archive, cmd_control, cmd_doctor, cmd_init, cmd_logs, cmd_query, cmd_run)
+_COMMAND_MODULES = (cmd_archive, cmd_control, cmd_doctor, cmd_durable, cmd_init, cmd_logs, cmd_query, cmd_run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

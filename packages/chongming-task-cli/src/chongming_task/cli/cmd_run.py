@@ -238,7 +238,7 @@ def run_command(
     metrics_url = None
     if metrics_port is not None:
         metrics_url = _serve_metrics(state, controller, metrics_host, metrics_port)
-    try:
+    with submit_errors(state, controller, task_id):
         run = controller.submit(
             task_name,
             task_id=task_id,
@@ -248,13 +248,6 @@ def run_command(
             bucket_key=bucket_key,
             **kwargs,
         )
-    except DuplicateTaskId as exc:
-        raise _duplicate_id(state, controller, run_id=task_id, exc=exc) from exc
-    except StoreError as exc:
-        # 首次落库失败（没有写权限的角色、只读文件……）：任务体一行也没跑（issue 16.6）。
-        raise CliError(f"提交被拒绝：{state.mask(str(exc))}", error="store_error") from exc
-    except TaskError as exc:
-        raise CliError(f"提交被拒绝：{state.mask(str(exc))}", error="submit_rejected") from exc
     display = LiveDisplay()
     snapshot = run.snapshot
     bucket = "-" if snapshot.bucket is None else str(snapshot.bucket)
@@ -277,6 +270,20 @@ def run_command(
         watcher.render(final=True)
         display.finish()
         return _report(state, run.snapshot, interrupted)
+
+
+@contextlib.contextmanager
+def submit_errors(state: AppState, controller: Controller, task_id: str | None) -> Iterator[None]:
+    """提交（run / submit）时库的异常 → 一行中文与稳定错误码。"""
+    try:
+        yield
+    except DuplicateTaskId as exc:
+        raise _duplicate_id(state, controller, run_id=task_id, exc=exc) from exc
+    except StoreError as exc:
+        # 首次落库失败（没有写权限的角色、只读文件……）：任务体一行也没跑（issue 16.6）。
+        raise CliError(f"提交被拒绝：{state.mask(str(exc))}", error="store_error") from exc
+    except TaskError as exc:
+        raise CliError(f"提交被拒绝：{state.mask(str(exc))}", error="submit_rejected") from exc
 
 
 def _serve_metrics(state: AppState, controller: Controller, host: str, port: int) -> str:

@@ -49,6 +49,7 @@ ERROR_CODES: dict[str, str] = {
     "not_registered": "run 的任务名没有被模块的 register(controller) 登记（或是一个模块路径）",
     "module_error": "任务模块找不到、导入出错，或没有 register(controller)",
     "submit_rejected": "run 提交时被拒绝（桶不归本节点、参数不合法……）",
+    "retry_rejected": "retry 的目标不是持久任务，或还没结束（只有已结束的持久任务能重跑）",
     "wait_timeout": "--wait 等满了时间，任务仍未到达要等的状态",
     "interrupted": "命令被中断（Ctrl-C）",
     "archive_error": "归档目录不完整或自相矛盾（段缺失、校验和不符、历史有空洞），或另一个归档进程正在用它",

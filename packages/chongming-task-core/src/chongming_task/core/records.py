@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from chongming_task.core.numbers import check_number
+from chongming_task.core.recipes import Recipe
 from chongming_task.core.statuses import TaskStatus
 from chongming_task.core.storage.columns import OPTIONAL_TEXT_FIELDS, TIMESTAMP_FIELDS
 from chongming_task.errors import ConfigurationError
@@ -538,6 +539,8 @@ class TaskSnapshot:
     node_id: str | None = None
     retry_at: datetime | None = None
     description: str | None = None
+    recipe: Recipe | None = None
+    """持久任务的配方（issue 19；``core/recipes.py``）：只由 create 写入，save 从不改写。None = 普通任务。"""
 
     FIELD_NAMES: ClassVar[tuple[str, ...]]
 
@@ -558,6 +561,9 @@ class TaskSnapshot:
         failure: object = self.failure
         if failure is not None and not isinstance(failure, Failure):
             raise ConfigurationError(f"failure 必须是 Failure(...)，收到 {failure!r}")
+        recipe: object = self.recipe
+        if recipe is not None and not isinstance(recipe, Recipe):
+            raise ConfigurationError(f"recipe 必须是 Recipe(...) 或 None，收到 {recipe!r}")
         for name in _DATETIME_FIELDS:
             require_aware(name, getattr(self, name))
         for name in ("status_version", "attempt", "max_attempts", "priority"):
@@ -579,6 +585,11 @@ class TaskSnapshot:
     @property
     def is_terminal(self) -> bool:
         return self.status.is_terminal
+
+    @property
+    def durable(self) -> bool:
+        """是否持久任务（带配方：任何登记了同名任务的 worker 都能认领、重跑它）。"""
+        return self.recipe is not None
 
     @property
     def holds_slot(self) -> bool:
@@ -632,6 +643,7 @@ class TaskSnapshot:
             "node_id": self.node_id,
             "retry_at": _dt_to_text(self.retry_at),
             "description": self.description,
+            "recipe": None if self.recipe is None else self.recipe.to_dict(),
         }
 
     @classmethod
@@ -650,6 +662,8 @@ class TaskSnapshot:
             values["progress"] = Progress.from_dict(values["progress"])
         if values.get("failure") is not None:
             values["failure"] = Failure.from_dict(values["failure"])
+        if values.get("recipe") is not None:
+            values["recipe"] = Recipe.from_dict(values["recipe"])
         if "status" in values:
             values["status"] = TaskStatus(values["status"])
         # 交给 __post_init__ 的 normalize_tags：非字符串标签得到 ConfigurationError，而不是 TypeError。

@@ -38,6 +38,7 @@ from chongming_task.core.records import (
 from chongming_task.core.statuses import RETRYABLE_FROM, TERMINAL_STATUSES, TRANSITIONS, TaskStatus
 from chongming_task.core.triggers import (
     AUDITED_TRIGGERS,
+    TRIGGER_ADOPTED,
     TRIGGER_BLOCKED,
     TRIGGER_CANCELLED,
     TRIGGER_FAILED,
@@ -67,6 +68,7 @@ TransitionListener = Callable[[TaskSnapshot, Transition], None]
 _TABLE: dict[TaskStatus, frozenset[TaskStatus]] = dict(TRANSITIONS)
 _TERMINAL = TERMINAL_STATUSES
 _new_snapshot = object.__new__
+_ADOPTABLE = frozenset({S.QUEUED, S.PAUSED, S.RETRY_WAIT})
 
 
 # force_transition 落到非成功终态、又没有任何失败记录时补记的失败类型（与对应 mark_* 的默认一致）。
@@ -609,6 +611,26 @@ class StateMachine:
                 "queued_at": now,
             }
             return self._apply(S.QUEUED, TRIGGER_RETRY, actor, reason, changes, now, checked=False)
+
+    def adopt(self, owner: str, *, actor: str, reason: str) -> TaskSnapshot:
+        """持久任务换持有者（``cluster:adopted``）：状态不变，记一条 from == to 的迁移记录，
+        写明接手者与原持有者。
+
+        只对不占执行资源的非终态（queued / paused / retry_wait）成立：占着资源的任务失联时由 reconcile 判
+        lost，不能被"接手"（载体已随进程消失）。暂停的仍暂停，重试等待的保留它的到期时刻。
+        """
+        with self.lock:
+            current = self._snapshot
+            if current.recipe is None:
+                raise ConfigurationError(f"任务 {current.task_id!r} 不是持久任务（没有配方）：不能被接手")
+            if current.status not in _ADOPTABLE:
+                allowed = ", ".join(s.value for s in _ADOPTABLE)
+                raise self._refuse(current.status, TRIGGER_ADOPTED, f"只有 {allowed} 的持久任务能被接手")
+            if not _non_blank(owner) or not _non_blank(actor):
+                raise ConfigurationError(f"adopt() 需要非空的 owner 与 actor，收到 {owner!r} / {actor!r}")
+            return self._apply(
+                current.status, TRIGGER_ADOPTED, actor, reason, {"owner": owner}, checked=False
+            )
 
     def reset(
         self, *, confirm: bool = False, actor: str | None = None, reason: str | None = None

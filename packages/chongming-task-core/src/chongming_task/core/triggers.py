@@ -66,6 +66,8 @@ TRIGGER_DEPENDENCY_FAILED = "pipeline:dependency_failed"
 """管道节点的上游失败，按 join 规则不再执行（blocked → skipped）。"""
 TRIGGER_RECONCILE = "reconcile:lease_expired"
 """租约过期、占着执行资源的任务被判为 lost。"""
+TRIGGER_ADOPTED = "cluster:adopted"
+"""持久任务的持有者失联（租约过期）：一个负责该桶的活 worker 接手它。状态不变，只换持有者（issue 19）。"""
 
 AUDITED_TRIGGERS: frozenset[str] = frozenset({TRIGGER_RETRY, TRIGGER_RESET, TRIGGER_FORCE})
 """不受转移表约束的三个显式入口的触发源（见模块说明）。"""
@@ -103,6 +105,7 @@ ALL_TRIGGERS: frozenset[str] = frozenset(
         TRIGGER_RELEASED,
         TRIGGER_DEPENDENCY_FAILED,
         TRIGGER_RECONCILE,
+        TRIGGER_ADOPTED,
     }
 )
 """本库会写进迁移历史（或错误消息）的全部触发源。"""
@@ -115,6 +118,7 @@ __all__ = [
     "ALL_TRIGGERS",
     "AUDITED_TRIGGERS",
     "SOURCE_PREFIXES",
+    "TRIGGER_ADOPTED",
     "TRIGGER_BLOCKED",
     "TRIGGER_CANCEL",
     "TRIGGER_CANCELLED",

@@ -32,6 +32,7 @@ from chongming_task.testing.contract._base import ContractBase, full_snapshot, n
 from chongming_task.testing.contract.archive import ArchiveCases
 from chongming_task.testing.contract.batches import BatchCases
 from chongming_task.testing.contract.commands import CommandCases
+from chongming_task.testing.contract.durable import DurableCases
 from chongming_task.testing.contract.history import HistoryCases
 from chongming_task.testing.contract.housekeeping import HousekeepingCases
 from chongming_task.testing.contract.logs import LogCases
@@ -54,6 +55,7 @@ class StoreContract(
     HousekeepingCases,
     ArchiveCases,
     LogCases,
+    DurableCases,
     ContractBase,
 ):
     """TaskStore 契约套件。子类实现 ``make_store()``；可选实现 ``make_clocked_store(clock)``。"""

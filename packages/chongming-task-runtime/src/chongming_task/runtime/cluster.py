@@ -27,6 +27,7 @@ from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.numbers import check_int, check_seconds
+from chongming_task.core.storage.claiming import awaits_claim
 from chongming_task.core.version import __version__
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import TaskSnapshot
@@ -92,11 +93,17 @@ class ClusterReport:
     holes: tuple[int, ...]
     orphans: tuple[TaskSnapshot, ...]
     orphan_count: int
+    unserved: tuple[TaskSnapshot, ...] = ()
+    """等 worker 认领、却没有任何存活 worker 登记它的名字（且负责它的桶）的持久任务
+    （最多 orphan_limit 个）。"""
+    unserved_count: int = 0
 
     @property
     def healthy(self) -> bool:
-        """没有重复、没有空洞、没有桶数不一致的节点、没有孤儿任务。过期记录与混用只是提醒。"""
-        return not (self.duplicates or self.holes or self.mismatched or self.orphan_count)
+        """没有重复、没有空洞、没有桶数不一致的节点、没有孤儿任务、没有无人服务的持久任务。"""
+        return not (
+            self.duplicates or self.holes or self.mismatched or self.orphan_count or self.unserved_count
+        )
 
     @property
     def orphans_truncated(self) -> bool:
@@ -169,6 +176,13 @@ class ClusterReport:
             hidden = self.orphan_count - min(len(self.orphans), _ORPHAN_LINES)
             if hidden > 0:
                 lines.append(f"……另有 {hidden} 个孤儿任务未列出")
+        if self.unserved_count:
+            names = sorted({snapshot.name for snapshot in self.unserved})
+            lines.append(
+                f"{self.unserved_count} 个持久任务在排队等认领，但没有存活的 worker 登记这些名字"
+                f"（并负责它们的桶）：{'、'.join(names)}；它们会一直排队——"
+                "请启动登记了它们的 worker（chongming-task worker --tasks ...）"
+            )
         return lines
 
     def warnings(self) -> list[str]:
@@ -204,6 +218,8 @@ class ClusterReport:
             "duplicates": {str(bucket): list(owners) for bucket, owners in sorted(self.duplicates.items())},
             "holes": list(self.holes),
             "orphan_count": self.orphan_count,
+            "unserved_count": self.unserved_count,
+            "unserved": [{"task_id": s.task_id, "name": s.name, "bucket": s.bucket} for s in self.unserved],
             "orphans": [
                 {
                     "task_id": s.task_id,
@@ -274,7 +290,10 @@ def check_cluster(
     else:
         holes = tuple(range(num_buckets))  # 没有（桶数一致的）存活节点：没有任何桶有人负责
 
-    orphans, orphan_count = _find_orphans(store, now, holes, frozenset(r.owner for r in alive), limit)
+    orphans, orphan_count, waiting = _find_orphans(
+        store, now, holes, frozenset(r.owner for r in alive), limit
+    )
+    unserved = [s for s in waiting if not _served(s, alive, num_buckets)]
     return ClusterReport(
         checked_at=now,
         num_buckets=num_buckets,
@@ -286,12 +305,28 @@ def check_cluster(
         holes=holes,
         orphans=orphans,
         orphan_count=orphan_count,
+        unserved=tuple(unserved[:limit]),
+        unserved_count=len(unserved),
     )
+
+
+def _served(snapshot: TaskSnapshot, alive: Sequence[NodeRecord], num_buckets: int) -> bool:
+    """有没有存活的 worker 登记了这个持久任务的名字、并负责它的桶（worker 在节点记录的 info.serves
+    里发布）。"""
+    for record in alive:
+        serves = record.info.get("serves")
+        if not isinstance(serves, list) or snapshot.name not in serves or record.num_buckets != num_buckets:
+            continue
+        if record.buckets is None or (snapshot.bucket is not None and snapshot.bucket in record.buckets):
+            return True
+    return False
 
 
 def _find_orphans(
     store: TaskStore, now: datetime, holes: tuple[int, ...], alive_owners: frozenset[str], limit: int
-) -> tuple[tuple[TaskSnapshot, ...], int]:
+) -> tuple[tuple[TaskSnapshot, ...], int, list[TaskSnapshot]]:
+    """(孤儿任务前 limit 个, 孤儿总数, 等 worker 认领的持久任务)。等认领的持久任务（queued、无人持有）不是
+    孤儿——它们本来就没有持有者，有没有人服务另由 ``_served`` 判断。"""
     unfinished = frozenset(NON_TERMINAL_STATUSES)
     hole_set = frozenset(holes)
     in_holes: list[TaskSnapshot] = []
@@ -308,13 +343,16 @@ def _find_orphans(
     expired = store.query(
         TaskQuery(statuses=unfinished, lease_expired_before=now, order=QueryOrder.OLDEST_FIRST)
     )
+    waiting = [s for s in expired if awaits_claim(s)]
     unsupervised = [
         s
         for s in expired
-        if s.lease_owner not in alive_owners and (s.bucket is None or s.bucket not in hole_set)
+        if s.lease_owner not in alive_owners
+        and (s.bucket is None or s.bucket not in hole_set)
+        and not awaits_claim(s)
     ]
     merged = sorted([*in_holes, *unsupervised], key=lambda s: (s.created_at, s.task_id))
-    return tuple(merged[:limit]), hole_count + len(unsupervised)
+    return tuple(merged[:limit]), hole_count + len(unsupervised), waiting
 
 
 def default_node_info() -> dict[str, Any]:

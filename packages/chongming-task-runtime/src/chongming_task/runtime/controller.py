@@ -39,13 +39,15 @@ from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.archive import ArchiveSummary, Retention
 from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.numbers import check_int, check_seconds
-from chongming_task.core.records import MAX_PRIORITY, MIN_PRIORITY
+from chongming_task.core.recipes import OnLost
+from chongming_task.core.records import MAX_PRIORITY, MIN_PRIORITY, check_tag_count, validate_task_id
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.errors import ConfigurationError, DuplicateTaskId, TaskError
 from chongming_task.models import Outcome, TaskSnapshot, Transition, normalize_tags
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ConcurrencyPolicy, RetryPolicy, Timeout
 from chongming_task.runtime.cluster import DEFAULT_ORPHAN_LIMIT, ClusterReport
 from chongming_task.runtime.commands import remote_payload
+from chongming_task.runtime.durable import build_recipe, check_durable_flag, enqueue_recipe, requeue
 from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent, TransitionEvent
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
@@ -53,9 +55,11 @@ from chongming_task.runtime.pipeline_host import NodeSubmit
 from chongming_task.runtime.reconcile import ReconcileReport
 from chongming_task.runtime.registry import TaskDefinition, TaskRegistry
 from chongming_task.runtime.scheduler import SlotScheduler
+from chongming_task.runtime.signature import check_task_signature
 from chongming_task.runtime.store_link import NOTIFIED_POLL_INTERVAL, LocalLink, StoreLink
 from chongming_task.runtime.table import render_table
 from chongming_task.runtime.taskrun import TaskRun
+from chongming_task.runtime.worker import DEFAULT_DRAIN_TIMEOUT, DEFAULT_POLL_INTERVAL, ServeReport, Worker
 from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
 from chongming_task.storage import CommandAction, QueryOrder, TaskQuery, TaskStats, TaskStore
 
@@ -68,7 +72,7 @@ MIN_INTERVAL = 0.01
 """command_poll_interval / side_channel_interval 的下限（秒）：再短的间隔只会让后台循环空转。"""
 
 # submit() 自己用的关键字；其余关键字参数原样交给任务。
-SUBMIT_KEYWORDS = ("task_id", "label", "tags", "priority", "bucket_key")
+SUBMIT_KEYWORDS = ("task_id", "label", "tags", "priority", "bucket_key", "durable")
 
 DEFAULT_SUBMIT_BATCH = 1000
 """submit_many 每个写事务建几个任务。"""
@@ -257,6 +261,7 @@ class Controller(ClosesOnExit):
                 "owned_buckets 不能为空集合：不负责任何桶的节点提交不了任务；不想限定请传 None"
             )
         self.owner = owner or default_owner()
+        self.lease_ttl = lease_ttl
         self.clock: Clock = clock or SYSTEM_CLOCK
         self.graceful_stop = float(graceful_stop)
         self.artifact_dir = Path(artifact_dir) if artifact_dir is not None else None
@@ -371,10 +376,20 @@ class Controller(ClosesOnExit):
         retry: RetryPolicy | None = None,
         timeout: Timeout | None = None,
         description: str | None = None,
+        durable: bool | None = None,
+        on_lost: OnLost | str | None = None,
     ) -> TaskDefinition:
+        """``durable`` / ``on_lost``：持久任务的默认（None 取 @task 的；用户指南 §9.9）。"""
         with self._lock:
             return self._registry.register(
-                name, fn, tags=tags, retry=retry, timeout=timeout, description=description
+                name,
+                fn,
+                tags=tags,
+                retry=retry,
+                timeout=timeout,
+                description=description,
+                durable=durable,
+                on_lost=on_lost,
             )
 
     def register_module(self, module: ModuleType) -> list[TaskDefinition]:
@@ -400,12 +415,14 @@ class Controller(ClosesOnExit):
         tags: Iterable[str] = (),
         priority: int | None = None,
         bucket_key: str | None = None,
+        durable: bool | None = None,
         **kwargs: Any,
     ) -> TaskRun:
         """按名字提交（只接受登记过的名字）。返回 TaskRun 句柄；任务先排队，有额度时才执行。
 
-        ``task_id`` / ``label`` / ``tags`` / ``priority`` / ``bucket_key`` 是提交参数，
-        其余关键字参数交给任务。
+        ``task_id`` / ``label`` / ``tags`` / ``priority`` / ``bucket_key`` / ``durable`` 是提交参数，
+        其余关键字参数交给任务。``durable=True``（None 取任务定义的）：连同配方落库——参数必须能经 JSON
+        原样往返，否则 ConfigurationError；本进程照常执行它，进程死后别的 worker 能接手（§9.9）。
         """
         run = self._prepare(
             name,
@@ -416,14 +433,83 @@ class Controller(ClosesOnExit):
             tags=tags,
             priority=priority,
             bucket_key=bucket_key,
+            durable=check_durable_flag(durable),
         )
         self._reserve([run])
         try:
             self._link.create(run.machine)
+            self._admit([run], blocked=False)
         finally:
-            self._release_reserved([run])
-        self._admit([run], blocked=False)
+            self._release_reserved(
+                [run]
+            )  # 登记之后才放（_admit 已在同一次加锁里放掉）：没有两边都查不到的窗口
         return run
+
+    def enqueue(
+        self,
+        name: str,
+        *args: Any,
+        task_id: str | None = None,
+        label: str | None = None,
+        tags: Iterable[str] = (),
+        priority: int | None = None,
+        bucket_key: str | None = None,
+        on_lost: OnLost | str | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """只入队、不执行：写下一个 ``queued``、无人持有的持久任务，返回它的 task_id（用户指南 §9.9）。
+
+        由负责它所在桶、登记了这个名字的 worker（``serve()`` / ``chongming-task worker``）认领执行。名字在本
+        控制器上登记过时，重试次数、超时与参数签名按登记的定义检查；没登记也可以入队（纯提交者不必有代码），
+        只是要等某个登记了它的 worker。需要 store。
+        """
+        store = self._link.store
+        if store is None:
+            raise ConfigurationError(
+                "enqueue() 需要共享存储：任务要由别的 worker 认领，请用 Controller(store=...) 构造"
+            )
+        if self._closed:
+            raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
+        validate_task_id(name, what="任务名")
+        with self._lock:
+            definition = self._registry.resolve(name) if name in self._registry else None
+        if definition is not None:
+            check_task_signature(definition.fn, args, kwargs)
+        base_tags = definition.tags if definition is not None else frozenset()
+        priority, all_tags = self._submit_fields(label, priority, tags, base_tags)
+        # 提交者往任何桶里放都可以（它不执行）：桶只决定哪个 worker 来认领。
+        bucket = None if bucket_key is None else self.bucket_policy.bucket_for(bucket_key)
+        recipe = build_recipe(
+            definition, name, args, kwargs, tags=all_tags, priority=priority, bucket_key=bucket_key,
+            on_lost=on_lost,
+        )  # fmt: skip
+        if task_id is None:
+            task_id = f"{name}-{self._id_prefix}{next(self._id_counter):06d}"
+        return enqueue_recipe(
+            store,
+            recipe,
+            task_id=task_id,
+            clock=self.clock,
+            bucket=bucket,
+            label=label,
+            description=definition.description if definition is not None else None,
+            issuer=self.owner,
+        )
+
+    def _submit_fields(
+        self, label: object, priority: int | None, tags: Iterable[str], base_tags: frozenset[str]
+    ) -> tuple[int, frozenset[str]]:
+        """submit / enqueue 共用的提交参数检查：label、priority（None 取默认）、标签（并上定义里的）。"""
+        if label is not None and not isinstance(label, str):
+            raise ConfigurationError(f"label 必须是字符串，收到 {label!r}")
+        if priority is None:
+            priority = self.concurrency.priority
+        else:
+            check_int("priority（越大越先执行）", priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
+        if tags.__class__ is tuple and not tags:  # 最常见：没有额外标签（提交热路径上省掉规范化）
+            return priority, base_tags
+        extra_tags = normalize_tags(tags)
+        return priority, check_tag_count(base_tags | extra_tags) if extra_tags else base_tags
 
     def _prepare(
         self,
@@ -440,27 +526,33 @@ class Controller(ClosesOnExit):
         node_id: str | None = None,
         upstream: Any = None,
         blocked: bool = False,
+        durable: bool | None = None,
     ) -> TaskRun:
         """提交的前一半：检查参数、造状态机与句柄（还没有落库、没有登记）。"""
         with self._lock:
             if self._closed:
                 raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
             definition = self._registry.resolve(name)
-        if label is not None and not isinstance(label, str):
-            raise ConfigurationError(f"label 必须是字符串，收到 {label!r}")
-        if priority is None:
-            priority = self.concurrency.priority
-        else:
-            check_int("priority（越大越先执行）", priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
-        if tags.__class__ is tuple and not tags:  # 最常见：没有额外标签
-            all_tags = definition.tags
-        else:
-            extra_tags = normalize_tags(tags)
-            all_tags = definition.tags | extra_tags if extra_tags else definition.tags
+        priority, all_tags = self._submit_fields(label, priority, tags, definition.tags)
         bucket = self._bucket_for_submit(bucket_key)
         if task_id is None:
             task_id = f"{definition.name}-{self._id_prefix}{next(self._id_counter):06d}"
         retry = definition.retry
+        recipe = None
+        if durable if durable is not None else definition.durable:
+            if pipeline_id is not None:
+                raise ConfigurationError(
+                    "管道节点不能是持久任务：管道的编排状态不落库，节点无法被别的进程接手"
+                )
+            recipe = build_recipe(
+                definition,
+                definition.name,
+                args,
+                kwargs,
+                tags=all_tags,
+                priority=priority,
+                bucket_key=bucket_key,
+            )
         machine = StateMachine.create(
             task_id,
             definition.name,
@@ -476,22 +568,36 @@ class Controller(ClosesOnExit):
             description=definition.description,
             pipeline_id=pipeline_id,
             node_id=node_id,
+            recipe=recipe,
         )
         if blocked:
             machine.mark_blocked()
         else:
             machine.mark_queued()
+        return self._make_run(machine, definition, args, kwargs, upstream=upstream)
+
+    def _make_run(
+        self,
+        machine: StateMachine,
+        definition: TaskDefinition,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        upstream: Any = None,
+        timeout: Timeout | None = None,
+    ) -> TaskRun:
+        """给一台状态机配上控制器的监听器与 TaskRun 句柄（新提交的，或认领 / 接手来的持久任务）。"""
         # 控制器的监听器必须排在 TaskRun 自己的监听器之前：TaskRun 在终态时叫醒 wait() 的调用方，
         # 到那一刻存储必须已经写穿（否则 wait() 返回后别的进程还读到旧状态）。
         machine.add_listener(self._make_listener(machine))
-        run = TaskRun(
+        return TaskRun(
             definition.fn,
             args,
             kwargs,
             machine=machine,
             executor=self.executor,
-            retry=retry,
-            timeout=definition.timeout,
+            retry=definition.retry,
+            timeout=timeout if timeout is not None else definition.timeout,
             graceful_stop=self.graceful_stop,
             artifact_dir=self.artifact_dir,
             artifact_hint=ARTIFACT_HINT,
@@ -501,7 +607,6 @@ class Controller(ClosesOnExit):
             on_progress=self._progress_hook,
             log_sink=self._link.log_sink,
         )
-        return run
 
     def _reserve(self, runs: list[TaskRun]) -> None:
         """先占住这些 id（落库可能较慢，在锁外做）：重复的 id（已登记的、正在别的线程提交的、本批里
@@ -524,8 +629,9 @@ class Controller(ClosesOnExit):
         with self._lock:
             self._reserved_ids.difference_update(run.task_id for run in runs)
 
-    def _admit(self, runs: list[TaskRun], *, blocked: bool) -> None:
-        """提交的后一半（已落库）：登记、补发第一次迁移的事件、入队，有额度就启动。"""
+    def _admit(self, runs: list[TaskRun], *, blocked: bool, created: bool = True) -> None:
+        """提交的后一半（已落库）：登记、补发第一次迁移的事件（``created``：新建的；认领 / 接手来的持久任务
+        没有要补发的）、按状态入队（接手来的可能是 paused / retry_wait），有额度就启动。"""
         with self._lock:
             # 占位一直留到登记进 _runs 的这一刻（同一次加锁）：中间没有"两边都查不到"的窗口；
             # 没能登记的（落库失败的）由 _submit_batches 的 finally 放掉。
@@ -534,7 +640,7 @@ class Controller(ClosesOnExit):
                 closed_meanwhile = True
             else:
                 closed_meanwhile = False
-                emit = bool(self._events.listeners)
+                emit = created and bool(self._events.listeners)
                 for run in runs:
                     machine = run.machine
                     self._runs[run.task_id] = run
@@ -547,7 +653,7 @@ class Controller(ClosesOnExit):
                                 machine.snapshot, machine.transitions[-1], contextvars.copy_context()
                             )
                         )
-                    if not blocked:
+                    if not blocked and machine.status is TaskStatus.QUEUED:
                         self._enqueue_locked(run)
             to_start = self._scheduler.take_runnable()
         if closed_meanwhile:
@@ -607,6 +713,92 @@ class Controller(ClosesOnExit):
         finally:
             self._release_reserved(runs)
         return runs
+
+    # -- durable tasks: the worker's share (runtime/worker.py) ---------------------------------------
+
+    def serve(
+        self,
+        stop: threading.Event | None = None,
+        *,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+    ) -> ServeReport:
+        """作为 worker 运行（阻塞，直到 ``stop`` 置位）：认领、接手、重跑持久任务（用户指南 §9.9）。
+
+        只认领本控制器登记了名字、落在 ``owned_buckets`` 里的任务，一次只认领空闲槽位
+        （``max_parallel``）那么多个。
+        停止时不再认领，交还还没开始的，等在跑的最多 ``drain_timeout`` 秒，到点仍在跑的走优雅停止。
+        返回 ``ServeReport``（``drained`` 为 False 表示有任务是被停掉的）。
+        """
+        worker = Worker(self, poll_interval=poll_interval, drain_timeout=drain_timeout)
+        report = worker.run(stop if stop is not None else threading.Event())
+        if report.stopped_at_drain:
+            self.stop_all(reason=f"worker 停止：{drain_timeout:g} 秒内没有跑完")
+            with contextlib.suppress(TimeoutError):
+                self.wait_all(timeout=self.graceful_stop + 2.0)
+        return report
+
+    def requeue(self, task_id: str, *, reason: str | None = None) -> TaskSnapshot:
+        """把一个已结束（failed / stopped / cancelled / lost）的持久任务经审计的 retry() 复活、交回队列，
+        由 worker 认领（``chongming-task retry``）。返回复活后的快照。需要 store。"""
+        store = self._link.store
+        if store is None:
+            raise ConfigurationError("requeue() 需要共享存储：请用 Controller(store=...) 构造")
+        if task_id in self._runs and not self._runs[task_id].done:
+            raise ConfigurationError(f"任务 {task_id!r} 还在本进程里运行：只能重跑已结束的任务")
+        return requeue(store, task_id, clock=self.clock, actor=self.owner, reason=reason)
+
+    def start_serving(self) -> None:
+        """worker 启动时：登记节点（带上本节点执行的任务名）、开始认领指令。"""
+        self._link.serve_names([definition.name for definition in self.definitions()])
+
+    def local_run(self, task_id: str) -> TaskRun | None:
+        """本进程持有的任务句柄（没有返回 None）。"""
+        return self._runs.get(task_id)
+
+    def host_durable(
+        self,
+        machine: StateMachine,
+        definition: TaskDefinition,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        timeout: Timeout | None = None,
+    ) -> TaskRun:
+        """接管一个存储里已归本节点持有的持久任务（认领或接手来的）：接着存储里的版本写，按状态入队。"""
+        run = self._make_run(machine, definition, args, kwargs, timeout=timeout)
+        self._reserve([run])
+        try:
+            self._link.track(machine)
+            self._admit([run], blocked=False, created=False)
+        finally:
+            self._release_reserved([run])
+        return run
+
+    def detach_unstarted_durable(self) -> list[TaskRun]:
+        """worker 停止时：把本地还没开始（排队、重试等待、排队中暂停）的持久任务摘出本控制器，
+        交给调用方交还存储。"""
+        detached: list[TaskRun] = []
+        with self._lock:
+            for task_id in list(self._unfinished):
+                run = self._runs.get(task_id)
+                if run is None or self._scheduler.is_active(task_id):
+                    continue
+                snapshot = run.machine.snapshot
+                if snapshot.recipe is None or snapshot.holds_slot:
+                    continue
+                if snapshot.status not in (TaskStatus.QUEUED, TaskStatus.RETRY_WAIT, TaskStatus.PAUSED):
+                    continue
+                self._scheduler.discard(task_id)
+                del self._runs[task_id]
+                self._unfinished.discard(task_id)
+                detached.append(run)
+            if not self._unfinished:
+                self._settled.notify_all()
+        for run in detached:
+            run.detach()
+            self._link.forget(run.task_id)
+        return detached
 
     def check_cluster(self, *, orphan_limit: int = DEFAULT_ORPHAN_LIMIT) -> ClusterReport:
         """运维体检：各节点登记的桶有没有重复、空洞，有没有落在无人负责的桶里（或失去监督者）的任务。"""
@@ -1023,9 +1215,15 @@ class Controller(ClosesOnExit):
                 self._link.forget(task_id)
         return len(dropped)
 
-    def reconcile(self, *, dry_run: bool = False) -> ReconcileReport:
-        """把租约过期、失去监督者的任务如实标记（见 runtime/reconcile.py 的规则表）。只看本节点的桶。"""
-        return self._link.reconcile(live_ids=set(self._live_ids()), dry_run=dry_run)
+    def reconcile(self, *, dry_run: bool = False, durable_only: bool = False) -> ReconcileReport:
+        """把租约过期、失去监督者的任务如实标记（见 runtime/reconcile.py 的规则表）。只看本节点的桶。
+
+        ``durable_only=True`` 只看持久任务（worker 的自动维护用它，普通任务留给调用方自己决定
+        何时 reconcile）。
+        """
+        return self._link.reconcile(
+            live_ids=set(self._live_ids()), dry_run=dry_run, durable_only=durable_only
+        )
 
     def close(
         self, *, reason: str = "控制器关闭", timeout: float | None = None, close_store: bool = False

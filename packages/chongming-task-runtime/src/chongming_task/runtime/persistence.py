@@ -208,6 +208,10 @@ class WriteThrough:
             return StoreError(text)
         return _Unreachable(text)
 
+    def track(self, machine: StateMachine) -> None:
+        """接着存储里已有的版本写（认领 / 接手来的持久任务：存储里就是 ``machine.snapshot`` 这一版）。"""
+        self._tasks[machine.task_id] = _TaskState(persisted_version=machine.snapshot.status_version)
+
     def _read_back_create(self, machine: StateMachine) -> Verdict | None:
         """create 结果未知之后读回：PREFIX = 存储里正是这一份；ABSENT = 确定没写进去；None = 读不到。"""
         snapshot = machine.snapshot

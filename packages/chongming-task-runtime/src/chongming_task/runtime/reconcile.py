@@ -13,7 +13,8 @@
 
 最后一行见 docs/distributed.md §7.5：一个失联节点可能把事务留在服务器上、锁要很久才放，判定不能排队等它。
 
-reconcile 不会重新执行任务：存储里记的是状态，不是配方（函数与参数从未落库）。
+reconcile 不会重新执行任务：存储里记的是状态，不是配方（函数与参数从未落库）。持久任务（带配方）的接手与
+``on_lost`` 重跑由 worker 在 reconcile 之后做（``runtime/worker.py``），这里只如实标记。
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from chongming_task.clock import Clock
+from chongming_task.core.storage.claiming import awaits_claim
 from chongming_task.core.triggers import TRIGGER_RECONCILE
 from chongming_task.errors import ConcurrencyConflict
 from chongming_task.models import TaskSnapshot
@@ -55,8 +57,13 @@ def reconcile_store(
     buckets: Collection[int] | None,
     live_task_ids: Collection[str],
     dry_run: bool,
+    durable_only: bool = False,
 ) -> ReconcileReport:
-    """扫描租约已过期的非终态任务并按规则处置。``buckets`` 非 None 时只看这些桶。"""
+    """扫描租约已过期的非终态任务并按规则处置。``buckets`` 非 None 时只看这些桶。
+
+    ``durable_only``：只看持久任务（worker 的自动维护用它：普通任务何时被判 lost 仍由调用方的
+    reconcile() 决定，行为与没有 worker 时一样）。
+    """
     report = ReconcileReport(dry_run=dry_run)
     now = clock.now()
     query = TaskQuery(
@@ -66,8 +73,10 @@ def reconcile_store(
         order=QueryOrder.OLDEST_FIRST,
     )
     for snapshot in store.query(query):
-        if snapshot.task_id in live_task_ids:
-            continue  # 本进程正在管它（续租只是还没写到）
+        if snapshot.task_id in live_task_ids or (durable_only and snapshot.recipe is None):
+            continue  # 本进程正在管它（续租只是还没写到）；或只看持久任务时的普通任务
+        if awaits_claim(snapshot):
+            continue  # 等 worker 认领的持久任务本来就没有持有者：不是失去监督者
         if snapshot.status not in RESOURCE_HOLDING_STATUSES:
             report.adoptable.append(snapshot)
             continue

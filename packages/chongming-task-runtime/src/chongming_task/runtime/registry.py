@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypedDict, Unpack
 
+from chongming_task.core.recipes import OnLost, check_on_lost
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import (
     MAX_DESCRIPTION_LENGTH,
@@ -37,6 +38,9 @@ class TaskDefinition:
     retry: RetryPolicy | None
     timeout: Timeout | None
     description: str | None
+    durable: bool = False
+    """提交时默认落配方（issue 19）。"""
+    on_lost: OnLost = OnLost.FAIL
 
 
 def _spec_of(fn: Callable[..., Any]) -> Any:
@@ -57,6 +61,8 @@ class RegisterOptions(TypedDict, total=False):
     retry: RetryPolicy | None
     timeout: Timeout | None
     description: str | None
+    durable: bool | None
+    on_lost: OnLost | str | None
 
 
 class TaskRegistry:
@@ -73,7 +79,11 @@ class TaskRegistry:
         retry = options.get("retry")
         timeout = options.get("timeout")
         description = options.get("description")
+        durable = options.get("durable")
+        on_lost = options.get("on_lost")
         validate_task_id(name, what="任务名")
+        if durable is not None and not isinstance(durable, bool):
+            raise ConfigurationError(f"durable 必须是 True / False（None 表示取 @task 的），收到 {durable!r}")
         if not callable(fn):
             raise ConfigurationError(f"register({name!r}, ...) 的第二个参数必须是函数，收到 {fn!r}")
         check_task_signature(fn)  # 忘了 ctx 在登记时就说清楚，别等到任务跑起来
@@ -91,6 +101,8 @@ class TaskRegistry:
             retry=retry if retry is not None else getattr(spec, "retry", None),
             timeout=timeout if timeout is not None else getattr(spec, "timeout", None),
             description=description or getattr(spec, "description", None) or _first_doc_line(fn),
+            durable=durable if durable is not None else bool(getattr(spec, "durable", False)),
+            on_lost=check_on_lost(on_lost if on_lost is not None else getattr(spec, "on_lost", OnLost.FAIL)),
         )
         # 存不下的描述（含取自 docstring 的）在登记时就拒绝（用户指南 §13），而不是等到第一次提交。
         check_storable_text("description", definition.description, limit=MAX_DESCRIPTION_LENGTH)

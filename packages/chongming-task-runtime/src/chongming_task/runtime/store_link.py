@@ -62,6 +62,9 @@ class LocalLink:
         """新任务只在内存里：逐项都成功。"""
         return [None] * len(machines)
 
+    def track(self, machine: StateMachine) -> None:
+        """没有存储，就没有"接着存储里的版本写"（认领 / 接手只在有存储时发生）。"""
+
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         """没有要写穿的地方。"""
 
@@ -70,6 +73,9 @@ class LocalLink:
 
     def start_polling(self) -> None:
         """没有指令表可认领。"""
+
+    def serve_names(self, names: Collection[str]) -> None:
+        """没有节点记录可发布。"""
 
     def next_deadline(self) -> float | None:
         # 不回写旁路字段、不续租、不轮询：后台循环只等唤醒（否则到点后不再推进的期限会让它空转）。
@@ -108,7 +114,9 @@ class LocalLink:
     def prune(self, keep_terminal: int) -> int:
         return 0
 
-    def reconcile(self, *, live_ids: Collection[str], dry_run: bool) -> ReconcileReport:
+    def reconcile(
+        self, *, live_ids: Collection[str], dry_run: bool, durable_only: bool = False
+    ) -> ReconcileReport:
         raise ConfigurationError(
             "reconcile() 需要持久化存储：请用 Controller(store=SqliteTaskStore(...)) 构造"
         )
@@ -171,6 +179,7 @@ class StoreLink(LocalLink):
         self._polling = False
         self._poll_now = threading.Event()
         self._unlisten: Callable[[], None] | None = None
+        self._serves: list[str] | None = None
         now = clock.monotonic()
         self._next_side = now + side_channel_interval
         self._next_lease = now + lease_ttl / 3
@@ -204,6 +213,9 @@ class StoreLink(LocalLink):
                     results[index] = exc
         return results
 
+    def track(self, machine: StateMachine) -> None:
+        self._write.track(machine)
+
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         self._write.on_transition(machine, snapshot, record)
 
@@ -233,6 +245,13 @@ class StoreLink(LocalLink):
                 logger.warning("无法订阅指令通知，改为纯轮询：%s", exc)
         self._wake.set()
 
+    def serve_names(self, names: Collection[str]) -> None:
+        """本节点作为 worker 执行这些名字的持久任务：写进节点记录（info.serves），
+        doctor 据此找出没人服务的任务。"""
+        self._serves = sorted(names)
+        self.start_polling()
+        self._publish_node()
+
     def _on_command_notice(self, notice: object) -> None:
         self._poll_now.set()
         self._wake.set()
@@ -249,7 +268,11 @@ class StoreLink(LocalLink):
             num_buckets=self._num_buckets,
             ttl=self._lease_ttl,
             clock=self._clock,
-            info={"hostname": socket.gethostname(), "pid": os.getpid()},
+            info={
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                **({} if self._serves is None else {"serves": self._serves}),
+            },
         )
         try:
             self._store.publish_node(record)
@@ -367,7 +390,9 @@ class StoreLink(LocalLink):
 
     # -- operations ---------------------------------------------------------------------------------
 
-    def reconcile(self, *, live_ids: Collection[str], dry_run: bool) -> ReconcileReport:
+    def reconcile(
+        self, *, live_ids: Collection[str], dry_run: bool, durable_only: bool = False
+    ) -> ReconcileReport:
         return reconcile_store(
             self._store,
             clock=self._clock,
@@ -375,6 +400,7 @@ class StoreLink(LocalLink):
             buckets=self._owned_buckets if self._partitioned else None,
             live_task_ids=live_ids,
             dry_run=dry_run,
+            durable_only=durable_only,
         )
 
     def check_cluster(self, *, orphan_limit: int) -> ClusterReport:

@@ -38,11 +38,20 @@ def elapsed_text(snapshot: TaskSnapshot, now: datetime) -> str:
     return format_elapsed(max(0.0, (end - snapshot.started_at).total_seconds()))
 
 
+def status_text(snapshot: TaskSnapshot) -> str:
+    """STATUS 列：持久任务带"(持久)"，还没有持有者的（等 worker 认领）带"(持久·待认领)"。"""
+    if snapshot.recipe is None:
+        return snapshot.status.value
+    if snapshot.owner is None and not snapshot.is_terminal:
+        return f"{snapshot.status.value}(持久·待认领)"
+    return f"{snapshot.status.value}(持久)"
+
+
 def table_row(snapshot: TaskSnapshot, now: datetime) -> tuple[str, ...]:
     return (
         snapshot.task_id,
         snapshot.label or snapshot.name,
-        snapshot.status.value,
+        status_text(snapshot),
         f"{snapshot.attempt}/{snapshot.max_attempts}",
         elapsed_text(snapshot, now),
         snapshot.progress.describe() if snapshot.progress is not None else "-",
@@ -60,4 +69,4 @@ def render_table(snapshots: Iterable[TaskSnapshot], *, clock: Clock | None = Non
     )
 
 
-__all__ = ["HEADERS", "elapsed_text", "format_elapsed", "render_table", "table_row"]
+__all__ = ["HEADERS", "elapsed_text", "format_elapsed", "render_table", "status_text", "table_row"]

@@ -633,6 +633,15 @@ class TaskRun:
             self.machine.mark_queued(trigger=TRIGGER_RETRY_DUE)
             return True
 
+    def detach(self) -> None:
+        """不再由本进程管（worker 停止时把还没开始的持久任务交还存储）：撤掉重试与 start 超时的计时器，
+        之后它们不会再推进这台状态机。"""
+        with self._lock:
+            self._cancel_retry_locked()
+            if self._start_timer is not None:
+                self._start_timer.cancel()
+                self._start_timer = None
+
     def watch_start_timeout(self) -> None:
         """从现在（提交入队）起计 start 超时的排队那一段：到点仍在排队、一次都没开始就落 stopped。
 

@@ -38,6 +38,8 @@ class Kind(enum.StrEnum):
     """``CommandAction``：存它的 value 文本（指令表）。"""
     BUCKETS = "buckets"
     """桶号集合或 None（节点表）：None 与空集合不同，必须原样区分。"""
+    RECIPE = "recipe"
+    """``Recipe`` 记录（to_dict / from_dict，存成 JSON），None 表示普通任务（issue 19）。"""
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class Column:
     * ``int32``：整数列的范围是 32 位（桶号）；其余整数列是 64 位。
     * ``minimum``：整数列的下限约束（有 CHECK 的方言写进 DDL）。
     * ``default``：服务器端默认值（SQL 字面量）。codec 总是写全部列，它只让手写的 INSERT 也得到合法行。
+    * ``create_only``：只由 create 写入，之后谁也不改（save 不写它，touch 也不写）——配方。
+    * ``added_later``：第 1 版发布之后才加的列：不在第 1 版的 ``CREATE TABLE`` 里（已发布的建表语句逐字
+      不变），由 ``ALTER TABLE ... ADD COLUMN`` 补上——新库建表后立即补，旧库在下一次可写打开时补。
     """
 
     name: str
@@ -64,6 +69,8 @@ class Column:
     int32: bool = False
     minimum: int | None = None
     default: str | None = None
+    create_only: bool = False
+    added_later: bool = False
 
 
 T, N, S, TS, J = Kind.TEXT, Kind.INT, Kind.STATUS, Kind.TIMESTAMP, Kind.JSON
@@ -98,6 +105,7 @@ TASK_COLUMNS: tuple[Column, ...] = (
     Column("node_id", T),
     Column("retry_at", TS),
     Column("description", T),
+    Column("recipe", Kind.RECIPE, create_only=True, added_later=True),
 )
 """快照的全部列。加字段：在这里加一行（再加 dataclass 字段与一次表结构迁移）。"""
 
@@ -147,6 +155,12 @@ FIELD_NAMES: tuple[str, ...] = tuple(column.name for column in TASK_COLUMNS)
 SIDE_CHANNEL_FIELDS: frozenset[str] = frozenset(c.name for c in TASK_COLUMNS if c.side_channel)
 """只由 touch（及 create 的初值）写入的字段；save 从不改写它们。"""
 
+CREATE_ONLY_FIELDS: frozenset[str] = frozenset(c.name for c in TASK_COLUMNS if c.create_only)
+"""只由 create 写入、之后谁也不改的字段（配方）：save 沿用存储里的值。"""
+
+LATER_COLUMNS: tuple[Column, ...] = tuple(c for c in TASK_COLUMNS if c.added_later)
+"""第 1 版之后补进 tasks 表的列（``ALTER TABLE ... ADD COLUMN``，见各后端的 ``_schema``）。"""
+
 TIMESTAMP_FIELDS: tuple[str, ...] = tuple(c.name for c in TASK_COLUMNS if c.kind is Kind.TIMESTAMP)
 """带时区的时间字段（模型层拒绝 naive datetime 的清单）。"""
 
@@ -159,7 +173,9 @@ OPTIONAL_TEXT_FIELDS: tuple[str, ...] = tuple(
 __all__ = [
     "COLUMNS_BY_NAME",
     "COMMAND_COLUMNS",
+    "CREATE_ONLY_FIELDS",
     "FIELD_NAMES",
+    "LATER_COLUMNS",
     "NODE_COLUMNS",
     "OPTIONAL_TEXT_FIELDS",
     "SIDE_CHANNEL_FIELDS",

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, TypeVar
 
 from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.storage import checks
+from chongming_task.core.storage.claiming import QueuedClaim, check_claim
 from chongming_task.core.storage.values import (
     ArchiveDeleted,
     ArchivedTask,
@@ -46,7 +47,7 @@ from chongming_task.core.storage.values import (
     TaskStats,
     TouchUpdate,
 )
-from chongming_task.errors import StoreError, TaskError
+from chongming_task.errors import ConfigurationError, StoreError, TaskError
 from chongming_task.models import Progress, TaskSnapshot, Transition
 
 # 签名与入参检查只写在基类里的公开方法 → 后端实现的钩子（只收一个已检查的值）。
@@ -216,6 +217,34 @@ class TaskStore(ClosesOnExit, ABC):
         """批量 touch：``[(task_id, {"progress": ..., ...}), ...]``。后端可覆盖为一次事务。"""
         for task_id, fields in updates:
             self.touch(task_id, **fields)
+
+    # -- durable tasks (issue 19) -------------------------------------------------------------------
+
+    def claim_queued(
+        self,
+        holder: str,
+        *,
+        names: Iterable[str],
+        buckets: Iterable[int] | None = None,
+        limit: int,
+        lease_until: datetime,
+    ) -> list[TaskSnapshot]:
+        """原子地认领至多 ``limit`` 个待执行的持久任务，按认领顺序返回认领之后的快照。
+
+        判据与顺序见 ``chongming_task.core.storage.claiming``：queued、带配方、无人持有、名字在 ``names`` 里、
+        桶在 ``buckets`` 里（None 不限）；priority 大的先，再按创建先后。认领写 owner / lease_owner /
+        lease_until，不改状态与版本号。同一任务无论多少认领者并发来取，只有一个取得到。入参在这里检查一次，
+        后端实现 ``_claim_queued``；没实现它的后端（老的第三方后端）抛 ConfigurationError，不能跑 worker。
+        """
+        request = check_claim(holder, names, buckets, limit, lease_until)
+        return self._claim_queued(request)
+
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
+        """后端实现 claim_queued 的地方（入参已检查）。"""
+        raise ConfigurationError(
+            f"{type(self).__name__} 不支持持久任务的认领（没有实现 _claim_queued）：worker 需要一个实现了它的"
+            "存储（内置的内存 / SQLite / PostgreSQL 存储都支持）"
+        )
 
     # -- commands -----------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from chongming_task.core.recipes import Recipe
 from chongming_task.core.storage.columns import (
     COMMAND_COLUMNS,
     NODE_COLUMNS,
@@ -139,7 +140,7 @@ class SqlDialect(ABC):
             return lambda value: self.encode_time(column, value)
         if kind is Kind.JSON:
             return lambda value: (self.encode_json(value, json_what),)
-        if kind in (Kind.PROGRESS, Kind.FAILURE):
+        if kind in (Kind.PROGRESS, Kind.FAILURE, Kind.RECIPE):
             return lambda value: (None if value is None else self.encode_json(value.to_dict(), json_what),)
         if kind is Kind.TAGS:
             return lambda value: (self.encode_tags(sorted(value)),)
@@ -160,8 +161,8 @@ class SqlDialect(ABC):
             return self.decode_time
         if kind is Kind.JSON:
             return lambda values: self.decode_json(values[0])
-        if kind in (Kind.PROGRESS, Kind.FAILURE):
-            record = Progress if kind is Kind.PROGRESS else Failure
+        if kind in (Kind.PROGRESS, Kind.FAILURE, Kind.RECIPE):
+            record: Any = {Kind.PROGRESS: Progress, Kind.FAILURE: Failure, Kind.RECIPE: Recipe}[kind]
             return lambda values: None if values[0] is None else record.from_dict(self.decode_json(values[0]))
         if kind is Kind.TAGS:
             return lambda values: self.decode_tags(values[0])
@@ -236,18 +237,33 @@ class SnapshotCodec(RowCodec):
         self.save_columns: tuple[str, ...] = tuple(
             name
             for c in TASK_COLUMNS
-            if not c.primary_key and not c.side_channel
+            if not c.primary_key and not c.side_channel and not c.create_only
             for name in dialect.physical(c)
         )
-        """save 的 UPDATE 写的列：除主键与旁路列之外的全部。"""
+        """save 的 UPDATE 写的列：除主键、旁路列与只在 create 时写的列（配方）之外的全部。"""
 
     def from_row(self, row: Sequence[Any]) -> TaskSnapshot:
         return TaskSnapshot(**self.fields(row))
 
     def create_table(self, table: str) -> str:
-        """``CREATE TABLE IF NOT EXISTS <table> (...)``，列由列表推导。"""
-        body = ",\n".join(self.column_lines())
+        """``CREATE TABLE IF NOT EXISTS <table> (...)``，列由列表推导（第 1 版之后补的列不在里面，
+        见 ``add_later_columns``：已发布的建表语句逐字不变）。"""
+        body = ",\n".join(self.dialect.column_lines(c for c in self.logical if not c.added_later))
         return f"CREATE TABLE IF NOT EXISTS {table} (\n{body}\n)"
+
+    def add_later_columns(self, table: str, *, if_not_exists: bool) -> list[str]:
+        """第 1 版之后补进来的列的 ``ALTER TABLE ... ADD COLUMN``（建表之后、打开旧库时执行）。
+
+        ``if_not_exists``：方言支持 ``ADD COLUMN IF NOT EXISTS``（PostgreSQL）；不支持的（SQLite）由调用方
+        先查列在不在。
+        """
+        guard = " IF NOT EXISTS" if if_not_exists else ""
+        return [
+            f"ALTER TABLE {table} ADD COLUMN{guard} {' '.join(line.split())}"
+            for c in self.logical
+            if c.added_later
+            for line in self.dialect.column_lines([c])
+        ]
 
 
 class TransitionCodec(RowCodec):

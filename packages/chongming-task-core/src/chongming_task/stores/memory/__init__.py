@@ -31,6 +31,7 @@ from typing import Any
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
+from chongming_task.core.storage.claiming import QueuedClaim, claim_order, claimable, claimed
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.retention import archivable_prefix
 from chongming_task.errors import (
@@ -201,6 +202,7 @@ class InMemoryTaskStore(TaskStore):
                 last_heartbeat_at=current.last_heartbeat_at,
                 lease_owner=current.lease_owner,
                 lease_until=current.lease_until,
+                recipe=current.recipe,  # 配方只由 create 写入
             )
             row.outcome_text = text
             for record in request.transitions:
@@ -267,6 +269,24 @@ class InMemoryTaskStore(TaskStore):
             records = list(row.history.values())
         records.sort(key=lambda record: record.version)
         return records
+
+    # -- durable tasks ------------------------------------------------------------------------------
+
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
+        with self._lock:
+            self._check_open()
+            if request.empty:
+                return []
+            rows = [row for row in self._rows.values() if claimable(row.snapshot, request)]
+            rows.sort(key=lambda row: claim_order(row.snapshot))
+            taken: list[tuple[TaskSnapshot, str | None]] = []
+            for row in rows[: request.limit]:
+                row.snapshot = claimed(row.snapshot, request)
+                taken.append((row.snapshot, row.outcome_text))
+        return [
+            snapshot if text is None else snapshot.evolve(outcome=json.loads(text))
+            for snapshot, text in taken
+        ]
 
     # -- side channel -------------------------------------------------------------------------------
 

@@ -119,7 +119,7 @@ def optional_json(value: Any, what: str) -> str | None:
     return None if value is None else json_text(value, what)
 
 
-_JSON_KINDS = frozenset({Kind.JSON, Kind.PROGRESS, Kind.FAILURE})
+_JSON_KINDS = frozenset({Kind.JSON, Kind.PROGRESS, Kind.FAILURE, Kind.RECIPE})
 _TYPES = {
     Kind.TEXT: "text",
     Kind.STATUS: "text",
@@ -128,6 +128,7 @@ _TYPES = {
     Kind.JSON: "jsonb",
     Kind.PROGRESS: "jsonb",
     Kind.FAILURE: "jsonb",
+    Kind.RECIPE: "jsonb",
     Kind.TAGS: "text[]",
     Kind.BUCKETS: "bigint[]",
 }

@@ -19,6 +19,7 @@ DDL 只在这里写一次：建表（``ensure_schema``）与"给运维的建表 
 
 from __future__ import annotations
 
+from chongming_task.core.storage.columns import LATER_COLUMNS
 from chongming_task.core.storage.values import CommandAction
 from chongming_task.states import TERMINAL_STATUSES, TaskStatus
 from chongming_task.stores.postgres import _codec, _logs
@@ -63,6 +64,20 @@ def node_ddl_statements(schema: str) -> list[str]:
     expires_at_off bigint NOT NULL,
     info jsonb NOT NULL DEFAULT '{{}}'
 )""",
+    ]
+
+
+LATER_TASK_COLUMNS: tuple[str, ...] = tuple(c.name for c in LATER_COLUMNS)
+"""第 1 版之后补进 tasks 的列（配方，issue 19）：不升版本号，旧 schema 在下一次可写打开时补（幂等）。"""
+
+
+def later_ddl_statements(schema: str) -> list[str]:
+    """后补的列与待认领持久任务的部分索引（worker 按 priority DESC, created_at, task_id 取前 N 个）。"""
+    s = quote_ident(schema)
+    return [
+        *_codec.SNAPSHOTS.add_later_columns(f"{s}.tasks", if_not_exists=True),
+        f"""CREATE INDEX IF NOT EXISTS tasks_claimable_idx ON {s}.tasks (priority DESC, created_at, task_id)
+    WHERE status = 'queued' AND owner IS NULL AND recipe IS NOT NULL""",
     ]
 
 
@@ -163,6 +178,7 @@ def ddl_statements(schema: str) -> list[str]:
         f"CREATE INDEX IF NOT EXISTS tasks_lease_idx ON {s}.tasks (lease_until)",
         f"""CREATE INDEX IF NOT EXISTS tasks_finished_idx ON {s}.tasks (finished_at)
     WHERE status IN ({terminal})""",
+        *later_ddl_statements(schema),
         *transitions_ddl_statements(schema),
         f"""CREATE TABLE IF NOT EXISTS {s}.commands (
     command_id text COLLATE "C" PRIMARY KEY,
@@ -211,11 +227,13 @@ def grant_sql(schema: str, role: str) -> str:
 __all__ = [
     "DEFAULT_PARTITION",
     "DEFAULT_SCHEMA",
+    "LATER_TASK_COLUMNS",
     "LEGACY_PARTITION",
     "MAX_IDENTIFIER_BYTES",
     "SCHEMA_VERSION",
     "ddl_statements",
     "grant_sql",
+    "later_ddl_statements",
     "migration_sql",
     "migration_statements",
     "node_ddl_statements",

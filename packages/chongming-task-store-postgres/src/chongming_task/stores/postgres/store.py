@@ -26,6 +26,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
+from chongming_task.core.storage.claiming import QueuedClaim
 from chongming_task.core.storage.contract import TaskStore, prepare_batch
 from chongming_task.core.storage.opening import (
     CreateSchema,
@@ -44,7 +45,7 @@ from chongming_task.errors import (
 )
 from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TERMINAL_STATUSES, TaskStatus
-from chongming_task.stores.postgres import _archive, _logs, _partitions, _schema, _sql
+from chongming_task.stores.postgres import _archive, _claim, _logs, _partitions, _schema, _sql
 from chongming_task.stores.postgres._codec import (
     check_text,
     command_from_row,
@@ -563,6 +564,8 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
                     and not self._readonly
                 ):
                     _partitions.ensure_ahead_or_warn(conn, self._schema, at_open=True)
+                if version == _schema.SCHEMA_VERSION:
+                    self._add_later_columns(conn)
             except pg_errors.InsufficientPrivilege as exc:
                 raise self._privilege_error(conn, exc) from exc
             except psycopg.Error as exc:
@@ -692,6 +695,27 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
                 self._schema,
                 conn.info.user,
             )
+
+    def _add_later_columns(self, conn: Conn) -> None:
+        """持久任务加入之前建的 schema 缺配方列：可写打开时补（咨询锁下，幂等）；只读 / 不许建表时报错——
+        每条读快照的语句都要选这一列。"""
+        lacking = _claim.missing_columns(conn, self._schema)
+        if not lacking:
+            return
+        if self._readonly or self._create_schema == "never":
+            raise SchemaMissing(
+                f"PostgreSQL schema {self._schema!r} 是持久任务加入之前建的，"
+                f"tasks 表缺列 {', '.join(lacking)}："
+                "只读（或不许建表）的打开不会补列；请用可写方式打开一次（chongming-task init），"
+                "或由 DBA 执行 chongming-task schema-sql 里的 ALTER TABLE 语句",
+                ddl=";\n".join(_schema.later_ddl_statements(self._schema)),
+            )
+        with conn.transaction():
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                ["chongming_task.ddl:" + self._schema],
+            )
+            _claim.add_later_columns(conn, self._schema)
 
     def _add_logs_table(self, conn: Conn) -> None:
         """给日志表加入之前建的 schema 补建日志表（咨询锁下；没有建表权限时只告警：日志写入会失败并按
@@ -937,6 +961,8 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
         def judge(conn: Conn, row: Any) -> TaskError | None:
             if row is None or row[0] == 0:
                 return DuplicateTaskId(f"task_id {task_id!r} 已存在；想再跑一次请换一个 task_id 提交")
+            # 建好了：若是待认领的持久任务，通知 worker（create 已提交，这条通知随它自己的语句送达）。
+            _claim.notify_if_claimable(conn, self._channel, snapshot)
             return None
 
         return self._sql.create, params, judge
@@ -1184,6 +1210,13 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
         # RETURNING 不保证顺序：按认领时用的同一键 (enqueued_at, command_id) 排好再交出。
         rows.sort(key=lambda row: (row[-1], row[0]))
         return [command_from_row(row[:-1]) for row in rows]
+
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
+        if request.empty:
+            self._check_open()
+            return []
+        with self._connection() as conn:
+            return _claim.claim(conn, self._sql.s, request)
 
     def complete_command(self, command_id: str, claimant: str) -> bool:
         checks.check_key("command_id", command_id)

@@ -19,6 +19,7 @@ import sqlite3
 import textwrap
 from collections.abc import Callable
 
+from chongming_task.core.storage.columns import LATER_COLUMNS
 from chongming_task.errors import StoreError
 from chongming_task.stores.sqlite import _codec
 
@@ -87,6 +88,18 @@ _DDL_LOGS: tuple[str, ...] = (
 
 _LATER_TABLES: tuple[str, ...] = (*_DDL_NODES, *_DDL_LOGS)
 """第 1 版之后补进来的表：打开可写的旧文件时补建（见 ``create_or_migrate``）。"""
+
+# 第 1 版之后补进 tasks 的列（配方，issue 19）：同样不升版本号——旧包照常读写（它的 INSERT 不写这一列，
+# 得到 NULL = 普通任务；它的 UPDATE 也不碰它）。SQLite 没有 ADD COLUMN IF NOT EXISTS：先查再加。
+LATER_TASK_COLUMNS: tuple[str, ...] = tuple(c.name for c in LATER_COLUMNS)
+_ADD_LATER_COLUMNS: tuple[str, ...] = tuple(_codec.SNAPSHOTS.add_later_columns("tasks", if_not_exists=False))
+# 待认领的持久任务（queued、无人持有、带配方）：worker 按 (priority DESC, created_key, task_id) 取前 N 个。
+_LATER_INDEXES: tuple[str, ...] = (
+    (
+        "CREATE INDEX IF NOT EXISTS tasks_claimable ON tasks (priority DESC, created_key, task_id) "
+        "WHERE status = 'queued' AND owner IS NULL AND recipe IS NOT NULL"
+    ),
+)
 
 _REQUIRED_TABLES = frozenset(
     {
@@ -184,9 +197,28 @@ def read_version(conn: sqlite3.Connection) -> int | None:
 
 
 def missing_tables(conn: sqlite3.Connection) -> bool:
-    """当前版本的文件是否缺表（例如节点表加入之前建的第 1 版文件）。"""
+    """当前版本的文件是否缺表（例如节点表加入之前建的第 1 版文件）或缺后补的列（配方列）。"""
     rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-    return not {row[0] for row in rows} >= _REQUIRED_TABLES
+    if not {row[0] for row in rows} >= _REQUIRED_TABLES:
+        return True
+    return bool(missing_columns(conn))
+
+
+def missing_columns(conn: sqlite3.Connection) -> list[str]:
+    """tasks 表缺的后补列（没有 tasks 表时为空：那是缺表，另有判断）。"""
+    present = {str(row[1]) for row in conn.execute("PRAGMA table_info(tasks)").fetchall()}
+    if not present:
+        return []
+    return [name for name in LATER_TASK_COLUMNS if name not in present]
+
+
+def _add_later_columns(conn: sqlite3.Connection) -> None:
+    missing = set(missing_columns(conn))
+    for name, statement in zip(LATER_TASK_COLUMNS, _ADD_LATER_COLUMNS, strict=True):
+        if name in missing:
+            conn.execute(statement)
+    for statement in _LATER_INDEXES:
+        conn.execute(statement)
 
 
 def foreign_tables(conn: sqlite3.Connection) -> list[str]:
@@ -200,7 +232,9 @@ def foreign_tables(conn: sqlite3.Connection) -> list[str]:
 
 def schema_sql() -> str:
     """可直接交给 sqlite3 命令行执行的完整建表脚本（含事务）——与新库建表执行的是同一份语句。"""
-    statements = [textwrap.dedent(statement).strip() for statement in _DDL_V1]
+    statements = [
+        textwrap.dedent(statement).strip() for statement in (*_DDL_V1, *_ADD_LATER_COLUMNS, *_LATER_INDEXES)
+    ]
     statements.append(f"INSERT INTO schema_version (version) VALUES ({SCHEMA_VERSION})")
     return "BEGIN;\n" + ";\n".join(statements) + ";\nCOMMIT;\n"
 
@@ -219,7 +253,7 @@ def create_or_migrate(conn: sqlite3.Connection, where: str) -> None:
     version = read_version(conn)
     check_not_newer(version, where)
     if version is None:
-        for statement in _DDL_V1:
+        for statement in (*_DDL_V1, *_ADD_LATER_COLUMNS, *_LATER_INDEXES):
             conn.execute(statement)
         conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
         return
@@ -230,10 +264,12 @@ def create_or_migrate(conn: sqlite3.Connection, where: str) -> None:
     # 同一版本内后补的表（节点表、日志表；全是 IF NOT EXISTS，已有就是空操作）。
     for statement in _LATER_TABLES:
         conn.execute(statement)
+    _add_later_columns(conn)  # 同一版本内后补的列（配方）与它的认领索引
 
 
 __all__ = [
     "COMMAND_COLUMNS",
+    "LATER_TASK_COLUMNS",
     "NODE_COLUMNS",
     "SAVE_COLUMNS",
     "SCHEMA_VERSION",
@@ -243,6 +279,7 @@ __all__ = [
     "check_not_newer",
     "create_or_migrate",
     "foreign_tables",
+    "missing_columns",
     "missing_tables",
     "read_version",
     "schema_sql",

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
+from chongming_task.core.storage.claiming import QueuedClaim
 from chongming_task.core.storage.contract import TaskStore, prepare_batch
 from chongming_task.core.storage.opening import CreateSchema, SchemaMissing, check_opening
 from chongming_task.core.storage.retention import RetentionByModule, RetentionModule
@@ -31,7 +32,7 @@ from chongming_task.errors import (
 )
 from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
-from chongming_task.stores.sqlite import _archive, _logs, _sql
+from chongming_task.stores.sqlite import _archive, _claim, _logs, _sql
 from chongming_task.stores.sqlite import _codec as codec
 from chongming_task.stores.sqlite import _schema as schema
 
@@ -319,6 +320,13 @@ class SqliteTaskStore(RetentionByModule, TaskStore):
             self._create_schema == "never" or not schema.missing_tables(conn)
         ):
             # 只读 / 不许建表时，同一版本里后补的表（节点表）缺了也照常打开：用到它的方法才报错。
+            # 缺后补的列（配方）则不行：每条读快照的语句都要选它。
+            lacking = schema.missing_columns(conn)
+            if lacking:
+                raise SchemaMissing(
+                    f"{where} 是持久任务加入之前建的，tasks 表缺列 {', '.join(lacking)}：只读（或不许建表）的"
+                    "打开不会补列；请用可写方式打开一次（chongming-task init）"
+                )
             self._use_wal(conn)
             return
         if self._create_schema == "never":
@@ -595,6 +603,12 @@ class SqliteTaskStore(RetentionByModule, TaskStore):
             raise _Pool._closed_error()
 
     # -- history ------------------------------------------------------------------------------------
+
+    def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
+        if request.empty:
+            self._check_open()
+            return []
+        return self._run("claim_queued", lambda conn: _claim.claim(conn, request))
 
     def append(self, transitions: Sequence[Transition]) -> None:
         transitions = tuple(transitions)

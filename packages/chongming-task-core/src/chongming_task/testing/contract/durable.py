@@ -1,0 +1,180 @@
+"""契约用例：持久任务（issue 19）：配方随 create 原样落库、save 从不改写它；``claim_queued`` 的判据、
+顺序、数量与原子性（多线程争抢时每个任务只被取走一次）。"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from datetime import timedelta
+
+from chongming_task.core.recipes import OnLost, Recipe
+from chongming_task.errors import ConfigurationError
+from chongming_task.models import TaskSnapshot
+from chongming_task.testing.contract._base import T0, TZ_SHANGHAI, ContractBase, S, snap, step
+
+LEASE = T0 + timedelta(seconds=30)
+
+
+def recipe(name: str = "contract-task", **changes: object) -> Recipe:
+    fields: dict[str, object] = {
+        "name": name,
+        "args": (1, 2.0, "三", [True, None], {"k": [1.5, 2**63 + 1]}),
+        "kwargs": {"租户": "甲", "limit": 0, "ratio": 1.0, "flags": {}, "items": []},
+        "max_attempts": 3,
+        "timeout": {"start": None, "per_attempt": 60.0, "idle": 5.5},
+        "tags": ("io", "夜间"),
+        "priority": 2,
+        "bucket_key": "tenant-甲",
+        "on_lost": OnLost.RETRY,
+    }
+    fields.update(changes)
+    return Recipe(**fields)  # type: ignore[arg-type]
+
+
+def durable(task_id: str, *, seconds: int = 0, **fields: object) -> TaskSnapshot:
+    """一个待认领的持久任务：queued、无人持有、带配方。"""
+    values: dict[str, object] = {"status": S.QUEUED, "status_version": 1, "recipe": recipe()}
+    values.update(fields)
+    at = values.pop("created_at", T0 + timedelta(seconds=seconds))
+    return snap(task_id, at=at, **values)  # type: ignore[arg-type]
+
+
+class DurableCases(ContractBase):
+    """持久任务：配方与认领。"""
+
+    # -- recipes ------------------------------------------------------------------------------------
+
+    def test_recipe_round_trips_exactly(self) -> None:
+        store = self.open_store()
+        want = recipe()
+        store.create(durable("d-1", recipe=want))
+        for got in (store.get("d-1"), *store.query()):
+            assert got is not None and got.recipe is not None
+            self.assertEqual(got.recipe, want)  # Recipe 的相等连类型一起比：1 与 1.0 不同
+            self.assertIs(type(got.recipe.args[1]), float, "2.0 读回必须仍是 float")
+            self.assertIs(type(got.recipe.kwargs["limit"]), int, "0 读回必须仍是 int")
+            self.assertEqual(got.recipe.args[4], {"k": [1.5, 2**63 + 1]})
+            self.assertIs(got.recipe.on_lost, OnLost.RETRY)
+            self.assertTrue(got.durable)
+
+    def test_task_without_recipe_reads_back_none(self) -> None:
+        store = self.open_store()
+        store.create(snap("plain"))
+        got = store.get("plain")
+        assert got is not None
+        self.assertIsNone(got.recipe)
+        self.assertFalse(got.durable)
+
+    def test_save_never_rewrites_the_recipe(self) -> None:
+        store = self.open_store()
+        original = recipe()
+        base = durable("d-keep", recipe=original, status=S.PENDING, status_version=0)
+        store.create(base)
+        queued, record = step(base, S.QUEUED, recipe=None)  # 调用方手里那份丢了配方
+        store.save(queued, expect_version=0, transitions=[record])
+        started, record = step(queued, S.STARTING, recipe=recipe(args=(99,)))
+        store.save(started, expect_version=1, transitions=[record])
+        got = store.get("d-keep")
+        assert got is not None
+        self.assertEqual(got.status, S.STARTING)
+        self.assertEqual(got.recipe, original, "配方只由 create 写入：save 不能清掉或改写它")
+
+    # -- claim_queued -------------------------------------------------------------------------------
+
+    def test_claim_takes_priority_then_fifo_and_only_limit(self) -> None:
+        store = self.open_store()
+        store.create(durable("low-old", seconds=0, priority=0))
+        store.create(durable("high-new", seconds=9, priority=5))
+        store.create(durable("low-new", seconds=5, priority=0))
+        store.create(durable("high-old", seconds=1, priority=5))
+        # 同一时刻、不同时区写法：按时刻排，再按 task_id
+        store.create(durable("tie-b", priority=-1, created_at=T0.astimezone(TZ_SHANGHAI)))
+        store.create(durable("tie-a", priority=-1))
+        first = store.claim_queued("w1", names=["contract-task"], limit=3, lease_until=LEASE)
+        self.assertEqual([s.task_id for s in first], ["high-old", "high-new", "low-old"])
+        rest = store.claim_queued("w2", names=["contract-task"], limit=10, lease_until=LEASE)
+        self.assertEqual([s.task_id for s in rest], ["low-new", "tie-a", "tie-b"])
+        self.assertEqual(store.claim_queued("w3", names=["contract-task"], limit=10, lease_until=LEASE), [])
+
+    def test_claim_sets_holder_and_lease_without_bumping_version(self) -> None:
+        store = self.open_store()
+        store.create(durable("d-h"))
+        until = LEASE.astimezone(TZ_SHANGHAI)
+        (got,) = store.claim_queued("worker-a", names={"contract-task"}, limit=1, lease_until=until)
+        self.assertEqual((got.owner, got.lease_owner, got.lease_until), ("worker-a", "worker-a", until))
+        self.assertEqual((got.status, got.status_version), (S.QUEUED, 1), "认领不改状态、不改版本号")
+        self.assertEqual(got.recipe, recipe())
+        stored = store.get("d-h")
+        assert stored is not None
+        self.assertEqual(
+            (stored.owner, stored.lease_owner, stored.lease_until), ("worker-a", "worker-a", until)
+        )
+        self.assertVersions(store, "d-h", [])
+
+    def test_claim_only_unheld_queued_durable_tasks_of_the_given_names_and_buckets(self) -> None:
+        store = self.open_store()
+        store.create(durable("ok", bucket=3))
+        store.create(durable("ok-no-bucket"))
+        store.create(snap("plain", status=S.QUEUED, status_version=1))  # 没有配方
+        store.create(durable("held", bucket=3, owner="someone"))
+        store.create(durable("running", bucket=3, status=S.RUNNING, status_version=3))
+        store.create(durable("paused", bucket=3, status=S.PAUSED, status_version=2))
+        store.create(durable("other-name", bucket=3, name="other"))
+        store.create(durable("other-bucket", bucket=4))
+        got = store.claim_queued("w", names=["contract-task"], buckets=[3], limit=100, lease_until=LEASE)
+        self.assertEqual([s.task_id for s in got], ["ok"], "给了桶集合时，没有桶的任务与别的桶的任务都不取")
+        got = store.claim_queued("w", names=["contract-task"], limit=100, lease_until=LEASE)
+        self.assertEqual(sorted(s.task_id for s in got), ["ok-no-bucket", "other-bucket"])
+        self.assertEqual(store.claim_queued("w", names=[], limit=5, lease_until=LEASE), [])
+        self.assertEqual(store.claim_queued("w", names=["other"], buckets=[], limit=5, lease_until=LEASE), [])
+        self.assertEqual(store.claim_queued("w", names=["other"], limit=0, lease_until=LEASE), [])
+        untouched = store.get("other-name")
+        assert untouched is not None
+        self.assertIsNone(untouched.owner)
+
+    def test_claim_rejects_bad_arguments(self) -> None:
+        store = self.open_store()
+        for kwargs in (
+            {"holder": "", "names": ["x"], "limit": 1, "lease_until": LEASE},
+            {"holder": "w", "names": "x", "limit": 1, "lease_until": LEASE},
+            {"holder": "w", "names": ["x"], "limit": -1, "lease_until": LEASE},
+            {"holder": "w", "names": ["x"], "limit": True, "lease_until": LEASE},
+            {"holder": "w", "names": ["x"], "limit": 1, "lease_until": LEASE.replace(tzinfo=None)},
+            {"holder": "w", "names": ["x"], "buckets": 3, "limit": 1, "lease_until": LEASE},
+            {"holder": "w", "names": ["x"], "buckets": [-1], "limit": 1, "lease_until": LEASE},
+        ):
+            with self.subTest(kwargs=kwargs), self.assertRaises(ConfigurationError):
+                holder = kwargs.pop("holder")
+                store.claim_queued(holder, **kwargs)  # type: ignore[arg-type]
+
+    def test_concurrent_claimers_take_every_task_exactly_once(self) -> None:
+        store = self.open_store()
+        total = 120
+        for index in range(total):
+            store.create(durable(f"race-{index:03d}", seconds=index % 7, priority=index % 3))
+        taken: dict[str, list[str]] = {}
+        wrong_owner: list[str] = []
+        lock = threading.Lock()
+
+        def worker(holder: str) -> None:
+            # 线程里不断言（断言失败只会杀掉线程）；总认领数有上限：坏的存储可能永远取得到"空闲"任务。
+            while True:
+                got = store.claim_queued(holder, names=["contract-task"], limit=3, lease_until=LEASE)
+                with lock:
+                    for snapshot in got:
+                        taken.setdefault(snapshot.task_id, []).append(holder)
+                        if snapshot.owner != holder:
+                            wrong_owner.append(snapshot.task_id)
+                    if not got or sum(map(len, taken.values())) > 2 * total:
+                        return
+
+        self.run_threads([functools.partial(worker, f"w{i}") for i in range(6)])
+        doubles = {task_id: holders for task_id, holders in taken.items() if len(holders) != 1}
+        self.assertEqual(doubles, {}, "同一个任务被不止一个认领者取走")
+        self.assertEqual(wrong_owner, [], "认领交回的快照的 owner 必须是认领者")
+        self.assertEqual(len(taken), total, "有任务没有被任何认领者取走")
+        for snapshot in store.query():
+            self.assertEqual(snapshot.owner, taken[snapshot.task_id][0])
+
+
+__all__ = ["DurableCases", "durable", "recipe"]

@@ -1,0 +1,389 @@
+"""worker：认领、接手、重跑持久任务的循环（``Controller.serve()`` / ``chongming-task worker``；issue 19）。
+
+每一轮：
+
+1. **认领**（``TaskStore.claim_queued``）：只认本控制器登记了名字的、落在本节点负责的桶里的、无人持有的 queued
+   持久任务；一次只认领空闲槽位那么多个（槽位 = ``max_parallel`` 减去本地在跑与排队的），不囤积。认领是存储里
+   的原子操作，多少个 worker 同时来取，每个任务也只被一个取走。认领来的任务按它存储里的版本接着写（写穿、
+   续租、指令都和本地提交的一样）。
+2. **维护**（每 ``lease_ttl / 2`` 一次）：``reconcile(durable_only=True)`` 本节点的桶里的持久任务——
+   * 失联持有者的 queued / paused / retry_wait 持久任务：以 ``cluster:adopted`` 接手（状态不变、换持有者，迁移
+     记录写明接手者与原持有者；暂停的仍暂停，重试等待的到点才排队）。queued 的也只接手空闲槽位那么多个；
+   * 失联持有者在跑的任务：reconcile 照旧判 lost；配方说 ``on_lost="retry"`` 且尝试预算有剩余的，经审计的
+     ``retry()`` 复活并由本节点接手、重新排队（at-least-once：任务体可能执行了两次）。
+   普通任务 worker 不碰：它们何时被判 lost 仍由调用方自己的 ``reconcile()`` 决定，与以前完全一样。
+3. **等待**：有空槽时等"新任务"的通知（PostgreSQL 的 NOTIFY；``store.listen``）或本地有任务落地，最多
+   ``poll_interval`` 秒（轮询兜底；SQLite 只有轮询）。
+
+停止（``stop`` 事件置位，CLI 里是 SIGTERM / Ctrl-C）：不再认领与接手；本地还没开始的持久任务交还存储
+（持有者清空，别的 worker 立刻可认领）；在跑的最多等 ``drain_timeout`` 秒自己跑完，到点仍在跑的走优雅停止
+（落 stopped，可 ``chongming-task retry``）。
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from chongming_task.clock import Clock
+from chongming_task.core.numbers import check_seconds
+from chongming_task.core.state_machine import StateMachine
+from chongming_task.core.storage.claiming import MAX_CLAIM
+from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskError
+from chongming_task.models import Failure, FailureKind, TaskSnapshot
+from chongming_task.policies import Timeout
+from chongming_task.runtime.durable import recipe_timeout
+from chongming_task.runtime.events import Listener, TransitionEvent
+from chongming_task.runtime.reconcile import ReconcileReport
+from chongming_task.runtime.registry import TaskDefinition
+from chongming_task.runtime.taskrun import TaskRun
+from chongming_task.states import TaskStatus
+from chongming_task.storage import TaskStore
+
+logger = logging.getLogger("chongming_task.worker")
+
+S = TaskStatus
+DEFAULT_POLL_INTERVAL = 0.2
+"""没有即时通知时（SQLite）多久看一次有没有新任务（秒）；有 NOTIFY 时它只是兜底。"""
+DEFAULT_DRAIN_TIMEOUT = 30.0
+
+_ADOPT_STATUSES = frozenset({S.QUEUED, S.PAUSED, S.RETRY_WAIT})
+
+
+@dataclass
+class ServeReport:
+    """一次 ``serve()`` 的记账。``stopped_at_drain``：停止时等满 ``drain_timeout`` 仍在跑、被停止的任务数。"""
+
+    claimed: int = 0
+    adopted: int = 0
+    revived: int = 0
+    released: int = 0
+    rejected: list[str] = field(default_factory=list)
+    stopped_at_drain: int = 0
+
+    @property
+    def drained(self) -> bool:
+        return self.stopped_at_drain == 0
+
+
+class WorkerHost(Protocol):
+    """worker 经由它用到控制器的那几样（Controller 实现它；与 ``PipelineHost`` 同一个做法，免得互相导入）。"""
+
+    owner: str
+    max_parallel: int | None
+    lease_ttl: float
+    clock: Clock
+    owned_buckets: frozenset[int] | None
+
+    @property
+    def store(self) -> TaskStore | None: ...
+    @property
+    def owns_all_buckets(self) -> bool: ...
+    @property
+    def active_count(self) -> int: ...
+    @property
+    def queued_count(self) -> int: ...
+    def definitions(self) -> list[TaskDefinition]: ...
+    def resolve_task(self, name: str) -> TaskDefinition: ...
+    def start_serving(self) -> None: ...
+    def add_listener(self, listener: Listener) -> None: ...
+    def remove_listener(self, listener: Listener) -> bool: ...
+    def reconcile(self, *, dry_run: bool = False, durable_only: bool = False) -> ReconcileReport: ...
+    def local_run(self, task_id: str) -> TaskRun | None: ...
+    def detach_unstarted_durable(self) -> list[TaskRun]: ...
+    def host_durable(
+        self,
+        machine: StateMachine,
+        definition: TaskDefinition,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        timeout: Timeout | None = None,
+    ) -> TaskRun: ...
+
+
+class Worker:
+    """一个控制器的 worker 循环（见模块说明）。由 ``Controller.serve()`` 构造并运行。"""
+
+    def __init__(
+        self,
+        controller: WorkerHost,
+        *,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+    ) -> None:
+        store = controller.store
+        if store is None:
+            raise ConfigurationError("serve() 需要共享存储：请用 Controller(store=...) 构造 worker")
+        if controller.max_parallel is None:
+            raise ConfigurationError(
+                "serve() 需要 max_parallel（worker 按空闲槽位认领，不设上限就会把队列全搬走）："
+                "请用 Controller(max_parallel=N) 构造"
+            )
+        if not controller.definitions():
+            raise ConfigurationError(
+                "serve() 之前请先登记任务（register / register_module）：worker 只执行登记了名字的配方"
+            )
+        self.controller = controller
+        self.store = store
+        self.owner = controller.owner
+        self.capacity: int = controller.max_parallel
+        self.poll_interval = check_seconds("poll_interval", poll_interval, low=0.01, low_open=False)
+        self.drain_timeout = check_seconds("drain_timeout", drain_timeout, low=0.0, low_open=False)
+        lease_ttl = controller.lease_ttl
+        self.lease_ttl = lease_ttl
+        self.maintenance_interval = max(0.2, lease_ttl / 2)
+        self.report = ServeReport()
+        self._wake = threading.Event()
+        self._retry_due: dict[str, datetime] = {}
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> ServeReport:
+        controller = self.controller
+        controller.start_serving()
+        controller.add_listener(self._on_event)
+        unlisten = self._listen()
+        next_maintenance = 0.0
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                if now >= next_maintenance:
+                    self._maintain()
+                    next_maintenance = time.monotonic() + self.maintenance_interval
+                self._requeue_due()
+                full = self._claim()
+                if full and not stop.is_set():
+                    continue  # 取满了空槽：队列里多半还有，马上再看一轮（有空槽时）
+                self._wake.wait(self.poll_interval)
+                self._wake.clear()
+        finally:
+            if unlisten is not None:
+                unlisten()
+            controller.remove_listener(self._on_event)
+            self._drain()
+        return self.report
+
+    def _listen(self) -> Callable[[], None] | None:
+        listen = getattr(self.store, "listen", None)
+        if not callable(listen):
+            return None
+        try:
+            unlisten: Callable[[], None] = listen(self._wake)
+        except TaskError as exc:
+            logger.warning("无法订阅新任务通知，改为纯轮询：%s", exc)
+            return None
+        return unlisten
+
+    def _on_event(self, event: object) -> None:
+        # 本地任务让出槽位（落终态、暂停、进重试等待）时马上去认领下一个，而不是等满一个轮询间隔。
+        if isinstance(event, TransitionEvent) and event.to_status not in (S.STARTING, S.RUNNING):
+            self._wake.set()
+
+    def _names(self) -> frozenset[str]:
+        return frozenset(definition.name for definition in self.controller.definitions())
+
+    def _free_slots(self) -> int:
+        controller = self.controller
+        return max(0, self.capacity - controller.active_count - controller.queued_count)
+
+    def _lease_until(self) -> datetime:
+        return self.controller.clock.now() + timedelta(seconds=self.lease_ttl)
+
+    # -- claim --------------------------------------------------------------------------------------
+
+    def _claim(self) -> bool:
+        """认领至多空闲槽位那么多个；返回是否取满了（可能还有更多在等）。"""
+        free = self._free_slots()
+        if free == 0:
+            return False
+        owned = self.controller.owned_buckets
+        try:
+            snapshots = self.store.claim_queued(
+                self.owner,
+                names=self._names(),
+                buckets=None if self.controller.owns_all_buckets else owned,
+                limit=min(free, MAX_CLAIM),
+                lease_until=self._lease_until(),
+            )
+        except TaskError as exc:
+            logger.warning("认领持久任务失败（下一轮再试）：%s", exc)
+            return False
+        for snapshot in snapshots:
+            if self._host(StateMachine(snapshot, (), clock=self.controller.clock, lock=threading.RLock())):
+                self.report.claimed += 1
+        return len(snapshots) == free
+
+    def _host(self, machine: StateMachine) -> bool:
+        """把存储里已是本节点持有的持久任务交给控制器管（接着它存储里的版本写）。"""
+        snapshot = machine.snapshot
+        recipe = snapshot.recipe
+        assert recipe is not None
+        controller = self.controller
+        try:
+            definition = controller.resolve_task(snapshot.name)
+            controller.host_durable(
+                machine, definition, tuple(recipe.args), dict(recipe.kwargs), timeout=recipe_timeout(recipe)
+            )
+        except ConfigurationError as exc:
+            # 配方与本节点登记的定义对不上（参数签名变了之类）：如实落 stopped，不让它永远卡在"被我持有"。
+            self._reject(machine, str(exc))
+            return False
+        except TaskError as exc:
+            logger.warning("接管持久任务 %s 失败：%s", snapshot.task_id, exc)
+            return False
+        if snapshot.status is S.RETRY_WAIT and snapshot.retry_at is not None:
+            self._retry_due[snapshot.task_id] = snapshot.retry_at
+        return True
+
+    def _reject(self, machine: StateMachine, why: str) -> None:
+        snapshot = machine.snapshot
+        self.report.rejected.append(snapshot.task_id)
+        logger.error("持久任务 %s 的配方无法在本节点执行：%s", snapshot.task_id, why)
+        if not machine.can(S.STOPPED):
+            return
+        failure = Failure(
+            FailureKind.EXCEPTION, f"配方无法在 worker {self.owner} 上执行：{why}", retryable=False
+        )
+        machine.mark_stopped(failure=failure, actor=self.owner, reason="配方与本节点登记的任务定义不符")
+        try:
+            self.store.save(
+                machine.snapshot,
+                expect_version=snapshot.status_version,
+                transitions=machine.transitions_since(snapshot.status_version),
+            )
+        except TaskError as exc:
+            logger.warning("写回被拒绝的持久任务 %s 失败：%s", snapshot.task_id, exc)
+
+    def _requeue_due(self) -> None:
+        if not self._retry_due:
+            return
+        now = self.controller.clock.now()
+        for task_id, due in list(self._retry_due.items()):
+            if due > now:
+                continue
+            del self._retry_due[task_id]
+            run = self.controller.local_run(task_id)
+            if run is not None:
+                run.retry_due()
+
+    # -- adoption and re-run ------------------------------------------------------------------------
+
+    def _maintain(self) -> None:
+        try:
+            report = self.controller.reconcile(durable_only=True)
+        except TaskError as exc:
+            logger.warning("reconcile 失败（下一轮再试）：%s", exc)
+            return
+        names = self._names()
+        for lost in report.lost:
+            recipe = lost.recipe
+            if (
+                recipe is not None
+                and recipe.retries_when_lost
+                and lost.name in names
+                and lost.attempt < lost.max_attempts
+            ):
+                self._revive(lost)
+        budget = self._free_slots()
+        for snapshot in report.adoptable:
+            if (
+                snapshot.recipe is None
+                or snapshot.name not in names
+                or snapshot.status not in _ADOPT_STATUSES
+            ):
+                continue
+            if snapshot.status is S.QUEUED:
+                if budget <= 0:
+                    continue  # 不囤积：剩下的留给下一轮或别的 worker
+                budget -= 1
+            self._adopt(snapshot)
+
+    def _take_over(
+        self, snapshot: TaskSnapshot, change: Callable[[StateMachine], Any]
+    ) -> StateMachine | None:
+        """在一台临时状态机上做一次接手类的迁移，以"租约此刻仍已过期"为条件写回；成功则续上本节点的租约。"""
+        clock = self.controller.clock
+        machine = StateMachine(snapshot, (), clock=clock, lock=threading.RLock())
+        try:
+            change(machine)
+        except TaskError as exc:
+            logger.debug("任务 %s 不能接手：%s", snapshot.task_id, exc)
+            return None
+        now = clock.now()
+        try:
+            self.store.save(
+                machine.snapshot,
+                expect_version=snapshot.status_version,
+                transitions=machine.transitions_since(snapshot.status_version),
+                lease_expired_before=now,
+            )
+        except ConcurrencyConflict:
+            return None  # 别的 worker 抢先接手了，或者原持有者活过来续上了租约
+        except TaskError as exc:
+            logger.warning("接手任务 %s 失败：%s", snapshot.task_id, exc)
+            return None
+        until = self._lease_until()
+        machine.update_side(lease_owner=self.owner, lease_until=until)
+        try:
+            self.store.touch(snapshot.task_id, lease_owner=self.owner, lease_until=until)
+        except TaskError as exc:
+            logger.warning("给接手的任务 %s 续租失败（下一轮续租补上）：%s", snapshot.task_id, exc)
+        return machine
+
+    def _adopt(self, snapshot: TaskSnapshot) -> None:
+        dead = snapshot.owner or "（无人）"
+        until = snapshot.lease_until.isoformat(timespec="seconds") if snapshot.lease_until else "从未续租"
+        reason = f"原持有者 {dead} 的租约已过期（lease_until={until}）：由 {self.owner} 接手"
+        machine = self._take_over(snapshot, lambda m: m.adopt(self.owner, actor=self.owner, reason=reason))
+        if machine is not None and self._host(machine):
+            self.report.adopted += 1
+            logger.info("接手了 %s 的持久任务 %s（%s）", dead, snapshot.task_id, snapshot.status.value)
+
+    def _revive(self, lost: TaskSnapshot) -> None:
+        dead = lost.lease_owner or lost.owner or "（未知）"
+
+        def change(machine: StateMachine) -> None:
+            machine.retry(
+                actor=self.owner,
+                reason=f"持久任务在 {dead} 上运行时载体消失，配方 on_lost='retry'：重新排队（可能重复执行）",
+            )
+            machine.adopt(
+                self.owner, actor=self.owner, reason=f"原持有者 {dead} 已失联：由 {self.owner} 接手重跑"
+            )
+
+        machine = self._take_over(lost, change)
+        if machine is not None and self._host(machine):
+            self.report.revived += 1
+            logger.info("重跑失联节点 %s 上的持久任务 %s", dead, lost.task_id)
+
+    # -- drain --------------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """停止认领之后：交还还没开始的持久任务，等在跑的跑完（最多 drain_timeout），再停掉剩下的。"""
+        controller = self.controller
+        for run in controller.detach_unstarted_durable():
+            if self._release(run):
+                self.report.released += 1
+        deadline = time.monotonic() + self.drain_timeout
+        while controller.active_count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.report.stopped_at_drain = controller.active_count
+
+    def _release(self, run: TaskRun) -> bool:
+        """把一个本地还没开始的持久任务交还存储：持有者清空（版本不变），任何 worker 都能立刻认领。"""
+        snapshot = run.snapshot
+        try:
+            self.store.save(snapshot.evolve(owner=None), expect_version=snapshot.status_version)
+        except TaskError as exc:
+            logger.warning("交还持久任务 %s 失败（租约过期后会被接手）：%s", snapshot.task_id, exc)
+            return False
+        return True
+
+
+__all__ = ["DEFAULT_DRAIN_TIMEOUT", "DEFAULT_POLL_INTERVAL", "ServeReport", "Worker", "WorkerHost"]

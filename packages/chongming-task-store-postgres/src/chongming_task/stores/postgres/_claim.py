@@ -1,0 +1,97 @@
+"""PostgresTaskStore 的持久任务（issue 19）：认领（``claim_queued``）、新任务的 NOTIFY 与后补列的补建。
+
+认领是一条语句：``FOR UPDATE SKIP LOCKED`` 挑出前 N 个可认领的行（别的认领者正锁着的行直接跳过，不排队
+等它），同一语句里写上持有者与租约并 RETURNING 整行。UPDATE 再核对一次 ``owner IS NULL``：READ COMMITTED 下
+被别人先提交认领的行不会被第二次取走。判据与顺序见 ``core/storage/claiming.py``。
+
+新建的无人持有的持久任务在同一事务里 ``pg_notify`` 到指令频道（载荷带 ``"queued"``）：worker 用
+``wait_for_commands`` 等通知，通知只是"快来看"的提示，丢了由轮询兜底。
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from chongming_task.core.storage.claiming import QueuedClaim
+from chongming_task.models import TaskSnapshot
+from chongming_task.stores.postgres import _schema
+from chongming_task.stores.postgres._codec import TASK_COLUMNS, snapshot_from_row, split_dt
+
+if TYPE_CHECKING:
+    import psycopg
+
+    Conn = psycopg.Connection[Any]
+
+QUEUED_NOTICE = "queued"
+"""NOTIFY 载荷里 ``kind`` 的值：有新的待认领持久任务（指令通知没有 kind）。"""
+
+
+def claim_sql(s: str, *, by_bucket: bool) -> str:
+    bucket = " AND bucket = ANY(%(buckets)s::integer[])" if by_bucket else ""
+    returning = ", ".join(f"t.{c}" for c in TASK_COLUMNS)
+    return (
+        f"WITH picked AS (SELECT task_id FROM {s}.tasks "
+        "WHERE status = 'queued' AND owner IS NULL AND recipe IS NOT NULL AND name = ANY(%(names)s::text[])"
+        f"{bucket} ORDER BY priority DESC, created_at, task_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
+        f"UPDATE {s}.tasks AS t SET owner = %(holder)s, lease_owner = %(holder)s, "
+        "lease_until = %(until)s, lease_until_off = %(until_off)s "
+        f"FROM picked WHERE t.task_id = picked.task_id AND t.owner IS NULL RETURNING {returning}"
+    )
+
+
+def claim(conn: Conn, s: str, request: QueuedClaim) -> list[TaskSnapshot]:
+    # text 存不下 NUL、integer 存不下 2**31 以上的桶号：这样的过滤值不可能匹配任何任务，直接去掉。
+    names = sorted(name for name in request.names if "\x00" not in name)
+    buckets = None if request.buckets is None else sorted(b for b in request.buckets if b < 2**31)
+    if not names or buckets == []:
+        return []
+    until, until_off = split_dt(request.lease_until)
+    params = {
+        "names": names,
+        "buckets": buckets,
+        "limit": request.limit,
+        "holder": request.holder,
+        "until": until,
+        "until_off": until_off,
+    }
+    rows = conn.execute(claim_sql(s, by_bucket=buckets is not None), params).fetchall()
+    snapshots = [snapshot_from_row(row) for row in rows]
+    # RETURNING 不保证顺序：按认领时用的同一顺序排好再交出。
+    snapshots.sort(key=lambda snapshot: (-snapshot.priority, snapshot.created_at, snapshot.task_id))
+    return snapshots
+
+
+def notify_if_claimable(conn: Conn, channel: str, snapshot: TaskSnapshot) -> None:
+    """新建的快照若是待认领的持久任务，在同一事务里通知 worker（提交时送达）。"""
+    if snapshot.recipe is None or snapshot.owner is not None:
+        return
+    payload = json.dumps({"kind": QUEUED_NOTICE, "task_id": snapshot.task_id, "bucket": snapshot.bucket})
+    conn.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+
+
+def missing_columns(conn: Conn, schema: str) -> list[str]:
+    rows = conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = 'tasks'",
+        [schema],
+    ).fetchall()
+    present = {str(row[0]) for row in rows}
+    if not present:
+        return []
+    return [name for name in _schema.LATER_TASK_COLUMNS if name not in present]
+
+
+def add_later_columns(conn: Conn, schema: str) -> None:
+    """给持久任务加入之前建的 schema 补列与认领索引（幂等；调用方持有建表的咨询锁）。"""
+    for statement in _schema.later_ddl_statements(schema):
+        conn.execute(statement)
+
+
+__all__ = [
+    "QUEUED_NOTICE",
+    "add_later_columns",
+    "claim",
+    "claim_sql",
+    "missing_columns",
+    "notify_if_claimable",
+]
