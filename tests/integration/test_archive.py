@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,11 +23,14 @@ import pytest
 from chongming_task.core.archive import (
     ArchiveError,
     Archiver,
+    _receipt_of,
     load_manifest,
     merged_history,
+    read_segment,
     read_task,
     verify_archive,
 )
+from chongming_task.core.storage.values import ArchiveReceipt
 from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TaskStatus as S
 from chongming_task.storage import TaskStore
@@ -295,3 +299,129 @@ def test_snapshot_round_trip_in_segment(tmp_path: Path) -> None:
     Archiver(store, tmp_path).run(CUTOFF)
     view = read_task(tmp_path, "fancy")
     assert view.snapshot == snap
+
+
+# -- manifest journal and the format written before it -----------------------------------------------
+
+FORMAT1 = Path(__file__).parent / "data" / "archive-format1"
+"""清单日志出现之前的归档器写出的目录（每一步都以 ``indent=1`` 重写 ``manifest.json``，没有
+``manifest.jsonl``）：``_format1_store`` 的 3 个常驻任务 + 2 个结束任务，batch_size=25、task_batch=1，
+截止 CUTOFF。由提交 aeac917 的 core/archive.py 生成。"""
+
+
+def _format1_store(store: TaskStore) -> dict[str, list[Transition]]:
+    expected: dict[str, list[Transition]] = {}
+    for i in range(3):
+        snap, records = _long_lived(f"live-{i:03d}", 40, step=DAY)
+        store.create(snap, records)
+        expected[snap.task_id] = records
+    for i in range(2):
+        snap, records = _finished(f"done-{i:03d}", T0 + timedelta(days=1 + i))
+        store.create(snap, records)
+        expected[snap.task_id] = records
+    return expected
+
+
+def _as_left_by_the_old_run(tmp_path: Path) -> tuple[InMemoryTaskStore, Path, dict[str, list[Transition]]]:
+    """把样本目录复制到 tmp_path，并把存储弄成那次旧运行结束时的样子（归档过的行已删除）。"""
+    directory = tmp_path / "old"
+    shutil.copytree(FORMAT1, directory)
+    store = InMemoryTaskStore()
+    expected = _format1_store(store)
+    for entry in json.loads((directory / "manifest.json").read_text())["segments"]:
+        store.delete_archived(_receipt_of(read_segment(directory / entry["name"])))
+    return store, directory, expected
+
+
+def test_directory_in_the_format_before_the_journal_reads_back(tmp_path: Path) -> None:
+    store, directory, expected = _as_left_by_the_old_run(tmp_path)
+    assert not (directory / "manifest.jsonl").exists()
+    assert store.get("done-000") is None and store.history("live-000")[0].version == 21
+    assert len(load_manifest(directory)["segments"]) == 5
+    assert verify_archive(directory)["transitions"] == 3 * 20 + 2 * 4
+    for task_id, records in expected.items():
+        assert merged_history(store, task_id, directory) == records, task_id
+    view = read_task(directory, "done-001")
+    assert view.snapshot is not None and view.snapshot.status is S.SUCCEEDED
+    assert len(view.transitions) == 4
+
+
+def test_archiving_continues_in_a_directory_of_the_old_format(tmp_path: Path) -> None:
+    store, directory, expected = _as_left_by_the_old_run(tmp_path)
+    later = CUTOFF + 10 * DAY
+    summary = Archiver(store, directory, batch_size=7).run(later)
+    assert summary.transitions == 3 * 10 and summary.reconciled_segments == 0
+    names = [e["name"] for e in load_manifest(directory)["segments"]]
+    assert len(names) == 5 + summary.segments and names[5].startswith("seg-000006-"), names
+    assert not (directory / "manifest.jsonl").exists(), "运行结束时压实"
+    verify_archive(directory)
+    for task_id, records in expected.items():
+        assert merged_history(store, task_id, directory) == records, task_id
+        assert all(r.at >= later for r in store.history(task_id))
+
+
+class _Crash(Exception):
+    pass
+
+
+def _crash_in_delete(store: TaskStore, monkeypatch: pytest.MonkeyPatch, at_call: int) -> None:
+    real = store.delete_archived
+    calls = {"n": 0}
+
+    def deleting(receipt: ArchiveReceipt) -> object:
+        calls["n"] += 1
+        if calls["n"] == at_call:
+            raise _Crash
+        return real(receipt)
+
+    monkeypatch.setattr(store, "delete_archived", deleting)
+
+
+def test_interrupted_run_leaves_a_journal_that_readers_merge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = InMemoryTaskStore()
+    expected = _populate(store, live=4, done=3)
+    _crash_in_delete(store, monkeypatch, at_call=3)
+    with pytest.raises(_Crash):
+        Archiver(store, tmp_path, batch_size=20).run(CUTOFF)
+    monkeypatch.undo()
+    assert not (tmp_path / "manifest.json").exists() and (tmp_path / "manifest.jsonl").exists()
+    states = [e["state"] for e in load_manifest(tmp_path)["segments"]]
+    assert states == ["deleted", "deleted", "recorded"], "此刻清单只在日志里"
+    # 前两段的行已经从在线库删掉：读者经日志找到它们
+    for task_id, records in expected.items():
+        assert merged_history(store, task_id, tmp_path) == records, task_id
+    summary = Archiver(store, tmp_path, batch_size=20).run(CUTOFF)
+    assert summary.reconciled_segments == 1
+    assert not (tmp_path / "manifest.jsonl").exists()
+    _assert_complete(store, tmp_path, expected)
+
+
+def test_half_written_last_journal_line_is_ignored_and_its_segment_reexamined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = InMemoryTaskStore()
+    expected = _populate(store, live=4, done=3)
+    _crash_in_delete(store, monkeypatch, at_call=2)
+    with pytest.raises(_Crash):
+        Archiver(store, tmp_path, batch_size=20).run(CUTOFF)
+    monkeypatch.undo()
+    journal = tmp_path / "manifest.jsonl"
+    lines = journal.read_bytes().splitlines(keepends=True)
+    assert len(lines) == 3  # 记入第 1 段、第 1 段已删、记入第 2 段
+    # 崩溃在写"记入第 2 段"那一行的中途：只有半行落了盘
+    journal.write_bytes(b"".join(lines[:2]) + lines[2][: len(lines[2]) // 2])
+    assert [e["state"] for e in load_manifest(tmp_path)["segments"]] == ["deleted"]
+    summary = Archiver(store, tmp_path, batch_size=20).run(CUTOFF)
+    assert summary.reconciled_segments == 1, "第 2 段又成了孤儿段：按内容补记、重放删除"
+    _assert_complete(store, tmp_path, expected)
+
+
+def test_damaged_journal_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
+    store = InMemoryTaskStore()
+    _populate(store, live=2, done=0)
+    Archiver(store, tmp_path, batch_size=20).run(CUTOFF)
+    (tmp_path / "manifest.jsonl").write_bytes(b'{"deleted": ["x"]}\nnot json\n{"deleted": []}\n')
+    with pytest.raises(ArchiveError, match="第 2 行损坏"):
+        load_manifest(tmp_path)
