@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -425,3 +425,22 @@ def test_damaged_journal_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "manifest.jsonl").write_bytes(b'{"deleted": ["x"]}\nnot json\n{"deleted": []}\n')
     with pytest.raises(ArchiveError, match="第 2 行损坏"):
         load_manifest(tmp_path)
+
+
+def test_fast_transition_line_is_byte_for_byte_the_generic_encoding() -> None:
+    """段里迁移记录的快速编码与 ``Transition.to_dict()`` 经 JSON 编码器的结果逐字节相同。"""
+    from chongming_task.core.archive import _ENCODER, _transition_line
+
+    east8 = timezone(timedelta(hours=8))
+    samples = [
+        _record("t-1", 1, S.PENDING, S.QUEUED, T0),
+        Transition('任务/"引号"\\反斜杠', S.RUNNING, S.PAUSED, "op:暂停", "节点\n甲", "原因\t\u2028x", 7, T0),
+        Transition(
+            "t-2", S.RUNNING, S.FAILED, "t", None, "r" * 300, 2**40, datetime(2026, 5, 1, 8, tzinfo=east8)
+        ),
+        Transition("t-3", S.QUEUED, S.RUNNING, "t", "a", None, 3, T0 + timedelta(microseconds=7)),
+    ]
+    for record in samples:
+        line = _transition_line(record)
+        assert line == _ENCODER.encode({"kind": "transition", "record": record.to_dict()})
+        assert Transition.from_dict(json.loads(line)["record"]) == record

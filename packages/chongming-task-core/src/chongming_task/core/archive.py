@@ -43,9 +43,10 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from json.encoder import encode_basestring as _quote  # JSONEncoder(ensure_ascii=False) 用的就是它
 from pathlib import Path
 from typing import Any
 
@@ -131,15 +132,41 @@ def _stamp(value: datetime) -> str:
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 """一个编码器反复用（``json.dumps`` 带非默认参数时每次调用都新建一个）；紧凑、非 ASCII 原样输出。"""
 
+GZIP_LEVEL = 3
+"""段的 gzip 压缩级别。在接近真实的迁移记录上（uuid 任务号、混杂的触发器与原因）量过：级别 3 每行约
+1.0 µs、27.6 字节；默认的 6 约 2.1 µs、23.4 字节；1 约 0.85 µs、33 字节。3 用一半的 CPU 换大约 18% 的
+体积——归档速度受 CPU 限制，而归档文件只写一次、很少读。"""
 
-def _encode_segment(lines: list[dict[str, Any]]) -> bytes:
-    raw = io.BytesIO()
-    # mtime=0：同样的内容得到同样的字节（sha256 只取决于内容）。
-    with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz:
-        for line in lines:
-            gz.write(_ENCODER.encode(line).encode("utf-8"))
-            gz.write(b"\n")
-    return raw.getvalue()
+_TRANSITION_LINE = (
+    '{"kind":"transition","record":{"task_id":%s,"from_status":%s,"to_status":%s,"trigger":%s,'
+    '"actor":%s,"reason":%s,"version":%d,"at":%s}}'
+)
+
+
+def _transition_line(t: Transition) -> str:
+    """``_ENCODER.encode({"kind": "transition", "record": t.to_dict()})``，逐字节相同，快两三倍（不建中间
+    字典；字符串用编码器同一个转义函数）。``to_dict`` 加了字段而这里没跟上，测试会发现。"""
+    return _TRANSITION_LINE % (
+        _quote(t.task_id),
+        _quote(t.from_status.value),
+        _quote(t.to_status.value),
+        _quote(t.trigger),
+        "null" if t.actor is None else _quote(t.actor),
+        "null" if t.reason is None else _quote(t.reason),
+        t.version,
+        _quote(t.at.isoformat(timespec="microseconds")),
+    )
+
+
+def _encode_segment(transitions: list[Transition], tasks: list[ArchivedTask]) -> bytes:
+    """一段的字节：每行一条 JSON（见模块说明），整段一次压缩。mtime=0：同样的内容得到同样的字节。"""
+    lines = [_transition_line(t) for t in transitions]
+    for item in tasks:
+        lines.append(_ENCODER.encode({"kind": "snapshot", "record": item.snapshot.to_dict()}))
+        lines.extend(_transition_line(t) for t in item.history)
+        lines.extend(_ENCODER.encode({"kind": "command", "record": c.to_dict()}) for c in item.commands)
+    lines.append("")  # 最后一行也以换行结束
+    return gzip.compress("\n".join(lines).encode("utf-8"), compresslevel=GZIP_LEVEL, mtime=0)
 
 
 def read_segment(path: Path) -> Iterator[dict[str, Any]]:
@@ -167,35 +194,41 @@ def _sha256(path: Path) -> str:
 # -- segment content ------------------------------------------------------------------------------------
 
 
-def _lines_for(transitions: list[Transition], tasks: list[ArchivedTask]) -> list[dict[str, Any]]:
-    lines: list[dict[str, Any]] = [{"kind": "transition", "record": t.to_dict()} for t in transitions]
-    for item in tasks:
-        lines.append({"kind": "snapshot", "record": item.snapshot.to_dict()})
-        lines.extend({"kind": "transition", "record": t.to_dict()} for t in item.history)
-        lines.extend({"kind": "command", "record": c.to_dict()} for c in item.commands)
-    return lines
-
-
-def _describe(name: str, sha: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
-    """清单里的一项：由段的**内容**算出，所以孤儿段能按内容补记。"""
+def _describe(
+    name: str, sha: str, keys: Iterable[tuple[str, int]], *, tasks: int, commands: int
+) -> dict[str, Any]:
+    """清单里的一项：由段的**内容**（迁移记录的键、快照与指令的条数）算出，所以孤儿段能按内容补记。"""
     versions: dict[str, list[int]] = {}
-    counts = {"transition": 0, "snapshot": 0, "command": 0}
-    for line in lines:
-        counts[line["kind"]] += 1
-        if line["kind"] == "transition":
-            record = line["record"]
-            span = versions.setdefault(record["task_id"], [record["version"], record["version"]])
-            span[0] = min(span[0], record["version"])
-            span[1] = max(span[1], record["version"])
+    transitions = 0
+    for task_id, version in keys:
+        transitions += 1
+        span = versions.get(task_id)
+        if span is None:
+            versions[task_id] = [version, version]
+        elif version < span[0]:
+            span[0] = version
+        elif version > span[1]:
+            span[1] = version
     return {
         "name": name,
         "sha256": sha,
-        "transitions": counts["transition"],
-        "tasks": counts["snapshot"],
-        "commands": counts["command"],
+        "transitions": transitions,
+        "tasks": tasks,
+        "commands": commands,
         "versions": versions,
         "state": "recorded",
     }
+
+
+def _describe_content(name: str, sha: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """读回来的段内容（``read_segment`` 的行）→ 清单项。"""
+    kinds = [line["kind"] for line in lines]
+    keys = (
+        (line["record"]["task_id"], line["record"]["version"])
+        for line in lines
+        if line["kind"] == "transition"
+    )
+    return _describe(name, sha, keys, tasks=kinds.count("snapshot"), commands=kinds.count("command"))
 
 
 def _receipt_of(lines: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> ArchiveReceipt:
@@ -393,14 +426,16 @@ class Archiver:
         self, manifest: dict[str, Any], transitions: list[Transition], tasks: list[ArchivedTask]
     ) -> dict[str, Any]:
         """第 1、2 步：段落盘（临时名 → fsync → rename → fsync 目录），记入清单（水位线，state=recorded）。"""
-        lines = _lines_for(transitions, tasks)
-        times = [t.at for t in transitions] + [t.at for item in tasks for t in item.history]
+        history = [t for item in tasks for t in item.history]
+        times = [t.at for t in transitions] + [t.at for t in history]
         times += [item.snapshot.finished_at or item.snapshot.created_at for item in tasks]
         name = f"seg-{self._sequence:06d}-{_stamp(min(times))}-{_stamp(max(times))}.jsonl.gz"
         self._sequence += 1  # 持锁运行，序号在本次运行里递增即可（开头按清单与目录取过一次最大值）
-        data = _encode_segment(lines)
+        data = _encode_segment(transitions, tasks)
         _write_atomic(self.directory / name, data)
-        entry = _describe(name, hashlib.sha256(data).hexdigest(), lines)
+        keys = [(t.task_id, t.version) for t in transitions] + [(t.task_id, t.version) for t in history]
+        commands = sum(len(item.commands) for item in tasks)
+        entry = _describe(name, hashlib.sha256(data).hexdigest(), keys, tasks=len(tasks), commands=commands)
         self._add_entry(manifest, entry)
         self._save_manifest(manifest)
         return entry
@@ -442,7 +477,7 @@ class Archiver:
         )
         for path in orphans:
             lines = list(read_segment(path))
-            self._add_entry(manifest, _describe(path.name, _sha256(path), lines))
+            self._add_entry(manifest, _describe_content(path.name, _sha256(path), lines))
         if orphans:
             self._save_manifest(manifest)
         replayed = 0

@@ -44,9 +44,10 @@ def archivable_prefix(
     """
     out: list[Transition] = []
     cursor = START_KEY if after is None else after
-    chunk = min(max(2 * limit, 256), 20_000)
     # 游标落在某任务中间时，这个任务的前缀此前一直没有断。
     while len(out) < limit:
+        # 每次只取还差的条数（至少 256）：多取的行解码了又扔掉，下一批还要再读一遍。
+        chunk = min(max(limit - len(out), 256), 20_000)
         rows = fetch(cursor, chunk)
         if not rows:
             break

@@ -39,12 +39,15 @@ from chongming_task.stores.postgres import _logs, _partitions, _schema
 from chongming_task.stores.postgres._codec import (
     COMMAND_COLUMNS,
     TRANSITION_COLUMNS,
+    TRANSITIONS,
     command_from_row,
     snapshot_from_row,
-    transition_from_row,
 )
 
 _T = TypeVar("_T")
+
+_trusted_transition = TRANSITIONS.trusted_from_row
+"""导出只读本库自己写入（已校验）的行：解码不再逐字段校验（见 ``TransitionCodec.trusted_from_row``）。"""
 
 
 class PostgresTaskStore(Protocol):
@@ -125,7 +128,7 @@ def export_transitions(
     def fetch(cursor: tuple[str, int], n: int) -> list[Transition]:
         def run(conn: Any) -> list[Transition]:
             rows = conn.execute(sql.transitions_after, [cursor[0], cursor[1], n]).fetchall()
-            return [transition_from_row(row) for row in rows]
+            return [_trusted_transition(row) for row in rows]
 
         return store._read(run)
 
@@ -145,7 +148,7 @@ def export_finished(
         for row in conn.execute(sql.finished, params).fetchall():
             snapshot = snapshot_from_row(row)
             history = [
-                transition_from_row(r) for r in conn.execute(sql.history, [snapshot.task_id]).fetchall()
+                _trusted_transition(r) for r in conn.execute(sql.history, [snapshot.task_id]).fetchall()
             ]
             commands = [
                 command_from_row(r) for r in conn.execute(sql.commands_of, [snapshot.task_id]).fetchall()

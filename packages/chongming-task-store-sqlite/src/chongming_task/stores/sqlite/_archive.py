@@ -36,6 +36,9 @@ from chongming_task.stores.sqlite import _schema as schema
 
 _T = TypeVar("_T")
 
+_trusted_transition = codec.TRANSITIONS.trusted_from_row
+"""导出只读本库自己写入（已校验）的行：解码不再逐字段校验（见 ``TransitionCodec.trusted_from_row``）。"""
+
 
 class SqliteTaskStore(Protocol):
     """本模块只用到存储的这一个管道方法（写成协议而不是导入 store.py：两个模块之间不能有导入环）。"""
@@ -84,7 +87,7 @@ def export_transitions(
             lambda conn: conn.execute(_TRANSITION_SELECT, (*cursor, n)).fetchall(),
             "none",
         )
-        return [codec.transition_from_row(r) for r in rows]
+        return [_trusted_transition(r) for r in rows]
 
     return archivable_prefix(fetch, before, after, limit)
 
@@ -101,9 +104,7 @@ def export_finished(
         out: list[ArchivedTask] = []
         for row in found:
             snapshot = codec.snapshot_from_row(row)
-            history = [
-                codec.transition_from_row(r) for r in conn.execute(_HISTORY_SELECT, (snapshot.task_id,))
-            ]
+            history = [_trusted_transition(r) for r in conn.execute(_HISTORY_SELECT, (snapshot.task_id,))]
             commands = [
                 codec.command_from_row(r) for r in conn.execute(_COMMANDS_OF_TASK, (snapshot.task_id,))
             ]
