@@ -1,4 +1,5 @@
-"""SQLite 归档删除：回执的键合并成连续版本段之后，删的仍然正好是回执列出的行（issue 20）。"""
+"""归档删除：回执的键合并成连续版本段（core 的 version_runs，SQL 后端共用）之后，SQLite 删的仍然正好是
+回执列出的行（issue 20）。"""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from chongming_task.core.storage.retention import version_runs
 from chongming_task.core.storage.values import ArchiveReceipt
 from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TaskStatus as S
 from chongming_task.stores.sqlite import SqliteTaskStore
-from chongming_task.stores.sqlite._archive import version_runs
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

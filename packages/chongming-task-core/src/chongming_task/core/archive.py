@@ -200,6 +200,23 @@ def _sha256(path: Path) -> str:
 # -- segment content ------------------------------------------------------------------------------------
 
 
+class _Encoded:
+    """已经编码好的 JSON 片段（归档器内存里清单项的 ``versions``，见 ``Archiver._add_entry``）。"""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _encode_entry(entry: dict[str, Any]) -> bytes:
+    """一个清单项 → 紧凑的 JSON 字节；``versions`` 可以是 ``_Encoded``（原样拼进去）。"""
+    versions = entry["versions"]
+    rest = _ENCODER.encode({key: value for key, value in entry.items() if key != "versions"})
+    text = versions.text if isinstance(versions, _Encoded) else _ENCODER.encode(versions)
+    return f'{rest[:-1]},"versions":{text}}}'.encode()
+
+
 def _describe(
     name: str, sha: str, keys: Iterable[tuple[str, int]], *, tasks: int, commands: int
 ) -> dict[str, Any]:
@@ -287,15 +304,21 @@ class Archiver:
     # -- manifest -------------------------------------------------------------------------------------
 
     def _load_manifest(self) -> dict[str, Any]:
-        return load_manifest(self.directory)
+        manifest = load_manifest(self.directory)
+        for entry in manifest["segments"]:
+            entry["versions"] = _Encoded(_ENCODER.encode(entry["versions"]))
+        return manifest
 
     def _note(self, record: dict[str, Any]) -> None:
         # 当场编码：之后对清单项的修改（标 deleted）不会改写已经排队的这一行。
         self._pending.append(_ENCODER.encode(record).encode("utf-8") + b"\n")
 
     def _add_entry(self, manifest: dict[str, Any], entry: dict[str, Any]) -> None:
+        """记入一段。内存里的清单项只留 ``versions`` 编码好的文本：归档器自己用不到它，而 100 万行的
+        运行里它是几十万个"任务 → [首, 末]"的小对象（几十 MB），文本只占几分之一。"""
+        entry["versions"] = _Encoded(_ENCODER.encode(entry["versions"]))
         manifest["segments"].append(entry)
-        self._note({"segment": entry})
+        self._pending.append(b'{"segment":' + _encode_entry(entry) + b"}\n")
 
     def _mark_deleted(self, entries: list[dict[str, Any]]) -> None:
         for entry in entries:
@@ -324,8 +347,8 @@ class Archiver:
             self._journal.close()
             self._journal = None
         self._pending.clear()  # 还没写进日志的记录（随后一段的"已删除"）已经在 manifest 里了
-        body = json.dumps(manifest, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        _write_atomic(self.directory / MANIFEST, body)
+        body = b",".join(_encode_entry(entry) for entry in manifest["segments"])
+        _write_atomic(self.directory / MANIFEST, b'{"format":%d,"segments":[%s]}' % (FORMAT, body))
         with contextlib.suppress(FileNotFoundError):
             (self.directory / JOURNAL).unlink()
         _fsync_dir(self.directory)

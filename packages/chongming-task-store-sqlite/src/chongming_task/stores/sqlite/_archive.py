@@ -27,7 +27,7 @@ from chongming_task.core.storage.checks import (
     export_finished_args,
     export_transitions_args,
 )
-from chongming_task.core.storage.retention import archivable_prefix
+from chongming_task.core.storage.retention import archivable_prefix, version_runs
 from chongming_task.core.storage.values import ArchiveDeleted, ArchivedTask, ArchiveReceipt
 from chongming_task.models import Transition
 from chongming_task.stores.sqlite import _codec as codec
@@ -116,36 +116,6 @@ def export_finished(
 
 def _chunks(items: Sequence[_Item], size: int) -> list[Sequence[_Item]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-def version_runs(keys: Sequence[tuple[str, int]], rows: int) -> list[list[tuple[str, int, int]]]:
-    """回执里的键 → 连续版本段 ``(task_id, 首版本, 末版本)``，再按每批至多 ``rows`` 行分批。
-
-    导出按 (task_id, version) 升序，一个任务的前缀是一段连续的版本：一条按范围的 DELETE 顶得上七八条
-    按键的。只合并真正相邻的键（同一任务、版本恰好 +1），所以删的仍然正好是回执列出的那些行。
-    """
-    batches: list[list[tuple[str, int, int]]] = []
-    batch: list[tuple[str, int, int]] = []
-    count = 0
-    task: str | None = None
-    first = last = 0
-    for task_id, version in keys:
-        if task_id == task and version == last + 1 and count < rows:
-            last = version
-            count += 1
-            continue
-        if task is not None:
-            batch.append((task, first, last))
-            if count >= rows:
-                batches.append(batch)
-                batch, count = [], 0
-        task, first, last = task_id, version, version
-        count += 1
-    if task is not None:
-        batch.append((task, first, last))
-    if batch:
-        batches.append(batch)
-    return batches
 
 
 def delete_archived(store: SqliteTaskStore, receipt: ArchiveReceipt) -> ArchiveDeleted:
@@ -258,5 +228,4 @@ __all__ = [
     "incremental_vacuum",
     "purge_commands",
     "use_incremental_vacuum_if_new",
-    "version_runs",
 ]
