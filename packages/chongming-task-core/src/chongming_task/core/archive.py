@@ -154,8 +154,8 @@ def _transition_line(t: Transition) -> str:
     字典；字符串用编码器同一个转义函数）。``to_dict`` 加了字段而这里没跟上，测试会发现。"""
     return _TRANSITION_LINE % (
         _quote(t.task_id),
-        _quote(t.from_status.value),
-        _quote(t.to_status.value),
+        _quote(t.from_status),  # StrEnum 本身就是它的值（str），省掉 .value 的描述符查找
+        _quote(t.to_status),
         _quote(t.trigger),
         "null" if t.actor is None else _quote(t.actor),
         "null" if t.reason is None else _quote(t.reason),
