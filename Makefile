@@ -3,7 +3,7 @@
 #   make install   建 .venv/，可编辑安装全部发行包 + requirements-dev.txt（增量：pyproject 或依赖清单变了才重装）
 #   make test      install + ruff format --check + ruff check + mypy --strict + pytest（含 packaging 测试）
 #   make demo      在 SQLite 文件上跑主流程演示（examples/demo.py）
-#   make lint / fmt / types / build / bench / kill-trials / clean
+#   make lint / fmt / types / build / bench / clean
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -32,10 +32,10 @@ TYPED_SRCS = $(foreach d,$(wildcard packages/*/src),$(if $(shell find $(d) -name
 # 任何一个 pyproject / 依赖清单变了，stamp 就过期，make install 会重新安装。
 INSTALL_INPUTS := pyproject.toml requirements-dev.txt $(wildcard packages/*/pyproject.toml)
 
-.PHONY: help install test lint fmt types pytest demo build bench kill-trials clean
+.PHONY: help install test lint fmt types pytest demo build bench clean
 
 help:
-	@echo "make install | test | demo | lint | fmt | types | build | bench | kill-trials | clean"
+	@echo "make install | test | demo | lint | fmt | types | build | bench | clean"
 
 install: $(STAMP)
 
@@ -91,11 +91,6 @@ bench: install
 	@shopt -s nullglob; files=(bench/bench_*.py); \
 	if [ $${#files[@]} -eq 0 ]; then echo "bench/ 里还没有 bench_*.py"; exit 0; fi; \
 	for f in "$${files[@]}"; do echo ">>> $$f"; $(PY) "$$f"; done
-
-# issue 20：归档进程在随机时刻被 kill -9，每个后端 20 次（日常的测试默认 8 次 SQLite / 5 次 PostgreSQL，
-# 20 次在共享机器上要一两分钟）。PostgreSQL 用 CHONGMING_TEST_POSTGRES，没有就只跑 SQLite。
-kill-trials: install
-	CHONGMING_KILL_TRIALS=20 $(BIN)/pytest -q tests/integration/test_archive.py -k kill_9
 
 clean:
 	rm -rf $(VENV) dist build .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -257,12 +257,14 @@ def _kill_trials(url: str, open_: type[TaskStore] | None, make, tmp_path: Path, 
     assert killed >= 1 and started >= 1, f"{trials} 次里被杀在归档中途的 {killed} 次、已写出段的 {started} 次"
 
 
+# 每个后端 20 次（issue 20）：负载 14 的 2 核共享机器上 SQLite 约 20 秒、PostgreSQL 约 17 秒。
+# 本地快速迭代可以用 CHONGMING_KILL_TRIALS 调小。
 def test_kill_9_during_archive_on_sqlite(tmp_path: Path) -> None:
     def make(trial: int) -> tuple[TaskStore, str]:
         path = tmp_path / f"kill-{trial}.db"
         return SqliteTaskStore(path), f"sqlite:///{path}"
 
-    _kill_trials("sqlite", None, make, tmp_path, trials=int(os.environ.get("CHONGMING_KILL_TRIALS", "8")))
+    _kill_trials("sqlite", None, make, tmp_path, trials=int(os.environ.get("CHONGMING_KILL_TRIALS", "20")))
 
 
 def test_kill_9_during_archive_on_postgres(tmp_path: Path) -> None:
@@ -281,7 +283,7 @@ def test_kill_9_during_archive_on_postgres(tmp_path: Path) -> None:
 
     try:
         _kill_trials(
-            "postgres", None, make, tmp_path, trials=int(os.environ.get("CHONGMING_KILL_TRIALS", "5"))
+            "postgres", None, make, tmp_path, trials=int(os.environ.get("CHONGMING_KILL_TRIALS", "20"))
         )
     finally:
         import psycopg
