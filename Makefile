@@ -85,12 +85,14 @@ build: install
 	done
 	@ls -1 dist
 
-# 对照组（huey、procrastinate）只在跑基准时装进 .venv，不是任何发行包的依赖。
+# 对照组（huey、procrastinate、dbos、pgqueuer）只在跑基准时装进 .venv，不是任何发行包的依赖；
+# 一个基准失败不打断其余基准，最后列出失败的脚本并以非零退出。
 bench: install
 	$(PY) -m pip install --quiet -r requirements-bench.txt
 	@shopt -s nullglob; files=(bench/bench_*.py); \
 	if [ $${#files[@]} -eq 0 ]; then echo "bench/ 里还没有 bench_*.py"; exit 0; fi; \
-	for f in "$${files[@]}"; do echo ">>> $$f"; $(PY) "$$f"; done
+	failed=(); for f in "$${files[@]}"; do echo ">>> $$f"; $(PY) "$$f" || failed+=("$$f"); done; \
+	if [ $${#failed[@]} -gt 0 ]; then echo "这些基准异常退出（其余已照常跑完）：$${failed[*]}"; exit 1; fi
 
 clean:
 	rm -rf $(VENV) dist build .pytest_cache .mypy_cache .ruff_cache .hypothesis

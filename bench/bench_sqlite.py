@@ -1,11 +1,15 @@
 """Controller + SqliteTaskStore 端到端基准（同一次运行里测对照，打印比值）。
 
 1. 吞吐：空任务经 Controller(max_parallel=2) + SqliteTaskStore（完整历史、WAL、synchronous=NORMAL），
-   对照 Huey 的 SqliteHuey + 2 个线程 worker（huey 只装在基准环境里：pip install huey）。目标 ≥ 1.5×。
+   对照 a) Huey 的 SqliteHuey + 2 个线程 worker，b) DBOS 持久队列（系统库是一次性 SQLite 文件，
+   worker_concurrency=2，最多 1,000 个任务，见 _peer_dbos.py）。
+   对照组只装在基准环境里（requirements-bench.txt）。
+   目标（issue 17）：≥ 2.0× SqliteHuey，且领先 DBOS。
 2. reconcile()：10 万个任务（其中 1,000 个失去监督者的 running、1,000 个排队）≤ 2 s。
 3. 跨进程停止时延：另一个进程 stop() → 任务在存储里落终态，p50 ≤ 300 ms。
 （100 万行上的 list 查询见 bench_sqlite_store.py。）
 
+最后打印汇总表（每个对照一行：我们、对照、比值、目标、是否达成）。
 运行：python bench/bench_sqlite.py [--quick]
 """
 
@@ -22,10 +26,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import _peers
+
 from chongming_task import Controller, SqliteTaskStore, TaskSnapshot, TaskStatus
 from chongming_task.stores.sqlite import codec, schema
 
 S = TaskStatus
+
+
+HUEY = "SqliteHuey（2 线程 worker）"
+DBOS = "DBOS 队列（SQLite，worker_concurrency=2）"
+GOALS = {HUEY: _peers.Goal(HUEY, 2.0), DBOS: _peers.Goal(DBOS, 1.0, ahead=True)}
 
 
 def noop(ctx: Any) -> None:
@@ -49,13 +60,20 @@ HUEY_SCRIPT = textwrap.dedent(
     """
     import os, sys, threading, time
     from huey import SqliteHuey
-    huey = SqliteHuey(filename=sys.argv[1], results=False)
+    from huey.signals import SIGNAL_COMPLETE
+    # 结果照常保存（空任务返回 None，store_none=True 让它也落进结果表）；
+    # 计数挂在 SIGNAL_COMPLETE 上：Huey 先写结果再发这个信号。
+    huey = SqliteHuey(filename=sys.argv[1], results=True, store_none=True)
     n = int(sys.argv[2])
     done = [0]
     lock = threading.Lock()
 
     @huey.task()
     def noop():
+        return None
+
+    @huey.signal(SIGNAL_COMPLETE)
+    def completed(signal, task):
         with lock:
             done[0] += 1
             if done[0] == n:
@@ -89,6 +107,15 @@ def huey_rate(n: int, workdir: Path) -> float | None:
     if result.returncode != 0 or not lines:
         raise RuntimeError(f"Huey 基准失败：{result.stderr[-2000:]}")
     return float(lines[-1])
+
+
+def dbos_rate(n: int, workdir: Path) -> float | None:
+    try:
+        import dbos  # noqa: F401
+    except ImportError:
+        return None
+    url = f"sqlite:///{workdir / 'dbos_system.sqlite'}"
+    return _peers.run_script("_peer_dbos.py", [url, str(n)], timeout=900, what="DBOS（SQLite）")
 
 
 def build_reconcile_file(path: Path, rows: int, orphans: int, queued: int) -> None:
@@ -190,21 +217,35 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         our_rate = ours(n, workdir)
-        huey = huey_rate(n, workdir)
+        peers = [
+            _peers.measure(HUEY, lambda: huey_rate(n, workdir)),
+            _peers.measure(DBOS, lambda: dbos_rate(min(n, _peers.DBOS_TASKS), workdir)),
+        ]
         print(f"吞吐（{n:,} 个空任务，2 个并行，完整历史）")
-        print(f"  Controller + SqliteTaskStore   {our_rate:8,.0f} 任务/秒")
-        if huey is None:
-            print("  SqliteHuey（2 线程 worker）    未安装 huey，跳过对照（pip install huey）")
-        else:
-            ratio = our_rate / huey
-            print(f"  SqliteHuey（2 线程 worker）    {huey:8,.0f} 任务/秒   比值 {ratio:.2f}×（目标 ≥ 1.5×）")
+        print(f"  Controller + SqliteTaskStore：{our_rate:,.0f} 任务/秒")
+        for peer in peers:
+            _peers.print_peer_line(peer.label, peer, our_rate, GOALS[peer.label])
         rows = 20_000 if quick else 100_000
         elapsed, lost, adoptable = reconcile_seconds(workdir, rows)
         found = f"判 LOST {lost}、adoptable {adoptable}"
-        print(f"reconcile()：{rows:,} 个任务（{found}）用时 {elapsed:.2f} s（目标 ≤ 2 s）")
+        reconcile_ok = elapsed <= 2
+        print(
+            f"reconcile()：{rows:,} 个任务（{found}）用时 {elapsed:.2f} s"
+            f"（目标 ≤ 2 s，{_peers.verdict(reconcile_ok)}）"
+        )
         latencies = stop_latencies(workdir, 5 if quick else 15)
         p50 = statistics.median(latencies) * 1000
-        print(f"跨进程停止时延：p50 {p50:.0f} ms，最大 {max(latencies) * 1000:.0f} ms（目标 p50 ≤ 300 ms）")
+        stop_ok = p50 <= 300
+        worst = max(latencies) * 1000
+        print(
+            f"跨进程停止时延：p50 {p50:.0f} ms，最大 {worst:.0f} ms"
+            f"（目标 p50 ≤ 300 ms，{_peers.verdict(stop_ok)}）"
+        )
+        extra = (
+            (f"reconcile() {rows:,} 个任务 {elapsed:.2f} s", "≤ 2 s", reconcile_ok),
+            (f"跨进程停止 p50 {p50:.0f} ms", "≤ 300 ms", stop_ok),
+        )
+        _peers.print_summary("SQLite", "Controller + SqliteTaskStore", our_rate, peers, GOALS, extra)
     return 0
 
 

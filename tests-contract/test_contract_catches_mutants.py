@@ -19,7 +19,7 @@ import pytest
 
 from chongming_task.errors import ConcurrencyConflict
 from chongming_task.models import Progress, TaskSnapshot, Transition
-from chongming_task.storage import NodeRecord, TaskQuery, TaskStore
+from chongming_task.storage import LogLine, NodeRecord, TaskQuery, TaskStore
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.testing import FakeClock
 from chongming_task.testing.store_contract import StoreContract
@@ -176,6 +176,37 @@ class NodeBucketsNoneBecomesEmpty(InMemoryTaskStore):
         ]
 
 
+class IgnoresLogIdentity(InMemoryTaskStore):
+    """append_logs 不看幂等身份（问题 18 之前的行为）：结果未知的一批被重试时，同样的行写了两遍。"""
+
+    def append_logs(self, lines: Sequence[LogLine]) -> None:
+        super().append_logs([dataclasses.replace(x, writer="", writer_seq=0) for x in lines])
+
+
+class DedupesOnlyKeptRows(InMemoryTaskStore):
+    """按"仍保存的行里有没有这个身份"去重（唯一约束 + ON CONFLICT DO NOTHING 的做法）：被上限删掉的行
+    连身份一起没了，重试时它们被当成新行再写一遍，还把真正最新的行挤掉。"""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._kept_ids: dict[str, dict[tuple[str, int], int]] = {}  # task_id → 身份 → seq
+
+    def append_logs(self, lines: Sequence[LogLine]) -> None:
+        fresh: list[LogLine] = []
+        for x in lines:
+            stats = self.log_stats(x.task_id)
+            ids = self._kept_ids.setdefault(x.task_id, {})
+            seq = ids.get((x.writer, x.writer_seq))
+            if x.writer and seq is not None and seq > stats.dropped:  # 那一行还在：算重复
+                continue
+            if x.writer:
+                ids[(x.writer, x.writer_seq)] = (
+                    stats.last_seq + 1 + sum(f.task_id == x.task_id for f in fresh)
+                )
+            fresh.append(dataclasses.replace(x, writer="", writer_seq=0))
+        super().append_logs(fresh)
+
+
 MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
     TouchBumpsVersion: {
         "test_touch_updates_side_channel_without_bumping_version",
@@ -210,6 +241,12 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
     },
     ListHidesExpired: {"test_list_nodes_includes_expired_records"},
     NodeBucketsNoneBecomesEmpty: {"test_node_buckets_none_and_empty_set_are_distinct"},
+    IgnoresLogIdentity: {
+        "test_retried_batch_is_written_once",
+        "test_partially_overlapping_batch_adds_only_the_new_lines_in_order",
+        "test_writers_and_tasks_have_independent_identities",
+    },
+    DedupesOnlyKeptRows: {"test_retry_of_a_batch_over_the_bound_neither_duplicates_nor_counts_drops_twice"},
 }
 
 

@@ -8,8 +8,13 @@
   为止）整批转发给服务器，服务器执行并提交（autocommit 下在 Sync 时提交，显式事务在 COMMIT 时），
   代理把服务器发回的一切扣下，等到 ReadyForQuery（这时提交已经发生）就切断两端连接。客户端看到的是
   "连接在语句中途断了"：结果未知，而服务器上其实已经提交——这正是"回执丢失的提交"。
+  ``at_commit=True``：匹配的那一批照常放行，丢的是同一连接上**下一个 COMMIT** 那一批的回执——显式事务里
+  驱动把 COMMIT 单独发出（psycopg 在 COMMIT 之前先同步一次），要瞄准"这个事务的提交"只能这样认。
 * :meth:`blackhole`：两个方向都停止转发，套接字保持打开——对端看到的是挂住，不是拒绝；
   新连接也被接受（内核替代理完成握手），但启动包永远到不了服务器。
+* :meth:`blackhole_after`：下一批匹配的客户端消息照常送到服务器，紧接着整个代理进入挂住状态——
+  服务器执行了这一批（若它在显式事务里，行锁就留在服务器上），回复与之后的一切都到不了。
+  用来把"分区恰好发生在事务两条语句之间"做成确定的。
 * :meth:`refuse`：新连接一接受就关闭（拒绝）；已有连接照常。
 * :meth:`heal`：恢复转发（挂住期间扣下的字节继续送达，如同分区愈合）。:meth:`cut_all` 切断所有现有连接。
 
@@ -62,6 +67,7 @@ class _Rule:
     remaining: int | None  # None：不限次数
     rate: float = 1.0
     rng: random.Random = field(default_factory=random.Random)
+    at_commit: bool = False  # True：丢的是匹配之后本连接上下一个 COMMIT 的回执
 
 
 class _Link:
@@ -73,6 +79,7 @@ class _Link:
         self.server: socket.socket | None = None
         self.statements: dict[bytes, bytes] = {}  # 本连接上 Parse 过的具名语句 → SQL
         self.drop_at_ready = False
+        self.drop_at_commit = False  # 一条 at_commit 规则已命中：等本连接的下一个 COMMIT
         self.dead = threading.Event()
         self._kill_lock = threading.Lock()
 
@@ -99,8 +106,8 @@ class _Link:
                 return False
         return not self.dead.is_set()
 
-    def _send(self, sock: socket.socket, data: bytes) -> bool:
-        if not self._wait_flowing():
+    def _send(self, sock: socket.socket, data: bytes, *, force: bool = False) -> bool:
+        if not force and not self._wait_flowing():
             return False
         try:
             sock.sendall(data)
@@ -141,9 +148,20 @@ class _Link:
                     statement, _ = _cstring(raw[5:], rest)
                     text += self.statements.get(statement, b"")
             batch.clear()
-            if self.proxy._should_lose(text):
-                self.drop_at_ready = True  # 先立旗再转发：之后服务器发回的每个字节都在旗子之后
+            if self.drop_at_commit and b"COMMIT" in text:
+                self.drop_at_ready = True
+            else:
+                rule = self.proxy._matching_rule(text)
+                if rule is not None and rule.at_commit:
+                    self.drop_at_commit = True
+                elif rule is not None:
+                    self.drop_at_ready = True  # 先立旗再转发：之后服务器发回的每个字节都在旗子之后
             assert self.server is not None
+            if self._wait_flowing() and self.proxy._should_cut_after(text):
+                self.proxy.blackhole()  # 先挂住再转发：服务器的回复一个字节也回不来
+                if not self._send(self.server, raw_batch, force=True):
+                    break
+                continue
             if not self._send(self.server, raw_batch):
                 break
         self.kill()
@@ -214,6 +232,8 @@ class PgFaultProxy:
         self._lock = threading.Lock()
         self._links: set[_Link] = set()
         self._rules: list[_Rule] = []
+        self._cut_after: tuple[bytes, ...] | None = None
+        self.cut_after_hits = 0
         self.lost_replies = 0
         self.connections = 0
         self._closed = False
@@ -223,16 +243,28 @@ class PgFaultProxy:
     # -- fault control -----------------------------------------------------------------------------
 
     def lose_reply(
-        self, *needles: bytes | str, count: int | None = 1, rate: float = 1.0, seed: int = 0
+        self,
+        *needles: bytes | str,
+        count: int | None = 1,
+        rate: float = 1.0,
+        seed: int = 0,
+        at_commit: bool = False,
     ) -> None:
-        """丢掉接下来 ``count`` 次（None：不限）"批次文本包含全部 needles"的写的回执；rate < 1 按概率命中。"""
+        """丢掉接下来 ``count`` 次（None：不限）"批次文本包含全部 needles"的写的回执；rate < 1 按概率命中。
+        ``at_commit``：丢的是那一批之后本连接上下一个 COMMIT 的回执（显式事务的提交，见模块说明）。"""
         encoded = tuple(n.encode() if isinstance(n, str) else n for n in needles)
         with self._lock:
-            self._rules.append(_Rule(encoded, count, rate, random.Random(seed)))
+            self._rules.append(_Rule(encoded, count, rate, random.Random(seed), at_commit))
+
+    def blackhole_after(self, *needles: bytes | str) -> None:
+        """下一批包含全部 needles 的客户端消息送到服务器之后立刻挂住（见模块说明）；只命中一次。"""
+        with self._lock:
+            self._cut_after = tuple(n.encode() if isinstance(n, str) else n for n in needles)
 
     def clear_rules(self) -> None:
         with self._lock:
             self._rules.clear()
+            self._cut_after = None
 
     def blackhole(self) -> None:
         self._flowing.clear()
@@ -263,7 +295,7 @@ class PgFaultProxy:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _should_lose(self, text: bytes) -> bool:
+    def _matching_rule(self, text: bytes) -> _Rule | None:
         with self._lock:
             for rule in self._rules:
                 if rule.remaining == 0 or not all(n in text for n in rule.needles):
@@ -272,8 +304,17 @@ class PgFaultProxy:
                     continue
                 if rule.remaining is not None:
                     rule.remaining -= 1
-                return True
-        return False
+                return rule
+        return None
+
+    def _should_cut_after(self, text: bytes) -> bool:
+        with self._lock:
+            needles = self._cut_after
+            if needles is None or not all(n in text for n in needles):
+                return False
+            self._cut_after = None
+            self.cut_after_hits += 1
+            return True
 
     def _count_lost(self) -> None:
         with self._lock:

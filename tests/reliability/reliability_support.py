@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,16 @@ def peek_commands(url: str) -> list[CommandRow]:
             columns = "command_id, task_id, claimant, deliveries, completed_at IS NOT NULL"
             rows = conn.execute(f'SELECT {columns} FROM "{schema}".commands').fetchall()
     return [CommandRow(str(r[0]), str(r[1]), r[2], int(r[3]), bool(r[4])) for r in rows]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float) -> bool:
+    """每 20 毫秒看一次 predicate，最多等 timeout 秒；返回最后一次的结果是否为真。"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_support import check_history, report
+from reliability_support import check_history, report, wait_until
 
 from chongming_task import Controller, FixedBackoff, RetryPolicy, TaskStatus, open_store
 from chongming_task.storage import TaskStore
@@ -32,15 +32,6 @@ S = TaskStatus
 LEASE_TTL = 1.0
 # 经代理的存储：每个调用都有短的客户端上限，故障期间不会把测试挂住。
 PROXIED_OPTIONS: dict[str, Any] = {"connect_timeout": 2.0, "pool_timeout": 2.0, "statement_timeout": 2.0}
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return bool(predicate())
 
 
 def behind(controller: Controller, store: TaskStore) -> list[str]:

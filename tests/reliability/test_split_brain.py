@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_support import check_history, report
+from reliability_support import check_history, report, wait_until
 
 from chongming_task import Controller, TaskStatus, open_store
 
@@ -33,15 +33,6 @@ LEASE_TTL = 1.5
 STORE_OPTIONS: dict[str, Any] = {"connect_timeout": 2.0, "pool_timeout": 1.0, "statement_timeout": 1.0}
 CALL_BOUND = 5.0
 WINDOW = 6.0  # 分区期间等每个控制调用最多这么久（旧实现里它们会一直挂到分区愈合）
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return bool(predicate())
 
 
 class TimedCall:

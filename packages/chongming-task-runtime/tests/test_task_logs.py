@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -112,3 +113,36 @@ def test_nul_and_lone_surrogates_are_escaped_not_dropped() -> None:
         assert not controller.persist_failures
     (line,) = store.read_logs("t")
     assert line.message == "含 NUL\\x00 与 \\ud800"
+
+
+class CommitThenLoseReply(InMemoryTaskStore):
+    """append_logs 真的写进去了，调用方却收到异常：Postgres 的 COMMIT 回执丢了、客户端超时时就是这样。"""
+
+    def __init__(self, lose: int) -> None:
+        super().__init__()
+        self.lose = lose
+        self.calls = 0
+
+    def append_logs(self, lines: Any) -> None:
+        self.calls += 1
+        super().append_logs(lines)
+        if self.lose > 0:
+            self.lose -= 1
+            raise StoreError("连接在语句中途断了：结果未知")
+
+
+def test_retry_after_a_lost_acknowledgement_writes_every_line_exactly_once() -> None:
+    store = CommitThenLoseReply(lose=3)
+    with Controller(store=store, side_channel_interval=0.02) as controller:
+        controller.register("chatty", chatty, retry=RetryPolicy(max_attempts=2, backoff=FixedBackoff(0.01)))
+        assert controller.submit("chatty", 20, True, task_id="t").wait(timeout=10).ok
+        assert sum(f.operation.startswith("append_logs") for f in controller.persist_failures) >= 1
+        # 后台旁路循环重试放回缓冲的那几批；等到不再丢回执、两次尝试的 40 行都已落库（多了就是重复）。
+        deadline = time.monotonic() + 10
+        while (store.lose or len(store.read_logs("t")) < 40) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    lines = store.read_logs("t")
+    want = [f"第 {i} 行（尝试 1）" for i in range(1, 21)] + [f"第 {i} 行（尝试 2）" for i in range(1, 21)]
+    assert [line.message for line in lines] == want, "每行恰好一次、按产生的顺序"
+    assert [line.seq for line in lines] == list(range(1, 41))
+    assert store.log_stats("t").dropped == 0, "重复的行不算丢弃"

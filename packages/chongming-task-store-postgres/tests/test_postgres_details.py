@@ -288,3 +288,31 @@ def test_touch_many_is_one_transaction(store: PostgresTaskStore) -> None:
     assert got is not None and got.lease_owner == "node-z", "校验失败的批次一条也不能写"
     with pytest.raises(ConfigurationError, match="未知字段"):
         store.touch_many([("tm-0", {"status": "running"})])
+
+
+@pytest.mark.postgres
+def test_touch_many_merges_repeats_like_updates_in_order(store: PostgresTaskStore) -> None:
+    """一条语句更新一批：同一任务出现多次时按先后合并字段（与逐条 touch 的结果相同），没给的字段不动。"""
+    for i in range(2):
+        store.create(snap(f"tr-{i}"))
+    until = datetime(2026, 5, 1, tzinfo=timezone(timedelta(hours=8)))
+    beat = datetime(2026, 4, 1, tzinfo=UTC)
+    store.touch_many(
+        [
+            ("tr-0", {"progress": Progress(done=1, total=4), "lease_owner": "first"}),
+            ("tr-1", {"heartbeat_at": beat}),
+            ("tr-0", {"lease_owner": "second", "lease_until": until}),
+        ]
+    )
+    first, second = store.get("tr-0"), store.get("tr-1")
+    assert first is not None and second is not None
+    assert (first.progress, first.lease_owner, first.lease_until) == (
+        Progress(done=1, total=4),
+        "second",
+        until,
+    )
+    assert str(first.lease_until.utcoffset()) == "8:00:00"  # 偏移随数组一起往返
+    assert (second.last_heartbeat_at, second.progress, second.lease_owner) == (beat, None, None)
+    store.touch_many([("tr-1", {"heartbeat_at": beat + timedelta(seconds=1)})])  # 其余数组全是 NULL
+    again = store.get("tr-1")
+    assert again is not None and again.last_heartbeat_at == beat + timedelta(seconds=1)

@@ -13,6 +13,7 @@ from pathlib import Path
 from chongming_task.states import TaskStatus as S
 from chongming_task.storage import LogLine, LogStats
 from chongming_task.stores.sqlite import SqliteTaskStore
+from chongming_task.testing.contract.logs import messages, numbered
 from chongming_task.testing.store_contract import snap, walk
 
 T0 = datetime(2026, 3, 1, 8, 0, 0, tzinfo=UTC)
@@ -68,3 +69,43 @@ def test_writable_open_of_old_file_adds_the_table_without_a_version_bump(tmp_pat
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)], "不升版本号"
     finally:
         conn.close()
+
+
+def _file_without_watermarks(path: Path) -> None:
+    """幂等水位线表加入之前的文件：已有 task_logs 与一行日志，没有 task_log_writers。"""
+    store = SqliteTaskStore(path)
+    store.create(snap("t"))
+    store.append_logs([LogLine(task_id="t", attempt=1, at=T0, level="INFO", message="before")])
+    store.close()
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("DROP TABLE task_log_writers")
+    conn.close()
+
+
+def test_writable_open_adds_the_watermark_table_and_keeps_existing_lines(tmp_path: Path) -> None:
+    path = tmp_path / "v1-logs.db"
+    _file_without_watermarks(path)
+    with SqliteTaskStore(path, readonly=True) as store:
+        assert [line.message for line in store.read_logs("t")] == ["before"]
+    assert "task_log_writers" not in _tables(path), "只读打开绝不迁移"
+    with SqliteTaskStore(path) as store:
+        assert "task_log_writers" in _tables(path), "可写打开时补建水位线表"
+        store.append_logs(numbered("t", "w", range(1, 3)))
+        store.append_logs(numbered("t", "w", range(1, 3)))  # 重试：不写第二遍
+        assert messages(store, "t") == [(1, "before"), (2, "w#1"), (3, "w#2")]
+
+
+def test_never_create_open_without_the_watermark_table_still_prunes(tmp_path: Path) -> None:
+    path = tmp_path / "v1-logs.db"
+    _file_without_watermarks(path)
+    with SqliteTaskStore(path) as store:
+        done, records = walk(snap("done", finished_at=T0), S.QUEUED, S.RUNNING, S.SUCCEEDED)
+        store.create(done, records)
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("DROP TABLE task_log_writers")
+    conn.close()
+    with SqliteTaskStore(path, create_schema="never") as store:
+        assert store.prune(keep_terminal=0) == 1, "缺水位线表不能让 prune 失败"
+    assert "task_log_writers" not in _tables(path)

@@ -65,6 +65,7 @@ from chongming_task.core.storage.values import (
     count_buckets,
     lease_held_message,
     lease_is_held,
+    unseen_log_lines,
 )
 from chongming_task.errors import (
     ConcurrencyConflict,
@@ -118,8 +119,9 @@ class JsonFileTaskStore(TaskStore):
         self._history: dict[str, dict[str, dict[str, Any]]] = {}
         self._commands: dict[str, dict[str, Any]] = {}
         self._nodes: dict[str, dict[str, Any]] = {}
-        # 任务日志：task_id → {"seq": 最后分配的序号, "lines": [LogLine.to_dict(), ...]}，
-        # 最多 MAX_LOG_LINES 行。
+        # 任务日志：task_id → {"seq": 最后分配的序号, "lines": [LogLine.to_dict(), ...],
+        # "writers": {写入者: 已接受的最大 writer_seq}}，最多 MAX_LOG_LINES 行。writers 是重试幂等的水位线
+        # （unseen_log_lines）；没有这个键的旧文件当作还没有水位线。
         self._logs: dict[str, dict[str, Any]] = {}
         self._next_command = 1
         if self._path.exists():
@@ -444,12 +446,19 @@ class JsonFileTaskStore(TaskStore):
         batch = append_logs_args(lines)
         with self._lock:
             self._check_open()
+            by_task: dict[str, list[LogLine]] = {}
             for line in batch:
-                if line.task_id not in self._tasks:
+                by_task.setdefault(line.task_id, []).append(line)
+            for task_id, group in by_task.items():
+                if task_id not in self._tasks:
                     continue  # 任务已不在：跳过（见契约）
-                entry = self._logs.setdefault(line.task_id, {"seq": 0, "lines": []})
-                entry["seq"] += 1
-                entry["lines"].append({**line.to_dict(), "seq": entry["seq"]})
+                entry = self._logs.setdefault(task_id, {"seq": 0, "lines": []})
+                writers = entry.setdefault("writers", {})
+                fresh, marks = unseen_log_lines(group, writers)
+                writers.update(marks)
+                for line in fresh:
+                    entry["seq"] += 1
+                    entry["lines"].append({**line.to_dict(), "seq": entry["seq"]})
                 if len(entry["lines"]) > MAX_LOG_LINES:
                     del entry["lines"][: len(entry["lines"]) - MAX_LOG_LINES]  # 丢最旧的
             if batch:

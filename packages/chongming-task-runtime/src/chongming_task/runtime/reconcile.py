@@ -9,6 +9,9 @@
 | 租约过期 + 占着执行资源                 | 载体已消失 → LOST              |
 | 租约过期 + 不占资源（排队/暂停/重试等待）| 不改状态，报告为 adoptable      |
 | 写入时版本冲突（原监督者活过来抢先写了）  | 放手，报告为 skipped           |
+| 行正被别的会话锁着（PostgreSQL）         | 不等锁，报告为 skipped，下轮再判 |
+
+最后一行见 docs/distributed.md §7.5：一个失联节点可能把事务留在服务器上、锁要很久才放，判定不能排队等它。
 
 reconcile 不会重新执行任务：存储里记的是状态，不是配方（函数与参数从未落库）。
 """
@@ -31,7 +34,8 @@ from chongming_task.storage import QueryOrder, TaskQuery, TaskStore
 @dataclass
 class ReconcileReport:
     """``lost``：会被（dry_run 时）或已被判为丢失的；``adoptable``：需要调用方重新提交的；
-    ``skipped``：写入时发现有人正在写、于是放手的。"""
+    ``skipped``：写入时发现有人正在写、于是放手的（版本冲突、租约刚被续上，或行正被别的会话锁着）——
+    这一轮不作判定，下一轮再看。"""
 
     lost: list[TaskSnapshot] = field(default_factory=list)
     adoptable: list[TaskSnapshot] = field(default_factory=list)

@@ -11,6 +11,14 @@
 * 存储失败绝不让任务失败：记进 ``persist_failures``（与旁路回写同一条路径，含事件钩子与指标），这批行
   放回缓冲下次再写。缓冲有上限（``MAX_PENDING_LINES``）：存储长时间不可用时丢最旧的并计数，进程内存
   不会因为一个刷屏的任务而无限增长。
+* 重试不重复：失败可能是"结果未知"——Postgres 已经 COMMIT、回执在网络上丢了，或客户端超时。放回缓冲的
+  那批下次原样再写，所以每行带一个幂等身份（``LogLine.writer`` / ``writer_seq``）：``writer`` 是这个
+  缓冲创建时随机生成的 uuid，``writer_seq`` 是 ``add`` 在叶子锁下给的、本缓冲内严格递增的行号。存储为
+  每个任务记下每个写入者已接受的最大号（水位线，见 ``values.unseen_log_lines``），重试的行不再写第二遍；
+  重排、丢号都不会发生：flush 串行、失败的一批放回队首，同一写入者的号总是按顺序到达存储。
+  为什么不用 (task_id, attempt, 行号)：同一任务同一尝试号的行不一定只出自一个进程——租约丢了之后旧持有者
+  的缓冲还在 flush，接手的持有者已经开始写（尝试号各自取自手里的快照，不保证不同）；两边各自从 1 数，
+  就会把对方的行当成重复吞掉。随机的写入者标识让每个进程、每个 Controller 的号互不相干，不需要协调。
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import uuid
 from collections.abc import Callable
 
 from chongming_task.context import LogEntry
@@ -48,13 +57,17 @@ class LogSink:
         self._max_pending = max_pending
         self._lock = threading.Lock()  # 叶子锁：只护着 _pending / dropped
         self._flush_lock = threading.Lock()  # 串行化 flush，保证同一任务的行按产生的顺序落库
-        self._pending: collections.deque[tuple[str, LogEntry]] = collections.deque()
+        self._pending: collections.deque[tuple[str, LogEntry, int]] = collections.deque()
+        self.writer = uuid.uuid4().hex
+        """本缓冲写出的行的写入者标识（幂等身份的一半，见模块说明）。"""
+        self._last_seq = 0  # 最后给出的 writer_seq（在 _lock 下递增）
         self.dropped = 0
         """因积压超限而丢掉、从未写进存储的行数（累计）。"""
 
     def add(self, task_id: str, entry: LogEntry) -> None:
         with self._lock:
-            self._pending.append((task_id, entry))
+            self._last_seq += 1
+            self._pending.append((task_id, entry, self._last_seq))
             overflow = len(self._pending) - self._max_pending
             if overflow > 0:
                 for _ in range(overflow):
@@ -81,7 +94,7 @@ class LogSink:
                     count = min(len(self._pending), MAX_BATCH_LINES)
                     batch = [self._pending.popleft() for _ in range(count)]
                 try:
-                    self._store.append_logs([_line(task_id, entry) for task_id, entry in batch])
+                    self._store.append_logs([_line(item, self.writer) for item in batch])
                 except ConfigurationError as exc:
                     # 参数错误重试也不会好（_line 已把存不下的字符转义，到这里说明是后端自己的限制）：
                     # 丢掉这批并计数，绝不让一行坏日志堵住后面所有的行。
@@ -102,7 +115,8 @@ class LogSink:
                     return
 
 
-def _line(task_id: str, entry: LogEntry) -> LogLine:
+def _line(item: tuple[str, LogEntry, int], writer: str) -> LogLine:
+    task_id, entry, writer_seq = item
     message = entry.message
     if "\x00" in message or not message.isascii():
         # 存储存不下 NUL 与孤立代理项（契约要求整批拒绝）：转义成可见的文本，而不是让整批写不进去。
@@ -114,6 +128,8 @@ def _line(task_id: str, entry: LogEntry) -> LogLine:
         at=entry.at,
         level=entry.level_name[:16] or "NOTSET",
         message=message,
+        writer=writer,
+        writer_seq=writer_seq,
     )
 
 

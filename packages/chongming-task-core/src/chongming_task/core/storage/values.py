@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -556,6 +556,54 @@ def bound_log_message(message: str) -> tuple[str, bool]:
     return head + LOG_TRUNCATED_MARKER, True
 
 
+MAX_LOG_WRITER_CHARS = 64
+"""``LogLine.writer`` 最多多少个字符（可打印 ASCII）。运行时用的是 32 位十六进制的 uuid。"""
+
+
+def check_log_writer(writer: object, writer_seq: int) -> None:
+    """幂等身份要么整个没有（``""`` 与 0），要么两半都在：1..64 个可打印 ASCII 字符、行号 ≥ 1。"""
+    if writer == "" and writer_seq == 0:
+        return  # 最常见的情形（读回的行、不带身份的行）：一次比较
+    if not isinstance(writer, str) or len(writer) > MAX_LOG_WRITER_CHARS:
+        raise ConfigurationError(
+            f"LogLine.writer 必须是不超过 {MAX_LOG_WRITER_CHARS} 个字符的字符串，收到 {writer!r}"
+        )
+    if writer and not (writer.isascii() and writer.isprintable()):
+        raise ConfigurationError(f"LogLine.writer 只能含可打印的 ASCII 字符，收到 {writer!r}")
+    if bool(writer) != (writer_seq > 0):
+        raise ConfigurationError(
+            "LogLine.writer 与 writer_seq 要么都给（writer 非空、writer_seq ≥ 1），要么都不给，"
+            f"收到 writer={writer!r}、writer_seq={writer_seq!r}"
+        )
+
+
+def unseen_log_lines(
+    lines: Sequence[LogLine], seen: Mapping[str, int]
+) -> tuple[list[LogLine], dict[str, int]]:
+    """同一任务的一批行里存储还没有的那些（按原顺序），以及要记下的新水位线（只含变了的写入者）。
+
+    ``seen`` 是存储为这个任务记下的"每个写入者已接受的最大 writer_seq"。一行的 writer_seq 不大于它写入者的
+    水位线就是写过的（重试的那一批，或与上一批部分重叠的那几行），跳过：不分配 seq，也不算进 ``dropped``。
+
+    为什么是"每写入者一条水位线"，而不是给每行一个唯一约束、``ON CONFLICT DO NOTHING``：存储每任务只留
+    最新的 ``MAX_LOG_LINES`` 行，一批超过上限的行里最旧的那些在同一事务里就被删掉了，它们的身份也跟着没了；
+    重试时这些行会被当成新行再插一遍、拿到更大的 seq，反把真正最新的行挤掉。水位线不随行删除，永远认得出。
+    它要求同一写入者给同一任务的行号严格递增、按号的顺序写入——运行时的缓冲正是这样（串行 flush，失败的
+    一批原样放回队首）。写入者标识在每个 Controller 的缓冲里随机生成：两个进程（同一任务的两次尝试、被别的
+    持有者接手重跑）的行号各自独立，互不吞行。
+    """
+    marks = dict(seen)
+    changed: dict[str, int] = {}
+    fresh: list[LogLine] = []
+    for line in lines:
+        if line.writer:
+            if line.writer_seq <= marks.get(line.writer, 0):
+                continue
+            marks[line.writer] = changed[line.writer] = line.writer_seq
+        fresh.append(line)
+    return fresh, changed
+
+
 @dataclass(frozen=True)
 class PartitionArchived:
     """``archive_partition`` 的结果：整块归档、丢弃一个过期分区（存储指南 §9）。
@@ -581,6 +629,9 @@ class LogLine:
     * ``attempt`` 是写这行时的第几次尝试（重试后仍可按尝试读取）。
     * 构造时就把正文限制在 4 KB（``bound_log_message``）：每个后端存下的都是同一份文本。
     * ``level`` 是 stdlib logging 的级别名（``INFO``、``WARNING``……），非空、不超过 16 个字符。
+    * ``writer`` / ``writer_seq`` 是这一行的**幂等身份**（只在写入时有意义，读回的行里是 ``""`` / 0）：
+      写入方的标识加上它自己给的、严格递增的行号（见 ``unseen_log_lines``）。结果未知的一批被重试时，存储
+      凭它认出已经写过的行，不会写第二遍。不带身份（``writer=""``）的行每次都追加。
     """
 
     task_id: str
@@ -590,11 +641,13 @@ class LogLine:
     message: str
     seq: int = 0
     truncated: bool = False
+    writer: str = ""
+    writer_seq: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.task_id, str) or not self.task_id:
             raise ConfigurationError(f"LogLine.task_id 必须是非空字符串，收到 {self.task_id!r}")
-        for name in ("attempt", "seq"):
+        for name in ("attempt", "seq", "writer_seq"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
                 raise ConfigurationError(f"LogLine.{name} 必须是非负整数，收到 {value!r}")
@@ -607,6 +660,7 @@ class LogLine:
             raise ConfigurationError(f"LogLine.message 必须是字符串，收到 {type(self.message).__name__}")
         if not isinstance(self.truncated, bool):
             raise ConfigurationError(f"LogLine.truncated 必须是 bool，收到 {self.truncated!r}")
+        check_log_writer(self.writer, self.writer_seq)
         message, cut = bound_log_message(self.message)
         if cut:
             object.__setattr__(self, "message", message)
@@ -651,6 +705,7 @@ __all__ = [
     "LOG_TRUNCATED_MARKER",
     "MAX_LOG_LINES",
     "MAX_LOG_MESSAGE_BYTES",
+    "MAX_LOG_WRITER_CHARS",
     "SIDE_CHANNEL_FIELDS",
     "ArchiveDeleted",
     "ArchiveReceipt",
@@ -669,7 +724,9 @@ __all__ = [
     "TaskStats",
     "as_query",
     "bound_log_message",
+    "check_log_writer",
     "count_buckets",
     "lease_held_message",
     "lease_is_held",
+    "unseen_log_lines",
 ]

@@ -75,7 +75,7 @@ def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
 class _Row:
     """一个任务的全部存储状态。snapshot 里的 outcome 只在 outcome_text 为 None 时有效。"""
 
-    __slots__ = ("history", "log_seq", "logs", "outcome_text", "snapshot")
+    __slots__ = ("history", "log_seq", "log_writers", "logs", "outcome_text", "snapshot")
 
     def __init__(self, snapshot: TaskSnapshot, outcome_text: str | None) -> None:
         self.snapshot = snapshot
@@ -85,6 +85,7 @@ class _Row:
         # LogLine 是冻结的、字段全不可变，可以直接共享给读者。
         self.logs: collections.deque[v.LogLine] = collections.deque(maxlen=v.MAX_LOG_LINES)
         self.log_seq = 0
+        self.log_writers: dict[str, int] = {}  # 写入者 → 已接受的最大 writer_seq（幂等水位线，见 values）
 
 
 class _CommandRow:
@@ -402,15 +403,22 @@ class InMemoryTaskStore(TaskStore):
 
     def append_logs(self, lines: Sequence[v.LogLine]) -> None:
         batch = checks.append_logs_args(lines)
+        by_task: dict[str, list[v.LogLine]] = {}
+        for line in batch:
+            by_task.setdefault(line.task_id, []).append(line)
         with self._lock:
             self._check_open()
-            for line in batch:
-                row = self._rows.get(line.task_id)
+            for task_id, group in by_task.items():
+                row = self._rows.get(task_id)
                 if row is None:
                     continue  # 任务已不在（例如刚被 prune）：跳过，见契约
-                row.log_seq += 1
-                # deque(maxlen) 在满时自动丢最旧的一行：丢掉的行数 = log_seq - len(logs)。
-                row.logs.append(dataclasses.replace(line, seq=row.log_seq))
+                fresh, marks = v.unseen_log_lines(group, row.log_writers)
+                row.log_writers.update(marks)
+                for line in fresh:
+                    row.log_seq += 1
+                    # deque(maxlen) 在满时自动丢最旧的一行：丢掉的行数 = log_seq - len(logs)。
+                    # 幂等身份只在写入时有用，存下的行不带它（与 SQL 后端读回的一致）。
+                    row.logs.append(dataclasses.replace(line, seq=row.log_seq, writer="", writer_seq=0))
 
     def read_logs(
         self, task_id: str, *, attempt: int | None = None, after_seq: int | None = None, limit: int = 1000

@@ -1,11 +1,14 @@
 """契约用例：任务日志（append_logs / read_logs / log_stats，issue 18；存储指南 §11）。
 
 ``logs --follow`` 靠"按 seq 续读不丢、不重、不乱序"工作；这里检查的就是它赖以成立的存储语义：
-存储分配的序号、每任务的行数上限（丢最旧的并计数）、4 KB 截断、随任务一起删除。
+存储分配的序号、每任务的行数上限（丢最旧的并计数）、4 KB 截断、随任务一起删除，以及重试幂等：结果未知的
+一批被原样重试（或与上一批部分重叠）时，带身份（``writer`` / ``writer_seq``）的行只写一次、不丢、不乱序。
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 from datetime import datetime, timedelta
 
 from chongming_task.core.storage.values import (
@@ -22,9 +25,33 @@ from chongming_task.testing.contract._base import T0, TZ_SHANGHAI, ContractBase,
 
 
 def line(
-    task_id: str, message: str, *, attempt: int = 1, level: str = "INFO", at: datetime | None = None
+    task_id: str,
+    message: str,
+    *,
+    attempt: int = 1,
+    level: str = "INFO",
+    at: datetime | None = None,
+    writer: str = "",
+    writer_seq: int = 0,
 ) -> LogLine:
-    return LogLine(task_id=task_id, attempt=attempt, at=at or T0, level=level, message=message)
+    return LogLine(
+        task_id=task_id,
+        attempt=attempt,
+        at=at or T0,
+        level=level,
+        message=message,
+        writer=writer,
+        writer_seq=writer_seq,
+    )
+
+
+def numbered(task_id: str, writer: str, numbers: range, *, attempt: int = 1) -> list[LogLine]:
+    """写入者 ``writer`` 的第 numbers 行（正文 ``writer#n``），带幂等身份。"""
+    return [line(task_id, f"{writer}#{n}", attempt=attempt, writer=writer, writer_seq=n) for n in numbers]
+
+
+def messages(store: TaskStore, task_id: str) -> list[tuple[int, str]]:
+    return [(g.seq, g.message) for g in store.read_logs(task_id, limit=MAX_LOG_LINES)]
 
 
 class LogCases(ContractBase):
@@ -109,6 +136,95 @@ class LogCases(ContractBase):
         self.assertEqual(got[-1].message, f"line {total}")
         self.assertEqual(store.log_stats("quiet"), LogStats(kept=1, dropped=0, last_seq=1), "上限按任务计")
 
+    def test_retried_batch_is_written_once(self) -> None:
+        store = self.open_store()
+        self._task(store, "t")
+        batch = numbered("t", "w1", range(1, 4))
+        store.append_logs(batch)
+        store.append_logs(batch)  # 结果未知的那一批被原样重试
+        self.assertEqual(
+            messages(store, "t"), [(1, "w1#1"), (2, "w1#2"), (3, "w1#3")], "重试的行不能写第二遍"
+        )
+        self.assertEqual(store.log_stats("t"), LogStats(kept=3, dropped=0, last_seq=3), "重复的行不占序号")
+        got = store.read_logs("t")
+        self.assertEqual({(g.writer, g.writer_seq) for g in got}, {("", 0)}, "读回的行不带写入身份")
+
+    def test_partially_overlapping_batch_adds_only_the_new_lines_in_order(self) -> None:
+        store = self.open_store()
+        self._task(store, "t")
+        store.append_logs(numbered("t", "w1", range(1, 4)))
+        store.append_logs(numbered("t", "w1", range(2, 6)))  # 2、3 写过，4、5 是新的
+        store.append_logs(numbered("t", "w1", range(5, 7)) + numbered("t", "w1", range(6, 8)))  # 批内也去重
+        self.assertEqual(messages(store, "t"), [(n, f"w1#{n}") for n in range(1, 8)])
+        self.assertEqual(store.log_stats("t"), LogStats(kept=7, dropped=0, last_seq=7))
+
+    def test_writers_and_tasks_have_independent_identities(self) -> None:
+        store = self.open_store()
+        self._task(store, "t")
+        self._task(store, "u")
+        # 两个写入者（例如同一任务的两次尝试在两个进程里）交错写同一个任务；同一写入者的号在别的任务上无关。
+        mixed = [
+            *numbered("t", "w1", range(1, 3)),
+            *numbered("t", "w2", range(1, 3), attempt=2),
+            *numbered("u", "w1", range(1, 3)),
+            line("t", "anonymous"),
+        ]
+        store.append_logs(mixed)
+        store.append_logs(mixed)
+        self.assertEqual(
+            [m for _, m in messages(store, "t")],
+            ["w1#1", "w1#2", "w2#1", "w2#2", "anonymous", "anonymous"],
+            "各写入者的行各写一次、保持给出的顺序；不带身份的行每次都追加",
+        )
+        self.assertEqual([g.attempt for g in store.read_logs("t", attempt=2)], [2, 2])
+        self.assertEqual(messages(store, "u"), [(1, "w1#1"), (2, "w1#2")])
+        store.append_logs(numbered("t", "w2", range(3, 4), attempt=2) + numbered("t", "w1", range(2, 4)))
+        self.assertEqual([m for _, m in messages(store, "t")][-2:], ["w2#3", "w1#3"])
+        self.assertEqual(store.log_stats("t"), LogStats(kept=8, dropped=0, last_seq=8))
+
+    def test_retry_of_a_batch_over_the_bound_neither_duplicates_nor_counts_drops_twice(self) -> None:
+        store = self.open_store()
+        self._task(store, "t")
+        total = MAX_LOG_LINES + 5
+        batch = numbered("t", "w1", range(1, total + 1))
+        store.append_logs(batch)
+        # 最旧的 5 行在第一次写入时就被上限删掉了；重试时它们也不能被当成新行再写回来。
+        store.append_logs(batch)
+        self.assertEqual(store.log_stats("t"), LogStats(kept=MAX_LOG_LINES, dropped=5, last_seq=total))
+        got = messages(store, "t")
+        self.assertEqual(got[0], (6, "w1#6"))
+        self.assertEqual(got[-1], (total, f"w1#{total}"))
+        store.append_logs(numbered("t", "w1", range(total - 1, total + 2)))
+        self.assertEqual(store.log_stats("t"), LogStats(kept=MAX_LOG_LINES, dropped=6, last_seq=total + 1))
+        self.assertEqual(messages(store, "t")[-1], (total + 1, f"w1#{total + 1}"))
+
+    def test_concurrent_retrying_writers_of_one_task_each_land_once_in_order(self) -> None:
+        store = self.open_store()
+        self._task(store, "t")
+        writers, batches, size = 4, 12, 3
+        errors: list[BaseException] = []
+        start = threading.Barrier(writers)
+
+        def writer(name: str) -> None:
+            try:
+                start.wait()
+                for b in range(batches):
+                    batch = numbered("t", name, range(b * size + 1, (b + 1) * size + 1))
+                    store.append_logs(batch)
+                    store.append_logs(batch)  # 每一批都被重试一次（回执丢了）
+            except BaseException as exc:
+                errors.append(exc)
+
+        self.run_threads([functools.partial(writer, f"w{i}") for i in range(writers)])
+        self.assertEqual(errors, [])
+        got = store.read_logs("t", limit=MAX_LOG_LINES)
+        total = writers * batches * size
+        self.assertEqual([g.seq for g in got], list(range(1, total + 1)), "并发写入也不重号、不留空洞")
+        for i in range(writers):
+            mine = [g.message for g in got if g.message.startswith(f"w{i}#")]
+            self.assertEqual(mine, [f"w{i}#{n}" for n in range(1, batches * size + 1)], "每行一次、按序")
+        self.assertEqual(store.log_stats("t"), LogStats(kept=total, dropped=0, last_seq=total))
+
     def test_long_messages_are_truncated_with_a_marker(self) -> None:
         store = self.open_store()
         self._task(store, "t")
@@ -128,27 +244,30 @@ class LogCases(ContractBase):
         done, records = walk(snap("done", finished_at=T0), S.QUEUED, S.RUNNING, S.SUCCEEDED)
         store.create(done, records)
         self._task(store, "live")
-        store.append_logs([line("done", "bye"), line("live", "hi")])
+        store.append_logs([line("done", "bye", writer="w1", writer_seq=1), line("live", "hi")])
         self.assertEqual(store.prune(keep_terminal=0), 1)
         self.assertEqual(store.read_logs("done"), [])
         self.assertEqual(store.log_stats("done"), LogStats(), "被删任务的日志计数也要清掉")
         self.assertEqual([g.message for g in store.read_logs("live")], ["hi"])
-        # 同名任务重新建出来，序号从 1 重新开始：不会接上被删任务的旧行。
+        # 同名任务重新建出来，序号从 1 重新开始：不会接上被删任务的旧行；写入者的水位线也随任务删了。
         store.create(snap("done"))
-        store.append_logs([line("done", "again")])
+        store.append_logs([line("done", "again", writer="w1", writer_seq=1)])
         self.assertEqual([(g.seq, g.message) for g in store.read_logs("done")], [(1, "again")])
 
     def test_delete_archived_deletes_logs_with_the_task(self) -> None:
         store = self.open_store()
         done, records = walk(snap("done", finished_at=T0), S.QUEUED, S.RUNNING, S.SUCCEEDED)
         store.create(done, records)
-        store.append_logs([line("done", "bye")])
+        store.append_logs([line("done", "bye", writer="w1", writer_seq=1)])
         exported = store.export_finished(T0 + timedelta(days=1))
         self.assertEqual([item.snapshot.task_id for item in exported], ["done"])
         store.delete_archived(ArchiveReceipt.of(tasks=exported))
         self.assertIsNone(store.get("done"))
         self.assertEqual(store.read_logs("done"), [])
         self.assertEqual(store.log_stats("done"), LogStats())
+        store.create(snap("done"))
+        store.append_logs([line("done", "again", writer="w1", writer_seq=1)])
+        self.assertEqual([g.message for g in store.read_logs("done")], ["again"], "水位线随任务删掉")
 
     def test_log_arguments_are_checked(self) -> None:
         store = self.open_store()
@@ -168,3 +287,6 @@ class LogCases(ContractBase):
             LogLine(task_id="t", attempt=1, at=datetime(2026, 1, 1), level="INFO", message="naive")
         with self.assertRaises(ConfigurationError):
             LogLine(task_id="t", attempt=1, at=T0, level="", message="x")
+        for writer, writer_seq in (("w", 0), ("", 1), ("w" * 65, 1), ("写入者", 1), ("w\x00", 1), ("w", -1)):
+            with self.assertRaises(ConfigurationError, msg=f"writer={writer!r}, writer_seq={writer_seq!r}"):
+                line("t", "x", writer=writer, writer_seq=writer_seq)

@@ -158,12 +158,18 @@ def ensure_ahead(conn: Any, schema: str) -> int:
     return ensure_months(conn, schema, now, add_months(month_start(now), AHEAD_MONTHS))
 
 
-def ensure_ahead_or_warn(conn: Any, schema: str) -> None:
-    """可写打开时调用：没有建表权限只告警一次（行落进 DEFAULT，功能不受影响）。"""
+def ensure_ahead_or_warn(conn: Any, schema: str, *, at_open: bool = False) -> None:
+    """没有建表权限时不报错（行落进 DEFAULT，功能不受影响）。
+
+    ``at_open=True``（可写打开时）只记 DEBUG：§8.7 推荐应用角色只有 DML 权限，它每次打开都会走到这里，
+    告警就成了每个进程启动时的一行噪音（CLI 的错误输出也因此不再是一行）；建月分区是属主跑
+    ``chongming-task archive`` 时的事，那里仍然告警。
+    """
     try:
         ensure_ahead(conn, schema)
     except (pg_errors.InsufficientPrivilege, pg_errors.LockNotAvailable) as exc:
-        logger.warning(
+        logger.log(
+            logging.DEBUG if at_open else logging.WARNING,
             "没能提前建迁移记录的月分区（schema %r）：%s。写入照常（落进 DEFAULT 分区），但过期历史只能逐行"
             "删除；请让表的属主定期运行 chongming-task archive（它会建好后面的月分区）",
             schema,

@@ -57,6 +57,18 @@ def transition_params(transitions: Sequence[Transition]) -> dict[str, Any]:
     return dict(zip(keys, transition_arrays(transitions), strict=True))
 
 
+TOUCH_MANY_COLUMNS = {
+    "task_id": "text",
+    "progress": "text",
+    "heartbeat_at": "timestamptz",
+    "heartbeat_at_off": "bigint",
+    "lease_owner": "text",
+    "lease_until": "timestamptz",
+    "lease_until_off": "bigint",
+}
+"""touch_many 按列传入的数组：参数名 → 元素类型（进度以 JSON 文本传入，语句里转 jsonb）。"""
+
+
 _APPEND_GUARD = (
     "WHERE NOT EXISTS (SELECT 1 FROM missing) AND NOT EXISTS (SELECT 1 FROM {s}.transitions o "
     "WHERE o.task_id = x.task_id AND o.version = x.version)"
@@ -83,26 +95,30 @@ class Sql:
         # 版本不符时 upd 为空，hist 的 WHERE EXISTS 也就不插入任何一行——冲突时什么也不写。
         saved = frozenset(SAVE_COLUMNS)
         assignments = ", ".join(f"{c} = {expr}" for c, expr in _values(SNAPSHOTS) if c in saved)
-        self.save = (
-            f"WITH upd AS (UPDATE {s}.tasks SET {assignments} "
-            "WHERE task_id = %(task_id)s AND status_version = %(expect_version)s RETURNING 1), "
-            f"hist AS ({transitions_insert(s, 'WHERE EXISTS (SELECT 1 FROM upd)')}) "
+        guard = "task_id = %(task_id)s AND status_version = %(expect_version)s"
+
+        def update(where: str) -> str:
+            return f"UPDATE {s}.tasks SET {assignments} WHERE {where} RETURNING 1"
+
+        hist = f"hist AS ({transitions_insert(s, 'WHERE EXISTS (SELECT 1 FROM upd)')}) "
+        result = (
             f"SELECT (SELECT count(*) FROM upd), EXISTS (SELECT 1 FROM {s}.tasks WHERE task_id = %(task_id)s)"
         )
-        self.save_no_history = (
-            f"WITH upd AS (UPDATE {s}.tasks SET {assignments} "
-            "WHERE task_id = %(task_id)s AND status_version = %(expect_version)s RETURNING 1) "
-            f"SELECT (SELECT count(*) FROM upd), EXISTS (SELECT 1 FROM {s}.tasks WHERE task_id = %(task_id)s)"
-        )
+        self.save = f"WITH upd AS ({update(guard)}), {hist}{result}"
+        self.save_no_history = f"WITH upd AS ({update(guard)}) {result}"
         # save(lease_expired_before=...)：版本之外还要求租约此刻仍已过期（与查询条件同一判据）。
-        lease_guard = (
-            "AND status_version = %(expect_version)s "
-            "AND (lease_until IS NULL OR lease_until < %(lease_expired_before)s)"
+        # 行先以 SKIP LOCKED 锁住：别的会话正锁着它（写到一半，或是一个失联节点留在服务器上的事务）时
+        # 不排队等锁，这一次什么也不写、当作冲突报告（reconcile 记为 skipped，下一轮再判）。接管别人的
+        # 任务时有人正在写这一行，本来就说明它还有人管；而等锁可能要等到那条死连接的 TCP keepalive。
+        # READ COMMITTED 下被别人刚提交改过的行，锁定时按最新版本复查 WHERE，版本与租约的判据照旧。
+        target = (
+            f"WITH target AS (SELECT task_id FROM {s}.tasks WHERE {guard} "
+            "AND (lease_until IS NULL OR lease_until < %(lease_expired_before)s) "
+            "FOR NO KEY UPDATE SKIP LOCKED), "
+            f"upd AS ({update('task_id IN (SELECT task_id FROM target)')})"
         )
-        self.save_leased = self.save.replace("AND status_version = %(expect_version)s", lease_guard, 1)
-        self.save_no_history_leased = self.save_no_history.replace(
-            "AND status_version = %(expect_version)s", lease_guard, 1
-        )
+        self.save_leased = f"{target}, {hist}{result}"
+        self.save_no_history_leased = f"{target} {result}"
         self.current_version = f"SELECT status_version FROM {s}.tasks WHERE task_id = %s"
         self.current_lease = f"SELECT status_version, lease_until FROM {s}.tasks WHERE task_id = %s"
         self.get = f"SELECT {task_cols} FROM {s}.tasks WHERE task_id = %s"
@@ -166,6 +182,18 @@ class Sql:
         )
         self.list_nodes = f"SELECT {node_cols} FROM {s}.nodes ORDER BY owner"
         self.remove_node = f"DELETE FROM {s}.nodes WHERE owner = %s RETURNING 1"
+        # touch_many：一条语句更新一批任务（为什么不用多语句事务见 PostgresTaskStore.touch_many）。
+        # 每一项没给的字段是 NULL，COALESCE 保留原值——与 touch 的"None 表示不改"一致。
+        unnest = ", ".join(f"%({name})s::{kind}[]" for name, kind in TOUCH_MANY_COLUMNS.items())
+        self.touch_many = (
+            f"UPDATE {s}.tasks AS t SET progress = COALESCE(u.progress::jsonb, t.progress), "
+            "last_heartbeat_at = COALESCE(u.heartbeat_at, t.last_heartbeat_at), "
+            "last_heartbeat_at_off = COALESCE(u.heartbeat_at_off, t.last_heartbeat_at_off), "
+            "lease_owner = COALESCE(u.lease_owner, t.lease_owner), "
+            "lease_until = COALESCE(u.lease_until, t.lease_until), "
+            "lease_until_off = COALESCE(u.lease_until_off, t.lease_until_off) "
+            f"FROM unnest({unnest}) AS u({_cols(TOUCH_MANY_COLUMNS)}) WHERE t.task_id = u.task_id"
+        )
         self._claim: dict[tuple[bool, bool], str] = {}
         self._touch: dict[tuple[bool, bool, bool, bool], str] = {}
 
@@ -258,4 +286,4 @@ def where_clause(query: TaskQuery) -> tuple[str, dict[str, Any]]:
     return where, params
 
 
-__all__ = ["Sql", "transition_params", "transitions_insert", "where_clause"]
+__all__ = ["TOUCH_MANY_COLUMNS", "Sql", "transition_params", "transitions_insert", "where_clause"]

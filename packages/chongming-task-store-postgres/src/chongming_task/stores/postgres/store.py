@@ -232,6 +232,27 @@ def _keepalive_defaults(
     return {key: value for key, value in defaults.items() if key not in given}
 
 
+def _session_options(statement_ms: int | None, network_timeout: float | None) -> str:
+    """连接池会话的服务器端上限（libpq ``options``）。
+
+    * ``statement_timeout``：单条语句（含等锁）的上限。
+    * ``idle_in_transaction_session_timeout`` = ``network_timeout``：本库的事务都短、由客户端驱动，
+      一个会话在事务里空等得比客户端自己等回复的上限还久，客户端就已经死了或放弃了（网络分区：中间设备
+      让服务器那一侧的 TCP 连接一直活着，服务器自己永远发现不了）。到期由服务器结束会话、放掉行锁，
+      否则同伴对这些任务的 reconcile / 控制要一直等到 TCP keepalive（几个小时）。活着的客户端在事务里
+      从不空等这么久：它等回复最多 ``network_timeout``，到期自己就切断连接了。
+
+    只给连接池的会话：建表与维护（``_maintenance_connection``，整块归档分区）用的独立连接在事务里
+    要做客户端的工作（写归档文件），不适用这条上限。
+    """
+    options = []
+    if statement_ms is not None:
+        options.append(f"-c statement_timeout={statement_ms}")
+    if network_timeout is not None:
+        options.append(f"-c idle_in_transaction_session_timeout={math.ceil(network_timeout * 1000)}")
+    return " ".join(options)
+
+
 def _data_error(exc: BaseException) -> ConfigurationError:
     if isinstance(exc, pg_errors.NumericValueOutOfRange):
         return ConfigurationError(f"数值超出 PostgreSQL 列的范围（整数列为 64 位，桶号为 32 位）：{exc}")
@@ -266,7 +287,8 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
       （写入的结果未知，写穿层会读回再收敛）。一次调用的上界因此是
       ``pool_timeout + network_timeout``（docs/distributed.md §7.1）。
       同时默认开启 TCP keepalive 与 ``tcp_user_timeout``，连接串或 ``connect_kwargs``
-      里给了同名参数就以它们为准。
+      里给了同名参数就以它们为准。连接池会话的 ``idle_in_transaction_session_timeout`` 也等于它：
+      分区时留在服务器上的事务由服务器结束、放掉行锁（见 ``_session_options`` 与 docs/distributed.md §7.5）。
     * ``clock``：写进指令与租约的"现在"（测试注入 FakeClock）。
     * ``readonly``：只读打开——不建 schema、不建表、不补建，每条连接都是
       ``default_transaction_read_only``（写方法一律失败）；schema 里没有 chongming-task 的表 →
@@ -349,9 +371,10 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
         # autocommit：每个方法都是一条自成事务的语句，省掉 BEGIN / COMMIT 两次往返；
         # 需要多条语句原子执行的地方显式 conn.transaction()。
         pool_kwargs["autocommit"] = True
-        if statement_ms is not None and "options" not in dsn and "options" not in pool_kwargs:
+        options = _session_options(statement_ms, self._network_timeout)
+        if options and "options" not in dsn and "options" not in pool_kwargs:
             # 连接串或 connect_kwargs 里已有 options（例如 -c statement_timeout=…）就尊重它，不覆盖。
-            pool_kwargs["options"] = f"-c statement_timeout={statement_ms}"
+            pool_kwargs["options"] = options
         try:
             self._pool: ConnectionPool[Conn] = ConnectionPool(
                 dsn,
@@ -527,7 +550,7 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
                 if (
                     version == _schema.SCHEMA_VERSION
                     and self._create_schema != "never"
-                    and not _logs.has_table(conn, self._log_sql)
+                    and not _logs.has_tables(conn, self._log_sql)
                 ):
                     self._add_logs_table(conn)
                 if (
@@ -535,7 +558,7 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
                     and self._create_schema != "never"
                     and not self._readonly
                 ):
-                    _partitions.ensure_ahead_or_warn(conn, self._schema)
+                    _partitions.ensure_ahead_or_warn(conn, self._schema, at_open=True)
             except pg_errors.InsufficientPrivilege as exc:
                 raise self._privilege_error(conn, exc) from exc
             except psycopg.Error as exc:
@@ -675,13 +698,14 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                     ["chongming_task.ddl:" + self._schema],
                 )
-                if not _logs.has_table(conn, self._log_sql):
+                if not _logs.has_tables(conn, self._log_sql):
                     for statement in _logs.ddl_statements(self._sql.s):
                         conn.execute(statement)
         except pg_errors.InsufficientPrivilege:
             logger.warning(
-                "schema %r 里没有任务日志表 task_logs，而角色 %r 没有建表权限：任务读写照常，"
-                "任务日志不会持久化，直到有权限的账号执行 chongming-task schema-sql 里的 task_logs 建表语句",
+                "schema %r 里缺任务日志表 task_logs / task_log_writers，而角色 %r 没有建表权限："
+                "任务读写照常，任务日志不会持久化，直到有权限的账号执行 chongming-task schema-sql 里"
+                "这两张表的建表语句",
                 self._schema,
                 conn.info.user,
             )
@@ -888,7 +912,13 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
             # 冲突是少见路径：多花一次往返读出当前版本（与租约），让报错说清楚差在哪。
             current = conn.execute(self._sql.current_lease, [snapshot.task_id]).fetchone()
         actual = "?" if current is None else current[0]
-        if current is not None and current[0] == expect_version and leased:
+        if current is not None and current[0] == expect_version and lease_expired_before is not None:
+            if current[1] is None or current[1] < lease_expired_before:
+                # 版本与租约都符合，只是行正被别的会话锁着（SKIP LOCKED 跳过了它，见 _sql.Sql.save_leased）。
+                raise ConcurrencyConflict(
+                    f"任务 {snapshot.task_id!r} 正被另一个会话写入（行锁未释放）：这一轮不作判定，"
+                    "没有写入任何内容；锁释放后（对方提交，或服务器结束失联的会话）再判"
+                )
             raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, current[1]))
         raise ConcurrencyConflict(
             f"任务 {snapshot.task_id!r} 的版本冲突：期望 status_version={expect_version}，存储中为 {actual}；"
@@ -969,53 +999,69 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
 
     # -- side channel ---------------------------------------------------------------------------------
 
-    def _touch_statement(self, update: v.TouchUpdate) -> tuple[str, dict[str, Any]] | None:
+    @staticmethod
+    def _touch_params(update: v.TouchUpdate) -> dict[str, Any] | None:
+        """一项 touch 的参数（None：没有要改的字段）。值为 None 的字段表示"不改"。"""
         check_text(update.lease_owner, "lease_owner")
-        progress, heartbeat_at, lease_owner, lease_until = (
-            update.progress,
-            update.heartbeat_at,
-            update.lease_owner,
-            update.lease_until,
-        )
-        if progress is None and heartbeat_at is None and lease_owner is None and lease_until is None:
+        progress, heartbeat_at = update.progress, update.heartbeat_at
+        if (
+            progress is None
+            and heartbeat_at is None
+            and update.lease_owner is None
+            and update.lease_until is None
+        ):
             return None
-        params: dict[str, Any] = {"task_id": update.task_id, "lease_owner": lease_owner}
+        params: dict[str, Any] = {"task_id": update.task_id, "lease_owner": update.lease_owner}
         params["progress"] = None if progress is None else json_text(progress.to_dict(), "progress")
         params["heartbeat_at"], params["heartbeat_at_off"] = split_dt(heartbeat_at)
-        params["lease_until"], params["lease_until_off"] = split_dt(lease_until)
-        text = self._sql.touch(
-            progress is not None, heartbeat_at is not None, lease_owner is not None, lease_until is not None
-        )
-        return text, params
+        params["lease_until"], params["lease_until_off"] = split_dt(update.lease_until)
+        return params
 
     def _touch(self, update: v.TouchUpdate) -> bool:
         task_id = update.task_id
-        statement = self._touch_statement(update)
+        params = self._touch_params(update)
         if "\x00" in task_id:
             return False
-        if statement is None:
+        if params is None:
 
             def run(conn: Conn) -> bool:
                 row = conn.execute(self._sql.exists, [task_id]).fetchone()
                 return bool(row and row[0])
 
             return self._read(run)
-        text, params = statement
+        text = self._sql.touch(
+            params["progress"] is not None,
+            params["heartbeat_at"] is not None,
+            params["lease_owner"] is not None,
+            params["lease_until"] is not None,
+        )
         with self._connection() as conn:
             return conn.execute(text, params).fetchone() is not None
 
     def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
-        """一次事务、一次管道发送：控制器每轮续租几十个任务，不该付几十次往返。"""
-        statements: list[tuple[str, dict[str, Any]]] = []
+        """一条语句、一次往返：控制器每轮续租几十个任务，不该付几十次往返。
+
+        为什么不是"一个事务里逐条 UPDATE"（旧实现：管道里 BEGIN、UPDATE…、同步一次、再 COMMIT）：
+        那样行锁要跨一次网络往返持有。网络恰好在两次发送之间挂住时，服务器上的会话拿着这些任务的行锁
+        "idle in transaction"，而中间设备让服务器那一侧的 TCP 连接一直活着——同伴对这些任务的 reconcile
+        要等到 TCP keepalive（几个小时）。``idle_in_transaction_session_timeout`` 救不了这种管道事务：
+        psycopg 在 Sync 之后还发一个 Flush，PostgreSQL 收到任何消息都会关掉这个计时器，只在下一次
+        ReadyForQuery 时才重新打开，而 COMMIT 永远不会来。一条语句则在服务器收到 Sync 时就提交（或者
+        根本没执行），不把锁留在网络的另一头。同一任务出现多次时按先后合并字段，与逐条执行的结果相同。
+        """
+        merged: dict[str, dict[str, Any]] = {}
         for task_id, raw in updates:
-            statement = self._touch_statement(checks.touch_many_update(task_id, raw))
-            if statement is not None and "\x00" not in task_id:  # 含 NUL 的任务不可能存在
-                statements.append(statement)
-        if not statements:
+            params = self._touch_params(checks.touch_many_update(task_id, raw))
+            if params is None or "\x00" in task_id:  # 含 NUL 的任务不可能存在
+                continue
+            into = merged.setdefault(task_id, {})
+            into.update({key: value for key, value in params.items() if value is not None})
+        if not merged:
             return
-        with self._connection() as conn, conn.pipeline(), conn.transaction():
-            for text, params in statements:
-                conn.execute(text, params)
+        columns = _sql.TOUCH_MANY_COLUMNS
+        arrays = {name: [fields.get(name) for fields in merged.values()] for name in columns}
+        with self._connection() as conn:
+            conn.execute(self._sql.touch_many, arrays)
 
     # -- commands -------------------------------------------------------------------------------------
 

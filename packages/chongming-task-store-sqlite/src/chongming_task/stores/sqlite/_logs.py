@@ -6,6 +6,9 @@
 * seq 在写事务里取"该任务已有的最大 seq + 1"：SQLite 同一时刻只有一个写事务，不会重号；newest 行
   永远不会被上限删掉，所以最大 seq 就是最后分配的序号，丢掉的行数 = 最大 seq − 现存行数，不必另记。
 * 上限在同一个事务里执行：插入之后删掉 seq <= 最大 seq − MAX_LOG_LINES 的行。
+* 重试幂等：``task_log_writers`` 记着每任务每写入者已接受的最大 writer_seq，写入前按它滤掉写过的行
+  （``values.unseen_log_lines``），新水位线与行在同一个事务里落库——要么都在，要么都不在。重复的行不
+  分配 seq，所以不会被算成"丢掉的行"。
 * 只读打开不建表：第 1 版旧文件里可能还没有 ``task_logs``（见 ``_schema``），读方法把"没有这张表"
   当作"没有日志"。
 """
@@ -18,7 +21,7 @@ from datetime import datetime
 from typing import Literal, Protocol, TypeVar
 
 from chongming_task.core.storage import checks
-from chongming_task.core.storage.values import MAX_LOG_LINES, LogLine, LogStats
+from chongming_task.core.storage.values import MAX_LOG_LINES, LogLine, LogStats, unseen_log_lines
 
 _T = TypeVar("_T")
 
@@ -36,10 +39,15 @@ _INSERT = (
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 _SELECT = "SELECT task_id, seq, attempt, at, level, message, truncated FROM task_logs WHERE task_id = ?"
+_MARKS = "SELECT writer, writer_seq FROM task_log_writers WHERE task_id = ?"
+_SET_MARK = (
+    "INSERT INTO task_log_writers (task_id, writer, writer_seq) VALUES (?, ?, ?) "
+    "ON CONFLICT (task_id, writer) DO UPDATE SET writer_seq = excluded.writer_seq"
+)
 
 
 def _missing_table(exc: sqlite3.OperationalError) -> bool:
-    return "no such table" in str(exc) and "task_logs" in str(exc)
+    return "no such table" in str(exc) and "task_log" in str(exc)
 
 
 def delete_for(conn: sqlite3.Connection, task_ids: Sequence[tuple[str]]) -> None:
@@ -47,11 +55,12 @@ def delete_for(conn: sqlite3.Connection, task_ids: Sequence[tuple[str]]) -> None
 
     不许建表（``create_schema="never"``）打开的旧文件可能没有日志表：那就没有要删的，prune 照常进行。
     """
-    try:
-        conn.executemany("DELETE FROM task_logs WHERE task_id = ?", task_ids)
-    except sqlite3.OperationalError as exc:
-        if not _missing_table(exc):
-            raise
+    for table in ("task_logs", "task_log_writers"):
+        try:
+            conn.executemany(f"DELETE FROM {table} WHERE task_id = ?", task_ids)
+        except sqlite3.OperationalError as exc:
+            if not _missing_table(exc):
+                raise
 
 
 def append_logs(store: SqliteTaskStore, lines: Sequence[LogLine]) -> None:
@@ -64,6 +73,12 @@ def append_logs(store: SqliteTaskStore, lines: Sequence[LogLine]) -> None:
         for task_id, group in by_task.items():
             if conn.execute("SELECT 1 FROM tasks WHERE task_id = ?", (task_id,)).fetchone() is None:
                 continue  # 任务已不在：跳过（见契约）
+            if any(line.writer for line in group):
+                seen = dict(conn.execute(_MARKS, (task_id,)).fetchall())
+                group, marks = unseen_log_lines(group, seen)
+                conn.executemany(_SET_MARK, [(task_id, w, n) for w, n in marks.items()])
+                if not group:
+                    continue  # 整批都写过（重试）
             last = conn.execute(
                 "SELECT coalesce(max(seq), 0) FROM task_logs WHERE task_id = ?", (task_id,)
             ).fetchone()[0]

@@ -59,6 +59,9 @@ _DDL_NODES: tuple[str, ...] = (
 # 任务日志表（issue 18）同样是后补的：旧文件里没有就在下一次可写打开时补建（IF NOT EXISTS，不升版本号——
 # 升版本号会让还在跑旧包的节点拒绝打开文件，而旧包根本不碰这张表）。只读打开绝不补建：读方法把缺表
 # 当作"没有日志"。(task_id, seq) 主键：按任务聚簇，续读（seq > ?）沿主键走；seq 的分配见 ``_logs``。
+# task_log_writers 是重试幂等的水位线（每任务每写入者一行：已接受的最大 writer_seq，见
+# ``values.unseen_log_lines``）；它比 task_logs 晚一步加入，同样缺了就补建——旧包不碰它，它删任务时留下的
+# 水位线行无害（写入者标识是随机的，不会被新写入者撞上），下一次新包 prune 同名任务时一并删掉。
 _DDL_LOGS: tuple[str, ...] = (
     """
     CREATE TABLE IF NOT EXISTS task_logs (
@@ -72,13 +75,30 @@ _DDL_LOGS: tuple[str, ...] = (
         PRIMARY KEY (task_id, seq)
     ) WITHOUT ROWID
     """,
+    """
+    CREATE TABLE IF NOT EXISTS task_log_writers (
+        task_id    TEXT NOT NULL,
+        writer     TEXT NOT NULL,
+        writer_seq INTEGER NOT NULL,
+        PRIMARY KEY (task_id, writer)
+    ) WITHOUT ROWID
+    """,
 )
 
 _LATER_TABLES: tuple[str, ...] = (*_DDL_NODES, *_DDL_LOGS)
 """第 1 版之后补进来的表：打开可写的旧文件时补建（见 ``create_or_migrate``）。"""
 
 _REQUIRED_TABLES = frozenset(
-    {"schema_version", "tasks", "task_tags", "transitions", "commands", "nodes", "task_logs"}
+    {
+        "schema_version",
+        "tasks",
+        "task_tags",
+        "transitions",
+        "commands",
+        "nodes",
+        "task_logs",
+        "task_log_writers",
+    }
 )
 
 _DDL_V1: tuple[str, ...] = (
