@@ -366,7 +366,12 @@ class _Crash(Exception):
     pass
 
 
-def _crash_in_delete(store: TaskStore, monkeypatch: pytest.MonkeyPatch, at_call: int) -> None:
+def _crashed_in_delete(
+    directory: Path, monkeypatch: pytest.MonkeyPatch, at_call: int
+) -> tuple[InMemoryTaskStore, dict[str, list[Transition]]]:
+    """一次在第 ``at_call`` 次 ``delete_archived`` 时"崩溃"的运行（每段 20 条）：返回存储与完整历史。"""
+    store = InMemoryTaskStore()
+    expected = _populate(store, live=4, done=3)
     real = store.delete_archived
     calls = {"n": 0}
 
@@ -377,17 +382,16 @@ def _crash_in_delete(store: TaskStore, monkeypatch: pytest.MonkeyPatch, at_call:
         return real(receipt)
 
     monkeypatch.setattr(store, "delete_archived", deleting)
+    with pytest.raises(_Crash):
+        Archiver(store, directory, batch_size=20).run(CUTOFF)
+    monkeypatch.undo()
+    return store, expected
 
 
 def test_interrupted_run_leaves_a_journal_that_readers_merge(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = InMemoryTaskStore()
-    expected = _populate(store, live=4, done=3)
-    _crash_in_delete(store, monkeypatch, at_call=3)
-    with pytest.raises(_Crash):
-        Archiver(store, tmp_path, batch_size=20).run(CUTOFF)
-    monkeypatch.undo()
+    store, expected = _crashed_in_delete(tmp_path, monkeypatch, at_call=3)
     assert not (tmp_path / "manifest.json").exists() and (tmp_path / "manifest.jsonl").exists()
     states = [e["state"] for e in load_manifest(tmp_path)["segments"]]
     assert states == ["deleted", "deleted", "recorded"], "此刻清单只在日志里"
@@ -403,12 +407,7 @@ def test_interrupted_run_leaves_a_journal_that_readers_merge(
 def test_half_written_last_journal_line_is_ignored_and_its_segment_reexamined(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = InMemoryTaskStore()
-    expected = _populate(store, live=4, done=3)
-    _crash_in_delete(store, monkeypatch, at_call=2)
-    with pytest.raises(_Crash):
-        Archiver(store, tmp_path, batch_size=20).run(CUTOFF)
-    monkeypatch.undo()
+    store, expected = _crashed_in_delete(tmp_path, monkeypatch, at_call=2)
     journal = tmp_path / "manifest.jsonl"
     lines = journal.read_bytes().splitlines(keepends=True)
     assert len(lines) == 3  # 记入第 1 段、第 1 段已删、记入第 2 段
