@@ -223,32 +223,49 @@ store.close()
 """
 
 
+def _archive_in_child(url: str, directory: Path, kill_after: float | None) -> tuple[int, float]:
+    """在子进程里归档；``kill_after`` 秒后（从子进程报"就绪"起算）kill -9，None = 让它跑完。
+
+    返回退出码与从"就绪"到退出的秒数。从"就绪"（导入与打开存储之后）起算，而不是从启动起算：负载高时
+    解释器启动本身就可能超过固定的等待，那样一次也杀不到归档中途。
+    """
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, url, str(directory), CUTOFF.isoformat(), "20"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == b"ready", child.stderr and child.stderr.read()[-2000:]
+    ready = time.perf_counter()
+    if kill_after is not None:
+        time.sleep(kill_after)
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
+    child.wait(30)
+    took = time.perf_counter() - ready
+    _, err = child.communicate()
+    # 被杀（-9）或自己跑完（0）；别的退出码说明子进程根本没在归档（这个检验就成了空转）。
+    assert child.returncode in (0, -signal.SIGKILL), err.decode(errors="replace")[-2000:]
+    return child.returncode, took
+
+
 def _kill_trials(url: str, open_: type[TaskStore] | None, make, tmp_path: Path, trials: int) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(20)
     killed = started = 0
-    for trial in range(trials):
+    window = 0.4
+    # 第 0 轮不杀，量出这台机器此刻跑完一次要多久：之后在 [0, 这个时长) 里随机杀。固定的窗口在归档变快
+    # 之后大半落在子进程已经跑完之后（试验就白做了），机器忙的时候又可能总杀在开头。
+    for trial in range(trials + 1):
         store, url_t = make(trial)
         try:
             expected = _populate(store, live=25, done=25, cycles=40)
             directory = tmp_path / f"archive-{trial}"
-            child = subprocess.Popen(
-                [sys.executable, "-c", _CHILD, url_t, str(directory), CUTOFF.isoformat(), "20"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            # 杀在导出、写段、删除的任意时刻：从子进程报"就绪"（导入与打开存储之后，机器再忙也一样）起算，
-            # 而不是从启动起算——负载高时解释器启动本身就可能超过固定的等待，那样一次也杀不到归档中途。
-            assert child.stdout is not None
-            assert child.stdout.readline().strip() == b"ready", child.stderr and child.stderr.read()[-2000:]
-            time.sleep(rng.uniform(0.0, 0.4))
-            if child.poll() is None:
-                os.kill(child.pid, signal.SIGKILL)
-            child.wait(30)
-            _, err = child.communicate()
-            # 被杀（-9）或自己跑完（0）；别的退出码说明子进程根本没在归档（这个检验就成了空转）。
-            assert child.returncode in (0, -signal.SIGKILL), err.decode(errors="replace")[-2000:]
-            killed += child.returncode == -signal.SIGKILL
-            started += (directory / "manifest.json").exists() or any(directory.glob("seg-*"))
+            # 杀在导出、写段、删除的任意时刻
+            code, took = _archive_in_child(url_t, directory, None if trial == 0 else rng.uniform(0.0, window))
+            if trial == 0:
+                window = max(took, 0.02)
+            killed += code == -signal.SIGKILL
+            started += (directory / "manifest.jsonl").exists() or any(directory.glob("seg-*"))
             summary = Archiver(store, directory, batch_size=20, task_batch=5).run(CUTOFF)  # 续跑
             _assert_complete(store, directory, expected)
             assert summary.segments >= 0
