@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from chongming_task.errors import ConcurrencyConflict
+from chongming_task.errors import ConcurrencyConflict, TaskError
 from chongming_task.models import Progress, TaskSnapshot, Transition
-from chongming_task.storage import LogLine, NodeRecord, TaskQuery, TaskStore
+from chongming_task.storage import LogLine, NodeRecord, SaveRequest, TaskQuery, TaskStore
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.testing import FakeClock
 from chongming_task.testing.store_contract import StoreContract
@@ -207,6 +207,31 @@ class DedupesOnlyKeptRows(InMemoryTaskStore):
         super().append_logs(fresh)
 
 
+class BatchIgnoresVersion(InMemoryTaskStore):
+    """save_many 逐项写时拿存储里的当前版本当期望版本：过时的写者不再冲突，改写别人的结果。"""
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        results: list[TaskError | None] = []
+        for request in requests:
+            stored = self.get(request.snapshot.task_id)
+            expect = request.expect_version if stored is None else stored.status_version
+            results.extend(super().save_many([dataclasses.replace(request, expect_version=expect)]))
+        return results
+
+
+class BatchStopsAtFirstConflict(InMemoryTaskStore):
+    """save_many 遇到第一项冲突就停，却把后面没写的项报成成功：调用方以为"已提交"，存储里没有。"""
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        results: list[TaskError | None] = []
+        for request in requests:
+            if any(result is not None for result in results):
+                results.append(None)
+                continue
+            results.extend(super().save_many([request]))
+        return results
+
+
 MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
     TouchBumpsVersion: {
         "test_touch_updates_side_channel_without_bumping_version",
@@ -247,6 +272,11 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
         "test_writers_and_tasks_have_independent_identities",
     },
     DedupesOnlyKeptRows: {"test_retry_of_a_batch_over_the_bound_neither_duplicates_nor_counts_drops_twice"},
+    BatchIgnoresVersion: {
+        "test_save_many_conflict_writes_nothing_for_that_item_only",
+        "test_racing_save_many_one_winner_per_task_and_no_gap",
+    },
+    BatchStopsAtFirstConflict: {"test_save_many_conflict_writes_nothing_for_that_item_only"},
 }
 
 

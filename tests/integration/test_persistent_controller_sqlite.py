@@ -106,7 +106,8 @@ def test_persist_failures_keep_at_most_twenty_newest() -> None:
     c.register("quick", lambda ctx: 1)
     store.broken.set()
     for i in range(15):
-        c.submit("quick", task_id=f"q{i}")
+        # 一个跑完再提交下一个：不限并行时几个任务同时在跑，谁最后失败本来就没有定数，"最新的是 q14" 才确定。
+        c.submit("quick", task_id=f"q{i}").wait(timeout=10)
     c.wait_all(timeout=10)
     failures = c.persist_failures
     assert len(failures) == 20

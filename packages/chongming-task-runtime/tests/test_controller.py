@@ -25,6 +25,7 @@ from chongming_task import (
     render_table,
     task,
 )
+from chongming_task.runtime.executors import thread as thread_executor
 from chongming_task.testing import FakeClock
 
 S = TaskStatus
@@ -366,6 +367,8 @@ def test_queries_stats_and_list_filters(controller: Controller) -> None:
     controller.register("load", lambda ctx, n: n)
     for i in range(3):
         controller.submit("extract", i, task_id=f"e{i}")
+    # 两个并行槽上 e2 与 l0 谁先落地本来就没有定数：等 e* 全部落地再提交 l0，下面 prune 的"最新"才确定。
+    controller.wait_all(timeout=10)
     controller.submit("load", 9, task_id="l0", tags=["nightly"])
     controller.wait_all(timeout=10)
     assert [s.task_id for s in controller.list_tasks(name_prefix="ext")] == ["e0", "e1", "e2"]
@@ -528,8 +531,29 @@ def test_finished_worker_thread_relays_the_next_queued_task() -> None:
     c.close()
 
 
-def test_abandoned_thread_is_never_reused() -> None:
-    """不响应停止的任务被判 lost、线程被放弃；它之后的任务照常在别的线程里跑。"""
+def _thread(ident: int) -> threading.Thread | None:
+    return next((t for t in threading.enumerate() if t.ident == ident), None)
+
+
+def test_idle_worker_thread_takes_the_next_submit() -> None:
+    """干净跑完、没有接力活的线程在空闲栈里等着：下一次提交直接交给它，不新建线程（§7.3：它是守护线程）。"""
+    c = Controller(max_parallel=1)
+    idents: list[int] = []
+    c.register("who", lambda ctx: idents.append(threading.get_ident()))
+    for _ in range(5):
+        c.wait(c.submit("who").task_id, timeout=5)
+        # 等它进了空闲栈（栈后进先出：下一次提交取到的正是它）
+        wait_until(lambda: getattr(_thread(idents[-1]), "name", None) == thread_executor.IDLE_THREAD_NAME)
+    assert len(set(idents)) == 1
+    worker = _thread(idents[0])
+    assert worker is not None and worker.daemon
+    c.close()
+
+
+def test_abandoned_thread_is_never_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """不响应停止的任务被判 lost、线程被放弃；它之后的任务照常在别的线程里跑。被放弃的线程哪天返回了
+    也直接退出：不进空闲栈（空闲等待拉长到 60 秒，进了栈就会一直活着），也不接力。"""
+    monkeypatch.setattr(thread_executor, "IDLE_WORKER_TIMEOUT", 60.0)
     c = Controller(max_parallel=1, graceful_stop=0.2)
     release = threading.Event()
     idents: dict[str, int] = {}
@@ -551,7 +575,11 @@ def test_abandoned_thread_is_never_reused() -> None:
     assert c.wait(follow.task_id, timeout=10).value == "ok"
     assert stuck.status is S.LOST
     assert idents["after"] != idents["stubborn"]
+    abandoned = _thread(idents["stubborn"])
+    assert abandoned is not None
     release.set()
+    abandoned.join(timeout=10)
+    assert not abandoned.is_alive()
     c.close()
 
 

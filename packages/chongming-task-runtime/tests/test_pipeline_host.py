@@ -7,7 +7,7 @@ import inspect
 
 from chongming_task.runtime import pipeline
 from chongming_task.runtime.controller import Controller
-from chongming_task.runtime.pipeline_host import PipelineHost
+from chongming_task.runtime.pipeline_host import NodeFields, PipelineHost
 
 
 def _tree() -> ast.Module:
@@ -40,16 +40,21 @@ def test_pipeline_uses_no_private_member_of_its_host() -> None:
 
 def test_controller_implements_the_host_protocol() -> None:
     members = [name for name in dir(PipelineHost) if not name.startswith("_")]
-    assert sorted(members) == ["defer", "resolve_task", "submit_node"]
+    assert sorted(members) == ["defer", "resolve_task", "submit_nodes"]
     for name in members:
         assert callable(getattr(Controller, name)), name
         assert not name.startswith("_")
     with Controller(max_parallel=1) as controller:
         host: PipelineHost = controller  # mypy 在这里检查结构是否匹配
         controller.register("double", lambda ctx, x: 2 * x)
-        run = host.submit_node(
-            "double", (21,), {}, task_id="p:n", label="p/n", pipeline_id="p", node_id="n", upstream={}
-        )
+        fields: NodeFields = {
+            "task_id": "p:n",
+            "label": "p/n",
+            "pipeline_id": "p",
+            "node_id": "n",
+            "upstream": {},
+        }
+        [run] = host.submit_nodes([("double", (21,), {}, fields)])
         assert run.status.value == "blocked"
         assert run.release() is True
         assert run.wait(timeout=10).value == 42

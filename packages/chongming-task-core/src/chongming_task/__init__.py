@@ -106,6 +106,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "run_task": ("chongming_task.run", _RUNTIME),
     "Controller": ("chongming_task.controller", _RUNTIME),
     "render_table": ("chongming_task.controller", _RUNTIME),
+    "Submit": ("chongming_task.controller", _RUNTIME),
     "Pipeline": ("chongming_task.pipeline", _RUNTIME),
     "PipelineRun": ("chongming_task.pipeline", _RUNTIME),
     "InlineExecutor": ("chongming_task.runtime.executors", _RUNTIME),
@@ -124,6 +125,7 @@ if TYPE_CHECKING:
     from chongming_task.context import RuntimeContext as RuntimeContext
     from chongming_task.context import TaskContext as TaskContext
     from chongming_task.controller import Controller as Controller
+    from chongming_task.controller import Submit as Submit
     from chongming_task.controller import render_table as render_table
     from chongming_task.decorators import task as task
     from chongming_task.pipeline import Pipeline as Pipeline

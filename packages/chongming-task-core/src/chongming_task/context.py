@@ -49,6 +49,9 @@ DEFAULT_ARTIFACT_HINT = (
 
 _MISSING: Any = object()
 
+_NO_UPSTREAM: Mapping[str, Any] = MappingProxyType({})
+"""没有上游值的上下文共用的只读空映射（每次尝试省一个字典加一个映射代理）。"""
+
 
 @dataclass(frozen=True)
 class LogEntry:
@@ -141,7 +144,6 @@ class TaskContext:
         "_task_name",
         "_upstream",
         "_wake",
-        "heartbeat",
         "test_handle",
     )
 
@@ -174,7 +176,7 @@ class TaskContext:
         self._monotonic: Callable[[], float] = (
             time.monotonic if type(self._clock) is SystemClock else self._clock.monotonic
         )
-        self._upstream: Mapping[str, Any] = MappingProxyType(dict(upstream or {}))
+        self._upstream: Mapping[str, Any] = MappingProxyType(dict(upstream)) if upstream else _NO_UPSTREAM
         self._artifact_root = None if artifact_root is None else Path(artifact_root)
         self._artifact_dir: Path | None = None
         self._artifact_hint = artifact_hint or DEFAULT_ARTIFACT_HINT
@@ -191,10 +193,16 @@ class TaskContext:
         # 两个 Event 只在真的挂起（或测试在等挂起）时才造：每次尝试都建一个上下文，省下的是启动开销。
         self._wake: threading.Event | None = None
         self._parked_event: threading.Event | None = None
-        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # 只有 async 任务在检查点挂起时才有等待者：列表按需创建（每次尝试都建一个上下文）。
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] | None = None
         self._beat = self._monotonic()
-        self.heartbeat = Heartbeat(self)
         self.test_handle: ContextHandle | None = None
+
+    @property
+    def heartbeat(self) -> Heartbeat:
+        """``ctx.heartbeat.beat()``：手动刷新心跳（见 :class:`Heartbeat`）。按需造一个小把手，不常驻在
+        上下文上（常驻的话上下文与它互相引用，每次尝试都多一个只能靠循环 GC 回收的环）。"""
+        return Heartbeat(self)
 
     # -- the cooperative points ---------------------------------------------------------------------
 
@@ -240,6 +248,8 @@ class TaskContext:
                     if self._wake is not None and self._wake.is_set():
                         future.set_result(None)
                     else:
+                        if self._async_waiters is None:
+                            self._async_waiters = []
                         self._async_waiters.append((loop, future))
                 await future
                 if self._leave_park_if_released():
@@ -283,8 +293,8 @@ class TaskContext:
     def _wake_all_locked(self) -> None:
         if self._wake is not None:
             self._wake.set()
-        waiters, self._async_waiters = self._async_waiters, []
-        for loop, future in waiters:
+        waiters, self._async_waiters = self._async_waiters, None
+        for loop, future in waiters or ():
             loop.call_soon_threadsafe(_resolve, future)
 
     def _request_stop(self, reason: str | None = None) -> None:

@@ -11,6 +11,7 @@ from chongming_task.runtime.controller import (
     NOTIFIED_POLL_INTERVAL,
     SUBMIT_KEYWORDS,
     Controller,
+    Submit,
     default_owner,
     render_table,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "SUBMIT_KEYWORDS",
     "TRIGGER_TIMEOUT_START",
     "Controller",
+    "Submit",
     "default_owner",
     "render_table",
 ]

@@ -30,6 +30,7 @@ from typing import ClassVar
 
 from chongming_task.testing.contract._base import ContractBase, full_snapshot, node, snap, step, walk
 from chongming_task.testing.contract.archive import ArchiveCases
+from chongming_task.testing.contract.batches import BatchCases
 from chongming_task.testing.contract.commands import CommandCases
 from chongming_task.testing.contract.history import HistoryCases
 from chongming_task.testing.contract.housekeeping import HousekeepingCases
@@ -44,6 +45,7 @@ from chongming_task.testing.contract.touch import TouchCases
 class StoreContract(
     SnapshotCases,
     SaveCases,
+    BatchCases,
     QueryCases,
     HistoryCases,
     TouchCases,

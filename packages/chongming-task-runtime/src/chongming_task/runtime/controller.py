@@ -30,10 +30,10 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Unpack
+from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.archive import ArchiveSummary, Retention
@@ -49,7 +49,7 @@ from chongming_task.runtime.commands import remote_payload
 from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent, TransitionEvent
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
-from chongming_task.runtime.pipeline_host import NodeFields
+from chongming_task.runtime.pipeline_host import NodeSubmit
 from chongming_task.runtime.reconcile import ReconcileReport
 from chongming_task.runtime.registry import TaskDefinition, TaskRegistry
 from chongming_task.runtime.scheduler import SlotScheduler
@@ -70,8 +70,52 @@ MIN_INTERVAL = 0.01
 # submit() 自己用的关键字；其余关键字参数原样交给任务。
 SUBMIT_KEYWORDS = ("task_id", "label", "tags", "priority", "bucket_key")
 
+DEFAULT_SUBMIT_BATCH = 1000
+"""submit_many 每个写事务建几个任务。"""
+
+MAX_SUBMIT_BATCH = 10_000
+
+
+class Submit:
+    """``Controller.submit_many`` 的一项：参数与 ``submit`` 一模一样（名字、位置参数、提交参数、其余
+    关键字参数交给任务），只是先记下来，批量落库::
+
+        c.submit_many([Submit("etl", day=d, task_id=f"etl-{d}") for d in days])
+    """
+
+    __slots__ = ("args", "bucket_key", "kwargs", "label", "name", "priority", "tags", "task_id")
+
+    def __init__(
+        self,
+        name: str,
+        /,
+        *args: Any,
+        task_id: str | None = None,
+        label: str | None = None,
+        tags: Iterable[str] = (),
+        priority: int | None = None,
+        bucket_key: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.name = name
+        self.args = args
+        self.kwargs = kwargs
+        self.task_id = task_id
+        self.label = label
+        self.tags = tags
+        self.priority = priority
+        self.bucket_key = bucket_key
+
+    def __repr__(self) -> str:
+        return f"Submit({self.name!r}, task_id={self.task_id!r})"
+
+
 ARTIFACT_HINT = "请给 Controller(artifact_dir=...) 传产物根目录（它管的每个任务在其下各有一个目录）"
 """Controller 管的任务没配产物目录时的提示：指向 Controller 自己的参数，而不是 TaskRun 的。"""
+
+
+# 占着执行槽、载体在跑的状态（不含 paused：排队中暂停的任务从未占槽，要走下面的完整判定）。
+_STILL_RUNNING = frozenset(SLOT_HOLDING_STATUSES - {TaskStatus.PAUSED})
 
 
 def default_owner() -> str:
@@ -97,6 +141,19 @@ def _one_status(value: object) -> TaskStatus:
     # 不让 enum 的 ValueError 漏给调用方：说清楚有哪些状态名
     names = "、".join(status.value for status in TaskStatus)
     raise ConfigurationError(f"未知的状态 {value!r}；可选：{names}")
+
+
+def _batch_stopped(failed: TaskError, *, submitted: int, missing: int) -> TaskError:
+    """submit_many 停下时的错误：同一种异常（DuplicateTaskId 仍是 DuplicateTaskId），消息说清楚停在哪。"""
+    text = (
+        f"批量提交已停止：{submitted} 个任务已提交（list_tasks 可见），{missing} 个没写进存储；原因：{failed}"
+    )
+    try:
+        stopped = type(failed)(text)
+    except TypeError:  # 构造参数不是一条消息的异常：原样抛出
+        return failed
+    stopped.__cause__ = failed
+    return stopped
 
 
 class _TransitionListener:
@@ -230,6 +287,7 @@ class Controller(ClosesOnExit):
         # 公开的事件钩子（runtime/events.py）：监听器在专用交付线程里、任何锁之外被调用。
         self._events = EventHub(name=f"chongming-events[{self.owner}]")
         self._events.add_all(listeners)
+        self._progress_hook = self._on_progress  # 绑定一次，所有任务共用（不为每个任务造一个绑定方法）
         self._link: LocalLink = (
             LocalLink()
             if store is None
@@ -349,7 +407,7 @@ class Controller(ClosesOnExit):
         ``task_id`` / ``label`` / ``tags`` / ``priority`` / ``bucket_key`` 是提交参数，
         其余关键字参数交给任务。
         """
-        return self._submit(
+        run = self._prepare(
             name,
             args,
             kwargs,
@@ -359,8 +417,15 @@ class Controller(ClosesOnExit):
             priority=priority,
             bucket_key=bucket_key,
         )
+        self._reserve([run])
+        try:
+            self._link.create(run.machine)
+        finally:
+            self._release_reserved([run])
+        self._admit([run], blocked=False)
+        return run
 
-    def _submit(
+    def _prepare(
         self,
         name: str,
         args: tuple[Any, ...],
@@ -376,6 +441,7 @@ class Controller(ClosesOnExit):
         upstream: Any = None,
         blocked: bool = False,
     ) -> TaskRun:
+        """提交的前一半：检查参数、造状态机与句柄（还没有落库、没有登记）。"""
         with self._lock:
             if self._closed:
                 raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
@@ -386,8 +452,11 @@ class Controller(ClosesOnExit):
             priority = self.concurrency.priority
         else:
             check_int("priority（越大越先执行）", priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
-        extra_tags = normalize_tags(tags)
-        all_tags = definition.tags | extra_tags if extra_tags else definition.tags
+        if tags.__class__ is tuple and not tags:  # 最常见：没有额外标签
+            all_tags = definition.tags
+        else:
+            extra_tags = normalize_tags(tags)
+            all_tags = definition.tags | extra_tags if extra_tags else definition.tags
         bucket = self._bucket_for_submit(bucket_key)
         if task_id is None:
             task_id = f"{definition.name}-{self._id_prefix}{next(self._id_counter):06d}"
@@ -429,48 +498,115 @@ class Controller(ClosesOnExit):
             clock=self.clock,
             upstream=upstream,
             on_requeue=self._requeue,
-            on_progress=self._on_progress,
+            on_progress=self._progress_hook,
             log_sink=self._link.log_sink,
         )
+        return run
+
+    def _reserve(self, runs: list[TaskRun]) -> None:
+        """先占住这些 id（落库可能较慢，在锁外做）：重复的 id（已登记的、正在别的线程提交的、本批里
+        重复的）→ DuplicateTaskId，一个也不占。"""
         with self._lock:
             if self._closed:
                 raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
-            existing = self._runs.get(task_id)
-            if existing is not None or task_id in self._reserved_ids:
-                # 建议按已有任务的真实状态给（还在跑 / 已成功 / 已结束）；正在别的线程里提交的算"仍在进行"。
-                status = existing.status if existing is not None else TaskStatus.QUEUED
-                raise DuplicateTaskId.for_existing(task_id, status)
-            self._reserved_ids.add(task_id)  # 先占住 id，落库（可能较慢）在锁外做
-        try:
-            self._link.create(machine)
-        finally:
-            with self._lock:
-                self._reserved_ids.discard(task_id)
+            taken: set[str] = set()
+            for run in runs:
+                task_id = run.task_id
+                existing = self._runs.get(task_id)
+                if existing is not None or task_id in self._reserved_ids or task_id in taken:
+                    # 建议按已有任务的真实状态给（还在跑 / 已成功 / 已结束）；别的线程正在提交的算"仍在进行"
+                    status = existing.status if existing is not None else TaskStatus.QUEUED
+                    raise DuplicateTaskId.for_existing(task_id, status)
+                taken.add(task_id)
+            self._reserved_ids.update(taken)
+
+    def _release_reserved(self, runs: list[TaskRun]) -> None:
         with self._lock:
+            self._reserved_ids.difference_update(run.task_id for run in runs)
+
+    def _admit(self, runs: list[TaskRun], *, blocked: bool) -> None:
+        """提交的后一半（已落库）：登记、补发第一次迁移的事件、入队，有额度就启动。"""
+        with self._lock:
+            # 占位一直留到登记进 _runs 的这一刻（同一次加锁）：中间没有"两边都查不到"的窗口；
+            # 没能登记的（落库失败的）由 _submit_batches 的 finally 放掉。
+            self._reserved_ids.difference_update(run.task_id for run in runs)
             if self._closed:
                 closed_meanwhile = True
             else:
                 closed_meanwhile = False
-                self._runs[task_id] = run
-                self._unfinished.add(task_id)
-                if self._events.listeners:
-                    # 第一次迁移（pending → queued/blocked）发生在控制器挂上监听器之前，在这里补发；
-                    # 必须在入队之前：入队后别的线程可能立刻启动它，它的 starting 事件不能抢在前面。
-                    self._events.emit(
-                        TransitionEvent.of(
-                            machine.snapshot, machine.transitions[-1], contextvars.copy_context()
+                emit = bool(self._events.listeners)
+                for run in runs:
+                    machine = run.machine
+                    self._runs[run.task_id] = run
+                    self._unfinished.add(run.task_id)
+                    if emit:
+                        # 第一次迁移（pending → queued/blocked）发生在控制器挂上监听器之前，在这里补发；
+                        # 必须在入队之前：入队后别的线程可能立刻启动它，它的 starting 事件不能抢在前面。
+                        self._events.emit(
+                            TransitionEvent.of(
+                                machine.snapshot, machine.transitions[-1], contextvars.copy_context()
+                            )
                         )
-                    )
-                if not blocked:
-                    self._enqueue_locked(run)
+                    if not blocked:
+                        self._enqueue_locked(run)
             to_start = self._scheduler.take_runnable()
         if closed_meanwhile:
             # 落库期间控制器被关闭：任务已写进存储，如实落 stopped（写穿），而不是留一个没人管的排队任务。
-            run.stop(reason="控制器已关闭，任务未执行")
+            for run in runs:
+                run.stop(reason="控制器已关闭，任务未执行")
             raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
         self._link.start_polling()  # 提交过任务的节点才认领指令、登记节点（幂等）
         self._start_runs(to_start)
-        return run
+
+    def submit_many(
+        self, submits: Iterable[Submit], *, batch_size: int = DEFAULT_SUBMIT_BATCH
+    ) -> list[TaskRun]:
+        """批量提交（用户指南 §9.8）：``[Submit("etl", day=d) for d in days]``，返回同样顺序的句柄。
+
+        每个 ``Submit`` 的参数与 ``submit`` 一模一样；区别只在落库：每 ``batch_size`` 个任务一次写事务
+        （``TaskStore.create_many``），而不是每个任务一次。全部参数先检查完（名字没登记、id 重复、参数
+        不对 → 抛错，一个也不提交），再逐批落库、登记、入队。某一批里存储拒绝了某一项（别的进程已有
+        同名任务）或这一批没能写进去：这一批里已写进存储的任务照常登记执行（存储里有的任务必须有人管），
+        然后抛出那个错误，后面的批次不再提交——已提交的任务可以用 ``list_tasks`` 看到。
+        """
+        check_int("batch_size", batch_size, low=1, high=MAX_SUBMIT_BATCH)
+        specs = list(submits)
+        for index, spec in enumerate(specs):
+            if not isinstance(spec, Submit):
+                raise ConfigurationError(
+                    f"submit_many() 的第 {index + 1} 项不是 Submit：收到 {spec!r}；"
+                    '请写成 Submit("任务名", *args, task_id=..., **kwargs)'
+                )
+        return self._submit_batches([self._prepare_spec(spec) for spec in specs], batch_size, blocked=False)
+
+    def _prepare_spec(self, spec: Submit) -> TaskRun:
+        return self._prepare(
+            spec.name,
+            spec.args,
+            spec.kwargs,
+            task_id=spec.task_id,
+            label=spec.label,
+            tags=spec.tags,
+            priority=spec.priority,
+            bucket_key=spec.bucket_key,
+        )
+
+    def _submit_batches(self, runs: list[TaskRun], batch_size: int, *, blocked: bool) -> list[TaskRun]:
+        self._reserve(runs)
+        try:
+            for start in range(0, len(runs), batch_size):
+                batch = runs[start : start + batch_size]
+                errors = self._link.create_many([run.machine for run in batch])
+                written = [run for run, error in zip(batch, errors, strict=True) if error is None]
+                if written:
+                    self._admit(written, blocked=blocked)
+                failed = next((error for error in errors if error is not None), None)
+                if failed is not None:
+                    missing = len(batch) - len(written)
+                    raise _batch_stopped(failed, submitted=start + len(written), missing=missing)
+        finally:
+            self._release_reserved(runs)
+        return runs
 
     def check_cluster(self, *, orphan_limit: int = DEFAULT_ORPHAN_LIMIT) -> ClusterReport:
         """运维体检：各节点登记的桶有没有重复、空洞，有没有落在无人负责的桶里（或失去监督者）的任务。"""
@@ -490,11 +626,14 @@ class Controller(ClosesOnExit):
         with self._lock:
             return self._registry.resolve(name)
 
-    def submit_node(
-        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], **node: Unpack[NodeFields]
-    ) -> TaskRun:
-        """以 blocked 提交一个管道节点：不进就绪队列、不占额度，等管道放行（``TaskRun.release``）。"""
-        return self._submit(name, args, kwargs, tags=(), priority=None, bucket_key=None, blocked=True, **node)
+    def submit_nodes(self, nodes: Sequence[NodeSubmit]) -> list[TaskRun]:
+        """以 blocked 批量提交管道节点（一次写事务，同 submit_many）：不进就绪队列、不占额度，等管道放行
+        （``TaskRun.release``）。"""
+        runs = [
+            self._prepare(name, args, kwargs, tags=(), priority=None, bucket_key=None, blocked=True, **node)
+            for name, args, kwargs, node in nodes
+        ]
+        return self._submit_batches(runs, DEFAULT_SUBMIT_BATCH, blocked=True)
 
     def _enqueue_locked(self, run: TaskRun) -> None:
         snapshot = run.machine.snapshot
@@ -534,6 +673,12 @@ class Controller(ClosesOnExit):
             self._events.emit(TransitionEvent.of(snapshot, record))
         task_id = snapshot.task_id
         target = record.to_status
+        if target in _STILL_RUNNING and (
+            target is TaskStatus.STARTING or record.from_status is not TaskStatus.QUEUED
+        ):
+            # 占着槽、还在跑的迁移（starting / running / pausing / stopping）：不入队、不让额度、不落地，
+            # 调度账本没有要改的——每个任务的四次迁移里有两次不必去拿控制器锁。
+            return
         with self._lock:
             scheduler = self._scheduler
             if target is TaskStatus.QUEUED:
@@ -919,4 +1064,12 @@ class Controller(ClosesOnExit):
         return f"Controller(owner={self.owner!r}, max_parallel={self.max_parallel}, tasks={len(self._runs)})"
 
 
-__all__ = ["NOTIFIED_POLL_INTERVAL", "SUBMIT_KEYWORDS", "Controller", "default_owner", "render_table"]
+__all__ = [
+    "DEFAULT_SUBMIT_BATCH",
+    "NOTIFIED_POLL_INTERVAL",
+    "SUBMIT_KEYWORDS",
+    "Controller",
+    "Submit",
+    "default_owner",
+    "render_table",
+]

@@ -1,6 +1,6 @@
 """公开的事件钩子：``Controller(listeners=[...])`` / ``controller.add_listener(fn)``（用户指南 §15.1）。
 
-监听器收到三种事件（都是冻结的 dataclass，字段即文档）：
+监听器收到三种事件（都是冻结的 dataclass，字段与属性即文档）：
 
 * ``TransitionEvent``：任务的每一次状态迁移（和存储里的迁移记录一一对应）；
 * ``ProgressEvent``：任务每一次 ``ctx.progress(...)``；
@@ -9,8 +9,9 @@
 交付规则（为什么这样定）：
 
 * **从不在任务的锁里调用监听器。** 迁移通知发生在任务自己的锁内（设计文档 §13）；那里只把事件放进
-  一个队列，由控制器的一条专用交付线程在任何锁之外按顺序调用监听器。慢监听器因此拖不慢任务，也拖不慢
-  调度；监听器里调用 ``controller.get()`` / ``stop()`` 之类也不会死锁。
+  一个队列，由控制器的一条专用交付线程在任何锁之外按顺序调用监听器（交付线程醒来一次取走积压的整批，
+  只有它睡着时入队才叫醒它——热路径上没有逐个事件的线程交接）。慢监听器因此拖不慢任务，也拖不慢调度；
+  监听器里调用 ``controller.get()`` / ``stop()`` 之类也不会死锁。
 * **顺序**：同一任务的事件按版本顺序到达（入队发生在该任务的锁内）；不同任务之间按入队先后。
 * **绝不能把任务搞坏。** 监听器抛异常：记一次日志（带堆栈），然后把它摘掉、不再调用——一个坏掉的监听器
   每个事件都刷一遍堆栈，只会淹没真正的日志；任务、其他监听器照常。
@@ -37,32 +38,34 @@ from chongming_task.states import TaskStatus
 logger = logging.getLogger("chongming_task.events")
 
 MAX_PENDING_EVENTS = 100_000
-"""交付队列的上限（条）。超过时新事件被丢弃并计入 ``EventHub.dropped``。"""
+"""交付队列的上限（条，含交付线程手里正在送的那一批）。超过时新事件被丢弃并计入 ``EventHub.dropped``。"""
+
+DELIVERY_BATCH = 1_024
+"""交付线程一次最多取走多少条事件。"""
+
+COALESCE_SECONDS = 0.002
+"""交付线程被第一条事件叫醒后再等多久才开始送（把同一阵的事件攒成一批）。监听器因此最多晚这么久看到事件。"""
 
 # 会带失败分类的目标状态：其余迁移上快照里可能还留着上一次尝试的 failure，不能算在这次迁移头上。
 _FAILURE_TARGETS = frozenset({TaskStatus.FAILED, TaskStatus.RETRY_WAIT, TaskStatus.LOST, TaskStatus.STOPPED})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(
+    frozen=True
+)  # 不用 slots：3.11 里 frozen+slots 的类给属性赋值会报 TypeError 而不是 FrozenInstanceError
 class TransitionEvent:
-    """一次状态迁移。``version`` 是迁移后的 status_version；``snapshot`` 是迁移后的完整快照。
+    """一次状态迁移：``record`` 是这条迁移记录（与存储里的历史一一对应），``snapshot`` 是迁移后的完整快照。
+
+    其余字段（``task_id``、``name``、``from_status``、``to_status``、``trigger``、``actor``、``reason``、
+    ``version``——迁移后的 status_version、``at``、``attempt``、``failure_kind``）都是从这两者读出的只读属性：
+    事件在任务的锁内构造，只存三个引用比逐字段拷贝便宜得多（每个任务至少四条迁移）。
 
     ``submit_context`` 只在任务的第一条迁移（pending → queued / blocked）上有：提交者线程在 ``submit()``
     那一刻的 contextvars（``contextvars.copy_context()``）。追踪据此把每次尝试的 span 挂在提交时的 span
     下面（§15.3）——监听器在交付线程里运行，那里的"当前上下文"不是提交者的；靠这份拷贝，不靠全局表。
     """
 
-    task_id: str
-    name: str
-    from_status: TaskStatus
-    to_status: TaskStatus
-    trigger: str
-    actor: str | None
-    reason: str | None
-    version: int
-    at: datetime
-    attempt: int
-    failure_kind: FailureKind | None
+    record: Transition
     snapshot: TaskSnapshot
     submit_context: contextvars.Context | None = None
 
@@ -70,23 +73,54 @@ class TransitionEvent:
     def of(
         cls, snapshot: TaskSnapshot, record: Transition, submit_context: contextvars.Context | None = None
     ) -> TransitionEvent:
-        failure = snapshot.failure
-        kind = failure.kind if failure is not None and record.to_status in _FAILURE_TARGETS else None
-        return cls(
-            record.task_id,
-            snapshot.name,
-            record.from_status,
-            record.to_status,
-            record.trigger,
-            record.actor,
-            record.reason,
-            record.version,
-            record.at,
-            snapshot.attempt,
-            kind,
-            snapshot,
-            submit_context,
-        )
+        return cls(record, snapshot, submit_context)
+
+    @property
+    def task_id(self) -> str:
+        return self.record.task_id
+
+    @property
+    def name(self) -> str:
+        return self.snapshot.name
+
+    @property
+    def from_status(self) -> TaskStatus:
+        return self.record.from_status
+
+    @property
+    def to_status(self) -> TaskStatus:
+        return self.record.to_status
+
+    @property
+    def trigger(self) -> str:
+        return self.record.trigger
+
+    @property
+    def actor(self) -> str | None:
+        return self.record.actor
+
+    @property
+    def reason(self) -> str | None:
+        return self.record.reason
+
+    @property
+    def version(self) -> int:
+        return self.record.version
+
+    @property
+    def at(self) -> datetime:
+        return self.record.at
+
+    @property
+    def attempt(self) -> int:
+        return self.snapshot.attempt
+
+    @property
+    def failure_kind(self) -> FailureKind | None:
+        """这次迁移带的失败分类：只在落 failed / retry_wait / lost / stopped 时有（其余迁移上快照里可能还
+        留着上一次尝试的 failure，不能算在这次迁移头上）。"""
+        failure = self.snapshot.failure
+        return failure.kind if failure is not None and self.record.to_status in _FAILURE_TARGETS else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +160,9 @@ class EventHub:
         self.dropped = 0
         self._queue: collections.deque[Event] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
-        self._busy = False  # 交付线程手里正拿着一条事件（flush 要等它送完）
+        self._busy = False  # 交付线程手里正拿着一批事件（flush 要等它送完）
+        self._waiting = False  # 交付线程正睡在 _cond 上：只有这时入队才需要叫醒它
+        self._in_flight = 0  # 交付线程手里那一批的条数
         self._thread: threading.Thread | None = None
         self._closed = False
         self._warned_drop = False
@@ -166,13 +202,16 @@ class EventHub:
         with self._cond:
             if self._closed:
                 return
-            if len(self._queue) >= MAX_PENDING_EVENTS:
+            if len(self._queue) + self._in_flight >= MAX_PENDING_EVENTS:
                 self.dropped += 1
                 warn = not self._warned_drop
                 self._warned_drop = True
             else:
                 self._queue.append(event)
-                self._cond.notify()
+                if self._waiting:  # 交付线程醒着时它自己会把队列取空：不为每个事件都做一次线程交接
+                    self._waiting = False
+                    # notify_all：同一个条件变量上可能还睡着 flush()，只叫醒一个的话可能叫错人。
+                    self._cond.notify_all()
                 return
         if warn:
             logger.warning(
@@ -209,21 +248,38 @@ class EventHub:
         while True:
             with cond:
                 self._busy = False
+                self._in_flight = 0
                 cond.notify_all()  # 叫醒 flush()
                 while not self._queue and not self._closed:
+                    self._waiting = True
                     cond.wait()
+                self._waiting = False
                 if self._closed:
                     return
-                event = self._queue.popleft()
+                if len(self._queue) < DELIVERY_BATCH:
+                    # 刚被第一条事件叫醒：再等一小会儿让同一阵迁移攒成一批（入队时不再叫醒它），
+                    # 否则每条事件都是一次线程交接——吞吐时最贵的那一步。close() 会提前叫醒这里。
+                    cond.wait(COALESCE_SECONDS)
+                    if self._closed:
+                        return
+                # 一次取走积压的事件（按入队顺序，至多一批）：一次唤醒送一批，而不是每个事件一次线程交接。
+                queue = self._queue
+                batch: collections.deque[Event] | list[Event]
+                if len(queue) <= DELIVERY_BATCH:
+                    batch, self._queue = queue, collections.deque()
+                else:
+                    batch = [queue.popleft() for _ in range(DELIVERY_BATCH)]
+                self._in_flight = len(batch)  # 仍算在积压上限里，直到这批送完
                 self._busy = True
-                listeners = self.listeners
-            for listener in listeners:
-                try:
-                    listener(event)
-                except Exception:
-                    # 记一次、摘掉：任务与其他监听器照常（模块文档里写了为什么不保留它）。
-                    self.remove(listener)
-                    logger.exception("事件监听器 %r 抛出异常，已被移除，不再调用；任务不受影响", listener)
+            for event in batch:
+                # 每个事件都重读监听器表：批内途中被摘掉（remove 或抛异常）的监听器不再收到后面的事件。
+                for listener in self.listeners:
+                    try:
+                        listener(event)
+                    except Exception:
+                        # 记一次、摘掉：任务与其他监听器照常（模块文档里写了为什么不保留它）。
+                        self.remove(listener)
+                        logger.exception("事件监听器 %r 抛出异常，已被移除，不再调用；任务不受影响", listener)
 
 
 __all__ = [

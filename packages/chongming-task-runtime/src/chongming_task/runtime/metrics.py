@@ -55,6 +55,9 @@ _ATTEMPT_OUTCOME = {
 }
 
 
+_NO_TAGS: frozenset[str] = frozenset()
+
+
 def _prometheus() -> Any:
     try:
         return importlib.import_module("prometheus_client")
@@ -147,15 +150,27 @@ class ControllerMetrics:
         )
 
     def _init_values(self, controller: Controller) -> None:
+        # 三个"此刻有多少"的仪表（各状态任务数、占用的槽位、具名资源的占用）在交付线程里只记普通整数，
+        # 抓取时才由 set_function 读出：每次迁移省下几次带锁的 inc/dec（读一个 int 在别的线程里也是安全的）。
+        self._counts: dict[TaskStatus, int] = dict.fromkeys(S, 0)
         for status in S:
-            self.tasks.labels(status=status.value).set(0)
-        self.slots.labels(kind="used").set(0)
+            self.tasks.labels(status=status.value).set_function(self._counter_of(self._counts, status))
+        self._used: dict[str, int] = {"": 0}  # "" = 全局执行槽，其余键是具名资源
+        self.slots.labels(kind="used").set_function(self._counter_of(self._used, ""))
         if controller.max_parallel is not None:
             self.slots.labels(kind="limit").set(controller.max_parallel)
         self._limits: dict[str, int] = dict(controller.concurrency.limits)
         for resource, limit in self._limits.items():
+            self._used[resource] = 0
             self.resource_slots.labels(resource=resource, kind="limit").set(limit)
-            self.resource_slots.labels(resource=resource, kind="used").set(0)
+            self.resource_slots.labels(resource=resource, kind="used").set_function(
+                self._counter_of(self._used, resource)
+            )
+        # 预先绑定的标签子项：``labels(...)`` 每次都要拼键、拿锁、查表，热路径上按键缓存一次就够
+        # （标签值是有限集合：任务名 × 状态）。只在交付线程里读写，不需要锁。
+        self._transition_children: dict[tuple[str, TaskStatus, TaskStatus], Any] = {}
+        self._queue_wait_children: dict[str, Any] = {}
+        self._duration_children: dict[tuple[str, str], Any] = {}
         self._status: dict[str, TaskStatus] = {}
         self._holding: dict[str, frozenset[str]] = {}
         self._queued_at: dict[str, datetime] = {}
@@ -169,13 +184,35 @@ class ControllerMetrics:
             # "touch×12" 是批量写：标签只留操作名，不让批大小变成新的时间序列。
             self.store_errors.labels(operation=event.operation.split("×", 1)[0]).inc()
 
+    def _transition_child(self, name: str, source: TaskStatus, target: TaskStatus) -> Any:
+        key = (name, source, target)
+        child = self._transition_children.get(key)
+        if child is None:
+            child = self.transitions.labels(task=name, from_status=source.value, to_status=target.value)
+            self._transition_children[key] = child
+        return child
+
+    def _queue_wait_child(self, name: str) -> Any:
+        child = self._queue_wait_children.get(name)
+        if child is None:
+            child = self._queue_wait_children[name] = self.queue_wait.labels(task=name)
+        return child
+
+    def _duration_child(self, name: str, outcome: str) -> Any:
+        key = (name, outcome)
+        child = self._duration_children.get(key)
+        if child is None:
+            child = self._duration_children[key] = self.attempt_duration.labels(task=name, outcome=outcome)
+        return child
+
     def _on_transition(self, event: TransitionEvent) -> None:
         task_id, name, target = event.task_id, event.name, event.to_status
-        self.transitions.labels(task=name, from_status=event.from_status.value, to_status=target.value).inc()
+        self._transition_child(name, event.from_status, target).inc()
         previous = self._status.get(task_id)
+        counts = self._counts
         if previous is not None:
-            self.tasks.labels(status=previous.value).dec()
-        self.tasks.labels(status=target.value).inc()
+            counts[previous] -= 1
+        counts[target] += 1
         if target.is_terminal:
             self._status.pop(task_id, None)  # 终态只计数，不再记账（内存不随历史增长）
         else:
@@ -186,14 +223,14 @@ class ControllerMetrics:
         elif target is S.STARTING:
             queued = self._queued_at.pop(task_id, None)
             if queued is not None:
-                self.queue_wait.labels(task=name).observe(max(0.0, (event.at - queued).total_seconds()))
+                self._queue_wait_child(name).observe(max(0.0, (event.at - queued).total_seconds()))
             self._started_at[task_id] = event.at
         outcome = _ATTEMPT_OUTCOME.get(target)
         if outcome is not None:
             started = self._started_at.pop(task_id, None)
             if started is not None:
                 seconds = max(0.0, (event.at - started).total_seconds())
-                self.attempt_duration.labels(task=name, outcome=outcome).observe(seconds)
+                self._duration_child(name, outcome).observe(seconds)
         if target is S.STOPPING:
             self._stopping_at[task_id] = event.at
         elif target.is_terminal:
@@ -209,16 +246,23 @@ class ControllerMetrics:
         held = self._holding.get(task_id)
         if _holds_slot(event):
             if held is None:
-                tags = frozenset(tag for tag in event.snapshot.tags if tag in self._limits)
+                limits = self._limits
+                tags = frozenset(tag for tag in event.snapshot.tags if tag in limits) if limits else _NO_TAGS
                 self._holding[task_id] = tags
-                self.slots.labels(kind="used").inc()
+                used = self._used
+                used[""] += 1
                 for tag in tags:
-                    self.resource_slots.labels(resource=tag, kind="used").inc()
+                    used[tag] += 1
         elif held is not None:
             del self._holding[task_id]
-            self.slots.labels(kind="used").dec()
+            used = self._used
+            used[""] -= 1
             for tag in held:
-                self.resource_slots.labels(resource=tag, kind="used").dec()
+                used[tag] -= 1
+
+    @staticmethod
+    def _counter_of(counts: dict[Any, int], key: Any) -> Any:
+        return lambda: counts[key]
 
     def close(self) -> None:
         """摘掉监听器，并从 registry 里注销这些指标（之后可以对同一个 registry 再 instrument）。幂等。"""

@@ -1,7 +1,8 @@
 """Controller 与存储之间的写穿层。
 
 * 每次状态迁移：在任务自己的锁内，把新快照连同它新增的迁移记录原子地 save（带 expect_version）。
-  锁内写保证同一任务的写入按版本顺序到达存储。
+  锁内写保证同一任务的写入按版本顺序到达存储。同一时刻许多任务的 save 经组提交（runtime/group_commit.py）
+  合进一个写事务；每个调用方仍只在它自己那一项提交之后返回。
 * 存储故障绝不让任务失败：记进 ``failures``（最多 20 条，保留最新的）并打日志。存储里落后的
   版本由下一次成功的写入追平（一次 save 带上所有缺的迁移记录），所以存储最终收敛。
 * 进度、心跳与租约走 touch，由 Controller 的后台循环按固定节奏批量写，从不逐次 checkpoint 写。
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -31,8 +32,9 @@ from chongming_task.errors import (
 )
 from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.runtime.fencing import LeaseWatch, Verdict, compare, fenced_text
+from chongming_task.runtime.group_commit import GroupCommit
 from chongming_task.runtime.outage_log import OutageLog
-from chongming_task.storage import TaskStore
+from chongming_task.storage import SaveRequest, TaskStore
 
 logger = logging.getLogger("chongming_task.controller")
 
@@ -60,8 +62,15 @@ class _TaskState:
     fenced: bool = False
 
 
+TOUCH_BATCH = 2000
+"""旁路回写（进度、心跳、续租）每个事务至多写几个任务。"""
+
 CREATE_ATTEMPTS = 3
 """提交时的 create 最多试几次（只在读回确认"没写进去"时才重试）。"""
+
+
+class _Unreachable(StoreError):
+    """批量 create 失败后读回也读不到：存储仍不可用。"""
 
 
 class WriteThrough:
@@ -89,6 +98,7 @@ class WriteThrough:
         self._failure_seq = 0  # 写失败的累计次数（catch_up 据此判断"存储此刻不可用"）
         self.outage = OutageLog(logger, monotonic=clock.monotonic)
         self.lease = LeaseWatch(lease_ttl, clock.monotonic())
+        self.commits = GroupCommit(store)
 
     def record(self, task_id: str, operation: str, exc: BaseException) -> None:
         """记一次写存储失败（最多保留最新 20 条）；日志交给限流的 OutageLog（故障期间按间隔汇总）。"""
@@ -149,6 +159,55 @@ class WriteThrough:
                 break
         raise StoreError(f"任务 {task_id!r} 没能写进存储，已拒绝提交（任务没有执行）：{last}") from last
 
+    def create_many(self, machines: Sequence[StateMachine]) -> list[TaskError | None]:
+        """批量提交时落库（``Controller.submit_many``）：一次 ``store.create_many``，返回逐项结果。
+
+        逐项的语义与 :meth:`create` 相同：``None`` 的那些已确认写进存储，才会执行。整批的事务失败（结果
+        未知）时逐个读回：存储里正是这一份 → 成功；确定没写进去 → 单独 create（带 create 的重试）；
+        读不到 → 这一项拒绝提交（StoreError）。
+        """
+        lease_until = self.lease_until()
+        snapshots = [m.update_side(lease_owner=self.owner, lease_until=lease_until) for m in machines]
+        try:
+            results = self.store.create_many(
+                [(s, m.transitions) for s, m in zip(snapshots, machines, strict=True)]
+            )
+        except ConfigurationError:
+            raise
+        except TaskError as exc:
+            # 逐个读回；一旦读不到（存储仍不可用），其余的不再逐个去撞（每次都可能等满一次超时）。
+            results = []
+            for machine in machines:
+                if results and isinstance(results[-1], _Unreachable):
+                    results.append(_Unreachable(f"任务 {machine.task_id!r} 没能写进存储，已拒绝提交：{exc}"))
+                else:
+                    results.append(self._create_after_unknown(machine, exc))
+            return results
+        for snapshot, error in zip(snapshots, results, strict=True):
+            if error is None:
+                self._tasks[snapshot.task_id] = _TaskState(persisted_version=snapshot.status_version)
+        return results
+
+    def _create_after_unknown(self, machine: StateMachine, exc: TaskError) -> TaskError | None:
+        verdict = self._read_back_create(machine)
+        task_id = machine.task_id
+        if verdict is Verdict.PREFIX:
+            self.record(task_id, "create", exc)  # 写进去了，只是回执丢了：如实记下
+            self._tasks[task_id] = _TaskState(persisted_version=machine.snapshot.status_version)
+            return None
+        if verdict is Verdict.ABSENT:
+            try:
+                self.create(machine)
+            except ConfigurationError as refused:  # 含 DuplicateTaskId：这一项自己的问题
+                return refused
+            except TaskError as again:
+                return _Unreachable(str(again))
+            return None
+        text = f"任务 {task_id!r} 没能写进存储，已拒绝提交（任务没有执行）：{exc}"
+        if verdict is Verdict.DIVERGED:  # 存储里是别人的同名任务
+            return StoreError(text)
+        return _Unreachable(text)
+
     def _read_back_create(self, machine: StateMachine) -> Verdict | None:
         """create 结果未知之后读回：PREFIX = 存储里正是这一份；ABSENT = 确定没写进去；None = 读不到。"""
         snapshot = machine.snapshot
@@ -191,10 +250,13 @@ class WriteThrough:
                 if state.persisted_version is None:
                     self.store.create(snapshot, machine.transitions)
                 else:
-                    self.store.save(
-                        snapshot,
-                        expect_version=state.persisted_version,
-                        transitions=machine.transitions_since(state.persisted_version),
+                    # 组提交：与同一时刻别的任务的迁移合进一个写事务；只在这一项提交之后返回。
+                    self.commits.save(
+                        SaveRequest(
+                            snapshot,
+                            state.persisted_version,
+                            machine.transitions_since(state.persisted_version),
+                        )
                     )
             except (ConcurrencyConflict, DuplicateTaskId):
                 state.uncertain = True  # 读回再判：是自己先前那次写成功了，还是别人改写了
@@ -331,17 +393,21 @@ class WriteThrough:
             if renew_lease:
                 self.lease.renewed(started)  # 没有在管的任务：没有要续的租约
             return
-        try:
-            self.store.touch_many(updates)
-        except TaskError as exc:
-            self.record(updates[0][0], f"touch×{len(updates)}", exc)
-            return
+        # 分批写：十万个排队任务续一次租，一个事务写十万行会超过一次调用的时限（Postgres 的 StoreNoReply），
+        # 租约随之过期。每批一个事务；某一批失败就停（存储此刻不可用），已写的批照样算数。
+        for start in range(0, len(updates), TOUCH_BATCH):
+            chunk = updates[start : start + TOUCH_BATCH]
+            try:
+                self.store.touch_many(chunk)
+            except TaskError as exc:
+                self.record(chunk[0][0], f"touch×{len(chunk)}", exc)
+                return
+            for state, snapshot in touched[start : start + TOUCH_BATCH]:
+                state.last_progress = snapshot.progress
+                state.last_heartbeat = snapshot.last_heartbeat_at
         self.outage.recovered()
         if renew_lease and self.lease.renewed(started):
             logger.info("本节点 %s 重新续上了租约", self.owner)
-        for state, snapshot in touched:
-            state.last_progress = snapshot.progress
-            state.last_heartbeat = snapshot.last_heartbeat_at
 
     def tick(self) -> None:
         """后台循环每轮调用：按时打故障汇总；租约到期没续上时本节点自己先知道（docs/distributed.md §7.3）。"""

@@ -38,7 +38,7 @@ from chongming_task.policies import AggregationPolicy, JoinMode
 from chongming_task.states import TaskStatus
 
 if TYPE_CHECKING:
-    from chongming_task.runtime.pipeline_host import PipelineHost
+    from chongming_task.runtime.pipeline_host import NodeFields, NodeSubmit, PipelineHost
     from chongming_task.runtime.taskrun import TaskRun
 
 S = TaskStatus
@@ -263,19 +263,20 @@ class PipelineRun:
             return
         # 先把全部节点以 blocked 建好、挂上监听器，再放行根节点：否则一个极快的根节点可能在下游
         # 节点建好之前就落地，协调逻辑会找不到它的下游。
+        nodes: list[NodeSubmit] = []
         for node_id in order:
             state = self._nodes[node_id]
             spec = state.spec
-            run = self.host.submit_node(
-                spec.task_name,
-                spec.args,
-                spec.kwargs,
-                task_id=state.task_id,
-                label=f"{self.pipeline.name}/{node_id}",
-                pipeline_id=self.pipeline_id,
-                node_id=node_id,
-                upstream=state.upstream_values,
-            )
+            fields: NodeFields = {
+                "task_id": state.task_id,
+                "label": f"{self.pipeline.name}/{node_id}",
+                "pipeline_id": self.pipeline_id,
+                "node_id": node_id,
+                "upstream": state.upstream_values,
+            }
+            nodes.append((spec.task_name, spec.args, spec.kwargs, fields))
+        # 全部节点一次写事务落库（Controller.submit_nodes，同 submit_many）。
+        for node_id, run in zip(order, self.host.submit_nodes(nodes), strict=True):
             self._runs[node_id] = run
             run.machine.add_listener(self._make_listener(node_id))
         for node_id in order:

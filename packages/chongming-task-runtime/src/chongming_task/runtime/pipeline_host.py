@@ -1,15 +1,15 @@
 """管道对它的宿主（控制器）的全部要求：一个小协议。
 
 管道只需要三件事：按名字确认任务登记过（整条管道提交前先验完，免得提交一半才发现名字写错）、
-以 blocked 提交一个节点、把"碰别的节点"的后续工作交给宿主在任何锁之外执行（监听器在节点自己的
+以 blocked 一次提交全部节点、把"碰别的节点"的后续工作交给宿主在任何锁之外执行（监听器在节点自己的
 锁内运行，不能去拿别的节点的锁）。有了这个协议，管道不导入控制器、不碰它的私有成员，控制器的
 内部怎么改都不会牵动管道。
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
     from chongming_task.runtime.taskrun import TaskRun
@@ -25,6 +25,10 @@ class NodeFields(TypedDict):
     upstream: Mapping[str, Any]
 
 
+NodeSubmit = tuple[str, tuple[Any, ...], dict[str, Any], NodeFields]
+"""一个待提交的节点：(任务名, 位置参数, 关键字参数, 节点字段)。"""
+
+
 class PipelineHost(Protocol):
     """管道节点的宿主。``Controller`` 实现它。"""
 
@@ -32,10 +36,9 @@ class PipelineHost(Protocol):
         """名字登记过就返回它的定义，否则抛 ConfigurationError（消息说明怎么登记）。"""
         ...
 
-    def submit_node(
-        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], **node: Unpack[NodeFields]
-    ) -> TaskRun:
-        """以 ``blocked`` 提交一个节点（不进就绪队列、不占额度，等管道放行）。"""
+    def submit_nodes(self, nodes: Sequence[NodeSubmit]) -> list[TaskRun]:
+        """以 ``blocked`` 一次提交全部节点（不进就绪队列、不占额度，等管道放行）：一次写事务落库，
+        返回同样顺序的句柄。"""
         ...
 
     def defer(self, work: Callable[[], None]) -> None:
@@ -43,4 +46,4 @@ class PipelineHost(Protocol):
         ...
 
 
-__all__ = ["PipelineHost"]
+__all__ = ["NodeFields", "NodeSubmit", "PipelineHost"]

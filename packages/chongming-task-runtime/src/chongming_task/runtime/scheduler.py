@@ -15,18 +15,22 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # 资源标识：("bucket", 桶号) 或 ("tag", 标签名)。
 Resource = tuple[str, object]
 
 
-@dataclass(order=True, slots=True)
+@dataclass(slots=True)
 class _Entry:
-    sort_key: tuple[int, int]
-    task_id: str = field(compare=False)
-    resources: tuple[Resource, ...] = field(compare=False)
-    token: int = field(compare=False)
+    task_id: str
+    resources: tuple[Resource, ...]
+    token: int
+
+
+# 堆里放 (-优先级, 序号, 条目)：比较只落在前两个 int 上（C 里完成；序号唯一，永远比不到条目），
+# 不像 order=True 的 dataclass 那样每次比较都调一次 Python 写的 __lt__（出入堆各要比 log n 次）。
+_Item = tuple[int, int, _Entry]
 
 
 class SlotScheduler:
@@ -44,8 +48,8 @@ class SlotScheduler:
         self.tag_limits = dict(tag_limits or {})
         self.per_bucket = per_bucket
         self._seq = itertools.count()
-        self._ready: list[_Entry] = []
-        self._parked: dict[Resource, list[_Entry]] = {}
+        self._ready: list[_Item] = []
+        self._parked: dict[Resource, list[_Item]] = {}
         # task_id -> 有效条目的 token。出队/丢弃时删除；堆里残留的旧条目靠 token 识别并跳过（惰性删除）。
         self._queued: dict[str, int] = {}
         self._active: dict[str, tuple[Resource, ...]] = {}
@@ -87,6 +91,8 @@ class SlotScheduler:
 
     def resources_for(self, bucket: int | None, tags: Iterable[str]) -> tuple[Resource, ...]:
         """一个任务要占的受限资源：有每桶额度时占它的桶，加上每个写进 limits 的标签。"""
+        if not self.tag_limits and self.per_bucket is None:
+            return ()  # 最常见的配置：只有全局槽位
         resources: list[Resource] = []
         if self.per_bucket is not None and bucket is not None:
             resources.append(("bucket", bucket))
@@ -123,9 +129,8 @@ class SlotScheduler:
         token = next(self._seq)
         # 记下所在桶（不参与额度判定），供 active_in_bucket 统计。
         tracked = (*resources, ("bucket_any", bucket)) if bucket is not None else resources
-        entry = _Entry((-priority, token), task_id, tracked, token)
         self._queued[task_id] = token
-        heapq.heappush(self._ready, entry)
+        heapq.heappush(self._ready, (-priority, token, _Entry(task_id, tracked, token)))
 
     def discard(self, task_id: str) -> bool:
         """从队列中撤下（排队中被停止、暂停、取消）。堆里的条目惰性删除。"""
@@ -154,10 +159,11 @@ class SlotScheduler:
                 self._dirty.discard(resource)
                 continue
             while waiting and free > 0:
-                entry = heapq.heappop(waiting)
+                item = heapq.heappop(waiting)
+                entry = item[2]
                 if self._queued.get(entry.task_id) != entry.token:
                     continue  # 已被丢弃的旧条目
-                heapq.heappush(self._ready, entry)
+                heapq.heappush(self._ready, item)
                 free -= 1
                 moved = True
             if not waiting:
@@ -172,12 +178,13 @@ class SlotScheduler:
             return started
         while True:
             while self._ready and not self._global_full():
-                entry = heapq.heappop(self._ready)
+                item = heapq.heappop(self._ready)
+                entry = item[2]
                 if self._queued.get(entry.task_id) != entry.token:
                     continue
                 blocker = self._first_full(entry)
                 if blocker is not None:
-                    heapq.heappush(self._parked.setdefault(blocker, []), entry)
+                    heapq.heappush(self._parked.setdefault(blocker, []), item)
                     continue
                 del self._queued[entry.task_id]
                 self._active[entry.task_id] = entry.resources

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,11 +37,32 @@ _CONTEXT = object()
 """绑定检查时代替上下文的占位对象（只用于 Signature.bind，不会被调用）。"""
 
 
+# 已通过检查的调用形状（位置参数个数, 关键字名）——只给普通函数记：Signature.bind 的成败只取决于参数
+# 个数与关键字名，不看值，所以同一个函数、同一种形状的提交不必每次重算签名（提交热路径上最贵的一步）。
+_Shape = tuple[int, tuple[str, ...]] | None
+# 普通字典（热路径上比 WeakKeyDictionary 便宜得多）；强引用的函数至多 _MAX_CACHED 个，满了整个清掉重记。
+_passed: dict[Callable[..., Any], set[_Shape]] = {}
+_MAX_CACHED = 1024
+
+
 def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """``inspect.signature``，按函数缓存：每次提交都要核对参数，而解析签名比核对本身贵好几倍
+    （submit_many 一次提交十万个同一函数的任务）。不可哈希的可调用对象不缓存。"""
+    try:
+        hash(fn)
+    except TypeError:
+        return _uncached_signature(fn)
+    return _cached_signature(fn)
+
+
+def _uncached_signature(fn: Callable[..., Any]) -> inspect.Signature | None:
     try:
         return inspect.signature(fn)
     except (TypeError, ValueError):
         return None
+
+
+_cached_signature = functools.lru_cache(maxsize=1024)(_uncached_signature)
 
 
 def _display_name(fn: Callable[..., Any]) -> str:
@@ -92,6 +114,21 @@ def check_task_signature(
     kwargs: Mapping[str, Any] | None = None,
 ) -> None:
     """确定是忘了 ctx 时抛 ConfigurationError。``args`` 为 None 表示登记时（还没有参数）。"""
+    shape: _Shape = None if args is None else (len(args), tuple(kwargs) if kwargs else ())
+    cacheable = type(fn) is types.FunctionType
+    passed = _passed.get(fn) if cacheable else None
+    if passed is not None and shape in passed:
+        return
+    _check(fn, args, kwargs)
+    if cacheable:
+        if passed is None:
+            if len(_passed) >= _MAX_CACHED:
+                _passed.clear()
+            passed = _passed.setdefault(fn, set())
+        passed.add(shape)
+
+
+def _check(fn: Callable[..., Any], args: tuple[Any, ...] | None, kwargs: Mapping[str, Any] | None) -> None:
     signature = _signature(fn)
     if signature is None:
         return

@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chongming_task.clock import Clock
@@ -57,6 +57,10 @@ class LocalLink:
 
     def create(self, machine: StateMachine) -> None:
         """新任务只在内存里。"""
+
+    def create_many(self, machines: Sequence[StateMachine]) -> list[TaskError | None]:
+        """新任务只在内存里：逐项都成功。"""
+        return [None] * len(machines)
 
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         """没有要写穿的地方。"""
@@ -188,6 +192,17 @@ class StoreLink(LocalLink):
                 existing = None
             status = existing.status if existing is not None else None
             raise DuplicateTaskId.for_existing(machine.task_id, status, where="于存储中") from None
+
+    def create_many(self, machines: Sequence[StateMachine]) -> list[TaskError | None]:
+        """一次写事务建一批（submit_many）。返回逐项结果；重复 id 的报错与 ``create`` 相同。"""
+        results = self._write.create_many(machines)
+        for index, error in enumerate(results):
+            if isinstance(error, DuplicateTaskId):
+                try:
+                    self.create(machines[index])  # 复用单个 create 的读回与报错（按存储里那个任务的状态）
+                except TaskError as exc:
+                    results[index] = exc
+        return results
 
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         self._write.on_transition(machine, snapshot, record)

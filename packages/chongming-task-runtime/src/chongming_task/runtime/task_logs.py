@@ -79,6 +79,13 @@ class LogSink:
                 "任务日志积压超过 %d 行（存储写不进去？），开始丢弃最旧的行；任务照常运行", self._max_pending
             )
 
+    def has_unwritten(self) -> bool:
+        """有没有还没确认写进存储的行（积压着的，或另一个 flush 正在写的）。不拿锁：空闲时的快速判定。
+
+        先看缓冲、再看写锁，次序不能反：另一个 flush 先拿写锁再取走一批，所以"缓冲已空且写锁空闲"意味着
+        此前加进来的行都已经写完（或如实记了失败），调用方（落终态之前的那次 flush）可以跳过。"""
+        return bool(self._pending) or self._flush_lock.locked()
+
     @property
     def pending(self) -> int:
         with self._lock:
@@ -118,9 +125,14 @@ class LogSink:
 def _line(item: tuple[str, LogEntry, int], writer: str) -> LogLine:
     task_id, entry, writer_seq = item
     message = entry.message
-    if "\x00" in message or not message.isascii():
-        # 存储存不下 NUL 与孤立代理项（契约要求整批拒绝）：转义成可见的文本，而不是让整批写不进去。
-        message = message.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    # 存储存不下 NUL 与孤立代理项（契约要求整批拒绝）：转义成可见的文本，而不是让整批写不进去。
+    if "\x00" in message:
+        message = message.replace("\x00", "\\x00")
+    if not message.isascii():
+        try:
+            message.encode("utf-8")  # 正常的中文行到此为止：不必再编码、解码一个来回
+        except UnicodeEncodeError:
+            message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     # 级别名来自 logging.getLevelName：自定义的数字级别是 "Level 25"，截到 16 个字符以内。
     return LogLine(
         task_id=task_id,

@@ -183,7 +183,7 @@ class _Events(AttemptEvents):
 
     def finished(self, result: AttemptResult) -> None:
         sink = self._run._log_sink
-        if sink is not None:
+        if sink is not None and sink.has_unwritten():
             # 落终态之前、任务锁之外把这次尝试的日志写进存储：读者看到终态时日志已经全在（见 task_logs）。
             try:
                 sink.flush()
@@ -195,6 +195,9 @@ class _Events(AttemptEvents):
 def _number(name: str, value: object, *, allow_none: bool) -> float | None:
     """非负的有限秒数、不超过 10 年（core/numbers.py 的唯一数值检查点）：inf / NaN / 1e308 在这里就被拒绝，
     不会在 ``Event.wait`` 里变成 OverflowError，也不会让一个窗口永远不到期。"""
+    # 快路径：控制器每次提交都传同样的合法秒数（NaN 不满足比较，落到下面的完整检查）。
+    if isinstance(value, float) and value.__class__ is float and 0.0 <= value <= MAX_SECONDS:
+        return value
     return check_seconds(
         name,
         value,
@@ -304,7 +307,6 @@ class TaskRun:
         self.machine = machine
         self.clock: Clock = clock
         self._lock = machine.lock
-        self._watchdog = Watchdog.for_clock(clock)
         self._on_requeue = on_requeue
         # 进度通知（控制器的事件钩子）：在本任务的锁内以更新后的快照调用，所以必须只做常数时间的事、
         # 不碰别的锁（控制器只把事件放进交付队列）。
@@ -324,6 +326,11 @@ class TaskRun:
         machine.add_listener(self._on_transition)
         if machine.snapshot.is_terminal:
             self._is_done = True
+
+    @property
+    def _watchdog(self) -> Watchdog:
+        # 用到定时器（超时、优雅窗口、重试等待）时才去取：绝大多数任务一个定时器也不登记。
+        return Watchdog.for_clock(self.clock)
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -824,6 +831,8 @@ class TaskRun:
             else:
                 assert failure is not None
                 retry_due_now = self._fail_or_retry_locked(failure)
+            if self._is_done and not self._logs:
+                self._logs = None  # 任务体已返回、一行日志也没有：落地的句柄不必留着空缓冲
         if retry_due_now:
             self._on_retry_due(None)
 
@@ -1012,6 +1021,12 @@ class TaskRun:
                 self._start_timer.cancel()
                 self._start_timer = None
             self._cancel_retry_locked()
+            attempt = self._attempt
+            if attempt is not None and attempt.settled:
+                # 已结算的尝试（载体、上下文、规格、事件转发……）不再有用：落地的句柄可能要在内存里留很久，
+                # 别让每个都拖着这一串对象（循环 GC 的代价随在管对象数增长）。迟到的报告照样因
+                # "attempt is not self._attempt" 被忽略。
+                self._attempt = None
             self._is_done = True
             if self._done_event is not None:
                 self._done_event.set()

@@ -89,6 +89,13 @@ def check_save(
     return SaveRequest(checked, expect_version, records, lease_expired_before)
 
 
+def check_save_request(request: SaveRequest) -> SaveRequest:
+    """``save_many`` 的一项（调用方装的、还没检查）→ 与 ``save`` 完全相同的检查。"""
+    return check_save(
+        request.snapshot, request.expect_version, request.transitions, request.lease_expired_before
+    )
+
+
 # -- 归档与保留（issue 20；存储指南 §9）---------------------------------------------------------------
 
 MAX_EXPORT_LIMIT = 100_000

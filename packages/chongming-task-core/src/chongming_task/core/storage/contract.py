@@ -24,7 +24,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from functools import partial
+from typing import Any, ClassVar, TypeVar
 
 from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.storage import checks
@@ -45,7 +46,7 @@ from chongming_task.core.storage.values import (
     TaskStats,
     TouchUpdate,
 )
-from chongming_task.errors import StoreError
+from chongming_task.errors import StoreError, TaskError
 from chongming_task.models import Progress, TaskSnapshot, Transition
 
 # 签名与入参检查只写在基类里的公开方法 → 后端实现的钩子（只收一个已检查的值）。
@@ -77,6 +78,10 @@ class TaskStore(ClosesOnExit, ABC):
 
     实现必须线程安全；多进程共享同一存储时语义不变。
     """
+
+    group_commit_writers: ClassVar[int] = 4
+    """组提交（``save_many``）时同一进程里至多几个写事务同时进行。一次只允许一个写者的存储（SQLite）取 1：
+    多开只会在存储的写锁上互相等；能并发提交的存储（Postgres）取几个，两个线程同时写时仍并行提交。"""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -119,6 +124,42 @@ class TaskStore(ClosesOnExit, ABC):
     @abstractmethod
     def _save(self, request: SaveRequest) -> None:
         """后端实现 save 的地方（入参已检查，outcome 的 JSON 检查归后端）。"""
+
+    def create_many(
+        self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
+    ) -> list[TaskError | None]:
+        """批量 create（``Controller.submit_many`` 用）：``[(snapshot, transitions), ...]``，返回逐项结果
+        （``None`` = 写进去了；否则是这一项的 create 会抛的异常，如 DuplicateTaskId、ConfigurationError）。
+
+        每一项的语义与单独一次 ``create`` 完全相同；一项失败不影响别的项。SQL 后端覆盖为一次事务；
+        这里的默认实现逐项调用 ``create``，第三方后端不必改。整批的事务失败（连接断了、写锁超时）直接抛出
+        StoreError：此时每一项都按"这次 create 结果未知"处理（调用方读回对照，见 ``save_many``）。
+        """
+        return [_outcome(partial(self.create, snapshot, transitions)) for snapshot, transitions in items]
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        """组提交：多个任务的 save 一次写完，返回逐项结果（``None`` = 已提交；否则是这一项单独 save 会抛的
+        异常：ConcurrencyConflict、TaskNotFound、ConfigurationError）。
+
+        * 逐项语义与 ``save`` 相同：版本不符的那一项什么也不写，**不连累同批的其他项**（它们照常提交）。
+        * 整批事务本身失败（提交失败、连接断了、写锁超时）→ 抛出 StoreError：同批每一项都当作"自己的
+          save 抛了这个异常"，与今天一次失败的 save 语义完全一样（结果未知，写穿层下次先读回对照，
+          runtime/fencing.py）。不在这里逐项重试：故障期间逐项重试会让一批 N 项各等满一次超时。
+        * SQL 后端覆盖为一次事务；默认实现逐项调用 ``save``（第三方后端不必改）。
+        """
+        return [_outcome(partial(self._save_one, r)) for r in requests]
+
+    def _save_one(self, r: SaveRequest) -> None:
+        # lease_expired_before 只在给出时才传：没有这个参数的旧第三方后端也能用默认的 save_many。
+        if r.lease_expired_before is None:
+            self.save(r.snapshot, expect_version=r.expect_version, transitions=r.transitions)
+        else:
+            self.save(
+                r.snapshot,
+                expect_version=r.expect_version,
+                transitions=r.transitions,
+                lease_expired_before=r.lease_expired_before,
+            )
 
     @abstractmethod
     def get(self, task_id: str) -> TaskSnapshot | None:
@@ -368,4 +409,31 @@ class TaskStore(ClosesOnExit, ABC):
         """释放资源。幂等；关闭后再调用其他方法 → StoreError。"""
 
 
-__all__ = ["TaskStore"]
+P = TypeVar("P")
+
+
+def prepare_batch(prepare: Sequence[Callable[[], P]]) -> tuple[list[TaskError | None], list[tuple[int, P]]]:
+    """``save_many`` / ``create_many`` 覆盖实现的共同前半：逐项做入参检查、准备好要执行的东西（还不碰存储）。
+
+    返回 (逐项结果, 要执行的 (下标, 准备好的项))：检查不过的项（ConfigurationError 等）直接成为它自己的结果，
+    根本不进事务；其余项的结果先是 None，由后端执行后填上。
+    """
+    results: list[TaskError | None] = [None] * len(prepare)
+    work: list[tuple[int, P]] = []
+    for index, make in enumerate(prepare):
+        try:
+            work.append((index, make()))
+        except TaskError as exc:
+            results[index] = exc
+    return results, work
+
+
+def _outcome(write: Callable[[], None]) -> TaskError | None:
+    try:
+        write()
+    except TaskError as exc:
+        return exc
+    return None
+
+
+__all__ = ["TaskStore", "prepare_batch"]

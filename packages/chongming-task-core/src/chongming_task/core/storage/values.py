@@ -251,11 +251,15 @@ class TouchUpdate:
 
 @dataclass(frozen=True)
 class SaveRequest:
-    """一次 save：快照、期望的版本、随附的迁移记录（已确认正好接上版本）、可选的租约条件。"""
+    """一次 save：快照、期望的版本、随附的迁移记录、可选的租约条件。
+
+    两处用它：``TaskStore.save`` 检查过入参后交给后端钩子 ``_save``（此时 transitions 已确认正好接上版本）；
+    ``TaskStore.save_many`` 的每一项（组提交把多个任务的迁移交给存储一次写完；各项由 save_many 自己检查）。
+    """
 
     snapshot: TaskSnapshot
     expect_version: int
-    transitions: tuple[Transition, ...] = ()
+    transitions: Sequence[Transition] = ()
     lease_expired_before: datetime | None = None
 
 

@@ -1,19 +1,28 @@
-"""ThreadExecutor（默认）：每次尝试一条守护线程，不用线程池（用户指南 §7.1，设计文档 §6）。
+"""ThreadExecutor（默认）：每次尝试跑在一条守护线程上，不用线程池（用户指南 §7.1，设计文档 §6）。
 
 为什么不用 ThreadPoolExecutor：它的工作线程会在解释器退出时被 join，一个不响应取消的任务会让
 整个进程退不出去；池子也没法放弃一条卡住的线程。守护线程的代价是被放弃的线程会泄漏——所以
 优雅窗口用尽时结果如实记为 lost。并发上限由调度层负责，这里不再叠一层池。
 
-接力（不是线程池）：一条线程跑完任务体、在结算里把空出的额度交给下一个排队任务时（Controller 的
-调度就发生在这一刻、这条线程上），下一个尝试不再新建线程，而是等结算返回后由这条线程接着跑。
-这条线程本来就要退出、而且刚刚干净地跑完——被放弃的线程永远不会走到结算这一步，所以卡住的线程
-不会被复用；没有常驻的空闲线程，也没有任何需要在退出时 join 的东西。省下的是每个任务一次
-建线程加一次线程交接，这是高吞吐调度时最大的固定开销。
+建一条线程（加上 ``Thread.start`` 等新线程报到的那次交接）是高吞吐调度时最大的固定开销，所以
+干净跑完的线程会被复用，分两种：
+
+* **接力**：一条线程跑完任务体、在结算里把空出的额度交给下一个排队任务时（Controller 的调度就发生
+  在这一刻、这条线程上），下一个尝试不经任何交接，等结算返回后由这条线程接着跑；
+* **空闲等待**：没有接力的活时，线程在空闲栈里最多等 ``IDLE_WORKER_TIMEOUT`` 秒，期间 ``launch()``
+  直接把尝试交给它（一次锁释放），不再新建线程；等不到就退出。空闲的最多 ``MAX_IDLE_WORKERS`` 条。
+
+只有干净结算的线程才会被复用：优雅窗口用尽、任务被判 lost 时 TaskRun 会调 ``force_stop()``，线程
+尝试由此被标成"已放弃"，它的任务体哪天真的返回了，这条线程也直接退出，永不进空闲栈、永不接力。
+所有线程都是守护线程（空闲等待的也是），解释器随时能退出；每次尝试在一个全新的 contextvars 上下文
+里运行，上一个任务设下的上下文变量不会漏给下一个。
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import os
 import threading
 
 from chongming_task.runtime.executors.base import (
@@ -26,8 +35,41 @@ from chongming_task.runtime.executors.base import (
 
 logger = logging.getLogger("chongming_task.runtime")
 
+IDLE_WORKER_TIMEOUT = 2.0
+"""干净跑完的工作线程等下一个尝试的最长时间（秒），之后退出。"""
+
+MAX_IDLE_WORKERS = 32
+"""同时空闲等待的工作线程上限；更多的直接退出。"""
+
+IDLE_THREAD_NAME = "chongming-task[idle]"
+
 # 当前线程正在结算一次刚跑完的尝试时，这里是一个列表：此刻 launch() 的尝试放进来，结算返回后由本线程接着跑。
 _relay = threading.local()
+
+
+class _Parked:
+    """空闲栈里的一条工作线程：``wake`` 是一把被占着的锁，交接者放进尝试后释放它把线程叫醒。"""
+
+    __slots__ = ("attempt", "wake")
+
+    def __init__(self) -> None:
+        self.attempt: ThreadAttempt | None = None
+        self.wake = threading.Lock()
+        self.wake.acquire()
+
+
+_idle: list[_Parked] = []
+_idle_lock = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    # fork 出的子进程里没有这些线程；锁可能在 fork 那一刻正被别的线程拿着。
+    global _idle_lock
+    _idle.clear()
+    _idle_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _thread_name(attempt: LocalAttempt) -> str:
@@ -38,34 +80,82 @@ def _spawn(attempt: ThreadAttempt) -> None:
     threading.Thread(target=_worker, args=(attempt,), name=_thread_name(attempt), daemon=True).start()
 
 
+def _hand_off(attempt: ThreadAttempt) -> None:
+    """有空闲的工作线程就交给它（后进先出：最近干完活的先用，多余的自然等到超时退出），否则新建。"""
+    with _idle_lock:
+        parked = _idle.pop() if _idle else None
+    if parked is None:
+        _spawn(attempt)
+        return
+    parked.attempt = attempt
+    parked.wake.release()
+
+
+def _wait_for_work(parked: _Parked) -> ThreadAttempt | None:
+    """进空闲栈等下一个尝试；超时（或栈已满）返回 None，线程随后退出。"""
+    with _idle_lock:
+        if len(_idle) >= MAX_IDLE_WORKERS:
+            return None
+        _idle.append(parked)
+    threading.current_thread().name = IDLE_THREAD_NAME
+    if not parked.wake.acquire(timeout=IDLE_WORKER_TIMEOUT):
+        with _idle_lock:
+            if parked in _idle:  # 没人来取：从栈里撤下，退出
+                _idle.remove(parked)
+                return None
+        parked.wake.acquire()  # 超时的同一刻被取走了：交接者马上会放进尝试并释放
+    attempt, parked.attempt = parked.attempt, None
+    return attempt
+
+
 def _worker(first: ThreadAttempt) -> None:
     pending = [first]
-    while pending:
-        attempt = pending.pop(0)
-        threading.current_thread().name = _thread_name(attempt)
-        try:
-            pending.extend(attempt.run_and_collect())
-        except BaseException:
-            logger.exception("线程执行器的工作线程出错（任务 %s）", attempt.spec.task_id)
-            for rest in pending:  # 本线程不再可信：剩下接力来的尝试各起一条新线程
-                _spawn(rest)
-            raise
+    parked: _Parked | None = None
+    while True:
+        while pending:
+            attempt = pending.pop(0)
+            threading.current_thread().name = _thread_name(attempt)
+            try:
+                pending.extend(contextvars.Context().run(attempt.run_and_collect))
+            except BaseException:
+                logger.exception("线程执行器的工作线程出错（任务 %s）", attempt.spec.task_id)
+                for rest in pending:  # 本线程不再可信：剩下接力来的尝试各起一条新线程
+                    _spawn(rest)
+                raise
+            if attempt.abandoned:  # 这条线程的任务被放弃过：不再接任何活（接力来的另起线程）
+                for rest in pending:
+                    _spawn(rest)
+                return
+        if parked is None:
+            parked = _Parked()
+        next_attempt = _wait_for_work(parked)
+        if next_attempt is None:
+            return
+        pending.append(next_attempt)
 
 
 class ThreadAttempt(LocalAttempt):
+    abandoned = False
+    """优雅窗口用尽、TaskRun 放弃了这次尝试（``force_stop``）：它的线程永不复用。"""
+
     def launch(self) -> None:
         relay: list[ThreadAttempt] | None = getattr(_relay, "pending", None)
         if relay is not None:
             relay.append(self)
             return
-        _spawn(self)
+        _hand_off(self)
+
+    def force_stop(self) -> bool:
+        # 线程无法被强制终止：只能放弃它（TaskRun 如实记 lost），并记下来让这条线程永不被复用。
+        self.abandoned = True
+        return False
 
     def run_and_collect(self) -> list[ThreadAttempt]:
         """跑本次尝试；返回在结算期间被 launch、需要本线程接着跑的尝试。"""
-        spec = self.spec
-        self.events.running(None)
-        result = execute_body(spec.fn, self.context, spec.args, spec.kwargs, spec.retry)
         relayed: list[ThreadAttempt] = []
+        self.events.running(None)
+        spec = self.spec
+        result = execute_body(spec.fn, self.context, spec.args, spec.kwargs, spec.retry)
         _relay.pending = relayed
         try:
             self.events.finished(result)
@@ -75,7 +165,8 @@ class ThreadAttempt(LocalAttempt):
 
 
 class ThreadExecutor(Executor):
-    """每次尝试一条守护线程。适合阻塞式 I/O 与普通业务函数；``async def`` 任务在该线程里跑完。"""
+    """每次尝试一条守护线程（干净跑完的线程可复用）。适合阻塞式 I/O 与普通业务函数；``async def``
+    任务在该线程里跑完。"""
 
     name = "thread"
 
@@ -83,4 +174,4 @@ class ThreadExecutor(Executor):
         return ThreadAttempt(spec, events)
 
 
-__all__ = ["ThreadAttempt", "ThreadExecutor"]
+__all__ = ["IDLE_WORKER_TIMEOUT", "MAX_IDLE_WORKERS", "ThreadAttempt", "ThreadExecutor"]

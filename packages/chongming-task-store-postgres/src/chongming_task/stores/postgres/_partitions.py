@@ -161,8 +161,8 @@ def ensure_ahead(conn: Any, schema: str) -> int:
 def ensure_ahead_or_warn(conn: Any, schema: str, *, at_open: bool = False) -> None:
     """没有建表权限时不报错（行落进 DEFAULT，功能不受影响）。
 
-    ``at_open=True``（可写打开时）只记 DEBUG：用户指南 §9.1 推荐应用角色只有 DML 权限，它每次打开都会
-    走到这里，告警就成了每个进程启动时的一行噪音（CLI 的错误输出也因此不再是一行）；建月分区是属主跑
+    ``at_open=True``（可写打开时）只记 DEBUG：用户指南 §9.1 推荐应用角色只有 DML 权限，每次打开都走到这里，
+    告警就成了每个进程启动时的一行噪音（CLI 的错误输出也因此不再是一行）；建月分区是属主跑
     ``chongming-task archive`` 时的事，那里仍然告警。
     """
     try:

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -25,7 +26,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
-from chongming_task.core.storage.contract import TaskStore
+from chongming_task.core.storage.contract import TaskStore, prepare_batch
 from chongming_task.core.storage.opening import (
     CreateSchema,
     SchemaMissing,
@@ -38,6 +39,7 @@ from chongming_task.errors import (
     ConfigurationError,
     DuplicateTaskId,
     StoreError,
+    TaskError,
     TaskNotFound,
 )
 from chongming_task.models import TaskSnapshot, Transition
@@ -62,6 +64,8 @@ logger = logging.getLogger("chongming_task.stores.postgres")
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
+# 一条准备好的写语句：(SQL, 参数, 判定)。判定看返回行决定这一项成功（None）还是它自己的异常。
+_Prepared = tuple[str, dict[str, Any], Callable[[Conn, Any], TaskError | None]]
 
 _TERMINAL = sorted(s.value for s in TERMINAL_STATUSES)
 
@@ -881,16 +885,64 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
     # -- snapshots ------------------------------------------------------------------------------------
 
     def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
+        self._run_one(self._create_statement(snapshot, transitions))
+
+    def _save(self, request: v.SaveRequest) -> None:
+        self._run_one(self._save_statement(request))
+
+    def create_many(
+        self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
+    ) -> list[TaskError | None]:
+        """一次事务、一次管道发送建一批任务（语义见 ``TaskStore.create_many``）。"""
+        return self._run_many([partial(self._create_statement, s, t) for s, t in items])
+
+    def save_many(self, requests: Sequence[v.SaveRequest]) -> list[TaskError | None]:
+        """组提交：一次事务、一次管道发送写一批 save（语义见 ``TaskStore.save_many``）。"""
+        return self._run_many([partial(self._checked_save_statement, r) for r in requests])
+
+    def _checked_save_statement(self, request: v.SaveRequest) -> _Prepared:
+        return self._save_statement(checks.check_save_request(request))
+
+    def _run_one(self, prepared: _Prepared) -> None:
+        text, params, judge = prepared
+        with self._connection() as conn:
+            error = judge(conn, conn.execute(text, params).fetchone())
+        if error is not None:
+            raise error
+
+    def _run_many(self, prepare: Sequence[Callable[[], _Prepared]]) -> list[TaskError | None]:
+        """一次事务执行多条写语句（管道发送：一次往返）。每条语句自带条件（版本、id 不重复），条件不满足的
+        那条什么也不写、由 ``judge`` 报成它自己的异常，不连累同批其他项；入参检查不过的项根本不发。
+        事务本身失败（连接断了、没有回复）照常抛出：整批按"这次写失败、结果未知"处理。"""
+        results, work = prepare_batch(prepare)
+        if not work:
+            return results
+        # 按 task_id 排序执行（稳定排序：同一任务的几项仍按给出的顺序）：所有批量写都按同一顺序拿行锁，
+        # 两个同时进行的批次不会互相死锁。
+        work.sort(key=lambda item: item[1][1]["task_id"])
+        with self._connection() as conn:
+            with conn.pipeline(), conn.transaction():
+                cursors = [conn.execute(text, params) for _, (text, params, _) in work]
+            for (index, (_, _, judge)), cursor in zip(work, cursors, strict=True):
+                results[index] = judge(conn, cursor.fetchone())
+        return results
+
+    def _create_statement(self, snapshot: TaskSnapshot, transitions: Sequence[Transition]) -> _Prepared:
         snapshot = checks.check_snapshot(snapshot)
         checks.check_transitions(snapshot.task_id, transitions)
         params = task_params(snapshot)
         params.update(_transition_params(transitions))
-        with self._connection() as conn:
-            row = conn.execute(self._sql.create, params).fetchone()
-        if row is None or row[0] == 0:
-            raise DuplicateTaskId(f"task_id {snapshot.task_id!r} 已存在；想再跑一次请换一个 task_id 提交")
+        task_id = snapshot.task_id
 
-    def _save(self, request: v.SaveRequest) -> None:
+        def judge(conn: Conn, row: Any) -> TaskError | None:
+            if row is None or row[0] == 0:
+                return DuplicateTaskId(f"task_id {task_id!r} 已存在；想再跑一次请换一个 task_id 提交")
+            return None
+
+        return self._sql.create, params, judge
+
+    def _save_statement(self, request: v.SaveRequest) -> _Prepared:
+        """一次 save 的语句与判定（入参已检查：``_save`` 由基类检查，``save_many`` 逐项检查）。"""
         snapshot, transitions = request.snapshot, request.transitions
         expect_version, lease_expired_before = request.expect_version, request.lease_expired_before
         params = task_params(snapshot)
@@ -903,27 +955,30 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
             statement = self._sql.save_leased if leased else self._sql.save
         else:
             statement = self._sql.save_no_history_leased if leased else self._sql.save_no_history
-        with self._connection() as conn:
-            row = conn.execute(statement, params).fetchone()
+        task_id = snapshot.task_id
+
+        def judge(conn: Conn, row: Any) -> TaskError | None:
             if row is not None and row[0] == 1:
-                return
+                return None
             if row is None or not row[1]:
-                raise TaskNotFound(f"任务 {snapshot.task_id!r} 不存在，无法保存（先 create）")
+                return TaskNotFound(f"任务 {task_id!r} 不存在，无法保存（先 create）")
             # 冲突是少见路径：多花一次往返读出当前版本（与租约），让报错说清楚差在哪。
-            current = conn.execute(self._sql.current_lease, [snapshot.task_id]).fetchone()
-        actual = "?" if current is None else current[0]
-        if current is not None and current[0] == expect_version and lease_expired_before is not None:
-            if current[1] is None or current[1] < lease_expired_before:
-                # 版本与租约都符合，只是行正被别的会话锁着（SKIP LOCKED 跳过了它，见 _sql.Sql.save_leased）。
-                raise ConcurrencyConflict(
-                    f"任务 {snapshot.task_id!r} 正被另一个会话写入（行锁未释放）：这一轮不作判定，"
-                    "没有写入任何内容；锁释放后（对方提交，或服务器结束失联的会话）再判"
-                )
-            raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, current[1]))
-        raise ConcurrencyConflict(
-            f"任务 {snapshot.task_id!r} 的版本冲突：期望 status_version={expect_version}，存储中为 {actual}；"
-            "有别的写入者抢先改了它，请重新读取后再决定"
-        )
+            current = conn.execute(self._sql.current_lease, [task_id]).fetchone()
+            actual = "?" if current is None else current[0]
+            if current is not None and current[0] == expect_version and leased:
+                if current[1] is None or current[1] < lease_expired_before:
+                    # 版本与租约都符合，只是行正被别的会话锁着（SKIP LOCKED 跳过了它，见 Sql.save_leased）。
+                    return ConcurrencyConflict(
+                        f"任务 {task_id!r} 正被另一个会话写入（行锁未释放）：这一轮不作判定，"
+                        "没有写入任何内容；锁释放后（对方提交，或服务器结束失联的会话）再判"
+                    )
+                return ConcurrencyConflict(v.lease_held_message(task_id, current[1]))
+            return ConcurrencyConflict(
+                f"任务 {task_id!r} 的版本冲突：期望 status_version={expect_version}，存储中为 {actual}；"
+                "有别的写入者抢先改了它，请重新读取后再决定"
+            )
+
+        return statement, params, judge
 
     def get(self, task_id: str) -> TaskSnapshot | None:
         if "\x00" in checks.check_key("task_id", task_id):

@@ -1,0 +1,115 @@
+"""组提交（group commit）：许多任务的状态迁移合进同一个写事务（用户指南 §9.8）。
+
+每个调用方（持有自己任务锁的线程）把它的 save 交给 :class:`GroupCommit` 并等着。同一时刻至多
+``writers`` 个"写者"（每个占一条存储连接，数目取自存储的 ``TaskStore.group_commit_writers``：SQLite 一次只能有
+一个写者，取 1；Postgres 的并发提交由服务器自己合并 WAL 刷盘，取 4）：有空位时，到达的调用方自己当写者，把
+自己那一项连同此刻排着的其余项（至多 ``max_batch`` 个）用一次 ``TaskStore.save_many`` 写完，叫醒这一批的
+调用方，让出位置；写者都忙时才排队，由下一个空出来的写者捎带。没有竞争时就是调用方自己直接 ``save``——
+不多一个线程、不多一次线程切换；写者不止一个，所以两个线程同时写时照样并行提交，不会因为组提交反而排成一队。
+
+三条保证（crash 测试 tests/reliability/test_group_commit_crash.py 逐条验证）：
+
+* **每个调用方只在它自己那一项提交之后返回。** 同批别的项的结果不会让它提前返回，也不会被当成它的结果。
+* **逐项结果如实交还。** 一项版本冲突（ConcurrencyConflict）或任务不见了（TaskNotFound）只是那一项的
+  结果，同批其余照常提交（存储在同一事务里逐项判定，见 ``TaskStore.save_many``）。
+* **整批失败时，每个调用方得到的正是今天一次失败的 save 会给它的东西**：同一个异常，结果未知。我们刻意
+  不在这里把成员逐个重试：故障（连接断了、写锁超时）期间逐个重试会让一批 N 项各等满一次超时，而写穿层
+  本来就按"结果未知"处理失败——下一次先读回对照（runtime/fencing.py），是自己的前缀就接着写。某一项
+  本身有毒（后端拒绝、又没被入参检查挡住）时，它在追平时单独重写（catch_up 逐个任务、一次一项），不会
+  反复拖累别的任务。
+"""
+
+from __future__ import annotations
+
+import threading
+
+from chongming_task.errors import StoreError, TaskError
+from chongming_task.storage import SaveRequest, TaskStore
+
+MAX_BATCH = 256
+"""一个写事务里至多几项：批太大时一次事务持写锁太久，别的进程的写要排队等。"""
+
+
+class _Pending:
+    __slots__ = ("done", "error", "request", "taken")
+
+    def __init__(self, request: SaveRequest) -> None:
+        self.request = request
+        self.taken = False  # 已被某个写者放进它的批次
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class GroupCommit:
+    """一个存储上的组提交（见模块说明）。线程安全。"""
+
+    def __init__(self, store: TaskStore, *, writers: int | None = None, max_batch: int = MAX_BATCH) -> None:
+        self._store = store
+        self._writers = max(1, store.group_commit_writers if writers is None else writers)
+        self._max_batch = max_batch
+        self._cond = threading.Condition(threading.Lock())
+        self._pending: list[_Pending] = []
+        self._active = 0  # 正在写的写者数
+        self.batches = 0  # 写了几个事务（测试与基准看合并得怎样）
+        self.items = 0  # 经它写的项数
+
+    def save(self, request: SaveRequest) -> None:
+        """写一项；只在这一项提交之后返回。失败时抛出它自己的异常（整批失败则是那一批的异常）。"""
+        item = _Pending(request)
+        cond = self._cond
+        leading = False
+        with cond:
+            self._pending.append(item)
+            while not item.done and (item.taken or self._active >= self._writers):
+                cond.wait()
+            if not item.done:
+                leading = True
+                # 有空位、这一项还没被别的写者捎走：本线程当写者，自己这一项排在批首。
+                self._active += 1
+                self._pending.remove(item)
+                batch = [item, *self._pending[: self._max_batch - 1]]
+                del self._pending[: self._max_batch - 1]
+                for member in batch:
+                    member.taken = True
+        if leading:
+            try:
+                self._commit(batch)
+            finally:
+                with cond:
+                    self._active -= 1
+                    cond.notify_all()  # 叫醒这一批的调用方；排着的调用方里有一个接着当写者
+        if item.error is not None:
+            raise item.error
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        self.batches += 1
+        self.items += len(batch)
+        try:
+            if len(batch) == 1 and batch[0].request.lease_expired_before is None:
+                # 只有一项（没有竞争）：直接 save。写穿从不带租约条件（那是 reconcile 的事）。
+                request = batch[0].request
+                self._store.save(
+                    request.snapshot, expect_version=request.expect_version, transitions=request.transitions
+                )
+                results: list[TaskError | None] = [None]
+            else:
+                results = list(self._store.save_many([item.request for item in batch]))
+                if len(results) != len(batch):
+                    raise StoreError(
+                        f"{type(self._store).__name__}.save_many 返回了 {len(results)} 个结果，"
+                        f"应为 {len(batch)} 个：这一批按写失败处理（请修正存储实现）"
+                    )
+        except BaseException as exc:
+            # 整批失败：每个调用方都得到这个异常（与一次失败的 save 同义：结果未知）。
+            for item in batch:
+                item.error = exc
+                item.done = True
+            return
+        for item, error in zip(batch, results, strict=True):
+            item.error = (
+                error if error is None or isinstance(error, BaseException) else StoreError(repr(error))
+            )
+            item.done = True
+
+
+__all__ = ["MAX_BATCH", "GroupCommit"]

@@ -1,0 +1,351 @@
+"""组提交（runtime/group_commit.py）与批量提交（Controller.submit_many）。"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chongming_task import Controller, SqliteTaskStore, Submit, TaskStatus
+from chongming_task.errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    DuplicateTaskId,
+    StoreError,
+    TaskError,
+)
+from chongming_task.models import TaskSnapshot, Transition
+from chongming_task.runtime.group_commit import GroupCommit
+from chongming_task.storage import SaveRequest
+from chongming_task.stores.memory import InMemoryTaskStore
+from chongming_task.testing.contract._base import S, snap, step
+
+
+class GatedStore(InMemoryTaskStore):
+    """第一次 save 停在闸门上（让别的调用方排进同一批），记下每个事务写了哪些任务。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.transactions: list[list[str]] = []
+        self.fail_batches = False
+
+    def save(self, snapshot: TaskSnapshot, **kwargs: Any) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.gate.wait(10)
+        self.transactions.append([snapshot.task_id])
+        super().save(snapshot, **kwargs)
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        if self.fail_batches:
+            raise StoreError("写事务失败（测试）")
+        self.transactions.append([r.snapshot.task_id for r in requests])
+        out: list[TaskError | None] = []
+        for r in requests:
+            try:
+                super().save(r.snapshot, expect_version=r.expect_version, transitions=r.transitions)
+            except TaskError as exc:
+                out.append(exc)
+            else:
+                out.append(None)
+        return out
+
+
+def _queued(store: InMemoryTaskStore, task_id: str) -> tuple[SaveRequest, TaskSnapshot, Transition]:
+    base = snap(task_id)
+    store.create(base)
+    queued, record = step(base, S.QUEUED)
+    return SaveRequest(queued, 0, [record]), queued, record
+
+
+def _run_followers(
+    commits: GroupCommit, requests: list[SaveRequest]
+) -> tuple[dict[str, object], list[threading.Thread]]:
+    results: dict[str, object] = {}
+
+    def call(request: SaveRequest) -> None:
+        try:
+            commits.save(request)
+        except TaskError as exc:
+            results[request.snapshot.task_id] = exc
+        else:
+            results[request.snapshot.task_id] = "committed"
+
+    threads = [threading.Thread(target=call, args=(r,)) for r in requests]
+    for thread in threads:
+        thread.start()
+    return results, threads
+
+
+def _wait_pending(commits: GroupCommit, count: int) -> None:
+    for _ in range(1000):
+        with commits._cond:
+            if len(commits._pending) >= count:
+                return
+        threading.Event().wait(0.005)
+    raise AssertionError("调用方没有排进队列")
+
+
+def _behind_a_stuck_leader(
+    store: GatedStore, leader_request: SaveRequest, followers: list[SaveRequest]
+) -> tuple[GroupCommit, dict[str, object], dict[str, object]]:
+    """一个写者卡在闸门上（它自己的事务里），followers 全部排进队列，然后开闸。返回 (组提交, 写者的结果,
+    排队者的结果)。排队者在开闸之前一个也不能返回：它们那一项还没提交。"""
+    commits = GroupCommit(store, writers=1)
+    leader, threads = _run_followers(commits, [leader_request])
+    assert store.entered.wait(10)
+    results, follower_threads = _run_followers(commits, followers)
+    _wait_pending(commits, len(followers))
+    assert results == {}, "自己那一项还没提交，调用方不能返回"
+    store.gate.set()
+    for thread in [*threads, *follower_threads]:
+        thread.join(10)
+        assert not thread.is_alive(), "调用方不能永远等下去"
+    assert leader == {leader_request.snapshot.task_id: "committed"}
+    return commits, leader, results
+
+
+def test_pending_saves_share_one_transaction_and_each_caller_waits_for_its_own() -> None:
+    store = GatedStore()
+    leader_request, _, _ = _queued(store, "lead")
+    others = [_queued(store, f"t{i}")[0] for i in range(4)]
+    commits, _, follower_results = _behind_a_stuck_leader(store, leader_request, others)
+    assert follower_results == dict.fromkeys(["t0", "t1", "t2", "t3"], "committed")
+    assert [sorted(t) for t in store.transactions] == [["lead"], ["t0", "t1", "t2", "t3"]]
+    assert (commits.batches, commits.items) == (2, 5)
+    for task_id in ["lead", "t0", "t1", "t2", "t3"]:
+        got = store.get(task_id)
+        assert got is not None and got.status is TaskStatus.QUEUED
+        assert [t.version for t in store.history(task_id)] == [1]
+
+
+def test_a_conflict_is_reported_to_its_own_caller_only() -> None:
+    store = GatedStore()
+    leader_request, _, _ = _queued(store, "lead")
+    good = _queued(store, "good")[0]
+    stale_request, stale_queued, _ = _queued(store, "stale")
+    # 别人抢先写了（绕过闸门直接写）
+    InMemoryTaskStore.save(store, stale_queued, expect_version=0, transitions=stale_request.transitions)
+    store.transactions.clear()
+    _, _, follower_results = _behind_a_stuck_leader(store, leader_request, [good, stale_request])
+    assert follower_results["good"] == "committed"
+    assert isinstance(follower_results["stale"], ConcurrencyConflict)
+    assert [t.version for t in store.history("stale")] == [1]
+
+
+def test_a_failed_batch_fails_every_member_like_a_failed_save() -> None:
+    store = GatedStore()
+    store.fail_batches = True
+    leader_request, _, _ = _queued(store, "lead")
+    others = [_queued(store, f"f{i}")[0] for i in range(3)]
+    _, _, follower_results = _behind_a_stuck_leader(store, leader_request, others)
+    assert set(follower_results) == {"f0", "f1", "f2"}
+    assert all(isinstance(error, StoreError) for error in follower_results.values())
+    for task_id in follower_results:
+        assert store.history(task_id) == [], "没提交的项在存储里什么也没有"
+
+
+def noop(ctx: Any, x: int = 0) -> int:
+    return x
+
+
+class CountingSqlite(SqliteTaskStore):
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.create_batches: list[int] = []
+        self.single_creates = 0
+
+    def create_many(
+        self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
+    ) -> list[TaskError | None]:
+        self.create_batches.append(len(items))
+        return super().create_many(items)
+
+    def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
+        self.single_creates += 1
+        super().create(snapshot, transitions)
+
+
+def test_submit_many_writes_one_transaction_per_batch_and_runs_everything(tmp_path: Path) -> None:
+    store = CountingSqlite(str(tmp_path / "t.db"))
+    with Controller(max_parallel=2, store=store) as c:
+        c.register("noop", noop)
+        runs = c.submit_many(
+            [Submit("noop", i, task_id=f"m{i}", label="batch") for i in range(25)], batch_size=10
+        )
+        assert [r.task_id for r in runs] == [f"m{i}" for i in range(25)]
+        assert c.wait_all(timeout=30)
+        assert [r.wait(timeout=5).value for r in runs] == list(range(25))
+        assert store.create_batches == [10, 10, 5] and store.single_creates == 0
+        for i in range(25):
+            got = store.get(f"m{i}")
+            assert got is not None and got.status is TaskStatus.SUCCEEDED and got.label == "batch"
+            history = store.history(f"m{i}")
+            assert [t.version for t in history] == list(range(1, len(history) + 1)), "历史不能有空洞"
+
+
+def test_submit_many_checks_everything_before_writing(tmp_path: Path) -> None:
+    store = CountingSqlite(str(tmp_path / "t.db"))
+    with Controller(max_parallel=2, store=store) as c:
+        c.register("noop", noop)
+        with pytest.raises(DuplicateTaskId):
+            c.submit_many([Submit("noop", task_id="same"), Submit("noop", task_id="same")])
+        with pytest.raises(ConfigurationError, match="不是 Submit"):
+            c.submit_many([Submit("noop"), ("noop",)])  # type: ignore[list-item]
+        with pytest.raises(ConfigurationError):
+            c.submit_many([Submit("noop"), Submit("unregistered")])
+        assert store.create_batches == [] and store.query() == []
+
+
+def test_submit_many_stops_at_a_store_duplicate_but_keeps_what_was_written(tmp_path: Path) -> None:
+    path = str(tmp_path / "t.db")
+    with Controller(store=SqliteTaskStore(path), owner="other") as other:
+        other.register("noop", noop)
+        other.submit("noop", task_id="taken").wait(timeout=10)
+    with Controller(max_parallel=2, store=SqliteTaskStore(path)) as c:
+        c.register("noop", noop)
+        specs = [Submit("noop", task_id=t) for t in ["a", "taken", "b", "c"]]
+        with pytest.raises(DuplicateTaskId, match="批量提交已停止：3 个任务已提交"):
+            c.submit_many(specs, batch_size=4)
+        assert c.wait_all(timeout=10)
+        assert sorted(s.task_id for s in c.list_tasks() if s.owner != "other") == ["a", "b", "c"]
+
+
+def test_pipeline_nodes_are_created_in_one_transaction(tmp_path: Path) -> None:
+    from chongming_task import Pipeline
+
+    store = CountingSqlite(str(tmp_path / "t.db"))
+    with Controller(max_parallel=2, store=store) as c:
+        c.register("noop", noop)
+        p = Pipeline("etl")
+        first = p.node("noop", node_id="a")
+        p.node("noop", node_id="b", depends_on=[first])
+        p.node("noop", node_id="c", depends_on=[first])
+        run = c.submit_pipeline(p)
+        run.wait(timeout=30)
+        assert store.create_batches == [3] and store.single_creates == 0
+
+
+class ShortStore(GatedStore):
+    """坏掉的第三方 save_many：少返回一个结果。"""
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        return super().save_many(requests)[:-1]
+
+
+def test_a_save_many_with_the_wrong_number_of_results_fails_the_batch_instead_of_hanging() -> None:
+    store = ShortStore()
+    leader_request, _, _ = _queued(store, "lead")
+    others = [_queued(store, f"s{i}")[0] for i in range(2)]
+    _, _, follower_results = _behind_a_stuck_leader(store, leader_request, others)
+    assert all(isinstance(follower_results[k], StoreError) for k in ("s0", "s1"))
+
+
+class BarrierStore(InMemoryTaskStore):
+    """save 在一个两方屏障上等：两次 save 不是同时进行就会超时失败。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(2, timeout=10)
+
+    def save(self, snapshot: TaskSnapshot, **kwargs: Any) -> None:
+        self.barrier.wait()
+        super().save(snapshot, **kwargs)
+
+
+def test_two_writers_commit_side_by_side_instead_of_queueing() -> None:
+    """能并发提交的存储（group_commit_writers > 1）：两个线程同时写时并行提交，组提交不把它们排成一队。"""
+    store = BarrierStore()
+    assert store.group_commit_writers >= 2
+    commits = GroupCommit(store)
+    requests = [_queued(store, f"p{i}")[0] for i in range(2)]
+    results, threads = _run_followers(commits, requests)
+    for thread in threads:
+        thread.join(15)
+    assert results == {"p0": "committed", "p1": "committed"}
+    assert commits.batches == 2
+
+
+def test_sqlite_group_commit_has_one_writer(tmp_path: Path) -> None:
+    store = SqliteTaskStore(str(tmp_path / "one.db"))
+    try:
+        assert store.group_commit_writers == 1
+    finally:
+        store.close()
+
+
+class FlakyBatchStore(InMemoryTaskStore):
+    """create_many 抛 StoreError（结果未知）；committed=True 时其实已经写进去了（回执丢了）。"""
+
+    def __init__(self, *, committed: bool, readable: bool) -> None:
+        super().__init__()
+        self.committed = committed
+        self.readable = readable
+        self.reads = 0
+
+    def create_many(
+        self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
+    ) -> list[TaskError | None]:
+        if self.committed:
+            super().create_many(items)
+        raise StoreError("连接在提交中途断了（测试）")
+
+    def get(self, task_id: str) -> TaskSnapshot | None:
+        self.reads += 1
+        if not self.readable:
+            raise StoreError("存储不可用（测试）")
+        return super().get(task_id)
+
+
+def test_submit_many_after_a_lost_reply_reads_back_and_keeps_what_was_written() -> None:
+    store = FlakyBatchStore(committed=True, readable=True)
+    with Controller(max_parallel=2, store=store) as c:
+        c.register("noop", noop)
+        runs = c.submit_many([Submit("noop", i, task_id=f"lost-{i}") for i in range(5)])
+        assert c.wait_all(timeout=10)
+        assert [r.wait(timeout=5).value for r in runs] == list(range(5))
+        assert len(c.persist_failures) == 5, "回执丢了也要如实记下"
+
+
+def test_submit_many_while_the_store_is_down_refuses_without_reading_back_every_task() -> None:
+    store = FlakyBatchStore(committed=False, readable=False)
+    with Controller(max_parallel=2, store=store) as c:
+        c.register("noop", noop)
+        with pytest.raises(StoreError, match="批量提交已停止：0 个任务已提交"):
+            c.submit_many([Submit("noop", task_id=f"down-{i}") for i in range(50)])
+        assert store.reads == 1, "读不到一次之后其余不再逐个去撞"
+        assert c.list_tasks() == []
+
+
+class TouchCounting(InMemoryTaskStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.touch_batches: list[int] = []
+
+    def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        self.touch_batches.append(len(updates))
+        super().touch_many(updates)
+
+
+def test_lease_renewal_of_many_queued_tasks_is_written_in_batches() -> None:
+    """十万个排队任务续一次租不能是一个十万行的事务（会超过一次调用的时限、租约随之过期）：分批写。"""
+    from chongming_task.core.state_machine import StateMachine
+    from chongming_task.runtime.persistence import TOUCH_BATCH, WriteThrough
+    from chongming_task.testing import FakeClock
+
+    clock = FakeClock()
+    store = TouchCounting()
+    write = WriteThrough(store, owner="node-a", lease_ttl=30, clock=clock)
+    machines = [StateMachine.create(f"q{i}", "noop", clock=clock) for i in range(2 * TOUCH_BATCH + 5)]
+    assert write.create_many(machines) == [None] * len(machines)
+    clock.advance(20)
+    write.flush_side_channel([m.snapshot for m in machines], renew_lease=True)
+    assert store.touch_batches == [TOUCH_BATCH, TOUCH_BATCH, 5]
+    got = store.get("q0")
+    assert got is not None and got.lease_until == clock.now() + timedelta(seconds=30)

@@ -1,0 +1,59 @@
+"""组提交崩溃试验的工作节点（test_group_commit_crash.py 启动它，之后 SIGKILL）。
+
+``python group_commit_worker.py <store url> <ack 文件> <任务数>``
+
+16 个并行的空任务不停地迁移（starting → running → succeeded，每步一次写穿），写穿经组提交合批。
+每当组提交告诉一个调用方"你这一项已提交"（``GroupCommit.save`` 正常返回），就往 ack 文件追加一行
+``A <task_id> <version>`` 并 fsync——父进程据此核对：被告知已提交的，存储里必须有。每个事务开始写之前
+追加一行 ``B <项数>``（同样 fsync），父进程据此知道被杀那一刻有没有一批正在提交。
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from chongming_task import Controller, Submit, open_store
+from chongming_task.runtime import group_commit
+from chongming_task.storage import SaveRequest
+
+url, ack_path, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fd = os.open(ack_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+lock = threading.Lock()
+
+
+def note(line: str) -> None:
+    with lock:
+        os.write(fd, line.encode() + b"\n")
+        os.fsync(fd)
+
+
+original_save = group_commit.GroupCommit.save
+original_commit = group_commit.GroupCommit._commit
+
+
+def acked_save(self: group_commit.GroupCommit, request: SaveRequest) -> None:
+    original_save(self, request)  # 抛异常 = 没有告诉调用方"已提交"
+    note(f"A {request.snapshot.task_id} {request.snapshot.status_version}")
+
+
+def noted_commit(self: group_commit.GroupCommit, batch: list[group_commit._Pending]) -> None:
+    note(f"B {len(batch)}")
+    original_commit(self, batch)
+
+
+group_commit.GroupCommit.save = acked_save  # type: ignore[method-assign]
+group_commit.GroupCommit._commit = noted_commit  # type: ignore[method-assign]
+
+
+def noop(ctx: object) -> None:
+    return None
+
+
+controller = Controller(max_parallel=16, store=open_store(url), owner="gc-worker")
+controller.register("noop", noop)
+controller.submit_many([Submit("noop", task_id=f"g{i:05d}") for i in range(count)], batch_size=200)
+print("READY", flush=True)
+controller.wait_all(timeout=300)
+print("DONE", flush=True)
