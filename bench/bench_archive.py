@@ -13,9 +13,11 @@
     ≥ 50,000 行/秒（两个后端）；RSS ≤ 150 MB；SQLite 文件 ≤ 1.2× 新文件；写穿 p99 ≤ 50 ms（SQLite）。
 
 用法
-    python bench/bench_archive.py [--quick] [--sqlite-only]
+    python bench/bench_archive.py [--quick] [--sqlite-only | --postgres-only]
     PostgreSQL 用 CHONGMING_TEST_POSTGRES（没有就跳过）。--quick 用 1/10 的规模。
-    数字是在 7 个工程师共用的 2 核机器上测的（负载很重），仅供对照。
+    数字是在 7 个工程师共用的 2 核机器上测的（负载很重），仅供对照：除了墙钟速率，还打印归档进程
+    自己用掉的 CPU 时间折算的速率（行数 / 子进程 CPU 秒），和运行前后的负载——机器被别人占满时，
+    墙钟速率主要反映的是排队，CPU 速率才是代码本身的代价（PostgreSQL 服务端的 CPU 不在其中）。
 """
 
 from __future__ import annotations
@@ -148,11 +150,14 @@ def bench_sqlite(tmp: Path) -> list[tuple[str, str, str, bool]]:
     _sqlite_fill(fresh, range(VERSIONS, VERSIONS + 1))
     fresh_size = _checkpoint_size(fresh)
     rate = float(result["transitions"]) / float(result["seconds"])  # type: ignore[arg-type]
+    cpu_rate = float(result["transitions"]) / float(result["cpu_seconds"])  # type: ignore[arg-type]
     ratio = after_size / fresh_size
     p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 100 else max(latencies)
     p50 = statistics.median(latencies)
     print(
-        f"  SQLite：归档 {result['transitions']:,} 条，{result['seconds']:.1f} 秒；"
+        f"  SQLite：归档 {result['transitions']:,} 条，{result['segments']} 段，{result['seconds']:.1f} 秒"
+        f"（归档进程 CPU {result['cpu_seconds']:.1f} 秒，合 {cpu_rate:,.0f} 行/CPU 秒；"
+        f"负载 {os.getloadavg()[0]:.1f}）；"
         f"文件 {before_size / 2**20:.0f} MB → {after_size / 2**20:.0f} MB"
         f"（新文件 {fresh_size / 2**20:.0f} MB）；写穿 {len(latencies)} 次"
     )
@@ -210,9 +215,12 @@ def bench_postgres(dsn: str, tmp: Path) -> list[tuple[str, str, str, bool]]:
         sep = "&" if "?" in dsn else "?"
         result, _ = _run_child(f"{dsn}{sep}schema={schema}", tmp / "pg-archive")
         rate = float(result["transitions"]) / float(result["seconds"])  # type: ignore[arg-type]
+        cpu_rate = float(result["transitions"]) / float(result["cpu_seconds"])  # type: ignore[arg-type]
         print(
-            f"  PostgreSQL：归档 {result['transitions']:,} 条，{result['seconds']:.1f} 秒，"
-            f"整块丢弃分区 {result['partitions_dropped']} 个"
+            f"  PostgreSQL：归档 {result['transitions']:,} 条，{result['segments']} 段，"
+            f"{result['seconds']:.1f} 秒（归档进程 CPU {result['cpu_seconds']:.1f} 秒，"
+            f"合 {cpu_rate:,.0f} 行/CPU 秒；"
+            f"负载 {os.getloadavg()[0]:.1f}），整块丢弃分区 {result['partitions_dropped']} 个"
         )
         return [
             ("PostgreSQL 归档速率", f"{rate:,.0f} 行/秒", f"≥ {GOAL_RATE:,}", rate >= GOAL_RATE),
@@ -235,8 +243,10 @@ def child(url: str, directory: str) -> None:
 
     store = open_store(url)
     started = time.perf_counter()
+    cpu = time.process_time()
     summary = Archiver(store, directory).run(CUTOFF)
     seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu
     store.close()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
@@ -244,6 +254,8 @@ def child(url: str, directory: str) -> None:
             {
                 "transitions": summary.transitions,
                 "seconds": seconds,
+                "cpu_seconds": cpu,
+                "segments": summary.segments,
                 "rss_mb": rss,
                 "partitions_dropped": summary.partitions_dropped,
             }
@@ -263,10 +275,16 @@ def main() -> None:
     rows: list[tuple[str, str, str, bool]] = []
     with tempfile.TemporaryDirectory(prefix="bench-archive-") as name:
         tmp = Path(name)
-        rows += bench_sqlite(tmp)
+        if "--postgres-only" not in sys.argv:
+            rows += bench_sqlite(tmp)
         dsn = os.environ.get("CHONGMING_TEST_POSTGRES")
         if dsn and "--sqlite-only" not in sys.argv:
-            rows += bench_postgres(dsn, tmp)
+            try:
+                rows += bench_postgres(dsn, tmp)
+            except SystemExit as exc:  # 共享服务器被重启、连接被别人终止……：说一行，SQLite 的结果照样打印
+                last = str(exc).strip().splitlines()[-1] if str(exc).strip() else "子进程失败"
+                print(f"  PostgreSQL 归档没跑完：{last}")
+                rows.append(("PostgreSQL 归档速率", "没跑完", f"≥ {GOAL_RATE:,}", False))
         else:
             print("  （没有 CHONGMING_TEST_POSTGRES：跳过 PostgreSQL）")
     print(f"\n{'项目':<28}{'结果':<24}{'目标':<16}")

@@ -102,3 +102,22 @@ def test_task_paused_and_resumed_10000_times_keeps_only_its_window_online(
     full = json.loads(invoke("--json", "--db", db, "history", "forever", "--archive", archive).stdout)
     assert [d["version"] for d in full] == list(range(1, 10_002))
     assert full[-1] == records[-1].to_dict() and full[0] == records[0].to_dict()
+
+
+def test_history_reads_an_archive_written_before_the_manifest_journal(
+    invoke: Any, db: str, tmp_path: Path
+) -> None:
+    """清单日志出现之前的归档目录（只有 indent=1 的 manifest.json，见 tests/integration/data/archive-format1）
+    照样能被 history --archive 读回：整体归档的终态任务只在归档里。"""
+    import shutil
+
+    fixture = Path(__file__).resolve().parents[3] / "tests" / "integration" / "data" / "archive-format1"
+    archive = tmp_path / "old"
+    shutil.copytree(fixture, archive)
+    SqliteTaskStore(db).close()  # 空库：这个任务在线上早就没有了
+    result = invoke("--json", "--db", db, "history", "done-001", "--archive", str(archive))
+    assert result.exit_code == 0, result.stderr
+    records = json.loads(result.stdout)
+    assert [d["version"] for d in records] == [1, 2, 3, 4]
+    assert records[-1]["to_status"] == "succeeded"
+    assert not (archive / "manifest.jsonl").exists(), "读不写"

@@ -16,7 +16,7 @@ from chongming_task.cli.app import cli, json_option, pass_state
 from chongming_task.cli.errors import EXIT_OK, CliError
 from chongming_task.cli.output import echo_json
 from chongming_task.cli.state import AppState
-from chongming_task.core.archive import ArchiveError, Archiver, ArchiveSummary
+from chongming_task.core.archive import BATCH_SIZE, ArchiveError, Archiver, ArchiveSummary
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([dhms])\s*$")
 _UNITS = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
@@ -42,7 +42,7 @@ def parse_age(text: str) -> timedelta:
 @click.option(
     "--batch-size",
     type=click.IntRange(1, 100_000),
-    default=5000,
+    default=BATCH_SIZE,
     show_default=True,
     help="每段的迁移记录数。",
 )

@@ -44,9 +44,10 @@ def archivable_prefix(
     """
     out: list[Transition] = []
     cursor = START_KEY if after is None else after
-    chunk = min(max(2 * limit, 256), 20_000)
     # 游标落在某任务中间时，这个任务的前缀此前一直没有断。
     while len(out) < limit:
+        # 每次只取还差的条数（至少 256）：多取的行解码了又扔掉，下一批还要再读一遍。
+        chunk = min(max(limit - len(out), 256), 20_000)
         rows = fetch(cursor, chunk)
         if not rows:
             break
@@ -66,6 +67,37 @@ def archivable_prefix(
         if len(rows) < chunk:
             break
     return out
+
+
+def version_runs(keys: Sequence[tuple[str, int]], rows: int) -> list[list[tuple[str, int, int]]]:
+    """回执里的键 → 连续版本段 ``(task_id, 首版本, 末版本)``，再按每批至多 ``rows`` 行分批。
+
+    SQL 后端的 ``delete_archived`` 用它：导出按 (task_id, version) 升序，一个任务的前缀是一段连续的版本，
+    一条按范围的 DELETE 顶得上七八条按键的。只合并真正相邻的键（同一任务、版本恰好 +1），所以删的仍然
+    正好是回执列出的那些行。
+    """
+    batches: list[list[tuple[str, int, int]]] = []
+    batch: list[tuple[str, int, int]] = []
+    count = 0
+    task: str | None = None
+    first = last = 0
+    for task_id, version in keys:
+        if task_id == task and version == last + 1 and count < rows:
+            last = version
+            count += 1
+            continue
+        if task is not None:
+            batch.append((task, first, last))
+            if count >= rows:
+                batches.append(batch)
+                batch, count = [], 0
+        task, first, last = task_id, version, version
+        count += 1
+    if task is not None:
+        batch.append((task, first, last))
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 class RetentionModule(Protocol):
@@ -110,4 +142,12 @@ class RetentionByModule:
         return self._retention.purge_commands(self, completed_before)
 
 
-__all__ = ["MAX_VERSION", "START_KEY", "Fetch", "RetentionByModule", "RetentionModule", "archivable_prefix"]
+__all__ = [
+    "MAX_VERSION",
+    "START_KEY",
+    "Fetch",
+    "RetentionByModule",
+    "RetentionModule",
+    "archivable_prefix",
+    "version_runs",
+]

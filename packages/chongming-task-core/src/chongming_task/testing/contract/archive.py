@@ -136,6 +136,18 @@ class ArchiveCases(ContractBase):
             [("live", v) for v in range(8, 11)] + [("other", v) for v in range(1, 11)],
         )
 
+    def test_delete_archived_removes_scattered_keys_and_no_neighbours(self) -> None:
+        """回执里的键不连续、乱序、跨任务：删的正好是列出的那些（SQL 后端按连续版本段删，段不能多删一条）。"""
+        store = self.open_store()
+        _long_lived(store, "a", 12, start=T0)
+        _long_lived(store, "b", 12, start=T0)
+        keys = (("b", 9), ("a", 1), ("a", 2), ("a", 3), ("a", 5), ("b", 2), ("b", 4), ("b", 5), ("a", 12))
+        self.assertEqual(
+            store.delete_archived(ArchiveReceipt(transitions=keys)), ArchiveDeleted(transitions=9)
+        )
+        self.assertVersions(store, "a", [4, *range(6, 12)])
+        self.assertVersions(store, "b", [1, 3, 6, 7, 8, 10, 11, 12])
+
     def test_delete_archived_ignores_unknown_rows(self) -> None:
         store = self.open_store()
         _long_lived(store, "live", 3, start=T0)

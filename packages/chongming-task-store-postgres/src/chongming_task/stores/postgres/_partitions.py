@@ -28,7 +28,7 @@ from psycopg import errors as pg_errors
 from chongming_task.core.storage.values import PartitionArchived
 from chongming_task.models import Transition
 from chongming_task.stores.postgres import _schema
-from chongming_task.stores.postgres._codec import TRANSITION_COLUMNS, transition_from_row
+from chongming_task.stores.postgres._codec import TRANSITION_COLUMNS, TRANSITIONS
 
 logger = logging.getLogger("chongming_task.stores.postgres")
 
@@ -232,7 +232,7 @@ def archive_partition(
                         f"WHERE {archivable} ORDER BY r.task_id, r.version"
                     )
                     while rows := cur.fetchmany(batch):
-                        records = [transition_from_row(row) for row in rows]
+                        records = [TRANSITIONS.trusted_from_row(row) for row in rows]
                         write(records)
                         exported += len(records)
                         sums[0] += sum(r.version for r in records)

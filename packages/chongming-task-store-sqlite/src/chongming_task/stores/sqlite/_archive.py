@@ -27,7 +27,7 @@ from chongming_task.core.storage.checks import (
     export_finished_args,
     export_transitions_args,
 )
-from chongming_task.core.storage.retention import archivable_prefix
+from chongming_task.core.storage.retention import archivable_prefix, version_runs
 from chongming_task.core.storage.values import ArchiveDeleted, ArchivedTask, ArchiveReceipt
 from chongming_task.models import Transition
 from chongming_task.stores.sqlite import _codec as codec
@@ -35,6 +35,9 @@ from chongming_task.stores.sqlite import _logs, _sql
 from chongming_task.stores.sqlite import _schema as schema
 
 _T = TypeVar("_T")
+
+_trusted_transition = codec.TRANSITIONS.trusted_from_row
+"""导出只读本库自己写入（已校验）的行：解码不再逐字段校验（见 ``TransitionCodec.trusted_from_row``）。"""
 
 
 class SqliteTaskStore(Protocol):
@@ -84,7 +87,7 @@ def export_transitions(
             lambda conn: conn.execute(_TRANSITION_SELECT, (*cursor, n)).fetchall(),
             "none",
         )
-        return [codec.transition_from_row(r) for r in rows]
+        return [_trusted_transition(r) for r in rows]
 
     return archivable_prefix(fetch, before, after, limit)
 
@@ -101,9 +104,7 @@ def export_finished(
         out: list[ArchivedTask] = []
         for row in found:
             snapshot = codec.snapshot_from_row(row)
-            history = [
-                codec.transition_from_row(r) for r in conn.execute(_HISTORY_SELECT, (snapshot.task_id,))
-            ]
+            history = [_trusted_transition(r) for r in conn.execute(_HISTORY_SELECT, (snapshot.task_id,))]
             commands = [
                 codec.command_from_row(r) for r in conn.execute(_COMMANDS_OF_TASK, (snapshot.task_id,))
             ]
@@ -120,10 +121,12 @@ def _chunks(items: Sequence[_Item], size: int) -> list[Sequence[_Item]]:
 def delete_archived(store: SqliteTaskStore, receipt: ArchiveReceipt) -> ArchiveDeleted:
     receipt = check_receipt(receipt)
     total = ArchiveDeleted()
-    for chunk in _chunks(receipt.transitions, DELETE_CHUNK):
+    for runs in version_runs(receipt.transitions, DELETE_CHUNK):
 
-        def drop_transitions(conn: sqlite3.Connection, chunk: Sequence[tuple[str, int]] = chunk) -> int:
-            cur = conn.executemany("DELETE FROM transitions WHERE task_id = ? AND version = ?", chunk)
+        def drop_transitions(conn: sqlite3.Connection, runs: Sequence[tuple[str, int, int]] = runs) -> int:
+            cur = conn.executemany(
+                "DELETE FROM transitions WHERE task_id = ? AND version >= ? AND version <= ?", runs
+            )
             return cur.rowcount
 
         total += ArchiveDeleted(transitions=store._run("delete_archived", drop_transitions))
