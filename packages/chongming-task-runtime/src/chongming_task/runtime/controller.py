@@ -47,7 +47,13 @@ from chongming_task.models import Outcome, TaskSnapshot, Transition, normalize_t
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ConcurrencyPolicy, RetryPolicy, Timeout
 from chongming_task.runtime.cluster import DEFAULT_ORPHAN_LIMIT, ClusterReport
 from chongming_task.runtime.commands import remote_payload
-from chongming_task.runtime.durable import build_recipe, check_durable_flag, enqueue_recipe, requeue
+from chongming_task.runtime.durable import (
+    build_recipe,
+    check_durable_flag,
+    enqueue_recipe,
+    recipe_timeout,
+    requeue,
+)
 from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent, TransitionEvent
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
@@ -756,17 +762,15 @@ class Controller(ClosesOnExit):
         """本进程持有的任务句柄（没有返回 None）。"""
         return self._runs.get(task_id)
 
-    def host_durable(
-        self,
-        machine: StateMachine,
-        definition: TaskDefinition,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        timeout: Timeout | None = None,
-    ) -> TaskRun:
-        """接管一个存储里已归本节点持有的持久任务（认领或接手来的）：接着存储里的版本写，按状态入队。"""
-        run = self._make_run(machine, definition, args, kwargs, timeout=timeout)
+    def host_durable(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun:
+        """接管一个存储里已归本节点持有的持久任务（认领或接手来的）：接着存储里的版本写，按状态入队；
+        参数与超时取自快照里的配方。"""
+        recipe = machine.snapshot.recipe
+        if recipe is None:
+            raise ConfigurationError(f"任务 {machine.task_id!r} 没有配方，不是持久任务，不能由 worker 接管")
+        run = self._make_run(
+            machine, definition, tuple(recipe.args), dict(recipe.kwargs), timeout=recipe_timeout(recipe)
+        )
         self._reserve([run])
         try:
             self._link.track(machine)
