@@ -93,7 +93,7 @@ class Submit:
         c.submit_many([Submit("etl", day=d, task_id=f"etl-{d}") for d in days])
     """
 
-    __slots__ = ("args", "bucket_key", "kwargs", "label", "name", "priority", "tags", "task_id")
+    __slots__ = ("args", "fields", "kwargs", "name")
 
     def __init__(
         self,
@@ -110,11 +110,19 @@ class Submit:
         self.name = name
         self.args = args
         self.kwargs = kwargs
-        self.task_id = task_id
-        self.label = label
-        self.tags = tags
-        self.priority = priority
-        self.bucket_key = bucket_key
+        # 提交参数原样留给 submit 的那一步（Controller._prepare 的同名关键字参数）。
+        self.fields: dict[str, Any] = {
+            "task_id": task_id,
+            "label": label,
+            "tags": tags,
+            "priority": priority,
+            "bucket_key": bucket_key,
+        }
+
+    @property
+    def task_id(self) -> str | None:
+        task_id: str | None = self.fields["task_id"]
+        return task_id
 
     def __repr__(self) -> str:
         return f"Submit({self.name!r}, task_id={self.task_id!r})"
@@ -692,16 +700,7 @@ class Controller(ClosesOnExit):
         return self._submit_batches([self._prepare_spec(spec) for spec in specs], batch_size, blocked=False)
 
     def _prepare_spec(self, spec: Submit) -> TaskRun:
-        return self._prepare(
-            spec.name,
-            spec.args,
-            spec.kwargs,
-            task_id=spec.task_id,
-            label=spec.label,
-            tags=spec.tags,
-            priority=spec.priority,
-            bucket_key=spec.bucket_key,
-        )
+        return self._prepare(spec.name, spec.args, spec.kwargs, **spec.fields)
 
     def _submit_batches(self, runs: list[TaskRun], batch_size: int, *, blocked: bool) -> list[TaskRun]:
         self._reserve(runs)

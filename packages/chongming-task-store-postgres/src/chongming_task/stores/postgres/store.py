@@ -1169,16 +1169,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             row = conn.execute(self._sql.submit, params).fetchone()
         if row is None:
             raise TaskNotFound(f"任务 {task_id!r} 不存在，无法下发指令 {action.value}")
-        return v.Command(
-            command_id=command_id,
-            task_id=task_id,
-            action=action,
-            issuer=issuer,
-            reason=reason,
-            payload=json.loads(payload_text),
-            created_at=created_at,
-            bucket=row[0],
-        )
+        return submission.written(command_id, created_at, row[0], json.loads(payload_text))
 
     def _claim_commands(self, request: v.ClaimRequest) -> list[v.Command]:
         claimant, lease, limit = request.claimant, request.lease, request.limit

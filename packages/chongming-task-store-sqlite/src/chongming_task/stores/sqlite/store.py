@@ -712,16 +712,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                     found[0],
                 ),
             )
-            return v.Command(
-                command_id=command_id,
-                task_id=task_id,
-                action=verb,
-                issuer=issuer,
-                reason=reason,
-                payload=json.loads(payload_text),
-                created_at=created_at,
-                bucket=found[0],
-            )
+            return submission.written(command_id, created_at, found[0], json.loads(payload_text))
 
         return self._run("submit_command", tx)
 
