@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import Any, TypedDict, TypeVar, Unpack, overload
 
 from chongming_task.core.recipes import OnLost, check_on_lost
 from chongming_task.errors import ConfigurationError
@@ -106,21 +106,24 @@ def _attach(fn: F, spec: TaskSpec) -> F:
     return fn
 
 
+class _TaskOptions(TypedDict, total=False):
+    """``@task(...)`` 的关键字参数（给类型检查用；默认值见 ``task`` 本身）。"""
+
+    name: str | None
+    description: str | None
+    tags: Iterable[str] | None
+    retry: RetryPolicy | None
+    timeout: Timeout | None
+    durable: bool
+    on_lost: OnLost | str
+
+
 @overload
 def task(fn: F, /) -> F: ...
 
 
 @overload
-def task(
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    tags: Iterable[str] | None = None,
-    retry: RetryPolicy | None = None,
-    timeout: Timeout | None = None,
-    durable: bool = False,
-    on_lost: OnLost | str = OnLost.FAIL,
-) -> Callable[[F], F]: ...
+def task(**options: Unpack[_TaskOptions]) -> Callable[[F], F]: ...
 
 
 def task(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
+from typing import Any
 
 import click
 
@@ -20,16 +21,15 @@ from chongming_task.cli.app import cli, json_option, pass_state, tasks_option
 from chongming_task.cli.buckets import format_bucket_spec, owned_buckets
 from chongming_task.cli.cmd_run import (
     SignalStop,
-    _check_signature,
     _parse_arguments,
-    _resolve_name,
     submit_errors,
+    submit_options,
+    task_controller,
 )
 from chongming_task.cli.errors import EXIT_OK, EXIT_TASK_NOT_SUCCEEDED, CliError
 from chongming_task.cli.output import echo_json
-from chongming_task.cli.params import EXECUTOR, INT, SECONDS, IntType
+from chongming_task.cli.params import EXECUTOR, IntType, seconds_option
 from chongming_task.cli.state import AppState, load_task_module, register_tasks
-from chongming_task.controller import Controller
 from chongming_task.errors import StoreError, TaskError, TaskNotFound
 from chongming_task.runtime.executors import ProcessExecutor, ThreadExecutor
 
@@ -42,14 +42,11 @@ KEEP_FINISHED = 1000
 @tasks_option(
     "任务模块（如 myapp.tasks）：名字必须是它的 register(controller) 登记过的，参数按它的签名检查。"
 )
-@click.option(
-    "--arg", "raw_args", multiple=True, metavar="K=V", help="任务参数，可重复；值能按 JSON 解析就解析。"
+@submit_options(
+    task_id="任务 id（默认自动生成）；id 不能重复。",
+    bucket_key="业务键：决定任务落在哪个桶、由负责那个桶的 worker 认领。",
+    priority="优先级，越大越先被认领。",
 )
-@click.option("--task-id", metavar="ID", help="任务 id（默认自动生成）；id 不能重复。")
-@click.option("--bucket-key", metavar="KEY", help="业务键：决定任务落在哪个桶、由负责那个桶的 worker 认领。")
-@click.option("--priority", type=INT, help="优先级，越大越先被认领。")
-@click.option("--label", metavar="TEXT", help="给人看的名字（ps 的 NAME 列）。")
-@click.option("--tag", "tags", multiple=True, metavar="TAG", help="附加标签，可重复。")
 @click.option(
     "--on-lost",
     type=click.Choice(["fail", "retry"]),
@@ -62,11 +59,7 @@ def submit_command(
     task_name: str,
     module_name: str | None,
     raw_args: tuple[str, ...],
-    task_id: str | None,
-    bucket_key: str | None,
-    priority: int | None,
-    label: str | None,
-    tags: tuple[str, ...],
+    fields: dict[str, Any],
     on_lost: str | None,
 ) -> int:
     """只入队不执行：写下一个持久任务，由 worker 认领执行；打印 task_id（退出码 0）。"""
@@ -79,21 +72,9 @@ def submit_command(
             "submit 需要共享存储（--db 或 --store）：任务要由别的 worker 进程认领", error="configuration"
         )
     store = state.open_store(create=True)
-    controller = state.controller(store)
-    register_tasks(controller, module)
-    _resolve_name(controller, module.__name__, task_name)
-    _check_signature(controller, task_name, kwargs)
-    with submit_errors(state, controller, task_id):
-        new_id = controller.enqueue(
-            task_name,
-            task_id=task_id,
-            label=label,
-            tags=tags,
-            priority=priority,
-            bucket_key=bucket_key,
-            on_lost=on_lost,
-            **kwargs,
-        )
+    controller = task_controller(state, store, module, task_name, kwargs)
+    with submit_errors(state, controller, fields["task_id"]):
+        new_id = controller.enqueue(task_name, on_lost=on_lost, **fields, **kwargs)
     if state.json:
         snapshot = store.get(new_id)
         echo_json(snapshot.to_dict() if snapshot is not None else {"task_id": new_id})
@@ -142,30 +123,11 @@ def retry_command(state: AppState, task_id: str, reason: str | None) -> int:
     metavar="N",
     help="槽位数：同时执行的任务上限，也是一次最多认领的个数（不囤积）。",
 )
-@click.option(
-    "--drain-timeout",
-    type=SECONDS,
-    default=30.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="收到 SIGTERM / Ctrl-C 后等在跑的任务跑完的秒数，到点仍在跑的被停止。",
+@seconds_option(
+    "--drain-timeout", 30.0, "收到 SIGTERM / Ctrl-C 后等在跑的任务跑完的秒数，到点仍在跑的被停止。"
 )
-@click.option(
-    "--poll-interval",
-    type=SECONDS,
-    default=0.2,
-    show_default=True,
-    metavar="SECONDS",
-    help="没有新任务通知时（SQLite；PostgreSQL 有 NOTIFY）多久看一次队列。",
-)
-@click.option(
-    "--lease-ttl",
-    type=SECONDS,
-    default=30.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="租约时长：worker 失联多久之后别的 worker 接手它的任务。",
-)
+@seconds_option("--poll-interval", 0.2, "没有新任务通知时（SQLite；PostgreSQL 有 NOTIFY）多久看一次队列。")
+@seconds_option("--lease-ttl", 30.0, "租约时长：worker 失联多久之后别的 worker 接手它的任务。")
 @click.option(
     "--executor", "executor_name", type=EXECUTOR, default="thread", show_default=True, help="执行器。"
 )
@@ -189,20 +151,15 @@ def worker_command(
     )
     store = state.open_store(create=True)
     executor = ProcessExecutor() if executor_name == "process" else ThreadExecutor()
-    try:
-        controller = Controller(
-            max_parallel,
-            store=store,
-            owner=state.owner,
-            num_buckets=state.num_buckets,
-            owned_buckets=owned,
-            executor=executor,
-            lease_ttl=lease_ttl,
-            keep_finished=KEEP_FINISHED,
-        )
-    except TaskError as exc:
-        raise CliError(state.mask(str(exc)), error="configuration") from exc
-    state.on_close(lambda: controller.close(reason="worker 退出"))
+    controller = state.controller(
+        store,
+        executor=executor,
+        close_reason="worker 退出",
+        max_parallel=max_parallel,
+        owned_buckets=owned,
+        lease_ttl=lease_ttl,
+        keep_finished=KEEP_FINISHED,
+    )
     register_tasks(controller, module)
     names = sorted(d.name for d in controller.definitions())
     buckets = "全部" if owned is None else format_bucket_spec(owned)

@@ -16,7 +16,7 @@ import click
 from chongming_task.cli.app import cli, json_option, pass_state
 from chongming_task.cli.errors import EXIT_OK, CliError
 from chongming_task.cli.output import echo_json, echo_json_line, echo_text, fmt_time
-from chongming_task.cli.params import NON_NEGATIVE_INT, SECONDS
+from chongming_task.cli.params import NON_NEGATIVE_INT, seconds_option
 from chongming_task.cli.state import AppState
 from chongming_task.storage import MAX_LOG_LINES, LogLine, TaskStore
 
@@ -69,14 +69,7 @@ class _Printer:
 @click.argument("task_id")
 @click.option("--attempt", type=NON_NEGATIVE_INT, default=None, metavar="N", help="只看第 N 次尝试的日志。")
 @click.option("--follow", "-f", is_flag=True, help="持续输出新行，直到任务结束（Ctrl-C 退出）。")
-@click.option(
-    "--interval",
-    type=SECONDS,
-    default=0.5,
-    show_default=True,
-    metavar="S",
-    help="--follow 的轮询间隔（秒）。",
-)
+@seconds_option("--interval", 0.5, "--follow 的轮询间隔（秒）。", metavar="S")
 @json_option
 @pass_state
 def logs_command(state: AppState, task_id: str, attempt: int | None, follow: bool, interval: float) -> int:

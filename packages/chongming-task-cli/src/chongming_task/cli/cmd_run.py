@@ -8,14 +8,15 @@ Ctrl-C / SIGTERM 一律走 controller.close()：在跑的任务走优雅停止�
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from types import FrameType
+from types import FrameType, ModuleType
 from typing import Any
 
 import click
@@ -24,7 +25,7 @@ from chongming_task.cli.app import cli, json_option, pass_state, tasks_option
 from chongming_task.cli.buckets import format_bucket_spec
 from chongming_task.cli.errors import EXIT_OK, EXIT_TASK_NOT_SUCCEEDED, CliError
 from chongming_task.cli.output import LiveDisplay, echo_json, fmt_time, fmt_value, progress_bar
-from chongming_task.cli.params import EXECUTOR, INT, SECONDS, IntType, parse_task_argument
+from chongming_task.cli.params import EXECUTOR, INT, IntType, parse_task_argument, seconds_option
 from chongming_task.cli.state import AppState, load_task_module, register_tasks
 from chongming_task.controller import SUBMIT_KEYWORDS, Controller
 from chongming_task.errors import DuplicateTaskId, StoreError, TaskError
@@ -33,6 +34,7 @@ from chongming_task.run import TaskRun
 from chongming_task.runtime.executors import ProcessExecutor, ThreadExecutor
 from chongming_task.runtime.table import elapsed_text
 from chongming_task.states import TaskStatus
+from chongming_task.storage import TaskStore
 
 # 提交参数对应的 run 选项：--arg 撞名时告诉用户该用哪个选项。
 _SUBMIT_OPTIONS = {
@@ -161,30 +163,71 @@ def _resolve_name(controller: Controller, module_name: str, name: str) -> None:
     )
 
 
+_FIELD_PARAMS = ("task_id", "label", "tags", "priority", "bucket_key")
+
+
+def submit_options(
+    *, task_id: str, bucket_key: str, priority: str
+) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """run / submit 共用的提交参数选项：--arg、--task-id、--bucket-key、--label、--tag、--priority（帮助文字
+    按命令说各自的含义）。命令函数收到的是 ``fields``：那五个提交参数（原样交给 submit / enqueue）。"""
+    options = [
+        click.option(
+            "--arg",
+            "raw_args",
+            multiple=True,
+            metavar="K=V",
+            help="任务参数，可重复；值能按 JSON 解析就解析。",
+        ),
+        click.option("--task-id", metavar="ID", help=task_id),
+        click.option("--bucket-key", metavar="KEY", help=bucket_key),
+        click.option("--label", metavar="TEXT", help="给人看的名字（ps 的 NAME 列）。"),
+        click.option("--tag", "tags", multiple=True, metavar="TAG", help="附加标签，可重复。"),
+        click.option("--priority", type=INT, help=priority),
+    ]
+
+    def decorate(fn: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(fn)
+        def gather(*args: Any, **params: Any) -> int:
+            fields = {key: params.pop(key) for key in _FIELD_PARAMS}
+            return fn(*args, fields=fields, **params)
+
+        command: Callable[..., int] = gather
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def task_controller(
+    state: AppState,
+    store: TaskStore | None,
+    module: ModuleType,
+    task_name: str,
+    kwargs: dict[str, Any],
+    **options: Any,
+) -> Controller:
+    """run / submit 的准备：建 Controller、登记模块的任务，再在碰存储之前检查名字与参数。"""
+    controller = state.controller(store, **options)
+    register_tasks(controller, module)
+    _resolve_name(controller, module.__name__, task_name)
+    _check_signature(controller, task_name, kwargs)
+    return controller
+
+
 @cli.command("run")
 @click.argument("task_name", metavar="TASK")
 @tasks_option("任务模块（如 myapp.tasks），只有它的 register(controller) 登记过的名字能跑。")
-@click.option(
-    "--arg", "raw_args", multiple=True, metavar="K=V", help="任务参数，可重复；值能按 JSON 解析就解析。"
+@submit_options(
+    task_id="任务 id（默认自动生成）；id 不能重复，同一个任务再跑一次要换一个 id。",
+    bucket_key="业务键；限定了 --owned-buckets 时必需。",
+    priority="优先级，越大越先执行。",
 )
-@click.option(
-    "--task-id", metavar="ID", help="任务 id（默认自动生成）；id 不能重复，同一个任务再跑一次要换一个 id。"
-)
-@click.option("--bucket-key", metavar="KEY", help="业务键；限定了 --owned-buckets 时必需。")
-@click.option("--label", metavar="TEXT", help="给人看的名字（ps 的 NAME 列）。")
-@click.option("--tag", "tags", multiple=True, metavar="TAG", help="附加标签，可重复。")
-@click.option("--priority", type=INT, help="优先级，越大越先执行。")
 @click.option(
     "--executor", "executor_name", type=EXECUTOR, default="thread", show_default=True, help="执行器。"
 )
-@click.option(
-    "--progress-interval",
-    type=SECONDS,
-    default=5.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="不是终端时，进度行最多每隔几秒打印一次。",
-)
+@seconds_option("--progress-interval", 5.0, "不是终端时，进度行最多每隔几秒打印一次。")
 @click.option(
     "--metrics-port",
     type=IntType(minimum=1, maximum=65535),
@@ -205,11 +248,7 @@ def run_command(
     task_name: str,
     module_name: str | None,
     raw_args: tuple[str, ...],
-    task_id: str | None,
-    bucket_key: str | None,
-    label: str | None,
-    tags: tuple[str, ...],
-    priority: int | None,
+    fields: dict[str, Any],
     executor_name: str,
     progress_interval: float,
     metrics_port: int | None,
@@ -222,7 +261,7 @@ def run_command(
     module = load_task_module(module_name)
     kwargs = _parse_arguments(raw_args)
     owned = state.owned_buckets
-    if bucket_key is None and owned is not None and len(owned) < state.num_buckets:
+    if fields["bucket_key"] is None and owned is not None and len(owned) < state.num_buckets:
         # 与 Controller 的规则相同（§9.6），只是在碰存储之前、用命令行的说法讲出来。
         raise CliError(
             f"限定了 --owned-buckets {format_bucket_spec(owned)}（共 {state.num_buckets} 个桶）时必须给出 "
@@ -231,23 +270,14 @@ def run_command(
         )
     store = state.open_store(create=True) if state.has_store() else None
     executor = ProcessExecutor() if executor_name == "process" else ThreadExecutor()
-    controller = state.controller(store, claim_buckets=True, executor=executor)
-    register_tasks(controller, module)
-    _resolve_name(controller, module.__name__, task_name)
-    _check_signature(controller, task_name, kwargs)
+    controller = task_controller(
+        state, store, module, task_name, kwargs, claim_buckets=True, executor=executor
+    )
     metrics_url = None
     if metrics_port is not None:
         metrics_url = _serve_metrics(state, controller, metrics_host, metrics_port)
-    with submit_errors(state, controller, task_id):
-        run = controller.submit(
-            task_name,
-            task_id=task_id,
-            label=label,
-            tags=tags,
-            priority=priority,
-            bucket_key=bucket_key,
-            **kwargs,
-        )
+    with submit_errors(state, controller, fields["task_id"]):
+        run = controller.submit(task_name, **fields, **kwargs)
     display = LiveDisplay()
     snapshot = run.snapshot
     bucket = "-" if snapshot.bucket is None else str(snapshot.bucket)

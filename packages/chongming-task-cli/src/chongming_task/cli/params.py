@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 else:
     _ParamType = click.ParamType
 
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 # 整数选项的默认范围：64 位有符号整数。存储把整数存进 BIGINT / SQLite INTEGER，超出这个范围的数
 # 要么写不进去、要么在驱动里溢出（issue 22.7）——在命令行就拒绝，而不是让它变成"内部错误"。
@@ -146,6 +148,12 @@ STATUS = StatusType()
 EXECUTOR = ChoiceType(["thread", "process"])
 ORDER = ChoiceType(["oldest", "newest"])
 
+
+def seconds_option(flag: str, default: float, help: str, *, metavar: str = "SECONDS") -> Callable[[_F], _F]:
+    """有默认值的秒数选项（--help 里显示默认值）：各命令的间隔、超时选项都是这一个样子。"""
+    return click.option(flag, type=SECONDS, default=default, show_default=True, metavar=metavar, help=help)
+
+
 __all__ = [
     "EXECUTOR",
     "INT",
@@ -159,4 +167,5 @@ __all__ = [
     "STATUS",
     "IntType",
     "parse_task_argument",
+    "seconds_option",
 ]

@@ -216,27 +216,31 @@ class AppState:
     # -- Controller ---------------------------------------------------------------------------------
 
     def controller(
-        self, store: TaskStore | None, *, claim_buckets: bool = False, executor: Any = None
+        self,
+        store: TaskStore | None,
+        *,
+        claim_buckets: bool = False,
+        executor: Any = None,
+        close_reason: str = "命令行退出",
+        **options: Any,
     ) -> Controller:
         """建一个 Controller。
 
         ``claim_buckets``：把 --owned-buckets 交给 Controller。声明了归属的 Controller 从构造起就按桶
         认领指令（§9.6），这正是 run（任务的持有者）要的；纯查询/控制命令不该这样——它会先抢到
         自己刚写下的 stop 指令再交还，平白让真正的持有者多等一轮轮询。reconcile 也要归属：它只清理
-        本节点的桶。
+        本节点的桶。``options``：其余 Controller 参数（worker 的槽位、租约、自己的桶归属）；
+        ``close_reason``：命令结束时关 Controller 写下的原因。
         """
+        options.setdefault("owned_buckets", self.owned_buckets if claim_buckets else None)
         try:
             controller = Controller(
-                store=store,
-                owner=self.owner,
-                num_buckets=self.num_buckets,
-                owned_buckets=self.owned_buckets if claim_buckets else None,
-                executor=executor,
+                store=store, owner=self.owner, num_buckets=self.num_buckets, executor=executor, **options
             )
         except TaskError as exc:
             raise CliError(self.mask(str(exc)), error="configuration") from exc
         # 先关 Controller（停任务、追平存储）再关存储：_closers 逆序执行。
-        self._closers.append(lambda: controller.close(reason="命令行退出"))
+        self._closers.append(lambda: controller.close(reason=close_reason))
         return controller
 
     def on_close(self, closer: Any) -> None:

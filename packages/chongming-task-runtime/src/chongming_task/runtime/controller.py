@@ -47,7 +47,13 @@ from chongming_task.models import Outcome, TaskSnapshot, Transition, normalize_t
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ConcurrencyPolicy, RetryPolicy, Timeout
 from chongming_task.runtime.cluster import DEFAULT_ORPHAN_LIMIT, ClusterReport
 from chongming_task.runtime.commands import remote_payload
-from chongming_task.runtime.durable import build_recipe, check_durable_flag, enqueue_recipe, requeue
+from chongming_task.runtime.durable import (
+    build_recipe,
+    check_durable_flag,
+    enqueue_recipe,
+    recipe_timeout,
+    requeue,
+)
 from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent, TransitionEvent
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
@@ -87,7 +93,7 @@ class Submit:
         c.submit_many([Submit("etl", day=d, task_id=f"etl-{d}") for d in days])
     """
 
-    __slots__ = ("args", "bucket_key", "kwargs", "label", "name", "priority", "tags", "task_id")
+    __slots__ = ("args", "fields", "kwargs", "name")
 
     def __init__(
         self,
@@ -104,11 +110,19 @@ class Submit:
         self.name = name
         self.args = args
         self.kwargs = kwargs
-        self.task_id = task_id
-        self.label = label
-        self.tags = tags
-        self.priority = priority
-        self.bucket_key = bucket_key
+        # 提交参数原样留给 submit 的那一步（Controller._prepare 的同名关键字参数）。
+        self.fields: dict[str, Any] = {
+            "task_id": task_id,
+            "label": label,
+            "tags": tags,
+            "priority": priority,
+            "bucket_key": bucket_key,
+        }
+
+    @property
+    def task_id(self) -> str | None:
+        task_id: str | None = self.fields["task_id"]
+        return task_id
 
     def __repr__(self) -> str:
         return f"Submit({self.name!r}, task_id={self.task_id!r})"
@@ -686,16 +700,7 @@ class Controller(ClosesOnExit):
         return self._submit_batches([self._prepare_spec(spec) for spec in specs], batch_size, blocked=False)
 
     def _prepare_spec(self, spec: Submit) -> TaskRun:
-        return self._prepare(
-            spec.name,
-            spec.args,
-            spec.kwargs,
-            task_id=spec.task_id,
-            label=spec.label,
-            tags=spec.tags,
-            priority=spec.priority,
-            bucket_key=spec.bucket_key,
-        )
+        return self._prepare(spec.name, spec.args, spec.kwargs, **spec.fields)
 
     def _submit_batches(self, runs: list[TaskRun], batch_size: int, *, blocked: bool) -> list[TaskRun]:
         self._reserve(runs)
@@ -756,17 +761,15 @@ class Controller(ClosesOnExit):
         """本进程持有的任务句柄（没有返回 None）。"""
         return self._runs.get(task_id)
 
-    def host_durable(
-        self,
-        machine: StateMachine,
-        definition: TaskDefinition,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        timeout: Timeout | None = None,
-    ) -> TaskRun:
-        """接管一个存储里已归本节点持有的持久任务（认领或接手来的）：接着存储里的版本写，按状态入队。"""
-        run = self._make_run(machine, definition, args, kwargs, timeout=timeout)
+    def host_durable(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun:
+        """接管一个存储里已归本节点持有的持久任务（认领或接手来的）：接着存储里的版本写，按状态入队；
+        参数与超时取自快照里的配方。"""
+        recipe = machine.snapshot.recipe
+        if recipe is None:
+            raise ConfigurationError(f"任务 {machine.task_id!r} 没有配方，不是持久任务，不能由 worker 接管")
+        run = self._make_run(
+            machine, definition, tuple(recipe.args), dict(recipe.kwargs), timeout=recipe_timeout(recipe)
+        )
         self._reserve([run])
         try:
             self._link.track(machine)

@@ -36,8 +36,6 @@ from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.storage.claiming import MAX_CLAIM
 from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskError
 from chongming_task.models import Failure, FailureKind, TaskSnapshot
-from chongming_task.policies import Timeout
-from chongming_task.runtime.durable import recipe_timeout
 from chongming_task.runtime.events import Listener, TransitionEvent
 from chongming_task.runtime.reconcile import ReconcileReport
 from chongming_task.runtime.registry import TaskDefinition
@@ -96,15 +94,7 @@ class WorkerHost(Protocol):
     def reconcile(self, *, dry_run: bool = False, durable_only: bool = False) -> ReconcileReport: ...
     def local_run(self, task_id: str) -> TaskRun | None: ...
     def detach_unstarted_durable(self) -> list[TaskRun]: ...
-    def host_durable(
-        self,
-        machine: StateMachine,
-        definition: TaskDefinition,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        timeout: Timeout | None = None,
-    ) -> TaskRun: ...
+    def host_durable(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun: ...
 
 
 class Worker:
@@ -227,9 +217,7 @@ class Worker:
         controller = self.controller
         try:
             definition = controller.resolve_task(snapshot.name)
-            controller.host_durable(
-                machine, definition, tuple(recipe.args), dict(recipe.kwargs), timeout=recipe_timeout(recipe)
-            )
+            controller.host_durable(machine, definition)
         except ConfigurationError as exc:
             # 配方与本节点登记的定义对不上（参数签名变了之类）：如实落 stopped，不让它永远卡在"被我持有"。
             self._reject(machine, str(exc))

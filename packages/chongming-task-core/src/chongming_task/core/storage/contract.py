@@ -68,6 +68,10 @@ def _public_override(public: str) -> Any:
     return hook
 
 
+ArchiveWrite = Callable[[list[Transition]], None]
+"""按分区归档时接收一批迁移记录的回调：返回时这批必须已经持久落盘。"""
+
+
 class TaskStore(ClosesOnExit, ABC):
     """持久层契约（六类流量 + 维护）。
 
@@ -418,19 +422,23 @@ class TaskStore(ClosesOnExit, ABC):
     def expired_partitions(self, before: datetime) -> list[str]:
         """整个时间范围都早于 ``before`` 的迁移记录分区名，从旧到新。没有分区的后端返回 ``[]``。"""
         checks.check_aware("before", before, required=True)
+        return self._expired_partitions(before)
+
+    def _expired_partitions(self, before: datetime) -> list[str]:
         return []
 
     def archive_partition(
-        self,
-        name: str,
-        before: datetime,
-        write: Callable[[list[Transition]], None],
-        *,
-        batch: int = 5000,
+        self, name: str, before: datetime, write: ArchiveWrite, *, batch: int = 5000
     ) -> PartitionArchived:
         """把分区 ``name`` 里属于"可归档前缀"的行按批交给 ``write``（它返回时这批必须已经持久落盘），
         然后丢弃整个分区（不属于前缀的行先移回在线表）。整个过程是一个事务：``write`` 抛异常或丢弃
         不成，什么也不删（``dropped=False``），已写出的段由归档器按键逐行删除。"""
+        return self._archive_partition(name, before, write, batch)
+
+    def _archive_partition(
+        self, name: str, before: datetime, write: ArchiveWrite, batch: int
+    ) -> PartitionArchived:
+        """分区后端覆盖它（参数检查也在那里）；默认没有分区。"""
         raise StoreError(f"{type(self).__name__} 没有迁移记录分区，不能按分区归档 {name!r}")
 
     @abstractmethod

@@ -25,6 +25,16 @@ CreateSchema = Literal["auto", "always", "never"]
 CREATE_SCHEMA_MODES: tuple[str, ...] = ("auto", "always", "never")
 
 
+class OpensReadonly:
+    """混入类：存储的 ``readonly`` 属性（构造时定下、之后不变；见模块说明）。子类构造时设 ``_readonly``。"""
+
+    _readonly: bool
+
+    @property
+    def readonly(self) -> bool:
+        return self._readonly
+
+
 class SchemaMissing(StoreError):
     """目标存储里没有 chongming-task 的表，而这次打开不允许（或不应该）建表。
 

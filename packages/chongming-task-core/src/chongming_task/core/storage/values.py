@@ -273,6 +273,14 @@ class CommandSubmission:
     reason: str | None
     payload: dict[str, Any]
 
+    def written(
+        self, command_id: str, created_at: datetime, bucket: int | None, payload: Mapping[str, Any]
+    ) -> Command:
+        """后端写下这条指令后交回的 Command（还没人认领）：``payload`` 是按存下的文本读回的那份。"""
+        return Command(
+            command_id, self.task_id, self.action, self.issuer, self.reason, payload, created_at, bucket
+        )
+
 
 @dataclass(frozen=True)
 class ClaimRequest:

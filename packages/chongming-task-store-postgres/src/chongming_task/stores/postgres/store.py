@@ -27,9 +27,10 @@ from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
 from chongming_task.core.storage.claiming import QueuedClaim
-from chongming_task.core.storage.contract import TaskStore, prepare_batch
+from chongming_task.core.storage.contract import ArchiveWrite, TaskStore, prepare_batch
 from chongming_task.core.storage.opening import (
     CreateSchema,
+    OpensReadonly,
     SchemaMissing,
     SchemaPrivilegeError,
     check_opening,
@@ -271,7 +272,7 @@ def _data_error(exc: BaseException) -> ConfigurationError:
 # -- the store ---------------------------------------------------------------------------------------
 
 
-class PostgresTaskStore(RetentionByModule, TaskStore):
+class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     """PostgreSQL 持久层：多台机器共用一套任务存储与控制指令通道。
 
     ``dsn`` 是 libpq 连接串（``postgresql://user:pw@host:5432/db`` 或 ``host=... dbname=...``）。
@@ -477,10 +478,6 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
     @property
     def schema(self) -> str:
         return self._schema
-
-    @property
-    def readonly(self) -> bool:
-        return self._readonly
 
     @staticmethod
     def _make_readonly(conn: Conn) -> None:
@@ -1172,16 +1169,7 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
             row = conn.execute(self._sql.submit, params).fetchone()
         if row is None:
             raise TaskNotFound(f"任务 {task_id!r} 不存在，无法下发指令 {action.value}")
-        return v.Command(
-            command_id=command_id,
-            task_id=task_id,
-            action=action,
-            issuer=issuer,
-            reason=reason,
-            payload=json.loads(payload_text),
-            created_at=created_at,
-            bucket=row[0],
-        )
+        return submission.written(command_id, created_at, row[0], json.loads(payload_text))
 
     def _claim_commands(self, request: v.ClaimRequest) -> list[v.Command]:
         claimant, lease, limit = request.claimant, request.lease, request.limit
@@ -1346,16 +1334,11 @@ class PostgresTaskStore(RetentionByModule, TaskStore):
 
     # -- retention: 按月分区整块归档（实现在 _archive.py；另四个保留方法来自 RetentionByModule） --
 
-    def expired_partitions(self, before: datetime) -> list[str]:
+    def _expired_partitions(self, before: datetime) -> list[str]:
         return _archive.expired_partitions(self, before)
 
-    def archive_partition(
-        self,
-        name: str,
-        before: datetime,
-        write: Callable[[list[Transition]], None],
-        *,
-        batch: int = 5000,
+    def _archive_partition(
+        self, name: str, before: datetime, write: ArchiveWrite, batch: int
     ) -> v.PartitionArchived:
         return _archive.archive_partition(self, name, before, write, batch)
 

@@ -20,7 +20,7 @@ from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
 from chongming_task.core.storage.claiming import QueuedClaim
 from chongming_task.core.storage.contract import TaskStore, prepare_batch
-from chongming_task.core.storage.opening import CreateSchema, SchemaMissing, check_opening
+from chongming_task.core.storage.opening import CreateSchema, OpensReadonly, SchemaMissing, check_opening
 from chongming_task.core.storage.retention import RetentionByModule, RetentionModule
 from chongming_task.errors import (
     ConcurrencyConflict,
@@ -194,7 +194,7 @@ def _execute(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], mo
         raise
 
 
-class SqliteTaskStore(RetentionByModule, TaskStore):
+class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     """SQLite 存储。``path`` 是文件路径或 ``":memory:"``。
 
     * ``clock``：指令的创建时间与租约取自它（测试注入 FakeClock）；默认真实时钟。
@@ -271,10 +271,6 @@ class SqliteTaskStore(RetentionByModule, TaskStore):
     @property
     def path(self) -> str:
         return self._path
-
-    @property
-    def readonly(self) -> bool:
-        return self._readonly
 
     @staticmethod
     def schema_sql() -> str:
@@ -716,16 +712,7 @@ class SqliteTaskStore(RetentionByModule, TaskStore):
                     found[0],
                 ),
             )
-            return v.Command(
-                command_id=command_id,
-                task_id=task_id,
-                action=verb,
-                issuer=issuer,
-                reason=reason,
-                payload=json.loads(payload_text),
-                created_at=created_at,
-                bucket=found[0],
-            )
+            return submission.written(command_id, created_at, found[0], json.loads(payload_text))
 
         return self._run("submit_command", tx)
 
