@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Generic, TypeVar, overload
 
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import FailureKind, Progress, TaskSnapshot, Transition
@@ -48,6 +49,31 @@ COALESCE_SECONDS = 0.002
 
 # 会带失败分类的目标状态：其余迁移上快照里可能还留着上一次尝试的 failure，不能算在这次迁移头上。
 _FAILURE_TARGETS = frozenset({TaskStatus.FAILED, TaskStatus.RETRY_WAIT, TaskStatus.LOST, TaskStatus.STOPPED})
+
+
+T = TypeVar("T")
+
+
+class _Read(Generic[T]):
+    """只读属性：从事件的 ``record`` 或 ``snapshot`` 上读同名字段（不拷贝，见 TransitionEvent）。"""
+
+    __slots__ = ("_name", "_source")
+
+    def __init__(self, source: str) -> None:
+        self._source = source
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _Read[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type) -> T: ...
+    def __get__(self, obj: object, owner: type) -> T | _Read[T]:
+        if obj is None:
+            return self
+        return getattr(getattr(obj, self._source), self._name)  # type: ignore[no-any-return]
 
 
 @dataclass(
@@ -75,45 +101,17 @@ class TransitionEvent:
     ) -> TransitionEvent:
         return cls(record, snapshot, submit_context)
 
-    @property
-    def task_id(self) -> str:
-        return self.record.task_id
-
-    @property
-    def name(self) -> str:
-        return self.snapshot.name
-
-    @property
-    def from_status(self) -> TaskStatus:
-        return self.record.from_status
-
-    @property
-    def to_status(self) -> TaskStatus:
-        return self.record.to_status
-
-    @property
-    def trigger(self) -> str:
-        return self.record.trigger
-
-    @property
-    def actor(self) -> str | None:
-        return self.record.actor
-
-    @property
-    def reason(self) -> str | None:
-        return self.record.reason
-
-    @property
-    def version(self) -> int:
-        return self.record.version
-
-    @property
-    def at(self) -> datetime:
-        return self.record.at
-
-    @property
-    def attempt(self) -> int:
-        return self.snapshot.attempt
+    # 读出的字段：名字与 record / snapshot 上的同名字段一致（一张表，而不是十个一模一样的 property）。
+    task_id = _Read[str]("record")
+    name = _Read[str]("snapshot")
+    from_status = _Read[TaskStatus]("record")
+    to_status = _Read[TaskStatus]("record")
+    trigger = _Read[str]("record")
+    actor = _Read[str | None]("record")
+    reason = _Read[str | None]("record")
+    version = _Read[int]("record")
+    at = _Read[datetime]("record")
+    attempt = _Read[int]("snapshot")
 
     @property
     def failure_kind(self) -> FailureKind | None:
