@@ -21,7 +21,7 @@ from typing import Any
 
 from chongming_task import CommandAction, TaskSnapshot, TaskStatus, TaskStore
 from chongming_task.controller import Controller
-from chongming_task.errors import StoreError, TaskError, TaskNotFound
+from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskError, TaskNotFound
 from chongming_task.runtime.cluster import format_buckets  # 与 doctor / check_cluster 同一种桶号写法
 from chongming_task.storage import MAX_LOG_LINES
 from chongming_task.web.filters import BadRequest, Cursor, TaskFilter, page_query
@@ -386,12 +386,7 @@ class ConsoleService:
         snapshot = self.store.get(task_id)
         if snapshot is None:
             raise NotFound(f"找不到任务 {task_id!r}：它可能已被 prune 清理，或 id 写错了")
-        if snapshot.recipe is None:
-            raise BadRequest(
-                f"任务 {task_id} 不是持久任务（提交时没有 durable=True）：它的参数从未落库，无法重试；"
-                "请重新提交它"
-            )
-        if snapshot.status not in RETRY_STATUSES:
+        if snapshot.recipe is not None and snapshot.status not in RETRY_STATUSES:
             allowed = "、".join(status_label(s) for s in TaskStatus if s in RETRY_STATUSES)
             raise Conflict(
                 f"任务 {task_id} 当前是「{status_label(snapshot.status)}」（{snapshot.status.value}），"
@@ -403,7 +398,9 @@ class ConsoleService:
             revived = controller.requeue(task_id, reason=reason)
         except TaskNotFound as exc:
             raise NotFound(f"找不到任务 {task_id!r}：{exc}") from None
-        except StoreError as exc:  # 例如确认之后别人先改了它（版本冲突）
+        except ConfigurationError as exc:  # 不是持久任务：参数从未落库，只能重新提交
+            raise BadRequest(str(exc)) from None
+        except ConcurrencyConflict as exc:  # 确认之后别人先改了它
             raise Conflict(
                 f"重试没有写入：{exc}；刷新页面查看最新状态", {"status": snapshot.status.value}
             ) from None
