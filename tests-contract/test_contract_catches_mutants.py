@@ -100,6 +100,16 @@ class WildcardPrefix(InMemoryTaskStore):
         return rows if query.limit is None else rows[: query.limit]
 
 
+class IgnoresDurable(InMemoryTaskStore):
+    """query / stats 把 ``TaskQuery.durable`` 当成不限：持久筛选形同虚设。"""
+
+    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        return super().query(None if query is None else dataclasses.replace(query, durable=None))
+
+    def stats(self, query: TaskQuery | None = None) -> Any:
+        return super().stats(None if query is None else dataclasses.replace(query, durable=None))
+
+
 class SharedOutcome(InMemoryTaskStore):
     """出库时把同一个 outcome 对象交给每个调用方：改一处，处处都变。"""
 
@@ -280,6 +290,7 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
         "test_query_name_prefix_percent_is_literal",
         "test_query_name_prefix_underscore_is_literal",
     },
+    IgnoresDurable: {"test_query_and_stats_filter_by_durable"},
     SharedOutcome: {"test_returned_outcome_is_a_copy"},
     CompletesForAnyone: {"test_complete_is_idempotent_for_holder_and_false_for_others"},
     ClaimIgnoresLease: {

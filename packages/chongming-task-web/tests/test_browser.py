@@ -167,6 +167,29 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 20.0) -> Any:
     raise AssertionError("条件在超时内没有成立")
 
 
+def seed_failed_durable(db: str, task_id: str) -> None:
+    """直接写一个已失败的持久任务（带配方），不需要 worker：重试只把它交回队列。"""
+    from datetime import UTC, datetime
+
+    from chongming_task import Failure, FailureKind, TaskSnapshot, TaskStatus
+    from chongming_task.core.recipes import Recipe
+
+    now = datetime.now(UTC)
+    snapshot = TaskSnapshot(
+        task_id=task_id,
+        name="etl.durable",
+        created_at=now,
+        status=TaskStatus.FAILED,
+        attempt=1,
+        started_at=now,
+        finished_at=now,
+        failure=Failure(FailureKind.EXCEPTION, "上游不可用"),
+        recipe=Recipe(name="etl.durable", args=("<b>不是标签</b>",), kwargs={"day": "2030-01-02"}),
+    )
+    with SqliteTaskStore(db) as store:
+        store.create(snapshot)
+
+
 def act(page: Any, action: str, reason: str) -> None:
     """在任务页上填原因、点动作按钮、在确认页点确认（服务端确认页，不靠 JS 对话框）。"""
     page.fill("textarea[name=reason]", reason)
@@ -181,6 +204,7 @@ def test_live_console_in_a_real_browser(browser: Any, spawn: Callable[..., Proc]
     holder = spawn(sys.executable, str(TESTS_DIR / "web_holder.py"), db)
     holder.wait_line("stdout", "ready")
     wait_for(lambda: status_of(db, "live-1") == "running")
+    seed_failed_durable(db, "durable-1")
     server, url = start_server(spawn, db)
     page = browser.new_page(viewport={"width": 1280, "height": 900}, locale="zh-CN")
     errors: list[str] = []
@@ -239,6 +263,15 @@ def test_live_console_in_a_real_browser(browser: Any, spawn: Callable[..., Proc]
             "已停止", timeout=20_000
         )
     assert [status_of(db, f"bulk-{i}") for i in range(3)] == ["stopped"] * 3
+
+    # 3b. 已失败的持久任务：配方原样显示，"重试"确认后回到队列、"待认领"，时间线里是 web:tester
+    page.goto(url + "tasks/durable-1")
+    expect(page.locator("#recipe-args")).to_contain_text('"<b>不是标签</b>"')
+    act(page, "retry", "浏览器测试：重试")
+    expect(page.locator('#task [data-field="status_label"]')).to_have_text("排队中", timeout=20_000)
+    expect(page.locator('#task [data-field="claim_label"]')).to_have_text("待认领")
+    expect(page.locator("#history")).to_contain_text("浏览器测试：重试")
+    assert "web:tester" in page.locator("#history").inner_text() and status_of(db, "durable-1") == "queued"
 
     # 4. 总览
     page.goto(url + "overview")

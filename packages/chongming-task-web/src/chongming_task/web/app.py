@@ -56,6 +56,7 @@ from chongming_task.web.service import (
     check_action,
     check_operator,
     check_reason,
+    check_task_action,
 )
 
 logger = logging.getLogger("chongming_task.web")
@@ -393,7 +394,7 @@ class WebConsole:
         self.require_write()
         task_id = request.path_params["task_id"]
         try:
-            action = check_action(form.get("action"))
+            action = check_task_action(form.get("action"))
             reason = check_reason(form.get("reason"))
         except BadRequest as exc:
             raise HttpError(400, str(exc)) from None
@@ -412,7 +413,7 @@ class WebConsole:
                     "cancel_url": f"/tasks/{quote(task_id, safe='')}",
                 },
             )
-        result = await self.call(self.service.act, task_id, action, operator=session.operator, reason=reason)
+        result = await self._task_action(task_id, action, operator=session.operator, reason=reason)
         self.flash(session, result["message"])
         return RedirectResponse(f"/tasks/{quote(task_id, safe='')}", status_code=303)
 
@@ -552,13 +553,21 @@ class WebConsole:
         self.check_csrf(request, session, None)
         self.require_write()
         try:
-            action = check_action(request.path_params["action"])
+            action = check_task_action(request.path_params["action"])
             reason = check_reason(data.get("reason"))
         except BadRequest as exc:
             raise HttpError(400, str(exc)) from None
         task_id = request.path_params["task_id"]
-        result = await self.call(self.service.act, task_id, action, operator=session.operator, reason=reason)
-        return JSONResponse(result, status_code=202)
+        result = await self._task_action(task_id, action, operator=session.operator, reason=reason)
+        # 指令只是受理（持有者执行后才算数）→ 202；重试当场写进存储 → 200。
+        return JSONResponse(result, status_code=200 if action == "retry" else 202)
+
+    async def _task_action(
+        self, task_id: str, action: str, *, operator: str, reason: str | None
+    ) -> dict[str, Any]:
+        if action == "retry":
+            return await self.call(self.service.retry, task_id, operator=operator, reason=reason)  # type: ignore[no-any-return]
+        return await self.call(self.service.act, task_id, action, operator=operator, reason=reason)  # type: ignore[no-any-return]
 
     async def api_bulk(self, request: Request) -> Response:
         session = self.require_login(request, api=True)

@@ -28,7 +28,7 @@ MAX_TEXT_PARAM = 1000
 MAX_LOG_PAGE = MAX_LOG_LINES
 """日志接口一次最多返回的行数：存储每任务本来就只保存这么多。"""
 
-FILTER_KEYS = ("status", "name", "tag", "bucket", "holder")
+FILTER_KEYS = ("status", "name", "tag", "bucket", "holder", "durable")
 
 _ONE_MICROSECOND = timedelta(microseconds=1)
 
@@ -71,10 +71,19 @@ class TaskFilter:
     tag: str | None = None
     bucket: int | None = None
     holder: str | None = None
+    durable: bool | None = None
+    """True 只看持久任务（带配方），False 只看非持久的，None 不限；由存储的 ``TaskQuery.durable`` 过滤。"""
 
     @property
     def empty(self) -> bool:
-        return not (self.statuses or self.name_prefix or self.tag or self.bucket is not None or self.holder)
+        return not (
+            self.statuses
+            or self.name_prefix
+            or self.tag
+            or self.bucket is not None
+            or self.holder
+            or self.durable is not None
+        )
 
     def query(
         self,
@@ -94,6 +103,7 @@ class TaskFilter:
             tag=self.tag,
             bucket=self.bucket,
             owner=self.holder,
+            durable=self.durable,
             limit=limit,
             created_before=created_before,
             order=QueryOrder.NEWEST_FIRST,
@@ -110,6 +120,8 @@ class TaskFilter:
             items.append(("bucket", str(self.bucket)))
         if self.holder is not None:
             items.append(("holder", self.holder))
+        if self.durable is not None:
+            items.append(("durable", "1" if self.durable else "0"))
         return items
 
     def querystring(self, **extra: str | None) -> str:
@@ -123,6 +135,7 @@ class TaskFilter:
             "tag": self.tag,
             "bucket": self.bucket,
             "holder": self.holder,
+            "durable": self.durable,
         }
 
 
@@ -158,6 +171,32 @@ def _statuses(values: Iterable[Any]) -> frozenset[TaskStatus]:
     return frozenset(chosen)
 
 
+_DURABLE_VALUES: dict[Any, bool | None] = {
+    "": None,
+    "all": None,
+    "1": True,
+    "true": True,
+    "yes": True,
+    "0": False,
+    "false": False,
+    "no": False,
+}
+
+
+def _durable(value: Any) -> bool | None:
+    """``durable``：1/true/yes 只看持久任务，0/false/no 只看非持久的，留空或 all 不限。
+
+    JSON 里也可以直接写布尔。"""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _DURABLE_VALUES:
+        return _DURABLE_VALUES[value.strip().lower()]
+    raise BadRequest(
+        "持久筛选（durable）只能是 1（只看持久任务）、0（只看非持久任务）或留空（全部），"
+        f"收到 {str(value)[:50]!r}"
+    )
+
+
 def _int(value: Any, key: str, label: str, *, low: int, high: int | None) -> int:
     if isinstance(value, bool):
         raise BadRequest(f"{label}（{key}）必须是整数，收到 {value!r}")
@@ -185,6 +224,7 @@ def parse_filter(params: Mapping[str, Any], statuses: Iterable[Any], *, num_buck
         tag=_text(params, "tag", "标签"),
         bucket=bucket,
         holder=_text(params, "holder", "持有者"),
+        durable=_durable(params.get("durable")),
     )
     try:
         result.query()  # 让 TaskQuery 自己再校验一遍（标签写法等），错误同样是 400

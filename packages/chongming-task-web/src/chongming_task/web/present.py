@@ -10,10 +10,13 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
 from chongming_task import TaskSnapshot, TaskStatus, Transition
+from chongming_task.core.recipes import Recipe
+from chongming_task.states import RETRYABLE_FROM
 from chongming_task.storage import LogLine, LogStats
 
 STATUS_LABELS: dict[TaskStatus, str] = {
@@ -34,7 +37,11 @@ STATUS_LABELS: dict[TaskStatus, str] = {
     TaskStatus.LOST: "结果未知",
 }
 
-ACTION_LABELS = {"stop": "停止", "pause": "暂停", "resume": "恢复"}
+ACTION_LABELS = {"stop": "停止", "pause": "暂停", "resume": "恢复", "retry": "重试"}
+"""动作的中文名。retry 只对单个持久任务（不进批量）：见 ``RETRY_STATUSES``。"""
+
+RETRY_STATUSES: frozenset[TaskStatus] = RETRYABLE_FROM
+"""持久任务能"重试"（经审计的 retry() 复活、交回队列）的终态：与状态机 retry() 同一份集合。"""
 
 # 各动作能作用的状态（与转移表一致：pause 只对还没挂起的活任务，resume 只对已暂停的）。
 ACTION_STATUSES: dict[str, frozenset[TaskStatus]] = {
@@ -131,6 +138,39 @@ def task_row(snapshot: TaskSnapshot, now: datetime, pending: dict[str, Any] | No
         "created_at": fmt_time(snapshot.created_at),
         "failure": None if snapshot.failure is None else snapshot.failure.message,
         "pending": pending,
+        "durable": snapshot.recipe is not None,
+        "claim_label": "待认领" if unclaimed(snapshot) else None,
+    }
+
+
+def unclaimed(snapshot: TaskSnapshot) -> bool:
+    """持久任务在队列里、还没有 worker 认领（queued 且无人持有）。"""
+    return (
+        snapshot.recipe is not None
+        and snapshot.status is TaskStatus.QUEUED
+        and snapshot.owner is None
+        and snapshot.lease_owner is None
+    )
+
+
+def _json_text(value: Any) -> str:
+    # 只生成文本：模板再按 HTML 转义，页面里永远不会把参数当标记或脚本解释。
+    return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=False)
+
+
+def recipe_view(recipe: Recipe | None) -> dict[str, Any] | None:
+    """持久任务的配方（任务名、参数与策略）：JSON API 原样给出，页面另有排好版的参数文本。"""
+    if recipe is None:
+        return None
+    data = recipe.to_dict()
+    return {
+        **data,
+        "on_lost_label": "worker 失联后自动重跑（还有尝试次数时）"
+        if recipe.retries_when_lost
+        else "保持结果未知",
+        "args_text": _json_text(data["args"]),
+        "kwargs_text": _json_text(data["kwargs"]),
+        "timeout_text": "-" if data["timeout"] is None else _json_text(data["timeout"]),
     }
 
 
@@ -188,7 +228,11 @@ def task_detail(
             "exc_type": failure.exc_type,
             "traceback": failure.traceback,
         },
-        "actions": sorted(a for a, statuses in ACTION_STATUSES.items() if snapshot.status in statuses),
+        "actions": sorted(
+            [a for a, statuses in ACTION_STATUSES.items() if snapshot.status in statuses]
+            + (["retry"] if snapshot.recipe is not None and snapshot.status in RETRY_STATUSES else [])
+        ),
+        "recipe": recipe_view(snapshot.recipe),
         "history": [transition_row(t) for t in history],
     }
 
@@ -198,6 +242,7 @@ __all__ = [
     "ACTION_STATUSES",
     "ACTIVE_STATUSES",
     "QUEUED_STATUSES",
+    "RETRY_STATUSES",
     "STATUS_LABELS",
     "age",
     "elapsed",
@@ -206,8 +251,10 @@ __all__ = [
     "log_row",
     "log_stats_view",
     "progress_view",
+    "recipe_view",
     "status_label",
     "task_detail",
     "task_row",
     "transition_row",
+    "unclaimed",
 ]

@@ -4,7 +4,11 @@
 共用。控制动作一律走正常的跨进程指令通道（``TaskStore.submit_command``，发起者 ``web:<操作者>``），
 与 ``chongming-task stop`` 写下的是同一种指令，由持有任务的进程取走执行，所以 ``history`` 里看得到
 是谁、为什么——控制台自己从不改写任务状态。没有任何入口接受代码或可调用对象：只有任务 id、动作名
-（stop / pause / resume）与一段原因文本。
+（stop / pause / resume / retry）与一段原因文本。
+
+retry（重试持久任务）例外地不是一条指令：已结束的任务没有持有者可以去执行它，所以与
+``chongming-task retry`` 一样，直接经 ``Controller.requeue``（审计过的 retry()，记为 ``control:retry``，
+操作者 ``web:<操作者>``）把它交回队列，等 worker 认领。
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from chongming_task import CommandAction, TaskSnapshot, TaskStatus, TaskStore
 from chongming_task.controller import Controller
+from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskError, TaskNotFound
 from chongming_task.runtime.cluster import format_buckets  # 与 doctor / check_cluster 同一种桶号写法
 from chongming_task.storage import MAX_LOG_LINES
 from chongming_task.web.filters import BadRequest, Cursor, TaskFilter, page_query
@@ -25,6 +30,7 @@ from chongming_task.web.present import (
     ACTION_STATUSES,
     ACTIVE_STATUSES,
     QUEUED_STATUSES,
+    RETRY_STATUSES,
     STATUS_LABELS,
     age,
     fmt_time,
@@ -90,6 +96,15 @@ def check_operator(value: Any) -> str:
 def check_action(value: Any) -> str:
     if value not in ACTION_STATUSES:
         raise BadRequest(f"未知动作 {str(value)[:50]!r}：只能是 stop、pause 或 resume")
+    return str(value)
+
+
+def check_task_action(value: Any) -> str:
+    """单个任务上的动作：批量的三种之外还有 retry（只对已结束的持久任务）。"""
+    if value == "retry":
+        return "retry"
+    if value not in ACTION_STATUSES:
+        raise BadRequest(f"未知动作 {str(value)[:50]!r}：只能是 stop、pause、resume 或 retry")
     return str(value)
 
 
@@ -364,6 +379,47 @@ class ConsoleService:
             "message": message,
         }
 
+    def retry(self, task_id: str, *, operator: str, reason: str | None) -> dict[str, Any]:
+        """重试一个已结束（failed / stopped / cancelled / lost）的持久任务：与 CLI ``retry`` 同一条
+        ``Controller.requeue`` 路径，迁移历史里记为 ``control:retry``、操作者 ``web:<操作者>``。"""
+        self._refuse_if_read_only()
+        snapshot = self.store.get(task_id)
+        if snapshot is None:
+            raise NotFound(f"找不到任务 {task_id!r}：它可能已被 prune 清理，或 id 写错了")
+        if snapshot.recipe is not None and snapshot.status not in RETRY_STATUSES:
+            allowed = "、".join(status_label(s) for s in TaskStatus if s in RETRY_STATUSES)
+            raise Conflict(
+                f"任务 {task_id} 当前是「{status_label(snapshot.status)}」（{snapshot.status.value}），"
+                f"不能重试：只有{allowed}的持久任务能重试；刷新页面查看最新状态",
+                {"status": snapshot.status.value},
+            )
+        controller = Controller(store=self.store, owner=f"web:{operator}", num_buckets=self.num_buckets)
+        try:
+            revived = controller.requeue(task_id, reason=reason)
+        except TaskNotFound as exc:
+            raise NotFound(f"找不到任务 {task_id!r}：{exc}") from None
+        except ConfigurationError as exc:  # 不是持久任务：参数从未落库，只能重新提交
+            raise BadRequest(str(exc)) from None
+        except ConcurrencyConflict as exc:  # 确认之后别人先改了它
+            raise Conflict(
+                f"重试没有写入：{exc}；刷新页面查看最新状态", {"status": snapshot.status.value}
+            ) from None
+        except TaskError as exc:
+            raise Conflict(
+                f"重试被拒绝：{exc}；刷新页面查看最新状态", {"status": snapshot.status.value}
+            ) from None
+        finally:
+            controller.close(reason="网页控制台重试结束")
+        return {
+            "task_id": task_id,
+            "action": "retry",
+            "accepted": True,
+            "confirmed": True,
+            "status": revived.status.value,
+            "attempt": revived.attempt,
+            "message": f"已重新排队：任务 {task_id} 将是第 {revived.attempt + 1} 次尝试，等 worker 认领",
+        }
+
     def bulk_apply(
         self, flt: TaskFilter, action: str, *, operator: str, reason: str | None, expected: int
     ) -> dict[str, Any]:
@@ -437,5 +493,6 @@ __all__ = [
     "check_action",
     "check_operator",
     "check_reason",
+    "check_task_action",
     "format_buckets",
 ]

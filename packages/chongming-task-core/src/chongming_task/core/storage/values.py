@@ -44,6 +44,7 @@ class TaskQuery:
     * ``created_after`` / ``created_before`` 是开区间：严格晚于 / 严格早于。时间一律按"时刻"比较，
       与写法（时区偏移）无关——按 ISO 文本比较的后端会在非 UTC 偏移上出错。
     * ``lease_expired_before``：租约为空或 ``lease_until`` 早于该时刻（reconcile 用）。
+    * ``durable``：True 只要持久任务（带配方 ``recipe``），False 只要非持久的，None 不限。
     * 顺序按 (created_at, task_id)，``order`` 决定新的在前还是旧的在前。
     """
 
@@ -57,6 +58,7 @@ class TaskQuery:
     created_after: datetime | None = None
     created_before: datetime | None = None
     lease_expired_before: datetime | None = None
+    durable: bool | None = None
     limit: int | None = None
     order: QueryOrder = QueryOrder.NEWEST_FIRST
 
@@ -95,6 +97,8 @@ class TaskQuery:
                 raise ConfigurationError(f"TaskQuery.{name} 必须是字符串，收到 {value!r}")
         if self.tag is not None:
             normalize_tags([self.tag])
+        if self.durable is not None and not isinstance(self.durable, bool):
+            raise ConfigurationError(f"TaskQuery.durable 只能是 True、False 或 None，收到 {self.durable!r}")
         for name in ("created_after", "created_before", "lease_expired_before"):
             check_aware(f"TaskQuery.{name}", getattr(self, name))
         if self.limit is not None and (
@@ -124,6 +128,8 @@ class TaskQuery:
         if self.pipeline_id is not None and snapshot.pipeline_id != self.pipeline_id:
             return False
         if self.created_after is not None and not snapshot.created_at > self.created_after:
+            return False
+        if self.durable is not None and (snapshot.recipe is not None) != self.durable:
             return False
         if self.created_before is not None and not snapshot.created_at < self.created_before:
             return False

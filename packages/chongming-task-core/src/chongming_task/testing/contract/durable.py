@@ -10,6 +10,7 @@ from datetime import timedelta
 from chongming_task.core.recipes import OnLost, Recipe
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import TaskSnapshot
+from chongming_task.storage import TaskQuery
 from chongming_task.testing.contract._base import T0, TZ_SHANGHAI, ContractBase, S, snap, step
 
 LEASE = T0 + timedelta(seconds=30)
@@ -64,6 +65,26 @@ class DurableCases(ContractBase):
         assert got is not None
         self.assertIsNone(got.recipe)
         self.assertFalse(got.durable)
+
+    def test_query_and_stats_filter_by_durable(self) -> None:
+        store = self.open_store()
+        store.create(durable("d-a", seconds=1))
+        store.create(snap("plain-b", at=T0 + timedelta(seconds=2)))
+        store.create(durable("d-c", seconds=3, status=S.FAILED, status_version=2))
+        store.create(snap("plain-d", at=T0 + timedelta(seconds=4), status=S.FAILED, status_version=1))
+
+        def ids(query: TaskQuery) -> list[str]:
+            return [s.task_id for s in store.query(query)]
+
+        self.assertEqual(ids(TaskQuery(durable=True)), ["d-c", "d-a"])
+        self.assertEqual(ids(TaskQuery(durable=False)), ["plain-d", "plain-b"])
+        self.assertEqual(len(ids(TaskQuery(durable=None))), 4)
+        self.assertEqual(ids(TaskQuery(durable=True, statuses=frozenset({S.FAILED}))), ["d-c"])
+        self.assertEqual(ids(TaskQuery(durable=False, limit=1)), ["plain-d"])
+        self.assertEqual(store.stats(TaskQuery(durable=True)).total, 2)
+        self.assertEqual(store.stats(TaskQuery(durable=False, statuses=frozenset({S.FAILED}))).total, 1)
+        with self.assertRaises(ConfigurationError):
+            TaskQuery(durable="yes")  # type: ignore[arg-type]
 
     def test_save_never_rewrites_the_recipe(self) -> None:
         store = self.open_store()

@@ -72,12 +72,16 @@ LATER_TASK_COLUMNS: tuple[str, ...] = tuple(c.name for c in LATER_COLUMNS)
 
 
 def later_ddl_statements(schema: str) -> list[str]:
-    """后补的列与待认领持久任务的部分索引（worker 按 priority DESC, created_at, task_id 取前 N 个）。"""
+    """后补的列、待认领持久任务的部分索引（worker 按 priority DESC, created_at, task_id 取前 N 个）与
+    持久任务按时间的部分索引（持久筛选）。"""
     s = quote_ident(schema)
     return [
         *_codec.SNAPSHOTS.add_later_columns(f"{s}.tasks", if_not_exists=True),
         f"""CREATE INDEX IF NOT EXISTS tasks_claimable_idx ON {s}.tasks (priority DESC, created_at, task_id)
     WHERE status = 'queued' AND owner IS NULL AND recipe IS NOT NULL""",
+        # TaskQuery(durable=True)（网页控制台的持久筛选）：最新的持久任务沿它倒着走，不扫普通任务。
+        f"""CREATE INDEX IF NOT EXISTS tasks_durable_idx ON {s}.tasks (created_at, task_id)
+    WHERE recipe IS NOT NULL""",
     ]
 
 

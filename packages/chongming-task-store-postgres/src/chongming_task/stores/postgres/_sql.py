@@ -275,6 +275,8 @@ def where_clause(query: TaskQuery) -> tuple[str, dict[str, Any]]:
         if value is not None:
             clauses.append(clause)
             params[name] = _FILTER_PARAMS.get(name, _as_is)(value)
+    if query.durable is not None:
+        clauses.append("recipe IS NOT NULL" if query.durable else "recipe IS NULL")
     if query.name_prefix is not None:
         # 前缀按字面匹配：escape_like 转义 % _ 与转义符本身（列是 COLLATE "C"，按码点比较）。
         clauses.append("name LIKE %(name_like)s ESCAPE '\\'")

@@ -94,6 +94,8 @@ def select_from(query: TaskQuery, *extra: str, name_index: bool = True) -> tuple
     if query.pipeline_id is not None:
         clauses.append("t.pipeline_id = ?")
         params.append(query.pipeline_id)
+    if query.durable is not None:
+        clauses.append("t.recipe IS NOT NULL" if query.durable else "t.recipe IS NULL")
     if query.created_after is not None:
         clauses.append(f"{order_alias}.created_key > ?")
         params.append(codec.dt_key(query.created_after))

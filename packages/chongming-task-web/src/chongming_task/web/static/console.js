@@ -32,10 +32,11 @@
       var el = nodes[i];
       var field = el.getAttribute("data-field");
       var value = lookup(row, field);
-      if (field === "pending.label") {
+      var badge = field === "pending.label" || field === "claim_label";
+      if (badge) {
         el.hidden = !value;
       }
-      var text = (value === null || value === undefined) ? (field === "pending.label" || field === "failure" ? "" : "-") : String(value);
+      var text = (value === null || value === undefined) ? (badge || field === "failure" ? "" : "-") : String(value);
       if (el.textContent !== text) { el.textContent = text; }
       if (field === "status_label" && row.status) {
         el.className = "status status-" + row.status;
