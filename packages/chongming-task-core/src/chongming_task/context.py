@@ -32,6 +32,7 @@ from types import MappingProxyType
 from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock, SystemClock
+from chongming_task.core.readonly import Read
 from chongming_task.errors import ConfigurationError, TaskCancelled
 from chongming_task.models import Progress, validate_task_id
 
@@ -99,10 +100,7 @@ class Heartbeat:
         ctx = self._ctx
         ctx._beat = ctx._monotonic()
 
-    @property
-    def last(self) -> float:
-        """最近一次心跳的单调时钟读数（与注入的 clock 同一时间轴）。"""
-        return self._ctx._beat
+    last = Read[float]("_ctx._beat", doc="最近一次心跳的单调时钟读数（与注入的 clock 同一时间轴）。")
 
 
 def _artifact_component(task_id: str) -> str:
@@ -327,40 +325,16 @@ class TaskContext:
 
     # -- read-only probes ---------------------------------------------------------------------------
 
-    @property
-    def is_stop_requested(self) -> bool:
-        """只读探测：已请求停止？清理代码（except / finally）里用它代替 ``checkpoint()``。"""
-        return self._stop
-
-    @property
-    def is_pause_requested(self) -> bool:
-        return self._pause
-
-    @property
-    def stop_reason(self) -> str | None:
-        return self._stop_reason
-
-    @property
-    def task_id(self) -> str:
-        return self._task_id
-
-    @property
-    def task_name(self) -> str:
-        return self._task_name
-
-    @property
-    def attempt(self) -> int:
-        """本次尝试的序号（从 1 起）。"""
-        return self._attempt
-
-    @property
-    def clock(self) -> Clock:
-        return self._clock
-
-    @property
-    def last_heartbeat(self) -> float:
-        """最近一次心跳的单调时钟读数。"""
-        return self._beat
+    is_stop_requested = Read[bool](
+        "_stop", doc="只读探测：已请求停止？清理代码（except / finally）里用它代替 ``checkpoint()``。"
+    )
+    is_pause_requested = Read[bool]("_pause")
+    stop_reason = Read[str | None]("_stop_reason")
+    task_id = Read[str]("_task_id")
+    task_name = Read[str]("_task_name")
+    attempt = Read[int]("_attempt", doc="本次尝试的序号（从 1 起）。")
+    clock = Read[Clock]("_clock")
+    last_heartbeat = Read[float]("_beat", doc="最近一次心跳的单调时钟读数。")
 
     # -- progress and logs --------------------------------------------------------------------------
 
@@ -377,13 +351,8 @@ class TaskContext:
         self._last_progress = value
         self._events.progress(value)
 
-    @property
-    def last_progress(self) -> Progress | None:
-        return self._last_progress
-
-    @property
-    def logger_name(self) -> str:
-        return self._logger_name
+    last_progress = Read[Progress | None]("_last_progress")
+    logger_name = Read[str]("_logger_name")
 
     def log(self, message: object, *, level: int = logging.INFO) -> None:
         """记日志：走标准库 logging（logger ``chongming_task.task.<task_id>``，extra 带
@@ -415,10 +384,9 @@ class TaskContext:
 
     # -- upstream data and artifacts ----------------------------------------------------------------
 
-    @property
-    def upstream(self) -> Mapping[str, Any]:
-        """成功的上游节点 → 返回值。失败或跳过的上游不在这里（没有值可传，不塞 None）。"""
-        return self._upstream
+    upstream = Read[Mapping[str, Any]](
+        "_upstream", doc="成功的上游节点 → 返回值。失败或跳过的上游不在这里（没有值可传，不塞 None）。"
+    )
 
     def input(self, node_id: str, default: Any = _MISSING) -> Any:
         """取上游节点 ``node_id`` 的返回值；没有这个（成功的）上游时返回 ``default``。"""
@@ -494,9 +462,7 @@ class ContextHandle:
     def __init__(self, ctx: TaskContext) -> None:
         self._ctx = ctx
 
-    @property
-    def context(self) -> TaskContext:
-        return self._ctx
+    context = Read[TaskContext]("_ctx")
 
     def request_stop(self, reason: str | None = None) -> None:
         """下一次 ``checkpoint()`` 抛 TaskCancelled；已挂起的检查点立即被唤醒并抛出。"""
@@ -513,9 +479,7 @@ class ContextHandle:
         """已挂起 → True；否则撤销暂停请求并返回 False（与挂起判定互斥，不会说假话）。"""
         return self._ctx._confirm_or_cancel_pause()
 
-    @property
-    def is_parked(self) -> bool:
-        return self._ctx._parked
+    is_parked = Read[bool]("_ctx._parked")
 
     def wait_parked(self, timeout: float | None = None) -> bool:
         """（真实时间）等到任务在检查点里挂起；返回是否已挂起。"""
@@ -528,18 +492,9 @@ class ContextHandle:
             event = ctx._parked_event
         return event.wait(timeout)
 
-    @property
-    def heartbeat(self) -> float:
-        """最近一次心跳的单调时钟读数（与上下文的 clock 同一时间轴）。"""
-        return self._ctx._beat
-
-    @property
-    def progress(self) -> Progress | None:
-        return self._ctx._last_progress
-
-    @property
-    def logs(self) -> list[LogEntry]:
-        return self._ctx.logs
+    heartbeat = Read[float]("_ctx._beat", doc="最近一次心跳的单调时钟读数（与上下文的 clock 同一时间轴）。")
+    progress = Read[Progress | None]("_ctx._last_progress")
+    logs = Read[list[LogEntry]]("_ctx.logs")
 
 
 RuntimeContext = TaskContext

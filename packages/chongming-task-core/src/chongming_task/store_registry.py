@@ -9,25 +9,32 @@ from __future__ import annotations
 import importlib
 import re
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, NamedTuple
 
 from chongming_task.errors import ConfigurationError
 from chongming_task.storage import TaskStore
 
 ENTRY_POINT_GROUP = "chongming_task.stores"
 
-# 源码直接运行（未 pip 安装、没有入口点元数据）时的兜底：内置后端的位置。
-_BUILTIN: dict[str, str] = {
-    "memory": "chongming_task.stores.memory:InMemoryTaskStore",
-    "sqlite": "chongming_task.stores.sqlite:SqliteTaskStore",
-    "postgresql": "chongming_task.stores.postgres:PostgresTaskStore",
-    "postgres": "chongming_task.stores.postgres:PostgresTaskStore",
-}
 
-_INSTALL_HINTS: dict[str, str] = {
-    "sqlite": "pip install chongming-task-store-sqlite（或 pip install chongming-task）",
-    "postgresql": 'pip install "chongming-task[postgres]"',
-    "postgres": 'pip install "chongming-task[postgres]"',
+# 内置后端：scheme → (位置 ``模块:类``, 实现包没装时的安装提示)。位置是源码直接运行（未 pip 安装、
+# 没有入口点元数据）时的兜底；一个 scheme 一行，位置与提示不再分两张表各写一遍。
+class _Builtin(NamedTuple):
+    target: str
+    install: str | None = None
+
+
+_POSTGRES = _Builtin(
+    "chongming_task.stores.postgres:PostgresTaskStore", 'pip install "chongming-task[postgres]"'
+)
+_BUILTIN: dict[str, _Builtin] = {
+    "memory": _Builtin("chongming_task.stores.memory:InMemoryTaskStore"),
+    "sqlite": _Builtin(
+        "chongming_task.stores.sqlite:SqliteTaskStore",
+        "pip install chongming-task-store-sqlite（或 pip install chongming-task）",
+    ),
+    "postgresql": _POSTGRES,
+    "postgres": _POSTGRES,
 }
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
@@ -35,7 +42,7 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
 
 def available_schemes() -> dict[str, str]:
     """已登记的 scheme → ``模块:类``（入口点优先，其次内置兜底）。"""
-    schemes = dict(_BUILTIN)
+    schemes = {scheme: builtin.target for scheme, builtin in _BUILTIN.items()}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         schemes[ep.name] = ep.value
     return schemes
@@ -64,7 +71,8 @@ def _load(target: str, scheme: str) -> type[TaskStore]:
     except ModuleNotFoundError as exc:
         # 只有"插件本身没装"才换成安装提示；插件装了但它自己的依赖缺失，原样抛出真实错误。
         if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            hint = _INSTALL_HINTS.get(scheme, "请安装提供该 scheme 的插件包")
+            builtin = _BUILTIN.get(scheme)
+            hint = (builtin and builtin.install) or "请安装提供该 scheme 的插件包"
             raise ImportError(f"存储 scheme '{scheme}' 的实现 {module_name} 未安装：{hint}") from exc
         raise
     cls = getattr(module, attr)

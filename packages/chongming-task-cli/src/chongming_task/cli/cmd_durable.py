@@ -13,7 +13,6 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
-from typing import Any
 
 import click
 
@@ -21,7 +20,7 @@ from chongming_task.cli.app import cli, json_option, pass_state, tasks_option
 from chongming_task.cli.buckets import format_bucket_spec, owned_buckets
 from chongming_task.cli.cmd_run import (
     SignalStop,
-    _parse_arguments,
+    TaskCall,
     submit_errors,
     submit_options,
     task_controller,
@@ -54,17 +53,10 @@ KEEP_FINISHED = 1000
 )
 @json_option
 @pass_state
-def submit_command(
-    state: AppState,
-    task_name: str,
-    module_name: str | None,
-    raw_args: tuple[str, ...],
-    fields: dict[str, Any],
-    on_lost: str | None,
-) -> int:
+def submit_command(state: AppState, call: TaskCall, on_lost: str | None) -> int:
     """只入队不执行：写下一个持久任务，由 worker 认领执行；打印 task_id（退出码 0）。"""
-    module = load_task_module(module_name)
-    kwargs = _parse_arguments(raw_args)
+    task_name, fields = call.task_name, call.fields
+    module, kwargs = call.load()
     if "on_lost" in kwargs:
         raise CliError("--arg on_lost=... 与提交参数同名：请用 --on-lost 选项")
     if not state.has_store():

@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import FrameType, ModuleType
 from typing import Any
@@ -166,11 +167,26 @@ def _resolve_name(controller: Controller, module_name: str, name: str) -> None:
 _FIELD_PARAMS = ("task_id", "label", "tags", "priority", "bucket_key")
 
 
+@dataclass(frozen=True)
+class TaskCall:
+    """run / submit 要提交的东西：任务名、任务模块、``--arg`` 原文与五个提交参数 ``fields``（原样交给
+    submit / enqueue）。"""
+
+    task_name: str
+    module_name: str | None
+    raw_args: tuple[str, ...]
+    fields: dict[str, Any]
+
+    def load(self) -> tuple[ModuleType, dict[str, Any]]:
+        """导入任务模块，再解析 ``--arg``（先模块后参数：两样都错时先说模块）。"""
+        return load_task_module(self.module_name), _parse_arguments(self.raw_args)
+
+
 def submit_options(
     *, task_id: str, bucket_key: str, priority: str
 ) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """run / submit 共用的提交参数选项：--arg、--task-id、--bucket-key、--label、--tag、--priority（帮助文字
-    按命令说各自的含义）。命令函数收到的是 ``fields``：那五个提交参数（原样交给 submit / enqueue）。"""
+    按命令说各自的含义）。命令函数收到的是一个 ``call``（TaskCall：任务名、模块、参数与提交参数）。"""
     options = [
         click.option(
             "--arg",
@@ -190,7 +206,10 @@ def submit_options(
         @functools.wraps(fn)
         def gather(*args: Any, **params: Any) -> int:
             fields = {key: params.pop(key) for key in _FIELD_PARAMS}
-            return fn(*args, fields=fields, **params)
+            call = TaskCall(
+                params.pop("task_name"), params.pop("module_name"), params.pop("raw_args"), fields
+            )
+            return fn(*args, call=call, **params)
 
         command: Callable[..., int] = gather
         for option in reversed(options):
@@ -245,10 +264,7 @@ def task_controller(
 @pass_state
 def run_command(
     state: AppState,
-    task_name: str,
-    module_name: str | None,
-    raw_args: tuple[str, ...],
-    fields: dict[str, Any],
+    call: TaskCall,
     executor_name: str,
     progress_interval: float,
     metrics_port: int | None,
@@ -258,8 +274,8 @@ def run_command(
 
     退出码：0 任务 succeeded；3 任务落在别的终态（failed / stopped / lost ...）；1 命令本身失败。
     """
-    module = load_task_module(module_name)
-    kwargs = _parse_arguments(raw_args)
+    task_name, fields = call.task_name, call.fields
+    module, kwargs = call.load()
     owned = state.owned_buckets
     if fields["bucket_key"] is None and owned is not None and len(owned) < state.num_buckets:
         # 与 Controller 的规则相同（§9.6），只是在碰存储之前、用命令行的说法讲出来。

@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, TypeVar, overload
 
+from chongming_task.core.readonly import Read
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import FailureKind, Progress, TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
@@ -49,31 +49,6 @@ COALESCE_SECONDS = 0.002
 
 # 会带失败分类的目标状态：其余迁移上快照里可能还留着上一次尝试的 failure，不能算在这次迁移头上。
 _FAILURE_TARGETS = frozenset({TaskStatus.FAILED, TaskStatus.RETRY_WAIT, TaskStatus.LOST, TaskStatus.STOPPED})
-
-
-T = TypeVar("T")
-
-
-class _Read(Generic[T]):
-    """只读属性：从事件的 ``record`` 或 ``snapshot`` 上读同名字段（不拷贝，见 TransitionEvent）。"""
-
-    __slots__ = ("_name", "_source")
-
-    def __init__(self, source: str) -> None:
-        self._source = source
-        self._name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> _Read[T]: ...
-    @overload
-    def __get__(self, obj: object, owner: type) -> T: ...
-    def __get__(self, obj: object, owner: type) -> T | _Read[T]:
-        if obj is None:
-            return self
-        return getattr(getattr(obj, self._source), self._name)  # type: ignore[no-any-return]
 
 
 @dataclass(
@@ -102,16 +77,16 @@ class TransitionEvent:
         return cls(record, snapshot, submit_context)
 
     # 读出的字段：名字与 record / snapshot 上的同名字段一致（一张表，而不是十个一模一样的 property）。
-    task_id = _Read[str]("record")
-    name = _Read[str]("snapshot")
-    from_status = _Read[TaskStatus]("record")
-    to_status = _Read[TaskStatus]("record")
-    trigger = _Read[str]("record")
-    actor = _Read[str | None]("record")
-    reason = _Read[str | None]("record")
-    version = _Read[int]("record")
-    at = _Read[datetime]("record")
-    attempt = _Read[int]("snapshot")
+    task_id = Read[str]("record.task_id")
+    name = Read[str]("snapshot.name")
+    from_status = Read[TaskStatus]("record.from_status")
+    to_status = Read[TaskStatus]("record.to_status")
+    trigger = Read[str]("record.trigger")
+    actor = Read[str | None]("record.actor")
+    reason = Read[str | None]("record.reason")
+    version = Read[int]("record.version")
+    at = Read[datetime]("record.at")
+    attempt = Read[int]("snapshot.attempt")
 
     @property
     def failure_kind(self) -> FailureKind | None:

@@ -74,6 +74,7 @@ from chongming_task.runtime.executors.base import (
     AttemptSpec,
     Executor,
     ResultKind,
+    Submission,
 )
 from chongming_task.runtime.executors.thread import ThreadExecutor
 from chongming_task.runtime.signature import check_task_signature
@@ -280,7 +281,9 @@ class TaskRun:
         # 忘了 ctx 在提交时就说清楚（run_task / TaskRun / Controller.submit 都经过这里）。
         check_task_signature(fn, self.args, self.kwargs)
         executor.check_submittable(
-            fn, self.args, self.kwargs, {"upstream": self.upstream, "retry": retry, "timeout": timeout}
+            Submission(
+                fn, self.args, self.kwargs, {"upstream": self.upstream, "retry": retry, "timeout": timeout}
+            )
         )
 
         if machine is None:

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from chongming_task.clock import Clock, SystemClock
@@ -236,6 +236,7 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+@dataclass(eq=False)  # 中间件按身份比较，不按字段
 class SecurityMiddleware:
     """纯 ASGI 中间件（不缓冲响应，SSE 照常流式）：加安全头；找出或建立会话，放进 scope["session_obj"]。
 
@@ -244,20 +245,12 @@ class SecurityMiddleware:
     * ``Authorization: Bearer <口令>``：一次性的已认证会话，操作者取自 ``X-Chongming-Operator`` 头。
     """
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        token: str | None,
-        default_operator: str,
-        sessions: SessionStore,
-        limiter: LoginLimiter,
-    ) -> None:
-        self.app = app
-        self.token = token
-        self.default_operator = default_operator
-        self.sessions = sessions
-        self.limiter = limiter
+    app: ASGIApp
+    _: KW_ONLY
+    token: str | None
+    default_operator: str
+    sessions: SessionStore
+    limiter: LoginLimiter
 
     def _bearer(self, scope: Scope) -> Session | int | None:
         """Bearer 头对了 → 一次性会话；错了 → None（并计一次失败）；这个地址被限速 → 要等的秒数。"""

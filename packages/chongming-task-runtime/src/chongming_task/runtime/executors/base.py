@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from chongming_task.clock import Clock
 from chongming_task.context import ContextEvents, ContextHandle, LogEntry, TaskContext
@@ -64,6 +64,16 @@ class AttemptSpec:
     logs: deque[LogEntry]
     artifact_hint: str | None = None
     """没配产物目录时告诉用户去哪儿配（None：默认指向 TaskRun / run_task）。"""
+
+
+class Submission(NamedTuple):
+    """提交时交给 ``Executor.check_submittable`` 检查的东西（一个对象，而不是每个执行器各抄一遍四个参数）。"""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    extra: Mapping[str, Any]
+    """其余提交参数（upstream / retry / timeout）。"""
 
 
 class AttemptEvents(ContextEvents):
@@ -119,16 +129,10 @@ class Executor(ABC):
     """launch() 是否在调用线程里把任务跑完（只有 InlineExecutor 是 True）。"""
     supports_pause: bool = True
 
-    def check_submittable(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        extra: Mapping[str, Any],
-    ) -> None:
-        """提交时检查（默认什么都不要求）。不合格时抛 ConfigurationError，说明怎么改。"""
-        if not callable(fn):
-            raise ConfigurationError(f"任务必须是可调用对象（函数），收到 {fn!r}")
+    def check_submittable(self, job: Submission) -> None:
+        """提交时检查（默认只要求任务可调用）。不合格时抛 ConfigurationError，说明怎么改。"""
+        if not callable(job.fn):
+            raise ConfigurationError(f"任务必须是可调用对象（函数），收到 {job.fn!r}")
 
     @abstractmethod
     def prepare(self, spec: AttemptSpec, events: AttemptEvents) -> AttemptHandle: ...
@@ -225,6 +229,7 @@ __all__ = [
     "Executor",
     "LocalAttempt",
     "ResultKind",
+    "Submission",
     "build_context",
     "execute_body",
 ]

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -479,14 +479,9 @@ class ProcessExecutor(base.Executor):
         self.kill_after = float(kill_after)
         self.mp_context: Any = multiprocessing.get_context(start_method)
 
-    def check_submittable(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        extra: Mapping[str, Any],
-    ) -> None:
-        super().check_submittable(fn, args, kwargs, extra)
+    def check_submittable(self, job: base.Submission) -> None:
+        super().check_submittable(job)
+        fn, args, kwargs, extra = job
         qualname = getattr(fn, "__qualname__", "")
         if "<locals>" in qualname or "<lambda>" in qualname:
             raise ConfigurationError(
