@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_support import report, wait_until
+from reliability_support import report, server_sessions, wait_until
 
 from chongming_task import open_store
 from chongming_task.models import TaskSnapshot, Transition
@@ -49,16 +49,6 @@ def _history(task_id: str, start: datetime, n: int) -> tuple[TaskSnapshot, list[
         status = target
     snapshot = TaskSnapshot(task_id=task_id, name="t", created_at=start, status=status, status_version=n)
     return snapshot, records
-
-
-def _sessions(dsn: str) -> list[str]:
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT state FROM pg_stat_activity WHERE application_name = 'archiver-a' ORDER BY state"
-        ).fetchall()
-    return [str(r[0]) for r in rows]
 
 
 @pytest.mark.slow
@@ -104,7 +94,7 @@ def test_peer_save_is_not_blocked_by_an_archiver_partitioned_after_detach(
         assert wait_until(lambda: pg_proxy.cut_after_hits == 1, 10), "归档器的 DETACH 没有出现"
         cut_at = time.monotonic()
         time.sleep(0.3)  # 让服务器执行完 DETACH
-        figures["archiver_sessions_after_cut"] = _sessions(throwaway_pg.dsn)
+        figures["archiver_sessions_after_cut"] = server_sessions(throwaway_pg.dsn, "archiver-a")
         figures["exported_before_cut"] = len(exported)
 
         saved = replace(live, status=S.RUNNING, status_version=2)
@@ -117,7 +107,7 @@ def test_peer_save_is_not_blocked_by_an_archiver_partitioned_after_detach(
             figures["peer_save"] = f"raised {type(exc).__name__}: {exc}"[:300]
         figures["peer_save_seconds"] = round(time.monotonic() - started, 2)
         figures["peer_save_after_cut_seconds"] = round(time.monotonic() - cut_at, 2)
-        figures["archiver_sessions_after_save"] = _sessions(throwaway_pg.dsn)
+        figures["archiver_sessions_after_save"] = server_sessions(throwaway_pg.dsn, "archiver-a")
 
         pg_proxy.heal()
         thread.join(10)
