@@ -100,6 +100,18 @@ def wait_until(predicate: Callable[[], Any], timeout: float) -> bool:
     return bool(predicate())
 
 
+def server_sessions(dsn: str, application_name: str) -> list[str]:
+    """服务器上某个 ``application_name`` 的会话状态（``pg_stat_activity.state``，排好序）。"""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT state FROM pg_stat_activity WHERE application_name = %s ORDER BY state",
+            [application_name],
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return math.nan

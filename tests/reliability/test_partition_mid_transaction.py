@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_support import check_history, report, wait_until
+from reliability_support import check_history, report, server_sessions, wait_until
 
 from chongming_task import Controller, TaskStatus, open_store
 
@@ -72,17 +72,6 @@ def verdicts(report: Any) -> dict[str, list[str]]:
         "lost": sorted(s.task_id for s in report.lost),
         "skipped": sorted(s.task_id for s in report.skipped),
     }
-
-
-def server_sessions(dsn: str) -> list[str]:
-    """服务器上 A 这边（经代理、application_name 带 node-a）会话的状态。"""
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT state FROM pg_stat_activity WHERE application_name = 'node-a' ORDER BY state"
-        ).fetchall()
-    return [str(r[0]) for r in rows]
 
 
 @pytest.mark.slow
@@ -136,7 +125,7 @@ def test_peer_is_not_blocked_by_a_partitioned_transaction(
         assert wait_until(lambda: pg_proxy.cut_after_hits == 1, 5), "A 的那一批消息没有出现"
         partitioned_at = time.monotonic()
         time.sleep(0.3)  # 让服务器执行完这一批
-        figures["server_sessions_after_cut"] = server_sessions(throwaway_pg.dsn)
+        figures["server_sessions_after_cut"] = server_sessions(throwaway_pg.dsn, "node-a")
 
         # A 的租约（存储里已提交的那一份）过期之后，B 才有东西可判。
         assert wait_until(
@@ -169,7 +158,7 @@ def test_peer_is_not_blocked_by_a_partitioned_transaction(
         decided = wait_until(decide, DECIDE_BOUND)
         figures["reconcile_rounds"] = f"{len(rounds)} rounds: {sorted(set(rounds))}"
         figures["a-0_decided_after"] = round(time.monotonic() - partitioned_at, 2)
-        figures["server_sessions_after_decide"] = server_sessions(throwaway_pg.dsn)
+        figures["server_sessions_after_decide"] = server_sessions(throwaway_pg.dsn, "node-a")
         stored = verify.get("a-0")
         figures["a-0_store"] = None if stored is None else f"{stored.status}/v{stored.status_version}"
         report(figures_dir, f"partition_mid_transaction_{where}", figures)

@@ -6,8 +6,8 @@
   Python 的 str 顺序一致），"最长的旧前缀"规则由 core 的 ``archivable_prefix`` 判断——与内存、SQLite
   后端是同一份算法，语义逐字一致。
 * **删除**分成短事务，每个事务最多 ``DELETE_CHUNK`` 行：不长时间持有行锁，也不让一个巨大的事务拖住
-  vacuum。整体删除任务时先 ``FOR UPDATE`` 锁住快照行：与之并发的 ``save`` 要么先提交（版本变了，
-  我们不删），要么等我们删完之后得到 TaskNotFound。
+  vacuum。整体删除任务时在一个事务里先 ``FOR UPDATE`` 锁住快照行、核对、再删：与之并发的 ``save`` 要么先
+  提交（版本变了，我们不删），要么等我们提交之后得到 TaskNotFound。
 * 迁移记录表按月分区（第 2 版，见 ``_partitions``）：整月过期的分区由归档器先调 ``archive_partition``
   整块导出再 ``DETACH`` + ``DROP``；其余（跨截止时刻的那个月、DEFAULT 分区、丢弃不成的分区）逐批删除。
 """
@@ -56,6 +56,7 @@ class PostgresTaskStore(Protocol):
     _archive_sql: ArchiveSql
     _schema: str
     _readonly: bool
+    _network_timeout: float | None
 
     def _read(self, fn: Callable[[Any], _T]) -> _T: ...
 
@@ -184,7 +185,12 @@ def delete_archived(store: PostgresTaskStore, receipt: ArchiveReceipt) -> Archiv
     step = TASK_CHUNK
     logs = _logs.LogSql(_schema.quote_ident(store._schema))
     for i in range(0, len(tasks), step):
-        with store._connection() as conn:
+        # 核对与删除必须是一个事务：连接池的连接是 autocommit，否则 FOR UPDATE 那条语句一结束锁就放了，
+        # 并发的 save 可以在核对之后、删除之前提交一个新版本（一条新的迁移记录），随后任务被删，新版本成了
+        # 没有任务的孤儿。事务里锁一直持有到提交：并发的 save 等我们提交之后看到任务已不在（TaskNotFound /
+        # 版本冲突），什么也不写。空等与等锁的上限与整块归档相同（docs/distributed.md §7.5）。
+        with store._connection() as conn, conn.transaction():
+            _partitions.set_local_limits(conn, _partitions.idle_limit_ms(store))
             removed = commands = 0
             with_logs = _logs.has_table(conn, logs)  # 第 1 版旧 schema 可能还没有日志表
             for task_id, version in tasks[i : i + step]:

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,14 @@ AHEAD_MONTHS = 2
 LOCK_TIMEOUT = "2s"
 """DETACH 等锁的上限：等不到就放弃整块丢弃（改为逐行删除），不让写穿的监督进程排在它后面久等。"""
 
+EXPORT_IDLE_LIMIT_MS = 600_000
+"""导出阶段会话在事务里空等的上限（10 分钟）：两次取批之间客户端在写归档段（压缩、fsync），时间不由我们定，
+所以只设一个宽的上限——一批（最多 10 万条）写 10 分钟的客户端已经死了。这时只拿着 ACCESS SHARE 锁（不挡
+写入），但一个永远不结束的事务会让 vacuum 清不掉任何死元组。"""
+
+DETACHED_IDLE_FALLBACK_MS = 30_000
+"""存储没有 ``network_timeout``（``statement_timeout=None`` 且没给它）时，DETACH 之后空等的上限。"""
+
 _MONTH = re.compile(r"^transitions_p(\d{4})(\d{2})$")
 _BOUND = re.compile(r"FOR VALUES FROM \((.+?)\) TO \((.+?)\)")
 
@@ -46,8 +55,24 @@ class PartitionedStore(Protocol):
     """本模块用到的存储管道（协议，不导入 store.py）。"""
 
     _schema: str
+    _network_timeout: float | None
 
     def _maintenance_connection(self) -> Any: ...
+
+
+def idle_limit_ms(store: PartitionedStore) -> int:
+    """短事务（客户端不在其间做自己的工作）里会话空等的上限（毫秒）：等于存储的 ``network_timeout``。"""
+    timeout = store._network_timeout
+    return DETACHED_IDLE_FALLBACK_MS if timeout is None else max(1, math.ceil(timeout * 1000))
+
+
+def set_local_limits(conn: Any, idle_ms: int) -> None:
+    """本事务的 ``idle_in_transaction_session_timeout`` 与 ``lock_timeout``（``SET LOCAL``，一次往返）。"""
+    conn.execute(
+        "SELECT set_config('idle_in_transaction_session_timeout', %s, true), "
+        "set_config('lock_timeout', %s, true)",
+        [str(idle_ms), LOCK_TIMEOUT],
+    )
 
 
 @dataclass(frozen=True)
@@ -215,6 +240,8 @@ def archive_partition(
         try:
             with conn.transaction():
                 conn.execute("SET LOCAL statement_timeout = 0")
+                # 维护连接不是池里的会话，没有服务器端的空等上限（docs/distributed.md §7.5）：这里逐段给。
+                conn.execute(f"SET LOCAL idle_in_transaction_session_timeout = {EXPORT_IDLE_LIMIT_MS}")
                 conn.execute(
                     f"CREATE TEMP TABLE archive_keep ON COMMIT DROP AS SELECT d.task_id, m.v "
                     f"FROM (SELECT DISTINCT task_id FROM {p}) d CROSS JOIN LATERAL "
@@ -237,7 +264,14 @@ def archive_partition(
                         exported += len(records)
                         sums[0] += sum(r.version for r in records)
                         sums[1] += sum(_micros(r.at) for r in records)
-                conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                # DETACH 拿到 transitions 上的 ACCESS EXCLUSIVE 锁，一直持有到 COMMIT：其间每个节点写历史的
+                # save 都排在它后面。之后还有核对、移回、DROP 几次往返，归档器恰好在这时失联（网络挂住而不是
+                # 断开），服务器上的会话就拿着这把锁停在 "idle in transaction"，直到 TCP keepalive（几个小时）
+                # ——整个集群的写穿都挂住。这几次往返之间客户端不做任何自己的工作，活着的客户端空等不会超过
+                # 它等回复的上限 network_timeout，所以从这里起空等上限收紧到它：到期由服务器结束会话、回滚
+                # （DETACH 一并撤销，什么也没丢），放掉锁。等锁的上限 LOCK_TIMEOUT 一并设上（DETACH 等锁最多
+                # 2 秒，之后的语句不再等别的锁）。
+                set_local_limits(conn, idle_limit_ms(store))
                 conn.execute(f"ALTER TABLE {s}.transitions DETACH PARTITION {p}")
                 # DETACH 之后分区不再接收写入：核对它现在的内容正是导出的那些（加上要留下的）。
                 row = conn.execute(
@@ -285,4 +319,5 @@ __all__ = [
     "list_partitions",
     "month_name",
     "month_start",
+    "set_local_limits",
 ]
