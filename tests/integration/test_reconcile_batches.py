@@ -155,3 +155,32 @@ def test_row_locked_by_another_session_is_skipped_alone(postgres_dsn: str, tmp_p
     finally:
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_other_item_errors_and_broken_backends_are_raised_not_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """不是"有人抢先写了"的逐项错误（任务不见了）与逐个 save 时一样抛出，不会被当成 skipped 或 lost 悄悄吞掉；
+    后端交回的结果个数不对 → StoreError（这一批结果未知）。"""
+    from chongming_task import StoreError, TaskNotFound
+
+    clock = FakeClock()
+    store = InMemoryTaskStore(clock=clock)
+    put_running(store, clock)
+    clock.advance(60)
+    original = store.save_many
+
+    def vanished(requests: Any) -> Any:
+        kept = [r for r in requests if r.snapshot.task_id != "t2"]
+        results = iter(original(kept))
+        return [TaskNotFound("t2 不见了") if r.snapshot.task_id == "t2" else next(results) for r in requests]
+
+    monkeypatch.setattr(store, "save_many", vanished)
+    c = Controller(store=store, clock=clock, owner="heir")
+    with pytest.raises(TaskNotFound, match="t2 不见了"):
+        c.reconcile()
+    assert store.get("t1").status is S.LOST  # type: ignore[union-attr]  # 同批已提交的照常提交
+    monkeypatch.setattr(store, "save_many", lambda requests: [])
+    with pytest.raises(StoreError, match="返回了 0 个结果"):
+        c.reconcile()
+    c.close(close_store=True)
