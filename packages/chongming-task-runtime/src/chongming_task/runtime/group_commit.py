@@ -22,8 +22,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
-from chongming_task.errors import StoreError, TaskError
+from chongming_task.errors import StoreError
 from chongming_task.storage import SaveRequest, TaskStore
 
 MAX_BATCH = 256
@@ -91,14 +92,9 @@ class GroupCommit:
                 self._store.save(
                     request.snapshot, expect_version=request.expect_version, transitions=request.transitions
                 )
-                results: list[TaskError | None] = [None]
+                results: list[BaseException | None] = [None]
             else:
-                results = list(self._store.save_many([item.request for item in batch]))
-                if len(results) != len(batch):
-                    raise StoreError(
-                        f"{type(self._store).__name__}.save_many 返回了 {len(results)} 个结果，"
-                        f"应为 {len(batch)} 个：这一批按写失败处理（请修正存储实现）"
-                    )
+                results = save_many_checked(self._store, [item.request for item in batch])
         except BaseException as exc:
             # 整批失败：每个调用方都得到这个异常（与一次失败的 save 同义：结果未知）。
             for item in batch:
@@ -106,10 +102,23 @@ class GroupCommit:
                 item.done = True
             return
         for item, error in zip(batch, results, strict=True):
-            item.error = (
-                error if error is None or isinstance(error, BaseException) else StoreError(repr(error))
-            )
+            item.error = error
             item.done = True
 
 
-__all__ = ["MAX_BATCH", "GroupCommit"]
+def save_many_checked(store: TaskStore, requests: Sequence[SaveRequest]) -> list[BaseException | None]:
+    """``store.save_many(requests)``，再核对后端交回的结果：个数不对 → StoreError（整批按写失败、结果未知
+    处理）；某项既不是 None 也不是异常 → 换成 StoreError。组提交与 reconcile 的批量判 LOST 共用。"""
+    results = list(store.save_many(requests))
+    if len(results) != len(requests):
+        raise StoreError(
+            f"{type(store).__name__}.save_many 返回了 {len(results)} 个结果，"
+            f"应为 {len(requests)} 个：这一批按写失败处理（请修正存储实现）"
+        )
+    return [
+        error if error is None or isinstance(error, BaseException) else StoreError(repr(error))
+        for error in results
+    ]
+
+
+__all__ = ["MAX_BATCH", "GroupCommit", "save_many_checked"]
