@@ -24,7 +24,7 @@ import pytest
 
 from chongming_task import TaskStatus, open_store
 from chongming_task.core.triggers import TRIGGER_RECONCILE
-from chongming_task.storage import TaskStore
+from chongming_task.storage import TaskQuery, TaskStore
 
 HERE = Path(__file__).resolve().parent
 FULL = os.environ.get("CHONGMING_DURABLE_FULL") == "1"
@@ -71,6 +71,7 @@ class Workers:
 
     def kill(self, owner: str) -> None:
         proc = self.procs[owner]
+        assert proc.poll() is None, f"{owner} 在被杀之前就退出了（{proc.returncode}）\n{self.logs()}"
         proc.kill()  # SIGKILL：不 drain、不交还、不下线
         proc.wait(10)
 
@@ -118,6 +119,11 @@ def _started(store: TaskStore) -> int:
     return sum(counts[s] for s in (S.STARTING, S.RUNNING, S.SUCCEEDED, S.LOST))
 
 
+def _running_on(store: TaskStore, owner: str) -> bool:
+    query = TaskQuery(statuses=frozenset({S.STARTING, S.RUNNING}), owner=owner, limit=1)
+    return bool(store.query(query))
+
+
 def kill_scenario(
     url: str, effects: str, read_effects: Callable[[], list[tuple[str, int, str]]], tmp: Path
 ) -> None:
@@ -127,8 +133,14 @@ def kill_scenario(
     for index, buckets in enumerate(PARTITIONS):
         workers.start(f"w{index}", buckets)
     try:
-        # 等跑到两成再杀：被杀的 worker 手上一定有在跑的任务（4 个槽、每个任务 10 ms）
-        _wait(lambda: _started(store) >= KILL_TASKS // 5, 120, "任务没有开始执行", workers.logs)
+        # 等跑到两成、且 w0 手上此刻有在跑的任务再杀。只看总数不够：负载重的机器上 w0 起得慢，w1 / w2
+        # 可能先把两成跑完，w0 那一刻手上空着，就没有可判 lost 的任务（全尺寸 PostgreSQL 上见过一次）。
+        _wait(
+            lambda: _started(store) >= KILL_TASKS // 5 and _running_on(store, "w0"),
+            120,
+            "任务没有开始执行，或 w0 手上一直没有在跑的任务",
+            workers.logs,
+        )
         workers.kill("w0")
         workers.start("w0-replacement", PARTITIONS[0])
         _wait(lambda: _terminal(store) == KILL_TASKS, 180, "不是每个任务都落了终态", workers.logs)
@@ -161,7 +173,7 @@ def kill_scenario(
             assert snapshot.status is S.LOST, (snapshot, history)
             assert elsewhere == [], f"on_lost='fail' 的任务绝不重跑：{executions}"
             assert snapshot.failure is not None and "w0" in snapshot.failure.message
-    assert lost_ids, "kill -9 的那一刻 w0 上应当有在跑的任务"
+    assert lost_ids, f"kill -9 的那一刻 w0 上应当有在跑的任务\n{workers.logs()}"
     assert 1 <= len(lost_ids) <= 8, f"w0 只有 4 个槽，却有 {len(lost_ids)} 个任务被判 lost"
     store.close()
 

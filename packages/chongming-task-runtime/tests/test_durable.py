@@ -18,8 +18,8 @@ import pytest
 from chongming_task import Controller, task
 from chongming_task.core.recipes import OnLost, Recipe
 from chongming_task.core.state_machine import StateMachine
-from chongming_task.core.triggers import TRIGGER_ADOPTED, TRIGGER_RECONCILE, TRIGGER_RETRY
-from chongming_task.errors import ConfigurationError
+from chongming_task.core.triggers import TRIGGER_ADOPTED, TRIGGER_LOST, TRIGGER_RECONCILE, TRIGGER_RETRY
+from chongming_task.errors import ConfigurationError, StoreError
 from chongming_task.runtime.worker import ServeReport
 from chongming_task.states import TaskStatus
 from chongming_task.storage import TaskStore
@@ -370,3 +370,102 @@ def test_reconcile_does_not_report_tasks_waiting_for_a_worker(db: str) -> None:
         report = submitter.reconcile()
         assert waiting not in {s.task_id for s in (*report.lost, *report.adoptable, *report.skipped)}
         assert submitter.get(waiting).status is S.QUEUED  # type: ignore[union-attr]
+
+
+# -- recovery: lost on_lost="retry" tasks whose revive did not happen -------------------------------
+
+
+def _stranded_lost(store: TaskStore, task_id: str, *, trigger: str = TRIGGER_RECONCILE, **extra: Any) -> None:
+    """存储里放一个已被判 lost、却没被复活的持久任务（判 lost 的 worker 在复活之前死了）。"""
+    _held_by_dead(store, task_id, S.RUNNING, **extra)
+    stored = store.get(task_id)
+    assert stored is not None
+    machine = StateMachine(stored, ())
+    machine.mark_lost(trigger=trigger, actor="dead-worker", reason="租约过期，载体已消失")
+    store.save(
+        machine.snapshot,
+        expect_version=stored.status_version,
+        transitions=machine.transitions_since(stored.status_version),
+    )
+
+
+class FlakyReviveStore(InMemoryTaskStore):
+    """故障注入：每个 ``flaky`` 里的任务，第一次把它从 lost 写回 queued（复活）时存储报错，什么也不写。"""
+
+    def __init__(self, flaky: set[str]) -> None:
+        super().__init__()
+        self.flaky = set(flaky)
+        self.failed: list[str] = []
+
+    def save(self, snapshot: Any, *, expect_version: int, **kwargs: Any) -> None:
+        if snapshot.task_id in self.flaky and snapshot.status is S.QUEUED:
+            stored = self.get(snapshot.task_id)
+            if stored is not None and stored.status is S.LOST:
+                self.flaky.discard(snapshot.task_id)
+                self.failed.append(snapshot.task_id)
+                raise StoreError("注入的故障：复活写入失败")
+        super().save(snapshot, expect_version=expect_version, **kwargs)
+
+
+def _retries(store: TaskStore, task_id: str) -> int:
+    return sum(1 for t in store.history(task_id) if t.trigger == TRIGGER_RETRY)
+
+
+def test_lost_task_whose_revive_failed_is_revived_next_round_exactly_once() -> None:
+    store = FlakyReviveStore({"flaky", "stranded"})
+    _held_by_dead(store, "flaky", S.RUNNING, on_lost="retry")  # 这一轮判 lost，复活写入失败
+    _stranded_lost(store, "stranded", on_lost="retry")  # 已是 lost，第一次补救也失败
+    _stranded_lost(store, "fail", on_lost="fail")
+    _stranded_lost(store, "stopped-late", on_lost="retry", trigger=TRIGGER_LOST)  # 优雅窗口用尽，不是载体消失
+    _stranded_lost(store, "no-budget", on_lost="retry", max_attempts=1)
+    serving = Serving(worker(store, "alive", lease_ttl=0.4))
+    for task_id in ("flaky", "stranded"):
+        wait_until(lambda i=task_id: (s := store.get(i)) is not None and s.status is S.SUCCEEDED)
+    time.sleep(0.6)  # 再过几轮维护：已复活的不会再被复活
+    report = serving.finish()
+    assert sorted(store.failed) == ["flaky", "stranded"], "两个任务的第一次复活都被注入了故障"
+    for task_id in ("flaky", "stranded"):
+        assert _retries(store, task_id) == 1, task_id
+        history = store.history(task_id)
+        assert [t.trigger for t in history].count(TRIGGER_ADOPTED) == 1, task_id
+    assert sorted(v for _, v in RAN) == ["flaky", "stranded"], "各只重跑一次"
+    assert report.revived == 2
+    for task_id in ("fail", "stopped-late", "no-budget"):
+        stored = store.get(task_id)
+        assert stored is not None and stored.status is S.LOST and _retries(store, task_id) == 0, task_id
+
+
+class RacingStore(InMemoryTaskStore):
+    """前两次"找 lost 任务"的查询互相等齐：两个 worker 读到同一批 lost 快照之后才各自去复活。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(2, timeout=10)
+        self.lost_queries = 0
+        self.count_lock = threading.Lock()
+
+    def query(self, query: Any = None) -> Any:
+        result = super().query(query)
+        if query is not None and query.statuses == frozenset({S.LOST}):
+            with self.count_lock:
+                self.lost_queries += 1
+                first_two = self.lost_queries <= 2
+            if first_two:
+                self.barrier.wait()
+        return result
+
+
+def test_two_workers_recovering_the_same_lost_tasks_revive_each_once() -> None:
+    store = RacingStore()
+    ids = [f"lost-{i:02d}" for i in range(30)]
+    for task_id in ids:
+        _stranded_lost(store, task_id, on_lost="retry")
+    a = Serving(worker(store, "w-a", max_parallel=4, lease_ttl=0.4))
+    b = Serving(worker(store, "w-b", max_parallel=4, lease_ttl=0.4))
+    wait_until(lambda: all((s := store.get(i)) is not None and s.status is S.SUCCEEDED for i in ids), 60)
+    time.sleep(0.6)
+    reports = [a.finish(), b.finish()]
+    assert store.lost_queries >= 2 and not store.barrier.broken, "两个 worker 确实同时读到了同一批 lost"
+    assert [_retries(store, i) for i in ids] == [1] * len(ids), "每个只被复活一次"
+    assert sorted(v for _, v in RAN) == ids, "每个只重跑一次"
+    assert sum(r.revived for r in reports) == len(ids)

@@ -11,6 +11,11 @@
      记录写明接手者与原持有者；暂停的仍暂停，重试等待的到点才排队）。queued 的也只接手空闲槽位那么多个；
    * 失联持有者在跑的任务：reconcile 照旧判 lost；配方说 ``on_lost="retry"`` 且尝试预算有剩余的，经审计的
      ``retry()`` 复活并由本节点接手、重新排队（at-least-once：任务体可能执行了两次）。
+   * 补救：上一步没复活成的（判 lost 之后写存储出错，或判 lost 的 worker 在复活之前就死了）留在存储里是终态
+     lost，reconcile 不会再看它。所以每轮还扫一遍本节点桶里、租约已过期、最后一次迁移是 reconcile 判的 lost、
+     配方 ``on_lost="retry"``、名字已登记、尝试预算有剩余的持久任务，走同一条审计过的复活路径。几个 worker
+     同时补救同一个任务时靠带版本条件的写（``ConcurrencyConflict``）保证只复活一次。因停止请求超出优雅窗口
+     而落的 lost 不是"载体消失"，不补救。
    普通任务 worker 不碰：它们何时被判 lost 仍由调用方自己的 ``reconcile()`` 决定，与以前完全一样。
 3. **等待**：有空槽时等"新任务"的通知（PostgreSQL 的 NOTIFY；``store.listen``）或本地有任务落地，最多
    ``poll_interval`` 秒（轮询兜底；SQLite 只有轮询）。
@@ -34,6 +39,7 @@ from chongming_task.clock import Clock
 from chongming_task.core.numbers import check_seconds
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.storage.claiming import MAX_CLAIM
+from chongming_task.core.triggers import TRIGGER_RECONCILE
 from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskError
 from chongming_task.models import Failure, FailureKind, TaskSnapshot
 from chongming_task.runtime.events import Listener, TransitionEvent
@@ -41,7 +47,7 @@ from chongming_task.runtime.reconcile import ReconcileReport
 from chongming_task.runtime.registry import TaskDefinition
 from chongming_task.runtime.taskrun import TaskRun
 from chongming_task.states import TaskStatus
-from chongming_task.storage import TaskStore
+from chongming_task.storage import QueryOrder, TaskQuery, TaskStore
 
 logger = logging.getLogger("chongming_task.worker")
 
@@ -51,6 +57,18 @@ DEFAULT_POLL_INTERVAL = 0.2
 DEFAULT_DRAIN_TIMEOUT = 30.0
 
 _ADOPT_STATUSES = frozenset({S.QUEUED, S.PAUSED, S.RETRY_WAIT})
+_LOST = frozenset({S.LOST})
+
+
+def _revivable(snapshot: TaskSnapshot, names: frozenset[str]) -> bool:
+    """lost 的持久任务是否该由本节点自动复活：配方 ``on_lost="retry"``、名字已登记、尝试预算有剩余。"""
+    recipe = snapshot.recipe
+    return (
+        recipe is not None
+        and recipe.retries_when_lost
+        and snapshot.name in names
+        and snapshot.attempt < snapshot.max_attempts
+    )
 
 
 @dataclass
@@ -269,15 +287,13 @@ class Worker:
             logger.warning("reconcile 失败（下一轮再试）：%s", exc)
             return
         names = self._names()
+        tried: set[str] = set()
         for lost in report.lost:
-            recipe = lost.recipe
-            if (
-                recipe is not None
-                and recipe.retries_when_lost
-                and lost.name in names
-                and lost.attempt < lost.max_attempts
-            ):
+            if _revivable(lost, names):
+                tried.add(lost.task_id)
                 self._revive(lost)
+        for lost in self._stranded_lost(names, tried):
+            self._revive(lost)
         budget = self._free_slots()
         for snapshot in report.adoptable:
             if (
@@ -291,6 +307,36 @@ class Worker:
                     continue  # 不囤积：剩下的留给下一轮或别的 worker
                 budget -= 1
             self._adopt(snapshot)
+
+    def _stranded_lost(self, names: frozenset[str], tried: set[str]) -> list[TaskSnapshot]:
+        """存储里落了 lost、本该由 ``on_lost="retry"`` 复活却没复活成的持久任务（见模块说明"补救"）。
+
+        ``tried``：这一轮刚试过的不再试（写存储刚出错的留到下一轮）。
+        """
+        controller = self.controller
+        query = TaskQuery(
+            statuses=_LOST,
+            durable=True,
+            buckets=None if controller.owns_all_buckets else controller.owned_buckets,
+            lease_expired_before=controller.clock.now(),
+            order=QueryOrder.OLDEST_FIRST,
+        )
+        stranded: list[TaskSnapshot] = []
+        try:
+            for snapshot in self.store.query(query):
+                if snapshot.task_id in tried or not _revivable(snapshot, names):
+                    continue
+                history = self.store.history(snapshot.task_id)
+                last = history[-1] if history else None
+                if (
+                    last is not None
+                    and last.trigger == TRIGGER_RECONCILE
+                    and last.version == snapshot.status_version
+                ):
+                    stranded.append(snapshot)
+        except TaskError as exc:
+            logger.warning("查找未复活的失联持久任务失败（下一轮再试）：%s", exc)
+        return stranded
 
     def _take_over(
         self, snapshot: TaskSnapshot, change: Callable[[StateMachine], Any]
