@@ -449,14 +449,7 @@ class Controller(ClosesOnExit):
             bucket_key=bucket_key,
             durable=check_durable_flag(durable),
         )
-        self._reserve([run])
-        try:
-            self._link.create(run.machine)
-            self._admit([run], blocked=False)
-        finally:
-            self._release_reserved(
-                [run]
-            )  # 登记之后才放（_admit 已在同一次加锁里放掉）：没有两边都查不到的窗口
+        self._write_then_admit(run, self._link.create, created=True)
         return run
 
     def enqueue(
@@ -639,6 +632,21 @@ class Controller(ClosesOnExit):
                 taken.add(task_id)
             self._reserved_ids.update(taken)
 
+    def _write_then_admit(
+        self, run: TaskRun, write: Callable[[StateMachine], None], *, created: bool
+    ) -> None:
+        """单个任务：占住 id → 落库（``create``）或接着存储里的版本写（``track``）→ 登记、入队。
+
+        占位由 ``_admit`` 在登记的同一次加锁里放掉（没有"两边都查不到"的窗口，也不为放占位再加一次锁）；
+        只有写失败时才在这里放。"""
+        self._reserve([run])
+        try:
+            write(run.machine)
+        except BaseException:
+            self._release_reserved([run])
+            raise
+        self._admit([run], blocked=False, created=created)
+
     def _release_reserved(self, runs: list[TaskRun]) -> None:
         with self._lock:
             self._reserved_ids.difference_update(run.task_id for run in runs)
@@ -648,7 +656,7 @@ class Controller(ClosesOnExit):
         没有要补发的）、按状态入队（接手来的可能是 paused / retry_wait），有额度就启动。"""
         with self._lock:
             # 占位一直留到登记进 _runs 的这一刻（同一次加锁）：中间没有"两边都查不到"的窗口；
-            # 没能登记的（落库失败的）由 _submit_batches 的 finally 放掉。
+            # 没能登记的（落库失败的）由调用方放掉（_write_then_admit / _submit_batches）。
             self._reserved_ids.difference_update(run.task_id for run in runs)
             if self._closed:
                 closed_meanwhile = True
@@ -770,12 +778,7 @@ class Controller(ClosesOnExit):
         run = self._make_run(
             machine, definition, tuple(recipe.args), dict(recipe.kwargs), timeout=recipe_timeout(recipe)
         )
-        self._reserve([run])
-        try:
-            self._link.track(machine)
-            self._admit([run], blocked=False, created=False)
-        finally:
-            self._release_reserved([run])
+        self._write_then_admit(run, self._link.track, created=False)
         return run
 
     def detach_unstarted_durable(self) -> list[TaskRun]:
