@@ -6,14 +6,11 @@
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from chongming_task.errors import StoreError
 from chongming_task.storage import NodeRecord
@@ -47,18 +44,6 @@ def _make_old_schema(postgres_dsn: str, schema: str, admin: Any) -> None:
 def _has_nodes(admin: Any, schema: str) -> bool:
     row = admin.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{schema}".nodes']).fetchone()
     return bool(row and row[0])
-
-
-@pytest.fixture
-def rw_role(admin: Any, postgres_dsn: str) -> Iterator[tuple[str, str]]:
-    """(角色名, 以该角色连接的 DSN)：只有 LOGIN，没有任何 CREATE 权限。"""
-    role = f"ct_rw_{secrets.token_hex(4)}"
-    admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    try:
-        yield role, make_conninfo(postgres_dsn, user=role)
-    finally:
-        admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def test_schema_sql_includes_the_nodes_table() -> None:
@@ -113,9 +98,9 @@ def test_two_stores_opening_an_old_schema_at_once(postgres_dsn: str, schema: str
 
 
 def test_role_without_ddl_on_old_schema_still_runs_tasks_and_explains_membership(
-    postgres_dsn: str, schema: str, admin: Any, rw_role: tuple[str, str]
+    postgres_dsn: str, schema: str, admin: Any, limited_role: tuple[str, str]
 ) -> None:
-    role, role_dsn = rw_role
+    role, role_dsn = limited_role
     _make_old_schema(postgres_dsn, schema, admin)
     for statement in PostgresTaskStore.grant_sql(schema, role).strip().splitlines():
         admin.execute(statement)
