@@ -1,11 +1,15 @@
 """组提交崩溃试验的工作节点（test_group_commit_crash.py 启动它，之后 SIGKILL）。
 
-``python group_commit_worker.py <store url> <ack 文件> <任务数>``
+``python group_commit_worker.py <store url> <ack 文件> <任务数> [<第 K 批停住>]``
 
 16 个并行的空任务不停地迁移（starting → running → succeeded，每步一次写穿），写穿经组提交合批。
 每当组提交告诉一个调用方"你这一项已提交"（``GroupCommit.save`` 正常返回），就往 ack 文件追加一行
 ``A <task_id> <version>`` 并 fsync——父进程据此核对：被告知已提交的，存储里必须有。每个事务开始写之前
 追加一行 ``B <项数>``（同样 fsync），父进程据此知道被杀那一刻有没有一批正在提交。
+
+给了 K 时，第 K 个多项批次的 ``save_many`` 提交之后、告诉调用方之前写一行 ``S <项数>`` 并停住，等父进程
+SIGKILL：随机时刻的杀在 2 核满载的机器上未必正好落在多项批次里，这一次试验确定地测"已提交、还没告诉任何
+调用方"那一刻被杀。
 """
 
 from __future__ import annotations
@@ -13,12 +17,16 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 from chongming_task import Controller, Submit, open_store
 from chongming_task.runtime import group_commit
 from chongming_task.storage import SaveRequest
 
 url, ack_path, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+stall_at = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+multi_batches = 0
+ready = threading.Event()
 fd = os.open(ack_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 lock = threading.Lock()
 
@@ -39,7 +47,26 @@ def acked_save(self: group_commit.GroupCommit, request: SaveRequest) -> None:
 
 
 def noted_commit(self: group_commit.GroupCommit, batch: list[group_commit._Pending]) -> None:
+    global multi_batches
     note(f"B {len(batch)}")
+    if len(batch) > 1 and ready.is_set():  # 只在 READY 之后停：之前停住会卡住 submit_many
+        multi_batches += 1
+        if multi_batches == stall_at:
+            store = self._store
+            real = store.save_many
+
+            def save_then_stall(requests: list[SaveRequest]) -> object:
+                results = real(requests)
+                members = [
+                    f"{r.snapshot.task_id}:{r.snapshot.status_version}"
+                    for r, error in zip(requests, results, strict=True)
+                    if error is None
+                ]
+                note(f"S {len(batch)} {','.join(members)}")
+                while True:  # 等 SIGKILL：这一批已提交，没有一个调用方被告知
+                    time.sleep(1)
+
+            store.save_many = save_then_stall  # type: ignore[method-assign,assignment]
     original_commit(self, batch)
 
 
@@ -54,6 +81,7 @@ def noop(ctx: object) -> None:
 controller = Controller(max_parallel=16, store=open_store(url), owner="gc-worker")
 controller.register("noop", noop)
 controller.submit_many([Submit("noop", task_id=f"g{i:05d}") for i in range(count)], batch_size=200)
+ready.set()
 print("READY", flush=True)
 controller.wait_all(timeout=300)
 print("DONE", flush=True)

@@ -102,8 +102,11 @@ def hammer(
     )
 
 
-def claim(db: str, name: str, start: Any, result_path: str, seed: int) -> None:
-    """反复认领（每次 1–5 条、长租约）并完成，直到连续几轮取不到为止。"""
+def claim(db: str, name: str, start: Any, result_path: str, seed: int, first: Any) -> None:
+    """反复认领（每次 1–5 条、长租约）并完成，直到连续几轮取不到为止。
+
+    第一次取到之后在屏障 ``first`` 上等另一个认领者也取到：2 核机器满载时 SQLite 的忙等待不公平，先拿到
+    写锁的进程可能一口气把全部指令取完，另一个一条也没碰到——那样测的就不是并发认领了。"""
     rng = random.Random(seed)
     claimed: list[dict[str, Any]] = []
     errors: list[str] = []
@@ -118,6 +121,8 @@ def claim(db: str, name: str, start: Any, result_path: str, seed: int) -> None:
                 time.sleep(0.01)
                 continue
             empty_rounds = 0
+            if not claimed:
+                first.wait(60)
             for command in batch:
                 claimed.append({"id": command.command_id, "deliveries": command.deliveries})
                 if not store.complete_command(command.command_id, name):

@@ -134,9 +134,12 @@ def test_two_processes_claiming_never_get_the_same_command(tmp_path: Path) -> No
     # 两个认领者都就绪（高负载下 spawn 一个进程可能要好几秒）之后才一起开始：用屏障而不是父进程的事件，
     # 否则先起来的那个可能在另一个还在导入模块时就把 1500 条全取完，测试就没测到并发。
     start = CTX.Barrier(2)
+    first = CTX.Barrier(2)
     results = [tmp_path / "claimer-a.json", tmp_path / "claimer-b.json"]
     processes = [
-        _spawn("claim", db=db, name=f"claimer-{tag}", start=start, result_path=str(result), seed=n)
+        _spawn(
+            "claim", db=db, name=f"claimer-{tag}", start=start, result_path=str(result), seed=n, first=first
+        )
         for n, (tag, result) in enumerate(zip("ab", results, strict=True))
     ]
     _join_all(processes, timeout=120)
