@@ -184,15 +184,20 @@ class Sql:
         self.remove_node = f"DELETE FROM {s}.nodes WHERE owner = %s RETURNING 1"
         # touch_many：一条语句更新一批任务（为什么不用多语句事务见 PostgresTaskStore.touch_many）。
         # 每一项没给的字段是 NULL，COALESCE 保留原值——与 touch 的"None 表示不改"一致。
+        # 行锁按 task_id 顺序拿（locked：ORDER BY 之后才加锁）：组提交的 save_many 也按 task_id 顺序写，
+        # 续租与一个多项的组提交同时碰到同一批任务时不会互相死锁（UPDATE … FROM 的加锁顺序取决于连接计划）。
         unnest = ", ".join(f"%({name})s::{kind}[]" for name, kind in TOUCH_MANY_COLUMNS.items())
         self.touch_many = (
+            f"WITH u AS (SELECT * FROM unnest({unnest}) AS u({_cols(TOUCH_MANY_COLUMNS)})), "
+            f"locked AS (SELECT t.task_id FROM {s}.tasks t WHERE t.task_id IN (SELECT task_id FROM u) "
+            "ORDER BY t.task_id FOR NO KEY UPDATE) "
             f"UPDATE {s}.tasks AS t SET progress = COALESCE(u.progress::jsonb, t.progress), "
             "last_heartbeat_at = COALESCE(u.heartbeat_at, t.last_heartbeat_at), "
             "last_heartbeat_at_off = COALESCE(u.heartbeat_at_off, t.last_heartbeat_at_off), "
             "lease_owner = COALESCE(u.lease_owner, t.lease_owner), "
             "lease_until = COALESCE(u.lease_until, t.lease_until), "
             "lease_until_off = COALESCE(u.lease_until_off, t.lease_until_off) "
-            f"FROM unnest({unnest}) AS u({_cols(TOUCH_MANY_COLUMNS)}) WHERE t.task_id = u.task_id"
+            "FROM u WHERE t.task_id = u.task_id AND t.task_id IN (SELECT task_id FROM locked)"
         )
         self._claim: dict[tuple[bool, bool], str] = {}
         self._touch: dict[tuple[bool, bool, bool, bool], str] = {}
