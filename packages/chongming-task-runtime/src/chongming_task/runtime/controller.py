@@ -866,9 +866,38 @@ class Controller(ClosesOnExit):
         return _TransitionListener(self, machine)
 
     def _on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
-        self._link.on_transition(machine, snapshot, record)
-        if self._events.listeners:  # 没有监听器时连事件对象都不造
+        # 终态、且有排队任务等着这个额度时，终态的写先排进组提交、不等（write_later）：让出的额度就地启动
+        # 下一个排队任务，它的 starting 那次 save 把这个终态一并捎上——每个任务少一次提交。额度是"交接"
+        # 出去的（在跑的 + 排队的个数不变），所以 worker 按空位认领的数目不受影响；没有排队任务时照旧先写、
+        # 后让额度（否则 worker 会在终态落库之前多认领一个）。终态在 finish() 返回之前不算落库："落地"的
+        # 记账（wait_all 的唤醒）与事件都在它之后；TaskRun 的 wait() 由排在本监听器之后的 TaskRun 监听器
+        # 唤醒，本监听器返回时 finish() 早已返回。排队数在这里不加锁地读，只是个提示：_account 在锁内复查。
+        finish = (
+            self._link.write_later(machine) if snapshot.is_terminal and self._scheduler.queued_count else None
+        )
+        if finish is None:
+            self._link.on_transition(machine, snapshot, record)
+            if self._events.listeners:  # 没有监听器时连事件对象都不造
+                self._events.emit(TransitionEvent.of(snapshot, record))
+            self._account(snapshot, record, landed=True)
+            return
+        try:
+            handed_over = self._account(snapshot, record, landed=False)
+        finally:
+            finish()
+        if self._events.listeners:
             self._events.emit(TransitionEvent.of(snapshot, record))
+        if handed_over:
+            with self._lock:
+                self._landed_locked(snapshot.task_id)
+        else:
+            self._account(snapshot, record, landed=True)
+
+    def _account(self, snapshot: TaskSnapshot, record: Transition, *, landed: bool) -> bool:
+        """迁移之后的调度记账：入队、让出额度（就地启动下一个）；``landed``：终态已落库，可以记"落地"。
+
+        ``landed=False``（终态还没落库）时只做"把额度交接给排队任务"：此刻没有排队任务就什么也不做、
+        返回 False（调用方等终态落库后再以 ``landed=True`` 记一次）。"""
         task_id = snapshot.task_id
         target = record.to_status
         if target in _STILL_RUNNING and (
@@ -876,9 +905,11 @@ class Controller(ClosesOnExit):
         ):
             # 占着槽、还在跑的迁移（starting / running / pausing / stopping）：不入队、不让额度、不落地，
             # 调度账本没有要改的——每个任务的四次迁移里有两次不必去拿控制器锁。
-            return
+            return True
         with self._lock:
             scheduler = self._scheduler
+            if not landed and not scheduler.queued_count:
+                return False
             if target is TaskStatus.QUEUED:
                 self._enqueue_locked_by_snapshot(snapshot)
             elif record.from_status is TaskStatus.QUEUED and target is not TaskStatus.STARTING:
@@ -892,18 +923,23 @@ class Controller(ClosesOnExit):
             if not carrying and scheduler.release(task_id):
                 # 空出的额度就地交给下一个排队任务，不必唤醒后台线程再转一手（吞吐的关键路径）。
                 to_start = scheduler.take_runnable()
-            if snapshot.is_terminal:
-                self._unfinished.discard(task_id)
-                self._terminal_order.append(task_id)
-                if self._over_keep_finished():
-                    self._wake.set()  # 由后台循环在锁外清理
-                if not self._unfinished:  # wait_all 只等"全部落地"这一刻：别为每个任务都叫醒它
-                    self._settled.notify_all()
+            if snapshot.is_terminal and landed:
+                self._landed_locked(task_id)
         if to_start:
             # 这里仍持有本任务的锁，去启动别的任务（拿它们的锁）不会成环：被启动的只可能是刚从
             # 就绪队列取出的排队任务，而持有排队任务锁的线程（停止/暂停它）从不去拿正在让出额度
             # 的任务的锁——它只会从就绪队列里另取新的任务。
             self._start_runs(to_start)
+        return True
+
+    def _landed_locked(self, task_id: str) -> None:
+        """（持有控制器锁）这个任务的终态已落库：不再算"未落地"，wait_all 可能就此返回。"""
+        self._unfinished.discard(task_id)
+        self._terminal_order.append(task_id)
+        if self._over_keep_finished():
+            self._wake.set()  # 由后台循环在锁外清理
+        if not self._unfinished:  # wait_all 只等"全部落地"这一刻：别为每个任务都叫醒它
+            self._settled.notify_all()
 
     def _on_progress(self, snapshot: TaskSnapshot) -> None:
         # 在任务锁内被调用（TaskRun 报进度）：只入队，出错也绝不能传回任务线程。

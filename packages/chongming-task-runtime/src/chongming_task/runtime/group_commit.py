@@ -57,28 +57,51 @@ class GroupCommit:
     def save(self, request: SaveRequest) -> None:
         """写一项；只在这一项提交之后返回。失败时抛出它自己的异常（整批失败则是那一批的异常）。"""
         item = _Pending(request)
-        cond = self._cond
-        leading = False
-        with cond:
+        with self._cond:
             self._pending.append(item)
-            while not item.done and (item.taken or self._active >= self._writers):
-                cond.wait()
-            if not item.done:
-                leading = True
-                # 有空位、这一项还没被别的写者捎走：本线程当写者，自己这一项排在批首。
-                self._active += 1
-                self._pending.remove(item)
-                batch = [item, *self._pending[: self._max_batch - 1]]
-                del self._pending[: self._max_batch - 1]
-                for member in batch:
-                    member.taken = True
-        if leading:
+            batch = self._wait_or_lead_locked(item)
+        self._settle(item, batch)
+
+    def enqueue(self, request: SaveRequest) -> _Pending:
+        """先把一项排进来、不等：之后任何一个写者的批次都会捎上它（典型的是同一线程紧接着的下一次 save——
+        任务 A 的终态与接着启动的任务 B 的 starting 于是同一个事务提交）。调用方必须再以 :meth:`finish`
+        等它提交；在那之前它**不算**已提交（调用方据此把"已落库"之后才能做的事都留到 finish 之后）。"""
+        item = _Pending(request)
+        with self._cond:
+            self._pending.append(item)
+        return item
+
+    def finish(self, item: _Pending) -> None:
+        """等 :meth:`enqueue` 排进来的这一项提交（还没有写者捎走它、又有空位时本线程自己当写者）。
+        失败时抛出它自己的异常（整批失败则是那一批的异常）。"""
+        with self._cond:
+            batch = self._wait_or_lead_locked(item)
+        self._settle(item, batch)
+
+    def _wait_or_lead_locked(self, item: _Pending) -> list[_Pending] | None:
+        """（持有 _cond）等到这一项被别的写者写完，或本线程有空位当写者：后者返回本线程要写的批次。"""
+        cond = self._cond
+        while not item.done and (item.taken or self._active >= self._writers):
+            cond.wait()
+        if item.done:
+            return None
+        # 有空位、这一项还没被别的写者捎走：本线程当写者，自己这一项排在批首。
+        self._active += 1
+        self._pending.remove(item)
+        batch = [item, *self._pending[: self._max_batch - 1]]
+        del self._pending[: self._max_batch - 1]
+        for member in batch:
+            member.taken = True
+        return batch
+
+    def _settle(self, item: _Pending, batch: list[_Pending] | None) -> None:
+        if batch is not None:
             try:
                 self._commit(batch)
             finally:
-                with cond:
+                with self._cond:
                     self._active -= 1
-                    cond.notify_all()  # 叫醒这一批的调用方；排着的调用方里有一个接着当写者
+                    self._cond.notify_all()  # 叫醒这一批的调用方；排着的调用方里有一个接着当写者
         if item.error is not None:
             raise item.error
 

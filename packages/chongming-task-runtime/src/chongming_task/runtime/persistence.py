@@ -230,6 +230,45 @@ class WriteThrough:
         """在任务锁内调用：把存储追到当前版本。"""
         self.sync(machine)
 
+    def sync_later(self, machine: StateMachine) -> Callable[[], bool] | None:
+        """把这次写先排进组提交、不等（调用方持有 machine.lock）；返回"等它提交并收尾"的函数，调用方必须
+        在放开 machine.lock 之前调用它（返回值同 :meth:`sync`）。不是最常见的情形（还没落库过、结果未知要先
+        读回、被隔离、已经追平）时返回 None：调用方照常 :meth:`sync`。
+
+        用途：任务 A 落终态时控制器先把它的写排进来，再去启动下一个任务 B——B 的 starting 那次 save 当写者时
+        把 A 的终态一并捎上，每个任务少一次提交。A 的终态在这个函数返回之前**不算**落库：wait() / wait_all()
+        的唤醒都在它之后（runtime/controller.py）。
+        """
+        snapshot = machine.snapshot
+        state = self._tasks.get(snapshot.task_id)
+        if (
+            state is None
+            or state.fenced
+            or state.uncertain
+            or state.persisted_version is None
+            or state.persisted_version == snapshot.status_version
+        ):
+            return None
+        expected = state.persisted_version
+        item = self.commits.enqueue(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
+
+        def finish() -> bool:
+            try:
+                self.commits.finish(item)
+            except (ConcurrencyConflict, DuplicateTaskId):
+                state.uncertain = True  # 与 sync 里同一判定：读回再说（下面的 sync 去做）
+            except TaskError as exc:
+                state.uncertain = True
+                self.record(snapshot.task_id, "save", exc)
+                self._mark_behind(machine)
+                return False
+            else:
+                state.persisted_version = snapshot.status_version
+            # 已追平时 sync 只做收尾（清"落后"记账、终态补写进度）；冲突时它读回对照、再写或隔离。
+            return self.sync(machine)
+
+        return finish
+
     def sync(self, machine: StateMachine) -> bool:
         """把存储追到状态机的当前版本（调用方持有 machine.lock）。返回是否已追平（被隔离也算：不再追）。"""
         snapshot = machine.snapshot

@@ -68,6 +68,10 @@ class LocalLink:
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         """没有要写穿的地方。"""
 
+    def write_later(self, machine: StateMachine) -> Callable[[], bool] | None:
+        """没有要写穿的地方：不必推迟，调用方照常 on_transition。"""
+        return None
+
     def forget(self, task_id: str) -> None:
         """没有写穿记账要清。"""
 
@@ -218,6 +222,11 @@ class StoreLink(LocalLink):
 
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         self._write.on_transition(machine, snapshot, record)
+
+    def write_later(self, machine: StateMachine) -> Callable[[], bool] | None:
+        """这次迁移的写先排进组提交、不等（见 ``WriteThrough.sync_later``）；返回"等它提交"的函数，
+        None 表示不能推迟（调用方照常 on_transition）。"""
+        return self._write.sync_later(machine)
 
     def forget(self, task_id: str) -> None:
         self._write.forget(task_id)

@@ -236,11 +236,10 @@ def task_params(snapshot: TaskSnapshot) -> dict[str, Any]:
 snapshot_from_row = SNAPSHOTS.from_row
 
 
-def transition_arrays(transitions: Sequence[Transition]) -> list[list[Any]]:
-    """按列拆成数组，供 ``unnest(...)`` 一次插入多行（一条语句、一次往返）。"""
+def transition_rows(transitions: Sequence[Transition]) -> list[dict[str, Any]]:
+    """检查后逐条编成 {物理列名: 值}，供 ``jsonb_to_recordset(...)`` 一次插入多行（一条语句、一次往返）。"""
     check_transitions(None, transitions)
-    rows = [TRANSITIONS.params(record) for record in transitions]
-    return [[row[name] for row in rows] for name in TRANSITIONS.names]
+    return [TRANSITIONS.params(record) for record in transitions]
 
 
 transition_from_row = TRANSITIONS.from_row
@@ -280,6 +279,6 @@ __all__ = [
     "snapshot_from_row",
     "split_dt",
     "task_params",
-    "transition_arrays",
     "transition_from_row",
+    "transition_rows",
 ]
