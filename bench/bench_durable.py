@@ -103,6 +103,10 @@ def p50_ms(values: list[float]) -> float:
     return statistics.median(values) * 1000
 
 
+def p95_ms(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20, method="inclusive")[-1] * 1000
+
+
 def main() -> int:
     quick = "--quick" in sys.argv
     n = 500 if quick else 2_000
@@ -141,11 +145,11 @@ def main() -> int:
                     conn.execute(f'DROP SCHEMA IF EXISTS "{schema_lat}" CASCADE')
             print(
                 f"入队 → 开始时延（PostgreSQL，NOTIFY）：p50 {p50_ms(pg_lat):.0f} ms，"
-                f"最大 {max(pg_lat) * 1000:.0f} ms（目标 p50 ≤ 50 ms）"
+                f"p95 {p95_ms(pg_lat):.0f} ms，最大 {max(pg_lat) * 1000:.0f} ms（目标 p50 ≤ 50 ms）"
             )
         print(
             f"入队 → 开始时延（SQLite，轮询 0.2 秒）：p50 {p50_ms(sqlite_lat):.0f} ms，"
-            f"最大 {max(sqlite_lat) * 1000:.0f} ms（目标 p50 ≤ 300 ms）"
+            f"p95 {p95_ms(sqlite_lat):.0f} ms，最大 {max(sqlite_lat) * 1000:.0f} ms（目标 p50 ≤ 300 ms）"
         )
     if "--full-scenarios" in sys.argv:
         env = {**os.environ, "CHONGMING_DURABLE_FULL": "1"}
