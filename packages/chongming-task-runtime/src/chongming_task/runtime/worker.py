@@ -55,6 +55,8 @@ S = TaskStatus
 DEFAULT_POLL_INTERVAL = 0.2
 """没有即时通知时（SQLite）多久看一次有没有新任务（秒）；有 NOTIFY 时它只是兜底。"""
 DEFAULT_DRAIN_TIMEOUT = 30.0
+_STOP_CHECK = 0.2
+"""空闲等待时多久看一次停止请求（秒）。"""
 
 _ADOPT_STATUSES = frozenset({S.QUEUED, S.PAUSED, S.RETRY_WAIT})
 _LOST = frozenset({S.LOST})
@@ -167,14 +169,23 @@ class Worker:
                 full = self._claim()
                 if full and not stop.is_set():
                     continue  # 取满了空槽：队列里多半还有，马上再看一轮（有空槽时）
-                self._wake.wait(self.poll_interval)
-                self._wake.clear()
+                self._idle(stop)
         finally:
             if unlisten is not None:
                 unlisten()
             unwatch()
             self._drain()
         return self.report
+
+    def _idle(self, stop: threading.Event) -> None:
+        """等到有新任务的通知、本地让出执行槽、或满一个 ``poll_interval``；停止请求最多晚 ``_STOP_CHECK`` 秒
+        被看到（轮询间隔可以设得很长，SIGTERM 不该等它一整段才开始交还与收尾）。"""
+        deadline = time.monotonic() + self.poll_interval
+        while not stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._wake.wait(min(remaining, _STOP_CHECK)):
+                break
+        self._wake.clear()
 
     def _listen(self) -> Callable[[], None] | None:
         listen = getattr(self.store, "listen", None)
