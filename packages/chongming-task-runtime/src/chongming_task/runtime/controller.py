@@ -876,6 +876,8 @@ class Controller(ClosesOnExit):
                     if run.machine.status not in SLOT_HOLDING_STATUSES:
                         self._scheduler.release(task_id)
                         self._wake.set()
+                        for watcher in self._slot_watchers:
+                            watcher.set()
 
     # -- state-machine listener ----------------------------------------------------------------------
 
