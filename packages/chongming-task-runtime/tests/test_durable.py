@@ -220,6 +220,28 @@ def test_worker_claims_only_as_many_as_free_slots(db: str) -> None:
     submitter.close()
 
 
+def test_worker_refills_a_freed_slot_at_once_without_waiting_for_a_poll(db: str) -> None:
+    """队列里有活时，一个任务结束就马上认领下一个（Controller.watch_slots），不在两个任务之间空等轮询间隔：
+    轮询间隔设成 60 秒，SQLite 没有通知——8 个任务若要靠轮询，20 秒内跑不完。"""
+    submitter = Controller(store=SqliteTaskStore(db), owner="submitter")
+    for i in range(8):
+        submitter.enqueue("record", i, pause=0.05)
+    store = SqliteTaskStore(db)
+    controller = worker(SqliteTaskStore(db), "w", max_parallel=2)
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.serve, args=(stop,), kwargs={"poll_interval": 60.0})
+    thread.start()
+    try:
+        wait_until(settled(store, 8))
+        assert sorted(value for _, value in RAN) == list(range(8))
+    finally:
+        stop.set()
+        thread.join(30)
+        controller.close()
+        submitter.close()
+    assert not thread.is_alive()
+
+
 def test_stop_releases_unstarted_tasks_and_drains_running_ones(db: str) -> None:
     store = SqliteTaskStore(db)
     submitter = Controller(store=SqliteTaskStore(db), owner="submitter")

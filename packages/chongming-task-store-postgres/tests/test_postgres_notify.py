@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from chongming_task.errors import ConfigurationError
+from chongming_task.errors import ConfigurationError, DuplicateTaskId
 from chongming_task.storage import CommandAction
 from chongming_task.stores.postgres import CommandNotice, PostgresTaskStore
+from chongming_task.testing.contract.durable import durable
 from chongming_task.testing.store_contract import snap
 
 pytestmark = pytest.mark.postgres
@@ -185,3 +186,49 @@ def test_close_stops_the_listener_promptly(postgres_dsn: str, schema: str) -> No
     holder.close()
     assert time.monotonic() - started < 2
     assert not holder.listening
+
+
+def test_claimable_create_notifies_once_per_transaction_and_not_for_a_duplicate(
+    postgres_dsn: str, schema: str
+) -> None:
+    """待认领的持久任务：单个 create 的通知并在建任务的语句里（重复 id 没插入就不通知）；
+    create_many 一批只通知一次，不是每行一次。通知只是"快来看"：worker 收到后去 claim_queued。"""
+    worker = PostgresTaskStore(postgres_dsn, schema=schema)
+    submitter = PostgresTaskStore(postgres_dsn, schema=schema)
+    try:
+        notices: list[CommandNotice | None] = []
+        got = threading.Event()
+
+        def on_notice(notice: CommandNotice | None) -> None:
+            notices.append(notice)
+            got.set()
+
+        worker.listen(on_notice)
+        time.sleep(0.3)  # 监听（重新）建立时的"可能漏了"唤醒先过去
+        notices.clear()
+        got.clear()
+
+        submitter.create(durable("q-1"))
+        assert got.wait(WAKE_LIMIT * 5), "建了待认领的持久任务，worker 没有被叫醒"
+        time.sleep(0.3)
+        assert len(notices) == 1, notices
+
+        with pytest.raises(DuplicateTaskId):
+            submitter.create(durable("q-1"))
+        time.sleep(0.5)
+        assert len(notices) == 1, "重复 id 什么也没插入，不应通知"
+
+        results = submitter.create_many([(durable(f"q-batch-{i}", seconds=i), ()) for i in range(5)])
+        assert results == [None] * 5
+        deadline = time.monotonic() + WAKE_LIMIT * 5
+        while len(notices) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)
+        assert len(notices) == 2, f"一批 5 个待认领任务应只通知一次，收到 {len(notices) - 1} 次"
+
+        submitter.create(snap("held-1"))  # 普通任务（没有配方）不通知
+        time.sleep(0.5)
+        assert len(notices) == 2
+    finally:
+        submitter.close()
+        worker.close()

@@ -299,6 +299,8 @@ class Controller(ClosesOnExit):
         self._terminal_order: list[str] = []
         self._closed = False
         self._wake = threading.Event()
+        # worker（runtime/worker.py）等空槽用的事件：任务让出执行槽的那一刻就置位（见 watch_slots）。
+        self._slot_watchers: tuple[threading.Event, ...] = ()
         self._stop_loop = threading.Event()
         # 监听器在任务锁内运行，不能回调别的任务；需要碰别的任务的后续工作（管道放行/连坐）放到这里，
         # 由后台循环在任何锁之外按顺序执行。
@@ -765,6 +767,21 @@ class Controller(ClosesOnExit):
         """worker 启动时：登记节点（带上本节点执行的任务名）、开始认领指令。"""
         self._link.serve_names([definition.name for definition in self.definitions()])
 
+    def watch_slots(self, event: threading.Event) -> Callable[[], None]:
+        """本地任务让出执行槽（落终态、进重试等待、排队中被停止或暂停）时置位 ``event``；返回取消的函数。
+
+        worker 靠它在任务结束的那一刻去认领下一个：在控制器锁内、调度账本改动的同一处置位，不经事件交付
+        线程（那样既要为每次迁移造事件对象，又可能在槽位真正归还之前就叫醒 worker，让它扑空再等一轮）。
+        """
+        with self._lock:
+            self._slot_watchers = (*self._slot_watchers, event)
+
+        def unwatch() -> None:
+            with self._lock:
+                self._slot_watchers = tuple(w for w in self._slot_watchers if w is not event)
+
+        return unwatch
+
     def local_run(self, task_id: str) -> TaskRun | None:
         """本进程持有的任务句柄（没有返回 None）。"""
         return self._runs.get(task_id)
@@ -859,6 +876,8 @@ class Controller(ClosesOnExit):
                     if run.machine.status not in SLOT_HOLDING_STATUSES:
                         self._scheduler.release(task_id)
                         self._wake.set()
+                        for watcher in self._slot_watchers:
+                            watcher.set()
 
     # -- state-machine listener ----------------------------------------------------------------------
 
@@ -920,6 +939,9 @@ class Controller(ClosesOnExit):
                 and record.from_status in (TaskStatus.QUEUED, TaskStatus.RETRY_WAIT)
             )
             to_start: list[str] = []
+            if not carrying:
+                for watcher in self._slot_watchers:  # 让出了执行槽（或不再排队）：叫醒等空槽的 worker
+                    watcher.set()
             if not carrying and scheduler.release(task_id):
                 # 空出的额度就地交给下一个排队任务，不必唤醒后台线程再转一手（吞吐的关键路径）。
                 to_start = scheduler.take_runnable()

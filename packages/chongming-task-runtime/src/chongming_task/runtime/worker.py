@@ -17,8 +17,9 @@
      同时补救同一个任务时靠带版本条件的写（``ConcurrencyConflict``）保证只复活一次。因停止请求超出优雅窗口
      而落的 lost 不是"载体消失"，不补救。
    普通任务 worker 不碰：它们何时被判 lost 仍由调用方自己的 ``reconcile()`` 决定，与以前完全一样。
-3. **等待**：有空槽时等"新任务"的通知（PostgreSQL 的 NOTIFY；``store.listen``）或本地有任务落地，最多
-   ``poll_interval`` 秒（轮询兜底；SQLite 只有轮询）。
+3. **等待**：有空槽时等"新任务"的通知（PostgreSQL 的 NOTIFY；``store.listen``）或本地任务让出执行槽
+   （``Controller.watch_slots``：在调度账本归还槽位的同一处置位，任务一结束就去认领下一个），最多
+   ``poll_interval`` 秒（轮询兜底；SQLite 只有轮询）。上一次认领取满了空槽（队列里多半还有）就不等，马上再取。
 
 停止（``stop`` 事件置位，CLI 里是 SIGTERM / Ctrl-C）：不再认领与接手；本地还没开始的持久任务交还存储
 （持有者清空，别的 worker 立刻可认领）；在跑的最多等 ``drain_timeout`` 秒自己跑完，到点仍在跑的走优雅停止
@@ -42,7 +43,6 @@ from chongming_task.core.storage.claiming import MAX_CLAIM
 from chongming_task.core.triggers import TRIGGER_RECONCILE
 from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskError
 from chongming_task.models import Failure, FailureKind, TaskSnapshot
-from chongming_task.runtime.events import Listener, TransitionEvent
 from chongming_task.runtime.reconcile import ReconcileReport
 from chongming_task.runtime.registry import TaskDefinition
 from chongming_task.runtime.taskrun import TaskRun
@@ -55,6 +55,8 @@ S = TaskStatus
 DEFAULT_POLL_INTERVAL = 0.2
 """没有即时通知时（SQLite）多久看一次有没有新任务（秒）；有 NOTIFY 时它只是兜底。"""
 DEFAULT_DRAIN_TIMEOUT = 30.0
+_STOP_CHECK = 0.2
+"""空闲等待时多久看一次停止请求（秒）。"""
 
 _ADOPT_STATUSES = frozenset({S.QUEUED, S.PAUSED, S.RETRY_WAIT})
 _LOST = frozenset({S.LOST})
@@ -107,8 +109,7 @@ class WorkerHost(Protocol):
     def definitions(self) -> list[TaskDefinition]: ...
     def resolve_task(self, name: str) -> TaskDefinition: ...
     def start_serving(self) -> None: ...
-    def add_listener(self, listener: Listener) -> None: ...
-    def remove_listener(self, listener: Listener) -> bool: ...
+    def watch_slots(self, event: threading.Event) -> Callable[[], None]: ...
     def reconcile(self, *, dry_run: bool = False, durable_only: bool = False) -> ReconcileReport: ...
     def local_run(self, task_id: str) -> TaskRun | None: ...
     def detach_unstarted_durable(self) -> list[TaskRun]: ...
@@ -155,7 +156,7 @@ class Worker:
     def run(self, stop: threading.Event) -> ServeReport:
         controller = self.controller
         controller.start_serving()
-        controller.add_listener(self._on_event)
+        unwatch = controller.watch_slots(self._wake)
         unlisten = self._listen()
         next_maintenance = 0.0
         try:
@@ -168,14 +169,23 @@ class Worker:
                 full = self._claim()
                 if full and not stop.is_set():
                     continue  # 取满了空槽：队列里多半还有，马上再看一轮（有空槽时）
-                self._wake.wait(self.poll_interval)
-                self._wake.clear()
+                self._idle(stop)
         finally:
             if unlisten is not None:
                 unlisten()
-            controller.remove_listener(self._on_event)
+            unwatch()
             self._drain()
         return self.report
+
+    def _idle(self, stop: threading.Event) -> None:
+        """等到有新任务的通知、本地让出执行槽、或满一个 ``poll_interval``；停止请求最多晚 ``_STOP_CHECK`` 秒
+        被看到（轮询间隔可以设得很长，SIGTERM 不该等它一整段才开始交还与收尾）。"""
+        deadline = time.monotonic() + self.poll_interval
+        while not stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._wake.wait(min(remaining, _STOP_CHECK)):
+                break
+        self._wake.clear()
 
     def _listen(self) -> Callable[[], None] | None:
         listen = getattr(self.store, "listen", None)
@@ -187,11 +197,6 @@ class Worker:
             logger.warning("无法订阅新任务通知，改为纯轮询：%s", exc)
             return None
         return unlisten
-
-    def _on_event(self, event: object) -> None:
-        # 本地任务让出槽位（落终态、暂停、进重试等待）时马上去认领下一个，而不是等满一个轮询间隔。
-        if isinstance(event, TransitionEvent) and event.to_status not in (S.STARTING, S.RUNNING):
-            self._wake.set()
 
     def _names(self) -> frozenset[str]:
         return frozenset(definition.name for definition in self.controller.definitions())

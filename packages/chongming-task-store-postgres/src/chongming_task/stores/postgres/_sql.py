@@ -11,6 +11,7 @@ from chongming_task.core.storage.sql import RowCodec, escape_like
 from chongming_task.core.storage.values import TaskQuery
 from chongming_task.models import Transition
 from chongming_task.stores.postgres import _schema
+from chongming_task.stores.postgres._claim import create_notify_sql
 from chongming_task.stores.postgres._codec import (
     COMMAND_COLUMNS,
     DIALECT,
@@ -109,6 +110,8 @@ class Sql:
             f"hist AS ({transitions_insert(s, 'WHERE EXISTS (SELECT 1 FROM ins)')}) "
             "SELECT count(*) FROM ins"
         )
+        # 待认领的持久任务：同一条语句里插入成功才 pg_notify（见 _claim.create_notify_sql）。
+        self.create_notify = create_notify_sql(self.create)
         # 热路径：版本校验的 UPDATE 与迁移记录的 INSERT 在同一条语句里，一次往返、天然原子。
         # 版本不符时 upd 为空，hist 的 WHERE EXISTS 也就不插入任何一行——冲突时什么也不写。
         saved = frozenset(SAVE_COLUMNS)

@@ -914,8 +914,19 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     def create_many(
         self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
     ) -> list[TaskError | None]:
-        """一次事务、一次管道发送建一批任务（语义见 ``TaskStore.create_many``）。"""
-        return self._run_many([partial(self._create_statement, s, t) for s, t in items])
+        """一次事务、一次管道发送建一批任务（语义见 ``TaskStore.create_many``）。其中待认领的持久任务
+        提交之后只通知 worker 一次（``_claim.notify_claimable``），不是每行一次。"""
+        results = self._run_many([partial(self._create_statement, s, t, notify=False) for s, t in items])
+        created = [
+            s for (s, _), error in zip(items, results, strict=True) if error is None and _claim.claimable(s)
+        ]
+        if created:
+            try:
+                with self._connection() as conn:
+                    _claim.notify_claimable(conn, self._channel, created)
+            except StoreError as exc:  # 通知只是提示：丢了由 worker 的轮询兜底，不把已提交的建任务报成失败
+                logger.warning("新建持久任务后通知 worker 失败（由轮询兜底）：%s", exc)
+        return results
 
     def save_many(self, requests: Sequence[v.SaveRequest]) -> list[TaskError | None]:
         """组提交：一次事务、一次管道发送写一批 save（语义见 ``TaskStore.save_many``）。"""
@@ -948,21 +959,27 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 results[index] = judge(conn, cursor.fetchone())
         return results
 
-    def _create_statement(self, snapshot: TaskSnapshot, transitions: Sequence[Transition]) -> _Prepared:
+    def _create_statement(
+        self, snapshot: TaskSnapshot, transitions: Sequence[Transition], *, notify: bool = True
+    ) -> _Prepared:
+        """``notify``：待认领的持久任务在同一条语句里通知 worker（单个 create；批量的由 create_many
+        统一通知）。"""
         snapshot = checks.check_snapshot(snapshot)
         checks.check_transitions(snapshot.task_id, transitions)
         params = task_params(snapshot)
         params.update(_transition_params(transitions))
         task_id = snapshot.task_id
+        statement = self._sql.create
+        if notify and _claim.claimable(snapshot):
+            statement = self._sql.create_notify
+            params.update(_claim.notice_params(self._channel, snapshot))
 
         def judge(conn: Conn, row: Any) -> TaskError | None:
             if row is None or row[0] == 0:
                 return DuplicateTaskId(f"task_id {task_id!r} 已存在；想再跑一次请换一个 task_id 提交")
-            # 建好了：若是待认领的持久任务，通知 worker（create 已提交，这条通知随它自己的语句送达）。
-            _claim.notify_if_claimable(conn, self._channel, snapshot)
             return None
 
-        return self._sql.create, params, judge
+        return statement, params, judge
 
     def _save_statement(self, request: v.SaveRequest) -> _Prepared:
         """一次 save 的语句与判定（入参已检查：``_save`` 由基类检查，``save_many`` 逐项检查）。"""
