@@ -21,6 +21,7 @@ from chongming_task.stores.postgres._codec import (
     TRANSITIONS,
     check_text,
     transition_arrays,
+    unnest_element,
 )
 
 
@@ -50,6 +51,21 @@ def transitions_insert(s: str, guard: str) -> str:
         f"SELECT {_cols(TRANSITION_COLUMNS, 'x.')} FROM unnest({arrays}) AS x({_cols(TRANSITION_COLUMNS)}) "
         f"{guard} ON CONFLICT DO NOTHING"
     )
+
+
+def tasks_unnest() -> tuple[str, str]:
+    """create_many 的任务行：每个物理列一个数组参数 ``%(k_<列>)s``，``unnest`` 成多行。
+
+    返回 (FROM 里的 unnest(...) AS x(...)，SELECT 里逐列的表达式)。jsonb 与 text[] 列以文本数组传入、
+    在 SELECT 里逐行转换（多维数组不能按行 unnest）。"""
+    arrays: list[str] = []
+    selects: list[str] = []
+    for column in SNAPSHOTS.logical:
+        for name in DIALECT.physical(column):
+            element, convert = unnest_element(column, name)
+            arrays.append(f"%(k_{name})s::{element}[]")
+            selects.append(convert.format(f"x.{name}"))
+    return f"unnest({', '.join(arrays)}) AS x({_cols(TASK_COLUMNS)})", ", ".join(selects)
 
 
 def transition_params(transitions: Sequence[Transition]) -> dict[str, Any]:
@@ -90,6 +106,16 @@ class Sql:
             "ON CONFLICT (task_id) DO NOTHING RETURNING task_id), "
             f"hist AS ({transitions_insert(s, 'WHERE EXISTS (SELECT 1 FROM ins)')}) "
             "SELECT count(*) FROM ins"
+        )
+        # create_many：一批任务一条语句（一次往返、一次事务）。任务行按列数组 unnest，已存在的 id 被
+        # ON CONFLICT 跳过、不出现在 RETURNING 里（它们是 DuplicateTaskId）；迁移记录只为真正插入的任务写入，
+        # 与逐个 create 的 "WHERE EXISTS (SELECT 1 FROM ins)" 同一规则：重复的那一项什么也不写。
+        rows, selects = tasks_unnest()
+        self.create_many = (
+            f"WITH ins AS (INSERT INTO {s}.tasks ({task_cols}) SELECT {selects} FROM {rows} "
+            "ON CONFLICT (task_id) DO NOTHING RETURNING task_id), "
+            f"hist AS ({transitions_insert(s, 'WHERE x.task_id IN (SELECT task_id FROM ins)')}) "
+            "SELECT task_id FROM ins"
         )
         # 热路径：版本校验的 UPDATE 与迁移记录的 INSERT 在同一条语句里，一次往返、天然原子。
         # 版本不符时 upd 为空，hist 的 WHERE EXISTS 也就不插入任何一行——冲突时什么也不写。
