@@ -79,6 +79,7 @@ _CreateRow = tuple[TaskSnapshot, dict[str, Any], list[dict[str, Any]]]
 def _duplicate(task_id: str) -> DuplicateTaskId:
     return DuplicateTaskId(f"task_id {task_id!r} 已存在；想再跑一次请换一个 task_id 提交")
 
+
 _TERMINAL = sorted(s.value for s in TERMINAL_STATUSES)
 
 # 连接级故障：重试一次只读操作是安全的（读不改变任何东西）；写操作不重试——语句可能已经

@@ -19,6 +19,8 @@ INSERT_TASK = (
     f"INSERT INTO tasks ({', '.join(schema.TASK_COLUMNS)}) "
     f"VALUES ({', '.join(':' + c for c in schema.TASK_COLUMNS)})"
 )
+# create_many：一批 id（JSON 数组参数，避开变量个数上限）里已经存在的那些。
+EXISTING_TASK_IDS = "SELECT task_id FROM tasks WHERE task_id IN (SELECT value FROM json_each(?))"
 SAVE_SELECT = f"SELECT {', '.join(schema.SAVE_COLUMNS)} FROM tasks WHERE task_id = ?"
 SAVE_VERSION_INDEX = schema.SAVE_COLUMNS.index("status_version")
 # save(lease_expired_before=...)：租约仍有效（lease_key 不早于给定时刻）就返回一行（与查询的判据相同）。
@@ -111,6 +113,7 @@ def select_from(query: TaskQuery, *extra: str, name_index: bool = True) -> tuple
 
 __all__ = [
     "COMMAND_SELECT",
+    "EXISTING_TASK_IDS",
     "INSERT_TAG",
     "INSERT_TASK",
     "INSERT_TRANSITION",
