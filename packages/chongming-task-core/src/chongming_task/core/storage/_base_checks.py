@@ -239,6 +239,8 @@ def id_set(name: str, values: Iterable[Any] | None, kind: type) -> frozenset[Any
     if isinstance(values, (str, int)):
         raise ConfigurationError(f"{name} 必须是集合（例如 [{values!r}]），不能是单个值")
     result = frozenset(values)
+    if kind is str and set(map(type, result)) <= {str}:
+        return result  # 最常见：指令轮询的上万个 task_id，省掉逐个的 isinstance 与分支
     for item in result:
         if isinstance(item, bool) or not isinstance(item, kind):
             raise ConfigurationError(f"{name} 里只能放 {kind.__name__}，收到 {item!r}")

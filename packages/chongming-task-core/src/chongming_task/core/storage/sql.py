@@ -31,6 +31,7 @@ from chongming_task.core.storage.columns import (
     Kind,
 )
 from chongming_task.core.storage.values import Command, CommandAction, NodeRecord
+from chongming_task.errors import TaskError
 from chongming_task.models import Failure, Progress, TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
 
@@ -193,18 +194,21 @@ class RowCodec:
         self._encoders = [
             (c.name, dialect.physical(c), dialect.encoder(c, label, json_label)) for c in columns
         ]
-        # params() 是每次写入的热路径（每次状态迁移至少两次）：按列预先分成三种做法，省掉逐列的 zip 与
-        # dict.update。原样存的列（整数；方言不另做检查的文本）直接取值，一个物理列的取编码结果的第一项，
-        # 其余（时间戳的两列）照旧。键的顺序与 names 一致。
+        # params() 是每次写入的热路径（每次状态迁移至少两次）：按列预先分成几种做法，省掉逐列的 zip 与
+        # dict.update。原样存的列（整数；方言不另做检查的文本）直接取值；值为 None 的列取构造时算好的
+        # 编码结果（新建的任务大半列是 None：时间戳、failure、outcome……不必每次都走一遍编码函数）；
+        # 一个物理列的取编码结果的第一项，其余（时间戳的两列）照旧。键的顺序与 names 一致。
         plain_text = type(dialect).check_text is SqlDialect.check_text
-        self._plan: list[tuple[str, str | tuple[str, ...], _Encoder | None]] = []
+        self._plan: list[tuple[str, str | tuple[str, ...], _Encoder | None, tuple[Any, ...] | None]] = []
         for c, (field_name, physical, encode) in zip(columns, self._encoders, strict=True):
-            if len(physical) != 1:
-                self._plan.append((field_name, physical, encode))
-            elif c.kind is Kind.INT or (c.kind is Kind.TEXT and plain_text):
-                self._plan.append((field_name, physical[0], None))
-            else:
-                self._plan.append((field_name, physical[0], encode))
+            if len(physical) == 1 and (c.kind is Kind.INT or (c.kind is Kind.TEXT and plain_text)):
+                self._plan.append((field_name, physical[0], None, None))
+                continue
+            try:
+                null: tuple[Any, ...] | None = encode(None)  # 编码是纯函数：None 的结果每次都一样
+            except (AttributeError, TypeError, ValueError, TaskError):
+                null = None  # 这一列不接受 None（标签集合）：照常编码，让它自己报错
+            self._plan.append((field_name, physical[0] if len(physical) == 1 else physical, encode, null))
         decoders: list[tuple[str, slice, _Decoder]] = []
         offset = 0
         for column in columns:
@@ -216,14 +220,16 @@ class RowCodec:
     def params(self, record: object) -> dict[str, Any]:
         """记录 → {物理列名: 值}（命名参数）。"""
         params: dict[str, Any] = {}
-        for field_name, physical, encode in self._plan:
+        for field_name, physical, encode, null in self._plan:
             value = getattr(record, field_name)
             if encode is None:
                 params[physical] = value  # type: ignore[index]
-            elif isinstance(physical, str):
-                params[physical] = encode(value)[0]
+                continue
+            encoded = null if value is None and null is not None else encode(value)
+            if isinstance(physical, str):
+                params[physical] = encoded[0]
             else:
-                params.update(zip(physical, encode(value), strict=True))
+                params.update(zip(physical, encoded, strict=True))
         return params
 
     def fields(self, row: Sequence[Any]) -> dict[str, Any]:

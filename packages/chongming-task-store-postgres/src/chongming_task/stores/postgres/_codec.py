@@ -212,6 +212,27 @@ class PostgresDialect(SqlDialect):
         return "bigint[]" if name.endswith("_off") else self.sql_type(column) + "[]"
 
 
+def unnest_element(column: Column, name: str) -> tuple[str, str]:
+    """按行 unnest 一个物理列时：(数组的元素类型, 把元素转成列类型的表达式模板)。
+
+    jsonb 列传 JSON 文本、标签传数组字面量文本（见 ``tags_literal``）：多维数组不能按行 unnest。"""
+    if column.kind in _JSON_KINDS:
+        return "text", "{}::jsonb"
+    if column.kind is Kind.TAGS:
+        return "text", "{}::text[]"
+    if column.kind is Kind.BUCKETS:
+        return "text", "{}::bigint[]"
+    return DIALECT.array_type(column, name).removesuffix("[]"), "{}"
+
+
+def array_literal(values: Sequence[Any] | None) -> str | None:
+    """一维数组的 PostgreSQL 文本字面量（每个元素加引号、转义反斜杠与双引号）：``'{"a","b"}'``。"""
+    if values is None:
+        return None
+    quoted = (str(value).replace("\\", "\\\\").replace('"', '\\"') for value in values)
+    return "{" + ",".join(f'"{value}"' for value in quoted) + "}"
+
+
 DIALECT = PostgresDialect()
 SNAPSHOTS = SnapshotCodec(DIALECT)
 TRANSITIONS = TransitionCodec(DIALECT)
@@ -269,6 +290,7 @@ __all__ = [
     "TRANSITIONS",
     "TRANSITION_COLUMNS",
     "PostgresDialect",
+    "array_literal",
     "check_text",
     "command_from_row",
     "join_dt",
@@ -281,4 +303,5 @@ __all__ = [
     "task_params",
     "transition_from_row",
     "transition_rows",
+    "unnest_element",
 ]
