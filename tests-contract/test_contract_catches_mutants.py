@@ -110,6 +110,21 @@ class IgnoresDurable(InMemoryTaskStore):
         return super().stats(None if query is None else dataclasses.replace(query, durable=None))
 
 
+class AwaitingIgnoresOwner(InMemoryTaskStore):
+    """``TaskQuery.awaiting_claim`` 只看 queued + 配方、忘了"无人持有"：别人手里排队的任务也算待认领，
+    reconcile 就再也看不到它们（持有者死了也没人接手）。"""
+
+    def _wrong(self, query: TaskQuery, rows: list[TaskSnapshot]) -> list[TaskSnapshot]:
+        want = query.awaiting_claim
+        return [s for s in rows if (s.status is TaskStatus.QUEUED and s.recipe is not None) == want]
+
+    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        if query is None or query.awaiting_claim is None:
+            return super().query(query)
+        rows = self._wrong(query, super().query(dataclasses.replace(query, awaiting_claim=None, limit=None)))
+        return rows if query.limit is None else rows[: query.limit]
+
+
 class SharedOutcome(InMemoryTaskStore):
     """出库时把同一个 outcome 对象交给每个调用方：改一处，处处都变。"""
 
@@ -291,6 +306,7 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
         "test_query_name_prefix_underscore_is_literal",
     },
     IgnoresDurable: {"test_query_and_stats_filter_by_durable"},
+    AwaitingIgnoresOwner: {"test_query_and_stats_filter_by_awaiting_claim"},
     SharedOutcome: {"test_returned_outcome_is_a_copy"},
     CompletesForAnyone: {"test_complete_is_idempotent_for_holder_and_false_for_others"},
     ClaimIgnoresLease: {

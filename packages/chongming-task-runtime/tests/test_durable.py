@@ -20,9 +20,10 @@ from chongming_task.core.recipes import OnLost, Recipe
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.triggers import TRIGGER_ADOPTED, TRIGGER_LOST, TRIGGER_RECONCILE, TRIGGER_RETRY
 from chongming_task.errors import ConfigurationError, StoreError
+from chongming_task.models import TaskSnapshot
 from chongming_task.runtime.worker import ServeReport
 from chongming_task.states import TaskStatus
-from chongming_task.storage import TaskStore
+from chongming_task.storage import TaskQuery, TaskStore
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.stores.sqlite import SqliteTaskStore
 
@@ -392,6 +393,31 @@ def test_reconcile_does_not_report_tasks_waiting_for_a_worker(db: str) -> None:
         report = submitter.reconcile()
         assert waiting not in {s.task_id for s in (*report.lost, *report.adoptable, *report.skipped)}
         assert submitter.get(waiting).status is S.QUEUED  # type: ignore[union-attr]
+
+
+class CountingStore(SqliteTaskStore):
+    """记下每次 query 交回了哪些任务。"""
+
+    returned: list[str]
+
+    def query(self, query: TaskQuery | None = None) -> list[TaskSnapshot]:
+        rows = super().query(query)
+        self.returned.extend(s.task_id for s in rows)
+        return rows
+
+
+def test_reconcile_leaves_tasks_waiting_for_a_worker_in_the_store(db: str) -> None:
+    """待认领的任务在存储里就被排除：积压很多时 reconcile（和 worker 的每轮维护）不把它们读进来。"""
+    store = CountingStore(db)
+    store.returned = []
+    _held_by_dead(store, "dead-q", S.QUEUED)
+    with Controller(store=store, owner="submitter") as submitter:
+        waiting = {submitter.enqueue("record", n) for n in range(200)}
+        store.returned.clear()
+        report = submitter.reconcile()
+        assert [s.task_id for s in report.adoptable] == ["dead-q"]  # 死者手里排队的照常报告
+        assert waiting.isdisjoint(store.returned), "待认领的任务被读了出来"
+        assert all(submitter.get(t).status is S.QUEUED for t in waiting)  # type: ignore[union-attr]
 
 
 # -- recovery: lost on_lost="retry" tasks whose revive did not happen -------------------------------

@@ -71,6 +71,10 @@ def reconcile_store(
         statuses=NON_TERMINAL_STATUSES,
         lease_expired_before=now,
         buckets=frozenset(buckets) if buckets is not None else None,
+        durable=True if durable_only else None,
+        # 等 worker 认领的持久任务本来就没有持有者，不是失去监督者：在存储里就排除，不读进来再逐个跳过
+        # （积压十万个待认领任务时，worker 的每轮维护原本要把它们全读一遍，期间什么也认领不了）。
+        awaiting_claim=False,
         order=QueryOrder.OLDEST_FIRST,
     )
     # 以"租约此刻仍已过期"为条件（docs/distributed.md §7.3）：续租不改版本号，持有者若恰好在我们读与写之间
@@ -81,7 +85,7 @@ def reconcile_store(
         if snapshot.task_id in live_task_ids or (durable_only and snapshot.recipe is None):
             continue  # 本进程正在管它（续租只是还没写到）；或只看持久任务时的普通任务
         if awaits_claim(snapshot):
-            continue  # 等 worker 认领的持久任务本来就没有持有者：不是失去监督者
+            continue  # 查询已排除；还没跟上 awaiting_claim 的第三方后端会交回它们，这里再挡一次
         if snapshot.status not in RESOURCE_HOLDING_STATUSES:
             report.adoptable.append(snapshot)
             continue

@@ -18,9 +18,9 @@ from datetime import datetime
 from typing import Any
 
 from chongming_task.core.storage._base_checks import check_aware, check_claimant, id_set
+from chongming_task.core.storage.values import awaits_claim
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import TaskSnapshot
-from chongming_task.states import TaskStatus
 
 MAX_CLAIM = 1000
 """一次最多认领多少个：worker 按空闲槽位认领（不囤积），一千个槽已是极端配置。"""
@@ -54,12 +54,6 @@ def check_claim(
     check_aware("lease_until", lease_until, required=True)
     assert isinstance(holder, str) and isinstance(lease_until, datetime)
     return QueuedClaim(holder, wanted, id_set("buckets", buckets, int), limit, lease_until)
-
-
-def awaits_claim(snapshot: TaskSnapshot) -> bool:
-    """等 worker 认领的持久任务：queued、带配方、无人持有。它本来就没有持有者，不是"失去监督者"——
-    reconcile 不报告它，doctor 也不把它算作孤儿（有没有 worker 服务它另有检查）。"""
-    return snapshot.status is TaskStatus.QUEUED and snapshot.recipe is not None and snapshot.owner is None
 
 
 def claimable(snapshot: TaskSnapshot, request: QueuedClaim) -> bool:

@@ -33,6 +33,13 @@ class QueryOrder(enum.StrEnum):
     OLDEST_FIRST = "oldest"
 
 
+def awaits_claim(snapshot: TaskSnapshot) -> bool:
+    """等 worker 认领的持久任务：queued、带配方、无人持有。它本来就没有持有者，不是"失去监督者"——
+    reconcile 不报告它，doctor 也不把它算作孤儿（有没有 worker 服务它另有检查）。SQL 后端把同一判据写成
+    ``TaskQuery.awaiting_claim`` 的 WHERE 条件。"""
+    return snapshot.status is TaskStatus.QUEUED and snapshot.recipe is not None and snapshot.owner is None
+
+
 @dataclass(frozen=True)
 class TaskQuery:
     """查询条件。所有条件取交集；None 表示不限。
@@ -45,6 +52,9 @@ class TaskQuery:
       与写法（时区偏移）无关——按 ISO 文本比较的后端会在非 UTC 偏移上出错。
     * ``lease_expired_before``：租约为空或 ``lease_until`` 早于该时刻（reconcile 用）。
     * ``durable``：True 只要持久任务（带配方 ``recipe``），False 只要非持久的，None 不限。
+    * ``awaiting_claim``：True 只要等 worker 认领的持久任务（queued、带配方、无人持有，即
+      ``claiming.awaits_claim``），False 把它们排除在外，None 不限。reconcile 用 False：一个积压了
+      十万个待认领任务的队列，每轮维护都把它们整个读进 Python 再逐个跳过，worker 在这期间什么也认领不了。
     * 顺序按 (created_at, task_id)，``order`` 决定新的在前还是旧的在前。
     """
 
@@ -59,6 +69,7 @@ class TaskQuery:
     created_before: datetime | None = None
     lease_expired_before: datetime | None = None
     durable: bool | None = None
+    awaiting_claim: bool | None = None
     limit: int | None = None
     order: QueryOrder = QueryOrder.NEWEST_FIRST
 
@@ -97,8 +108,10 @@ class TaskQuery:
                 raise ConfigurationError(f"TaskQuery.{name} 必须是字符串，收到 {value!r}")
         if self.tag is not None:
             normalize_tags([self.tag])
-        if self.durable is not None and not isinstance(self.durable, bool):
-            raise ConfigurationError(f"TaskQuery.durable 只能是 True、False 或 None，收到 {self.durable!r}")
+        for name in ("durable", "awaiting_claim"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ConfigurationError(f"TaskQuery.{name} 只能是 True、False 或 None，收到 {value!r}")
         for name in ("created_after", "created_before", "lease_expired_before"):
             check_aware(f"TaskQuery.{name}", getattr(self, name))
         if self.limit is not None and (
@@ -130,6 +143,8 @@ class TaskQuery:
         if self.created_after is not None and not snapshot.created_at > self.created_after:
             return False
         if self.durable is not None and (snapshot.recipe is not None) != self.durable:
+            return False
+        if self.awaiting_claim is not None and awaits_claim(snapshot) != self.awaiting_claim:
             return False
         if self.created_before is not None and not snapshot.created_at < self.created_before:
             return False
@@ -741,6 +756,7 @@ __all__ = [
     "TaskQuery",
     "TaskStats",
     "as_query",
+    "awaits_claim",
     "bound_log_message",
     "check_log_writer",
     "count_buckets",

@@ -86,6 +86,31 @@ class DurableCases(ContractBase):
         with self.assertRaises(ConfigurationError):
             TaskQuery(durable="yes")  # type: ignore[arg-type]
 
+    def test_query_and_stats_filter_by_awaiting_claim(self) -> None:
+        """``awaiting_claim`` 与 ``awaits_claim`` 逐条一致：只有 queued + 配方 + 无人持有三者同时成立才算。"""
+        store = self.open_store()
+        store.create(durable("await-a", seconds=1))
+        store.create(durable("held-b", seconds=2, owner="node-1"))  # 有持有者
+        store.create(durable("paused-c", seconds=3, status=S.PAUSED, status_version=2))  # 不是 queued
+        store.create(snap("plain-d", at=T0 + timedelta(seconds=4), status=S.QUEUED, status_version=1))
+        store.create(durable("await-e", seconds=5, bucket=3))
+
+        def ids(query: TaskQuery) -> list[str]:
+            return [s.task_id for s in store.query(query)]
+
+        self.assertEqual(ids(TaskQuery(awaiting_claim=True)), ["await-e", "await-a"])
+        self.assertEqual(ids(TaskQuery(awaiting_claim=False)), ["plain-d", "paused-c", "held-b"])
+        self.assertEqual(len(ids(TaskQuery(awaiting_claim=None))), 5)
+        self.assertEqual(ids(TaskQuery(awaiting_claim=True, bucket=3)), ["await-e"])
+        self.assertEqual(ids(TaskQuery(awaiting_claim=False, durable=True)), ["paused-c", "held-b"])
+        self.assertEqual(store.stats(TaskQuery(awaiting_claim=True)).total, 2)
+        self.assertEqual(
+            store.stats(TaskQuery(awaiting_claim=False, statuses=frozenset({S.QUEUED}))).total, 2
+        )
+        self.assertEqual(sum(store.bucket_counts(TaskQuery(awaiting_claim=True)).values()), 1)
+        with self.assertRaises(ConfigurationError):
+            TaskQuery(awaiting_claim=1)  # type: ignore[arg-type]
+
     def test_save_never_rewrites_the_recipe(self) -> None:
         store = self.open_store()
         original = recipe()

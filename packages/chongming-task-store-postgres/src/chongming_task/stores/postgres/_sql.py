@@ -10,6 +10,7 @@ from typing import Any
 from chongming_task.core.storage.sql import RowCodec, escape_like
 from chongming_task.core.storage.values import TaskQuery
 from chongming_task.models import Transition
+from chongming_task.states import TaskStatus
 from chongming_task.stores.postgres import _schema
 from chongming_task.stores.postgres._claim import create_notify_sql
 from chongming_task.stores.postgres._codec import (
@@ -338,6 +339,11 @@ def where_clause(query: TaskQuery) -> tuple[str, dict[str, Any]]:
             params[name] = _FILTER_PARAMS.get(name, _as_is)(value)
     if query.durable is not None:
         clauses.append("recipe IS NOT NULL" if query.durable else "recipe IS NULL")
+    if query.awaiting_claim is not None:
+        # 与 values.awaits_claim 同一判据；三项都不会是 NULL，NOT 取反没有三值逻辑的坑。
+        awaiting = "(status = %(awaiting_status)s AND recipe IS NOT NULL AND owner IS NULL)"
+        clauses.append(awaiting if query.awaiting_claim else f"NOT {awaiting}")
+        params["awaiting_status"] = TaskStatus.QUEUED.value
     if query.name_prefix is not None:
         # 前缀按字面匹配：escape_like 转义 % _ 与转义符本身（列是 COLLATE "C"，按码点比较）。
         clauses.append("name LIKE %(name_like)s ESCAPE '\\'")

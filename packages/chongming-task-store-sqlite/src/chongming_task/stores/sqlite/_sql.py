@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from chongming_task.core.storage.values import TaskQuery
-from chongming_task.states import TERMINAL_STATUSES
+from chongming_task.states import TERMINAL_STATUSES, TaskStatus
 from chongming_task.stores.sqlite import _codec as codec
 from chongming_task.stores.sqlite import _schema as schema
 
@@ -103,6 +103,11 @@ def select_from(query: TaskQuery, *extra: str, name_index: bool = True) -> tuple
         params.append(query.pipeline_id)
     if query.durable is not None:
         clauses.append("t.recipe IS NOT NULL" if query.durable else "t.recipe IS NULL")
+    if query.awaiting_claim is not None:
+        # 与 values.awaits_claim 同一判据；三项都不会是 NULL，NOT 取反没有三值逻辑的坑。
+        awaiting = "(t.status = ? AND t.recipe IS NOT NULL AND t.owner IS NULL)"
+        clauses.append(awaiting if query.awaiting_claim else f"NOT {awaiting}")
+        params.append(TaskStatus.QUEUED.value)
     if query.created_after is not None:
         clauses.append(f"{order_alias}.created_key > ?")
         params.append(codec.dt_key(query.created_after))
