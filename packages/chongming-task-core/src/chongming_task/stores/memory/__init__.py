@@ -196,14 +196,25 @@ class InMemoryTaskStore(TaskStore):
             if v.lease_is_held(current.lease_until, request.lease_expired_before):
                 raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, current.lease_until))
             # 旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。
-            row.snapshot = snapshot.evolve(
-                outcome=scalar,
-                progress=current.progress,
-                last_heartbeat_at=current.last_heartbeat_at,
-                lease_owner=current.lease_owner,
-                lease_until=current.lease_until,
-                recipe=current.recipe,  # 配方只由 create 写入
-            )
+            if (
+                scalar is snapshot.outcome
+                and snapshot.progress is current.progress
+                and snapshot.last_heartbeat_at is current.last_heartbeat_at
+                and snapshot.lease_owner is current.lease_owner
+                and snapshot.lease_until is current.lease_until
+                and snapshot.recipe is current.recipe
+            ):
+                # 热路径（写穿）：这些字段本来就是同一批对象，快照不可变，直接存调用方这份，不再复制一次。
+                row.snapshot = snapshot
+            else:
+                row.snapshot = snapshot.evolve(
+                    outcome=scalar,
+                    progress=current.progress,
+                    last_heartbeat_at=current.last_heartbeat_at,
+                    lease_owner=current.lease_owner,
+                    lease_until=current.lease_until,
+                    recipe=current.recipe,  # 配方只由 create 写入
+                )
             row.outcome_text = text
             for record in request.transitions:
                 row.history.setdefault(record.version, record)
