@@ -98,7 +98,8 @@ class WriteThrough:
         self._failure_seq = 0  # 写失败的累计次数（catch_up 据此判断"存储此刻不可用"）
         self.outage = OutageLog(logger, monotonic=clock.monotonic)
         self.lease = LeaseWatch(lease_ttl, clock.monotonic())
-        self.commits = GroupCommit(store)
+        # 组提交只对能省下提交的存储有用（TaskStore.group_commit）；否则写穿直接 save。
+        self.commits: GroupCommit | None = GroupCommit(store) if store.group_commit else None
 
     def record(self, task_id: str, operation: str, exc: BaseException) -> None:
         """记一次写存储失败（最多保留最新 20 条）；日志交给限流的 OutageLog（故障期间按间隔汇总）。"""
@@ -253,6 +254,12 @@ class WriteThrough:
             try:
                 if state.persisted_version is None:
                     self.store.create(snapshot, machine.transitions)
+                elif self.commits is None:
+                    self.store.save(
+                        snapshot,
+                        expect_version=state.persisted_version,
+                        transitions=machine.transitions_since(state.persisted_version),
+                    )
                 else:
                     # 组提交：与同一时刻别的任务的迁移合进一个写事务；只在这一项提交之后返回。
                     self.commits.save(
