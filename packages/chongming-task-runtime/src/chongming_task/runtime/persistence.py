@@ -292,8 +292,11 @@ class WriteThrough:
             self._fence(machine, state, stored, history)
             return True
         self.outage.recovered()
-        with self._lock:
-            self._behind.pop(task_id, None)
+        # 不拿锁先看一眼（每次迁移都走这里）：本任务只会由持有它的任务锁的线程（也就是此刻的我们）放进
+        # _behind，所以"不在"的读数不会因别的线程而过时；在的时候才拿锁移除。
+        if task_id in self._behind:
+            with self._lock:
+                self._behind.pop(task_id, None)
         if snapshot.is_terminal:
             self._flush_one(snapshot, state)
         return True
