@@ -44,6 +44,10 @@ from chongming_task.errors import (
 from chongming_task.models import TaskSnapshot, Transition
 
 
+_STORE_OWNED_FIELDS = ("progress", "last_heartbeat_at", "lease_owner", "lease_until", "recipe")
+"""save 不改写的字段：旁路字段只归 touch 管，配方只由 create 写入。"""
+
+
 def _stored_line(line: v.LogLine, seq: int) -> v.LogLine:
     """存下的那一行：换上存储分配的序号、去掉幂等身份。``line`` 构造时已整行校验过，换上的三个值也都合法，
     所以直接复制实例字典（``dataclasses.replace`` 会把 ``__post_init__`` 的逐字段校验再走一遍，每行一次）。"""
@@ -209,26 +213,14 @@ class InMemoryTaskStore(TaskStore):
                 )
             if v.lease_is_held(current.lease_until, request.lease_expired_before):
                 raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, current.lease_until))
-            # 旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。
-            if (
-                scalar is snapshot.outcome
-                and snapshot.progress is current.progress
-                and snapshot.last_heartbeat_at is current.last_heartbeat_at
-                and snapshot.lease_owner is current.lease_owner
-                and snapshot.lease_until is current.lease_until
-                and snapshot.recipe is current.recipe
-            ):
-                # 热路径（写穿）：这些字段本来就是同一批对象，快照不可变，直接存调用方这份，不再复制一次。
-                row.snapshot = snapshot
-            else:
-                row.snapshot = snapshot.evolve(
-                    outcome=scalar,
-                    progress=current.progress,
-                    last_heartbeat_at=current.last_heartbeat_at,
-                    lease_owner=current.lease_owner,
-                    lease_until=current.lease_until,
-                    recipe=current.recipe,  # 配方只由 create 写入
-                )
+            # 旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。只复制确实不同的字段
+            # （写穿的热路径上通常一个都没有：快照不可变，直接存调用方这份，不再复制一次）。
+            changes: dict[str, Any] = {} if scalar is snapshot.outcome else {"outcome": scalar}
+            for name in _STORE_OWNED_FIELDS:
+                kept = getattr(current, name)
+                if getattr(snapshot, name) is not kept:
+                    changes[name] = kept
+            row.snapshot = snapshot.evolve(**changes) if changes else snapshot
             row.outcome_text = text
             for record in request.transitions:
                 row.history.setdefault(record.version, record)
