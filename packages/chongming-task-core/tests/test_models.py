@@ -426,7 +426,7 @@ def test_evolve_is_a_cheap_copy() -> None:
 
 
 def test_storable_mark_follows_the_checked_fields() -> None:
-    """"查过"标记（records.STORABLE_MARK）只在受检字段的值确实存得下时才跟着 evolve 走：写入检查跳过
+    """ "查过"标记（records.STORABLE_MARK）只在受检字段的值确实存得下时才跟着 evolve 走：写入检查跳过
     重查的前提。改了受检字段、新值存不下 → 标记去掉，写入检查照旧报 ConfigurationError。"""
     from chongming_task.core.records import is_storable_checked
     from chongming_task.core.storage.checks import check_snapshot

@@ -521,7 +521,8 @@ STORABLE_FIELDS: frozenset[str] = frozenset(OPTIONAL_TEXT_FIELDS) | {"priority",
 
 
 def carry_storable_mark(snapshot: TaskSnapshot, changes: dict[str, Any]) -> None:
-    """``snapshot`` 是从带标记的快照复制、再套上 ``changes`` 得来的：改到了受检字段时重查，查不过就去掉标记。"""
+    """``snapshot`` 是从带标记的快照复制、再套上 ``changes`` 得来的：改到了受检字段时只重查这几个，
+    查不过就去掉标记。"""
     state = snapshot.__dict__
     if STORABLE_MARK in state and not STORABLE_FIELDS.isdisjoint(changes):
         try:
@@ -748,6 +749,8 @@ __all__ = [
     "MAX_TEXT_LENGTH",
     "MAX_TRACEBACK_LENGTH",
     "MIN_PRIORITY",
+    "STORABLE_FIELDS",
+    "STORABLE_MARK",
     "TIMEOUT_KINDS",
     "Failure",
     "FailureKind",
@@ -755,14 +758,12 @@ __all__ = [
     "Progress",
     "TaskSnapshot",
     "Transition",
-    "check_priority",
-    "STORABLE_FIELDS",
-    "STORABLE_MARK",
     "carry_storable_mark",
+    "check_priority",
     "check_storable_fields",
-    "is_storable_checked",
     "check_storable_text",
     "check_tag_count",
+    "is_storable_checked",
     "normalize_tags",
     "require_aware",
     "sanitize_reason",

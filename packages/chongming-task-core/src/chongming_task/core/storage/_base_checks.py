@@ -21,8 +21,8 @@ from chongming_task.core.records import (
     MAX_JSON_BYTES,
     MAX_TEXT_LENGTH,
     check_storable_fields,
-    is_storable_checked,
     check_storable_text,
+    is_storable_checked,
 )
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import Progress, TaskSnapshot, Transition

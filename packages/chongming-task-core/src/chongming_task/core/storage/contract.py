@@ -93,7 +93,6 @@ class TaskStore(ClosesOnExit, ABC):
     一把锁内改几个字典，没有可省的提交，取 False：写穿直接调用 ``save``（同样只在写完后返回、同样的逐项
     结果），少一层排队与唤醒。"""
 
-
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for public, hook in _HOOKS.items():

@@ -43,7 +43,6 @@ from chongming_task.errors import (
 )
 from chongming_task.models import TaskSnapshot, Transition
 
-
 _STORE_OWNED_FIELDS = ("progress", "last_heartbeat_at", "lease_owner", "lease_until", "recipe")
 """save 不改写的字段：旁路字段只归 touch 管，配方只由 create 写入。"""
 
