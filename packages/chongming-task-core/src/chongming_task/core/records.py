@@ -651,7 +651,8 @@ class TaskSnapshot:
         state = clone.__dict__
         state.update(self.__dict__)
         state.update(changes)
-        carry_storable_mark(clone, changes)
+        if not STORABLE_FIELDS.isdisjoint(changes):
+            carry_storable_mark(clone, changes)
         return clone
 
     def to_dict(self) -> dict[str, Any]:

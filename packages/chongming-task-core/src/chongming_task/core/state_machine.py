@@ -27,6 +27,7 @@ from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.records import (
+    STORABLE_FIELDS,
     Failure,
     FailureKind,
     Progress,
@@ -323,7 +324,8 @@ class StateMachine:
         state = snapshot.__dict__
         state.update(current.__dict__)
         state.update(changes)
-        carry_storable_mark(snapshot, changes)  # 改了受检字段（如 executor）才重查，见 records.STORABLE_MARK
+        if not STORABLE_FIELDS.isdisjoint(changes):
+            carry_storable_mark(snapshot, changes)  # 改了受检字段（如 executor）才重查：records.STORABLE_MARK
         # actor / reason 可能来自用户（stop(reason=...)）或拼进了异常消息：整理成每个后端都存得下的文本。
         actor = sanitize_reason(actor)
         reason = sanitize_reason(reason)

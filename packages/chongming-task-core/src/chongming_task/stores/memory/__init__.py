@@ -43,9 +43,6 @@ from chongming_task.errors import (
 )
 from chongming_task.models import TaskSnapshot, Transition
 
-_STORE_OWNED_FIELDS = ("progress", "last_heartbeat_at", "lease_owner", "lease_until", "recipe")
-"""save 不改写的字段：旁路字段只归 touch 管，配方只由 create 写入。"""
-
 
 def _stored_line(line: v.LogLine, seq: int) -> v.LogLine:
     """存下的那一行：换上存储分配的序号、去掉幂等身份。``line`` 构造时已整行校验过，换上的三个值也都合法，
@@ -215,10 +212,16 @@ class InMemoryTaskStore(TaskStore):
             # 旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。只复制确实不同的字段
             # （写穿的热路径上通常一个都没有：快照不可变，直接存调用方这份，不再复制一次）。
             changes: dict[str, Any] = {} if scalar is snapshot.outcome else {"outcome": scalar}
-            for name in _STORE_OWNED_FIELDS:
-                kept = getattr(current, name)
-                if getattr(snapshot, name) is not kept:
-                    changes[name] = kept
+            if snapshot.progress is not current.progress:
+                changes["progress"] = current.progress
+            if snapshot.last_heartbeat_at is not current.last_heartbeat_at:
+                changes["last_heartbeat_at"] = current.last_heartbeat_at
+            if snapshot.lease_owner is not current.lease_owner:
+                changes["lease_owner"] = current.lease_owner
+            if snapshot.lease_until is not current.lease_until:
+                changes["lease_until"] = current.lease_until
+            if snapshot.recipe is not current.recipe:
+                changes["recipe"] = current.recipe  # 配方只由 create 写入
             row.snapshot = snapshot.evolve(**changes) if changes else snapshot
             row.outcome_text = text
             for record in request.transitions:
