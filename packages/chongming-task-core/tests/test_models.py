@@ -425,26 +425,6 @@ def test_evolve_is_a_cheap_copy() -> None:
     assert changed == TaskSnapshot("t", "n", created_at=T0, tags=frozenset({"io"}), priority=5)
 
 
-def test_storable_mark_follows_the_checked_fields() -> None:
-    """ "查过"标记（records.STORABLE_MARK）只在受检字段的值确实存得下时才跟着 evolve 走：写入检查跳过
-    重查的前提。改了受检字段、新值存不下 → 标记去掉，写入检查照旧报 ConfigurationError。"""
-    from chongming_task.core.records import is_storable_checked
-    from chongming_task.core.storage.checks import check_snapshot
-
-    snapshot = TaskSnapshot("t", "n", created_at=T0, label="ok")
-    assert is_storable_checked(snapshot)
-    assert is_storable_checked(snapshot.evolve(status_version=3, outcome={"x": 1}))
-    assert is_storable_checked(snapshot.evolve(executor="thread", label="换个标签"))
-    for bad in ({"label": "a\x00b"}, {"executor": "x" * 100_000}, {"priority": 2**60}, {"owner": "\ud800"}):
-        broken = snapshot.evolve(**bad)
-        assert not is_storable_checked(broken)
-        with pytest.raises(ConfigurationError):
-            check_snapshot(broken)
-        # 从去掉了标记的快照再复制，即使没改受检字段也不会"捡回"标记
-        assert not is_storable_checked(broken.evolve(status_version=9))
-    assert snapshot == TaskSnapshot("t", "n", created_at=T0, label="ok")  # 标记不进 ==
-
-
 def test_transition_validation() -> None:
     with pytest.raises(ConfigurationError, match="trigger"):
         Transition("t", TaskStatus.PENDING, TaskStatus.QUEUED, "", None, None, 1, T0)

@@ -504,45 +504,6 @@ def check_storable_fields(snapshot: TaskSnapshot) -> None:
     check_tag_count(snapshot.tags)
 
 
-STORABLE_MARK = "_storable_checked"
-"""实例字典里的一个标记（不是 dataclass 字段：不进 ``==``、``repr``、``to_dict``）：这份快照的
-``check_storable_fields`` 已经通过。
-
-为什么可以信它（issue 17：每个任务四次写穿，每次都把同样的文本字段从头查一遍）：可存储性只取决于
-``STORABLE_FIELDS`` 这几个字段的值，而它们都是不可变对象（str / int / frozenset）。标记只有两个来源——
-``__post_init__`` 在全部校验通过之后打上；``evolve`` 与状态机的迁移从已带标记的快照复制时带过去，而
-``changes`` 一旦碰到这几个字段就当场重查，查不过就去掉标记（不抛异常：存不下的值照旧由写入检查报
-ConfigurationError，错误出现的位置与措辞都不变）。所以带标记的快照一定存得下，写入检查
-（``checks.check_snapshot``）可以跳过重查；没有标记的（比如别处用 ``object.__new__`` 拼出来的）照常全查。
-"""
-
-STORABLE_FIELDS: frozenset[str] = frozenset(OPTIONAL_TEXT_FIELDS) | {"priority", "tags"}
-"""``check_storable_fields`` 检查的字段。"""
-
-
-def carry_storable_mark(snapshot: TaskSnapshot, changes: dict[str, Any]) -> None:
-    """``snapshot`` 是从带标记的快照复制、再套上 ``changes`` 得来的：改到了受检字段时只重查这几个，
-    查不过就去掉标记。"""
-    state = snapshot.__dict__
-    if STORABLE_MARK in state and not STORABLE_FIELDS.isdisjoint(changes):
-        try:
-            for name in STORABLE_FIELDS.intersection(changes):  # 只重查改到的字段：其余的值与原快照相同
-                value = changes[name]
-                if name == "priority":
-                    check_priority(value)
-                elif name == "tags":
-                    check_tag_count(value)
-                elif value is not None:
-                    check_storable_text(name, value, limit=_TEXT_LIMITS.get(name, MAX_TEXT_LENGTH))
-        except ConfigurationError:
-            del state[STORABLE_MARK]
-
-
-def is_storable_checked(snapshot: TaskSnapshot) -> bool:
-    """``check_storable_fields`` 是否已对这份快照的受检字段值通过（见 ``STORABLE_MARK``）。"""
-    return STORABLE_MARK in snapshot.__dict__
-
-
 @dataclass(frozen=True)
 class TaskSnapshot:
     """某一时刻任务的完整、不可变视图。运行期可从任意线程安全读取。
@@ -620,8 +581,6 @@ class TaskSnapshot:
             raise ConfigurationError("status_version 与 attempt 不能为负数")
         if self.max_attempts < 1:
             raise ConfigurationError(f"max_attempts 至少为 1（1 表示不重试），收到 {self.max_attempts}")
-        # 放在全部校验之后、并且每个实例都按同一顺序打上：实例字典保持"共享键"的紧凑形式，不多占内存。
-        object.__setattr__(self, STORABLE_MARK, True)
 
     @property
     def is_terminal(self) -> bool:
@@ -651,8 +610,6 @@ class TaskSnapshot:
         state = clone.__dict__
         state.update(self.__dict__)
         state.update(changes)
-        if not STORABLE_FIELDS.isdisjoint(changes):
-            carry_storable_mark(clone, changes)
         return clone
 
     def to_dict(self) -> dict[str, Any]:
@@ -750,8 +707,6 @@ __all__ = [
     "MAX_TEXT_LENGTH",
     "MAX_TRACEBACK_LENGTH",
     "MIN_PRIORITY",
-    "STORABLE_FIELDS",
-    "STORABLE_MARK",
     "TIMEOUT_KINDS",
     "Failure",
     "FailureKind",
@@ -759,12 +714,10 @@ __all__ = [
     "Progress",
     "TaskSnapshot",
     "Transition",
-    "carry_storable_mark",
     "check_priority",
     "check_storable_fields",
     "check_storable_text",
     "check_tag_count",
-    "is_storable_checked",
     "normalize_tags",
     "require_aware",
     "sanitize_reason",

@@ -27,13 +27,11 @@ from typing import Any
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.records import (
-    STORABLE_FIELDS,
     Failure,
     FailureKind,
     Progress,
     TaskSnapshot,
     Transition,
-    carry_storable_mark,
     require_aware,
     sanitize_reason,
 )
@@ -324,8 +322,6 @@ class StateMachine:
         state = snapshot.__dict__
         state.update(current.__dict__)
         state.update(changes)
-        if not STORABLE_FIELDS.isdisjoint(changes):
-            carry_storable_mark(snapshot, changes)  # 改了受检字段（如 executor）才重查：records.STORABLE_MARK
         # actor / reason 可能来自用户（stop(reason=...)）或拼进了异常消息：整理成每个后端都存得下的文本。
         actor = sanitize_reason(actor)
         reason = sanitize_reason(reason)

@@ -22,7 +22,6 @@ from chongming_task.core.records import (
     MAX_TEXT_LENGTH,
     check_storable_fields,
     check_storable_text,
-    is_storable_checked,
 )
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import Progress, TaskSnapshot, Transition
@@ -152,14 +151,11 @@ def check_snapshot(snapshot: object) -> TaskSnapshot:
     """create / save 的快照：类型，以及与快照构造时同一份的可存储性检查（``check_storable_fields``）。
 
     状态机用不经校验的 ``evolve`` 复制快照，第三方代码也可能这样做：写入前再查一次，存不下的值在
-    这里得到 ConfigurationError，而不是一个后端存下、另一个后端报驱动错误。已带"查过"标记的快照
-    （构造时通过、之后的 ``evolve`` / 迁移没改受检字段或改了也重查通过，见 ``records.STORABLE_MARK``）
-    不再重查——结论相同，每次写穿省下一遍逐字段检查。
+    这里得到 ConfigurationError，而不是一个后端存下、另一个后端报驱动错误。
     """
     if not isinstance(snapshot, TaskSnapshot):
         raise ConfigurationError(f"存储只接受 TaskSnapshot，收到 {type(snapshot).__name__}")
-    if not is_storable_checked(snapshot):  # 带标记 = 受检字段的这些值已查过（records.STORABLE_MARK）
-        check_storable_fields(snapshot)
+    check_storable_fields(snapshot)
     return snapshot
 
 
