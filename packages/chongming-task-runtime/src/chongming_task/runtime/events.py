@@ -38,6 +38,8 @@ from chongming_task.states import TaskStatus
 
 logger = logging.getLogger("chongming_task.events")
 
+_new_object = object.__new__
+
 MAX_PENDING_EVENTS = 100_000
 """交付队列的上限（条，含交付线程手里正在送的那一批）。超过时新事件被丢弃并计入 ``EventHub.dropped``。"""
 
@@ -74,7 +76,14 @@ class TransitionEvent:
     def of(
         cls, snapshot: TaskSnapshot, record: Transition, submit_context: contextvars.Context | None = None
     ) -> TransitionEvent:
-        return cls(record, snapshot, submit_context)
+        # 热路径（任务锁内，每次迁移一个）：直接填实例字典，跳过 frozen dataclass 逐字段 object.__setattr__
+        # 的 __init__；三个字段就是传进来的引用，没有要校验的。
+        event: TransitionEvent = _new_object(cls)
+        state = event.__dict__
+        state["record"] = record
+        state["snapshot"] = snapshot
+        state["submit_context"] = submit_context
+        return event
 
     # 读出的字段：名字与 record / snapshot 上的同名字段一致（一张表，而不是十个一模一样的 property）。
     task_id = Read[str]("record.task_id")

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from chongming_task.errors import ConfigurationError
+from chongming_task.models import Transition
 from chongming_task.runtime.controller import Controller
 from chongming_task.runtime.events import Event, StoreErrorEvent, TransitionEvent
 from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
@@ -65,10 +66,11 @@ def _prometheus() -> Any:
         raise ConfigurationError(INSTALL_HINT) from None
 
 
-def _holds_slot(event: TransitionEvent) -> bool:
+def _holds_slot(record: Transition) -> bool:
     # 与控制器的记账同一条规则：排队中/重试等待中被暂停的任务从未占槽。
-    return event.to_status in SLOT_HOLDING_STATUSES and not (
-        event.to_status is S.PAUSED and event.from_status in (S.QUEUED, S.RETRY_WAIT)
+    target = record.to_status
+    return target in SLOT_HOLDING_STATUSES and not (
+        target is S.PAUSED and record.from_status in (S.QUEUED, S.RETRY_WAIT)
     )
 
 
@@ -206,37 +208,41 @@ class ControllerMetrics:
         return child
 
     def _on_transition(self, event: TransitionEvent) -> None:
-        task_id, name, target = event.task_id, event.name, event.to_status
-        self._transition_child(name, event.from_status, target).inc()
+        # 直接读迁移记录的字段（事件上的同名属性是描述符，每读一次多一层 Python 调用；每个任务四条事件）。
+        record = event.record
+        task_id, target, at = record.task_id, record.to_status, record.at
+        name = event.snapshot.name
+        self._transition_child(name, record.from_status, target).inc()
         previous = self._status.get(task_id)
         counts = self._counts
         if previous is not None:
             counts[previous] -= 1
         counts[target] += 1
-        if target.is_terminal:
+        terminal = target.is_terminal
+        if terminal:
             self._status.pop(task_id, None)  # 终态只计数，不再记账（内存不随历史增长）
         else:
             self._status[task_id] = target
         self._account_slots(task_id, event)
         if target is S.QUEUED:
-            self._queued_at[task_id] = event.at
+            self._queued_at[task_id] = at
         elif target is S.STARTING:
             queued = self._queued_at.pop(task_id, None)
             if queued is not None:
-                self._queue_wait_child(name).observe(max(0.0, (event.at - queued).total_seconds()))
-            self._started_at[task_id] = event.at
+                self._queue_wait_child(name).observe(max(0.0, (at - queued).total_seconds()))
+            self._started_at[task_id] = at
         outcome = _ATTEMPT_OUTCOME.get(target)
         if outcome is not None:
             started = self._started_at.pop(task_id, None)
             if started is not None:
-                seconds = max(0.0, (event.at - started).total_seconds())
+                seconds = max(0.0, (at - started).total_seconds())
                 self._duration_child(name, outcome).observe(seconds)
         if target is S.STOPPING:
-            self._stopping_at[task_id] = event.at
-        elif target.is_terminal:
+            self._stopping_at[task_id] = at
+        elif terminal:
             stopping = self._stopping_at.pop(task_id, None)
             if stopping is not None:
-                self.stop_latency.observe(max(0.0, (event.at - stopping).total_seconds()))
+                self.stop_latency.observe(max(0.0, (at - stopping).total_seconds()))
             self._queued_at.pop(task_id, None)
             self._started_at.pop(task_id, None)
         if target is S.LOST:
@@ -244,7 +250,7 @@ class ControllerMetrics:
 
     def _account_slots(self, task_id: str, event: TransitionEvent) -> None:
         held = self._holding.get(task_id)
-        if _holds_slot(event):
+        if _holds_slot(event.record):
             if held is None:
                 limits = self._limits
                 tags = frozenset(tag for tag in event.snapshot.tags if tag in limits) if limits else _NO_TAGS

@@ -96,6 +96,10 @@ class OutageLog:
 
     def recovered(self) -> None:
         """一次写成功了：故障结束。补打未汇总的部分，再打一行恢复。"""
+        if not self._in_outage:
+            # 快路径（每次写成功都调用）：不在故障中就不拿锁。与并发的 failure() 竞争时最多让这次成功不算
+            # "恢复"，下一次成功照样结束故障——只影响日志里恢复那一行出现的时刻。
+            return
         with self._lock:
             if not self._in_outage:
                 return

@@ -98,7 +98,8 @@ class WriteThrough:
         self._failure_seq = 0  # 写失败的累计次数（catch_up 据此判断"存储此刻不可用"）
         self.outage = OutageLog(logger, monotonic=clock.monotonic)
         self.lease = LeaseWatch(lease_ttl, clock.monotonic())
-        self.commits = GroupCommit(store)
+        # 组提交只对能省下提交的存储有用（TaskStore.group_commit）；否则写穿直接 save。
+        self.commits: GroupCommit | None = GroupCommit(store) if store.group_commit else None
 
     def record(self, task_id: str, operation: str, exc: BaseException) -> None:
         """记一次写存储失败（最多保留最新 20 条）；日志交给限流的 OutageLog（故障期间按间隔汇总）。"""
@@ -292,6 +293,12 @@ class WriteThrough:
             try:
                 if state.persisted_version is None:
                     self.store.create(snapshot, machine.transitions)
+                elif self.commits is None:
+                    self.store.save(
+                        snapshot,
+                        expect_version=state.persisted_version,
+                        transitions=machine.transitions_since(state.persisted_version),
+                    )
                 else:
                     # 组提交：与同一时刻别的任务的迁移合进一个写事务；只在这一项提交之后返回。
                     self.commits.save(
@@ -324,8 +331,11 @@ class WriteThrough:
             self._fence(machine, state, stored, history)
             return True
         self.outage.recovered()
-        with self._lock:
-            self._behind.pop(task_id, None)
+        # 不拿锁先看一眼（每次迁移都走这里）：本任务只会由持有它的任务锁的线程（也就是此刻的我们）放进
+        # _behind，所以"不在"的读数不会因别的线程而过时；在的时候才拿锁移除。
+        if task_id in self._behind:
+            with self._lock:
+                self._behind.pop(task_id, None)
         if snapshot.is_terminal:
             self._flush_one(snapshot, state)
         return True

@@ -88,6 +88,11 @@ class TaskStore(ClosesOnExit, ABC):
     """组提交（``save_many``）时同一进程里至多几个写事务同时进行。一次只允许一个写者的存储（SQLite）取 1：
     多开只会在存储的写锁上互相等；能并发提交的存储（Postgres）取几个，两个线程同时写时仍并行提交。"""
 
+    group_commit: ClassVar[bool] = True
+    """写穿是否经组提交（``save_many`` 合批）。合批省的是提交（一次事务、一次刷盘）；内存存储的 save 只是在
+    一把锁内改几个字典，没有可省的提交，取 False：写穿直接调用 ``save``（同样只在写完后返回、同样的逐项
+    结果），少一层排队与唤醒。"""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for public, hook in _HOOKS.items():

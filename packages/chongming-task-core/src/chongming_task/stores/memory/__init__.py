@@ -26,7 +26,7 @@ import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
@@ -42,6 +42,18 @@ from chongming_task.errors import (
     TaskNotFound,
 )
 from chongming_task.models import TaskSnapshot, Transition
+
+
+def _stored_line(line: v.LogLine, seq: int) -> v.LogLine:
+    """存下的那一行：换上存储分配的序号、去掉幂等身份。``line`` 构造时已整行校验过，换上的三个值也都合法，
+    所以直接复制实例字典（``dataclasses.replace`` 会把 ``__post_init__`` 的逐字段校验再走一遍，每行一次）。"""
+    stored: v.LogLine = object.__new__(v.LogLine)
+    state = stored.__dict__
+    state.update(line.__dict__)
+    state["seq"] = seq
+    state["writer"] = ""
+    state["writer_seq"] = 0
+    return stored
 
 
 def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
@@ -111,6 +123,8 @@ class _CommandRow:
 
 class InMemoryTaskStore(TaskStore):
     """线程安全的内存存储。``clock`` 决定指令的创建时间与租约（默认真实时钟）。"""
+
+    group_commit: ClassVar[bool] = False  # 没有可合并的提交：写穿直接 save（见 TaskStore.group_commit）
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock: Clock = clock or SYSTEM_CLOCK
@@ -195,15 +209,20 @@ class InMemoryTaskStore(TaskStore):
                 )
             if v.lease_is_held(current.lease_until, request.lease_expired_before):
                 raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, current.lease_until))
-            # 旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。
-            row.snapshot = snapshot.evolve(
-                outcome=scalar,
-                progress=current.progress,
-                last_heartbeat_at=current.last_heartbeat_at,
-                lease_owner=current.lease_owner,
-                lease_until=current.lease_until,
-                recipe=current.recipe,  # 配方只由 create 写入
-            )
+            # 旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。只复制确实不同的字段
+            # （写穿的热路径上通常一个都没有：快照不可变，直接存调用方这份，不再复制一次）。
+            changes: dict[str, Any] = {} if scalar is snapshot.outcome else {"outcome": scalar}
+            if snapshot.progress is not current.progress:
+                changes["progress"] = current.progress
+            if snapshot.last_heartbeat_at is not current.last_heartbeat_at:
+                changes["last_heartbeat_at"] = current.last_heartbeat_at
+            if snapshot.lease_owner is not current.lease_owner:
+                changes["lease_owner"] = current.lease_owner
+            if snapshot.lease_until is not current.lease_until:
+                changes["lease_until"] = current.lease_until
+            if snapshot.recipe is not current.recipe:
+                changes["recipe"] = current.recipe  # 配方只由 create 写入
+            row.snapshot = snapshot.evolve(**changes) if changes else snapshot
             row.outcome_text = text
             for record in request.transitions:
                 row.history.setdefault(record.version, record)
@@ -438,7 +457,7 @@ class InMemoryTaskStore(TaskStore):
                     row.log_seq += 1
                     # deque(maxlen) 在满时自动丢最旧的一行：丢掉的行数 = log_seq - len(logs)。
                     # 幂等身份只在写入时有用，存下的行不带它（与 SQL 后端读回的一致）。
-                    row.logs.append(dataclasses.replace(line, seq=row.log_seq, writer="", writer_seq=0))
+                    row.logs.append(_stored_line(line, row.log_seq))
 
     def read_logs(
         self, task_id: str, *, attempt: int | None = None, after_seq: int | None = None, limit: int = 1000
