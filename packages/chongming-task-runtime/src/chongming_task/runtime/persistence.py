@@ -242,8 +242,10 @@ class WriteThrough:
         """
         snapshot = machine.snapshot
         state = self._tasks.get(snapshot.task_id)
+        commits = self.commits
         if (
-            state is None
+            commits is None  # 存储不做组提交（内存存储）：没有可以捎带的提交，照常 sync
+            or state is None
             or state.fenced
             or state.uncertain
             or state.persisted_version is None
@@ -251,11 +253,11 @@ class WriteThrough:
         ):
             return None
         expected = state.persisted_version
-        item = self.commits.enqueue(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
+        item = commits.enqueue(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
 
         def finish() -> bool:
             try:
-                self.commits.finish(item)
+                commits.finish(item)
             except (ConcurrencyConflict, DuplicateTaskId):
                 state.uncertain = True  # 与 sync 里同一判定：读回再说（下面的 sync 去做）
             except TaskError as exc:
