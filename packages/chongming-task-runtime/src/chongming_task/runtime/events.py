@@ -266,15 +266,17 @@ class EventHub:
     def _deliver(self, batch: Sequence[Event]) -> None:
         # 先把整批交给认批量入口的监听器（一次调用一批，见 BATCH_ENTRY），再逐个事件送给其余监听器。
         batched: tuple[Listener, ...] = ()
+        singles = False
         for listener in self.listeners:
             if getattr(type(listener), BATCH_ENTRY, None) is None:
+                singles = True
                 continue
             batched = (*batched, listener)
             try:
                 getattr(listener, BATCH_ENTRY)(batch)
             except Exception:
                 self._drop(listener)
-        if len(batched) == len(self.listeners):
+        if not singles:
             return
         for event in batch:
             # 每个事件都重读监听器表：批内途中被摘掉（remove 或抛异常）的监听器不再收到后面的事件。
