@@ -219,3 +219,54 @@ def test_store_errors_are_events_and_the_task_still_succeeds() -> None:
     errors = [e for e in recorder.events if isinstance(e, StoreErrorEvent)]
     assert errors and errors[0].task_id == "t" and "磁盘满了" in errors[0].error
     assert errors[0].operation == "save"
+
+
+class BatchRecorder:
+    """类上有 on_event_batch：交付线程一次交来整批，不再逐个调用 __call__。"""
+
+    def __init__(self, *, fail: bool = False) -> None:
+        self.batches: list[list[Any]] = []
+        self.single_calls = 0
+        self.fail = fail
+
+    def __call__(self, event: Any) -> None:
+        self.single_calls += 1
+
+    def on_event_batch(self, events: Any) -> None:
+        self.batches.append(list(events))
+        if self.fail:
+            raise RuntimeError("批量监听器里的 bug")
+
+
+def test_a_batch_listener_gets_every_event_in_order_through_its_batch_entry() -> None:
+    batch = BatchRecorder()
+    recorder = Recorder()
+    with Controller(listeners=[batch, recorder]) as controller:
+        controller.register("counting", counting)
+        assert controller.submit("counting", 3, task_id="t1").wait(timeout=10).ok
+        controller.flush_events(timeout=5)
+        seen = [e for b in batch.batches for e in b]
+        assert batch.single_calls == 0
+        assert seen == recorder.events  # 同样的事件、同样的顺序
+        assert [e.version for e in seen if isinstance(e, TransitionEvent)] == [
+            e.version for e in recorder.transitions("t1")
+        ]
+
+
+def test_a_raising_batch_listener_is_logged_once_removed_and_others_still_get_events(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broken = BatchRecorder(fail=True)
+    recorder = Recorder()
+    with (
+        caplog.at_level(logging.ERROR, logger="chongming_task.events"),
+        Controller(listeners=[broken, recorder]) as controller,
+    ):
+        controller.register("counting", counting)
+        assert controller.submit("counting", 2, task_id="t1").wait(timeout=10).ok
+        assert controller.submit("counting", 2, task_id="t2").wait(timeout=10).ok
+        controller.flush_events(timeout=5)
+        assert controller.remove_listener(broken) is False
+    assert len(broken.batches) == 1
+    assert len([r for r in caplog.records if "已被移除" in r.getMessage()]) == 1
+    assert recorder.transitions("t2")[-1].to_status is S.SUCCEEDED

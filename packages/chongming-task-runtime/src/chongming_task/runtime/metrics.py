@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -57,6 +58,10 @@ _ATTEMPT_OUTCOME = {
 
 
 _NO_TAGS: frozenset[str] = frozenset()
+
+# 热路径上用的成员：3.11 里 ``TaskStatus.X`` 每读一次都要走一遍枚举类的属性查找，模块常量只是一次全局读。
+_QUEUED, _STARTING, _STOPPING, _LOST = S.QUEUED, S.STARTING, S.STOPPING, S.LOST
+_TERMINAL = frozenset(status for status in S if status.is_terminal)
 
 
 def _prometheus() -> Any:
@@ -180,16 +185,38 @@ class ControllerMetrics:
         self._stopping_at: dict[str, datetime] = {}
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, TransitionEvent):
-            self._on_transition(event)
-        elif isinstance(event, StoreErrorEvent):
-            # "touch×12" 是批量写：标签只留操作名，不让批大小变成新的时间序列。
-            self.store_errors.labels(operation=event.operation.split("×", 1)[0]).inc()
+        self.on_event_batch((event,))
 
-    def _transition_child(self, name: str, source: TaskStatus, target: TaskStatus) -> Any:
-        key = (name, source, target)
+    def on_event_batch(self, events: Sequence[Event]) -> None:
+        """事件钩子的批量入口（``events.BATCH_ENTRY``）：交付线程一次交来整批。
+
+        同一批里迁移计数器按标签组合先在普通 dict 里累加，批末每组只 ``inc(n)`` 一次（prometheus-client
+        的每次 inc 都拿一次锁）；直方图的观测值仍逐个 observe（每个值落在哪个桶各不相同）。抓取看到的值
+        因此最多晚一批——交付线程本来就是批量送的，语义不变。
+        """
+        pending: dict[tuple[str, TaskStatus, TaskStatus], int] = {}
+        lost = 0
+        try:
+            for event in events:
+                if isinstance(event, TransitionEvent):
+                    record = event.record
+                    key = (event.snapshot.name, record.from_status, record.to_status)
+                    pending[key] = pending.get(key, 0) + 1
+                    if self._on_transition(record, key[0], event.snapshot.tags):
+                        lost += 1
+                elif isinstance(event, StoreErrorEvent):
+                    # "touch×12" 是批量写：标签只留操作名，不让批大小变成新的时间序列。
+                    self.store_errors.labels(operation=event.operation.split("×", 1)[0]).inc()
+        finally:  # 途中出错（监听器随即被摘掉）也把已经算过的计数交出去
+            for key, n in pending.items():
+                self._transition_child(key).inc(n)
+            if lost:
+                self.lost.inc(lost)
+
+    def _transition_child(self, key: tuple[str, TaskStatus, TaskStatus]) -> Any:
         child = self._transition_children.get(key)
         if child is None:
+            name, source, target = key
             child = self.transitions.labels(task=name, from_status=source.value, to_status=target.value)
             self._transition_children[key] = child
         return child
@@ -207,37 +234,38 @@ class ControllerMetrics:
             child = self._duration_children[key] = self.attempt_duration.labels(task=name, outcome=outcome)
         return child
 
-    def _on_transition(self, event: TransitionEvent) -> None:
+    def _on_transition(self, record: Transition, name: str, tags: Iterable[str]) -> bool:
+        """记一次迁移的仪表与直方图（计数器由调用方按批合并）；返回这次是不是落 lost。"""
         # 直接读迁移记录的字段（事件上的同名属性是描述符，每读一次多一层 Python 调用；每个任务四条事件）。
-        record = event.record
         task_id, target, at = record.task_id, record.to_status, record.at
-        name = event.snapshot.name
-        self._transition_child(name, record.from_status, target).inc()
-        previous = self._status.get(task_id)
+        status = self._status
+        previous = status.get(task_id)
         counts = self._counts
         if previous is not None:
             counts[previous] -= 1
         counts[target] += 1
-        terminal = target.is_terminal
+        terminal = target in _TERMINAL
         if terminal:
-            self._status.pop(task_id, None)  # 终态只计数，不再记账（内存不随历史增长）
+            status.pop(task_id, None)  # 终态只计数，不再记账（内存不随历史增长）
         else:
-            self._status[task_id] = target
-        self._account_slots(task_id, event)
-        if target is S.QUEUED:
+            status[task_id] = target
+        self._account_slots(task_id, record, tags)
+        if target is _QUEUED:
             self._queued_at[task_id] = at
-        elif target is S.STARTING:
+            return False
+        if target is _STARTING:
             queued = self._queued_at.pop(task_id, None)
             if queued is not None:
                 self._queue_wait_child(name).observe(max(0.0, (at - queued).total_seconds()))
             self._started_at[task_id] = at
+            return False
         outcome = _ATTEMPT_OUTCOME.get(target)
         if outcome is not None:
             started = self._started_at.pop(task_id, None)
             if started is not None:
                 seconds = max(0.0, (at - started).total_seconds())
                 self._duration_child(name, outcome).observe(seconds)
-        if target is S.STOPPING:
+        if target is _STOPPING:
             self._stopping_at[task_id] = at
         elif terminal:
             stopping = self._stopping_at.pop(task_id, None)
@@ -245,19 +273,18 @@ class ControllerMetrics:
                 self.stop_latency.observe(max(0.0, (at - stopping).total_seconds()))
             self._queued_at.pop(task_id, None)
             self._started_at.pop(task_id, None)
-        if target is S.LOST:
-            self.lost.inc()
+        return target is _LOST
 
-    def _account_slots(self, task_id: str, event: TransitionEvent) -> None:
+    def _account_slots(self, task_id: str, record: Transition, tags: Iterable[str]) -> None:
         held = self._holding.get(task_id)
-        if _holds_slot(event.record):
+        if _holds_slot(record):
             if held is None:
                 limits = self._limits
-                tags = frozenset(tag for tag in event.snapshot.tags if tag in limits) if limits else _NO_TAGS
-                self._holding[task_id] = tags
+                mine = frozenset(tag for tag in tags if tag in limits) if limits else _NO_TAGS
+                self._holding[task_id] = mine
                 used = self._used
                 used[""] += 1
-                for tag in tags:
+                for tag in mine:
                     used[tag] += 1
         elif held is not None:
             del self._holding[task_id]
