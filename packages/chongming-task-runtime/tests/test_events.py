@@ -124,6 +124,21 @@ def test_listener_is_never_called_under_a_task_lock_and_may_call_back_into_the_c
     assert all(name.startswith("chongming-events") for name in threads)
 
 
+def run_two_tasks_beside_a_broken_listener(
+    caplog: pytest.LogCaptureFixture, broken: Any, recorder: Any
+) -> None:
+    """两个任务跑完（任务本身不受监听器的 bug 影响），之后 ``broken`` 已被摘掉。"""
+    with (
+        caplog.at_level(logging.ERROR, logger="chongming_task.events"),
+        Controller(listeners=[broken, recorder]) as controller,
+    ):
+        controller.register("counting", counting)
+        assert controller.submit("counting", 2, task_id="t1").wait(timeout=10).ok
+        assert controller.submit("counting", 2, task_id="t2").wait(timeout=10).ok
+        controller.flush_events(timeout=5)
+        assert controller.remove_listener(broken) is False  # 已经被摘掉了
+
+
 def test_a_raising_listener_is_logged_once_removed_and_the_task_is_unharmed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -134,15 +149,7 @@ def test_a_raising_listener_is_logged_once_removed_and_the_task_is_unharmed(
         calls.append(event)
         raise RuntimeError("监听器里的 bug")
 
-    with (
-        caplog.at_level(logging.ERROR, logger="chongming_task.events"),
-        Controller(listeners=[broken, recorder]) as controller,
-    ):
-        controller.register("counting", counting)
-        assert controller.submit("counting", 2, task_id="t1").wait(timeout=10).ok
-        assert controller.submit("counting", 2, task_id="t2").wait(timeout=10).ok
-        controller.flush_events(timeout=5)
-        assert controller.remove_listener(broken) is False  # 已经被摘掉了
+    run_two_tasks_beside_a_broken_listener(caplog, broken, recorder)
     assert len(calls) == 1
     assert len([r for r in caplog.records if "已被移除" in r.getMessage()]) == 1
     # 其他监听器照常收到全部事件
@@ -258,15 +265,7 @@ def test_a_raising_batch_listener_is_logged_once_removed_and_others_still_get_ev
 ) -> None:
     broken = BatchRecorder(fail=True)
     recorder = Recorder()
-    with (
-        caplog.at_level(logging.ERROR, logger="chongming_task.events"),
-        Controller(listeners=[broken, recorder]) as controller,
-    ):
-        controller.register("counting", counting)
-        assert controller.submit("counting", 2, task_id="t1").wait(timeout=10).ok
-        assert controller.submit("counting", 2, task_id="t2").wait(timeout=10).ok
-        controller.flush_events(timeout=5)
-        assert controller.remove_listener(broken) is False
+    run_two_tasks_beside_a_broken_listener(caplog, broken, recorder)
     assert len(broken.batches) == 1
     assert len([r for r in caplog.records if "已被移除" in r.getMessage()]) == 1
     assert recorder.transitions("t2")[-1].to_status is S.SUCCEEDED
