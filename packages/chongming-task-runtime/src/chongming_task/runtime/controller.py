@@ -782,6 +782,11 @@ class Controller(ClosesOnExit):
 
         return unwatch
 
+    def _slot_freed_locked(self) -> None:
+        """（持有控制器锁）一个执行槽刚让出：叫醒 ``watch_slots`` 登记的 worker。"""
+        for watcher in self._slot_watchers:
+            watcher.set()
+
     def local_run(self, task_id: str) -> TaskRun | None:
         """本进程持有的任务句柄（没有返回 None）。"""
         return self._runs.get(task_id)
@@ -876,8 +881,7 @@ class Controller(ClosesOnExit):
                     if run.machine.status not in SLOT_HOLDING_STATUSES:
                         self._scheduler.release(task_id)
                         self._wake.set()
-                        for watcher in self._slot_watchers:
-                            watcher.set()
+                        self._slot_freed_locked()
 
     # -- state-machine listener ----------------------------------------------------------------------
 
@@ -940,8 +944,7 @@ class Controller(ClosesOnExit):
             )
             to_start: list[str] = []
             if not carrying:
-                for watcher in self._slot_watchers:  # 让出了执行槽（或不再排队）：叫醒等空槽的 worker
-                    watcher.set()
+                self._slot_freed_locked()  # 让出了执行槽（或不再排队）
             if not carrying and scheduler.release(task_id):
                 # 空出的额度就地交给下一个排队任务，不必唤醒后台线程再转一手（吞吐的关键路径）。
                 to_start = scheduler.take_runnable()
