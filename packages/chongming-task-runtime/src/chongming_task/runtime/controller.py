@@ -327,6 +327,8 @@ class Controller(ClosesOnExit):
                 local_run=self._runs.get,
                 on_persist_failure=self._on_persist_failure,
                 persist_logs=persist_logs,
+                any_live=lambda: bool(self._unfinished),
+                arriving=self._reserved_ids.__contains__,
             )
         )
         self.retention = retention

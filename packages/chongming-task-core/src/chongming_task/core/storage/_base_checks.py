@@ -147,6 +147,13 @@ def check_claimant(value: object) -> None:
         raise ConfigurationError(f"认领者 claimant 必须是非空字符串，收到 {value!r}")
 
 
+def check_holder(value: object) -> str | None:
+    """claim_commands 的 ``holder`` 过滤：None（不限）或非空字符串。"""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigurationError(f"持有者 holder 必须是非空字符串或 None，收到 {value!r}")
+    return value
+
+
 def check_snapshot(snapshot: object) -> TaskSnapshot:
     """create / save 的快照：类型，以及与快照构造时同一份的可存储性检查（``check_storable_fields``）。
 

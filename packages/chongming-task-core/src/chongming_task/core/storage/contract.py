@@ -285,18 +285,24 @@ class TaskStore(ClosesOnExit, ABC):
         limit: int = 100,
         task_ids: Iterable[str] | None = None,
         buckets: Iterable[int] | None = None,
+        holder: str | None = None,
     ) -> list[Command]:
         """取走未完成、且未被认领或租约已过期的指令（按提交先后），设租约 ``lease`` 秒。
 
         被取走的指令在租约内对任何认领者（包括持有者自己）不可见；``lease_until <= now`` 即过期，
         可被重新取走（deliveries 加一）。"先后"须由存储自己的顺序号决定：同一时刻提交的指令也要有序。
         ``now`` 取自存储注入的时钟（若有）。``task_ids`` / ``buckets`` 同时给出时取交集；桶为空的
-        指令不会被按桶认领。``lease`` 不是正的有限秒数 → ConfigurationError。
+        指令不会被按桶认领。``holder`` 给出时只取任务行此刻的 ``owner`` 等于它的任务的指令（在认领的
+        同一事务里对照任务行：任务被 adopt 换了持有者，指令随之归新持有者；已删除的任务的指令不会被按
+        持有者认领），与另两个过滤条件取交集。``lease`` 不是正的有限秒数 → ConfigurationError。
 
         入参经 ``checks.claim_args`` 检查一次，后端实现 ``_claim_commands``。
         """
         wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
-        return self._claim_commands(ClaimRequest(claimant, lease, limit, wanted_tasks, wanted_buckets))
+        wanted_holder = checks.check_holder(holder)
+        return self._claim_commands(
+            ClaimRequest(claimant, lease, limit, wanted_tasks, wanted_buckets, wanted_holder)
+        )
 
     @abstractmethod
     def _claim_commands(self, request: ClaimRequest) -> list[Command]:

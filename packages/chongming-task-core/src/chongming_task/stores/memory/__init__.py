@@ -369,7 +369,7 @@ class InMemoryTaskStore(TaskStore):
 
     def _claim_commands(self, request: v.ClaimRequest) -> list[v.Command]:
         claimant, limit = request.claimant, request.limit
-        wanted_tasks, wanted_buckets = request.task_ids, request.buckets
+        wanted_tasks, wanted_buckets, holder = request.task_ids, request.buckets, request.holder
         claimed: list[v.Command] = []
         with self._lock:
             self._check_open()
@@ -385,6 +385,10 @@ class InMemoryTaskStore(TaskStore):
                     continue
                 if wanted_buckets is not None and command.bucket not in wanted_buckets:
                     continue
+                if holder is not None:
+                    task = self._rows.get(command.task_id)
+                    if task is None or task.snapshot.owner != holder:
+                        continue
                 row.update(claimant=claimant, lease_until=lease_until, deliveries=command.deliveries + 1)
                 claimed.append(row.export())
         return claimed

@@ -254,11 +254,11 @@ class Sql:
             "lease_until_off = COALESCE(u.lease_until_off, t.lease_until_off) "
             "FROM u WHERE t.task_id = u.task_id AND t.task_id IN (SELECT task_id FROM locked)"
         )
-        self._claim: dict[tuple[bool, bool], str] = {}
+        self._claim: dict[tuple[bool, bool, bool], str] = {}
         self._touch: dict[tuple[bool, bool, bool, bool], str] = {}
 
-    def claim(self, by_task: bool, by_bucket: bool) -> str:
-        key = (by_task, by_bucket)
+    def claim(self, by_task: bool, by_bucket: bool, by_holder: bool) -> str:
+        key = (by_task, by_bucket, by_holder)
         text = self._claim.get(key)
         if text is None:
             filters = ""
@@ -268,6 +268,12 @@ class Sql:
                 filters += " AND task_id = ANY(%(task_ids)b::text[])"
             if by_bucket:
                 filters += " AND bucket = ANY(%(buckets)s::integer[])"
+            if by_holder:
+                # 任务行此刻的持有者（主键查找）：adopt 换了持有者，指令随任务归新持有者。
+                filters += (
+                    f" AND EXISTS (SELECT 1 FROM {self.s}.tasks t"
+                    f" WHERE t.task_id = {self.s}.commands.task_id AND t.owner = %(holder)s)"
+                )
             # SKIP LOCKED：并发的认领者各自跳过别人正锁着的行，互不等待，也绝不拿到同一条。
             # READ COMMITTED 下被别人刚提交认领的行会按最新版本复查 WHERE，租约未过期就不会被选中。
             text = (

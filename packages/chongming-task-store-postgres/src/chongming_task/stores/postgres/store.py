@@ -1237,7 +1237,8 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         # text 存不下 NUL、integer 存不下 2**31 以上的桶号：这样的过滤值不可能匹配任何指令，直接去掉。
         ids = None if wanted_tasks is None else sorted(t for t in wanted_tasks if "\x00" not in t)
         bucket_list = None if wanted_buckets is None else sorted(b for b in wanted_buckets if b < 2**31)
-        if limit == 0 or ids == [] or bucket_list == []:
+        holder = request.holder
+        if limit == 0 or ids == [] or bucket_list == [] or (holder is not None and "\x00" in holder):
             self._check_open()
             return []
         now = self._clock.now()
@@ -1250,8 +1251,9 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             "until_off": until_off,
             "task_ids": ids,
             "buckets": bucket_list,
+            "holder": holder,
         }
-        text = self._sql.claim(ids is not None, bucket_list is not None)
+        text = self._sql.claim(ids is not None, bucket_list is not None, holder is not None)
         with self._connection() as conn:
             rows = conn.execute(text, params).fetchall()
         # RETURNING 不保证顺序：按认领时用的同一键 (enqueued_at, command_id) 排好再交出。

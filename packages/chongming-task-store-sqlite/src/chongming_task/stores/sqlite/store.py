@@ -765,6 +765,12 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             filters += " AND " + _sql.in_clause("task_id", wanted_tasks, filter_params)
         if wanted_buckets is not None:
             filters += " AND " + _sql.in_clause("bucket", wanted_buckets, filter_params)
+        if request.holder is not None:
+            # 在同一个写事务里对照任务行此刻的持有者（主键查找，每条待取指令一次）：adopt 之后指令随任务走。
+            filters += (
+                " AND EXISTS (SELECT 1 FROM tasks WHERE tasks.task_id = commands.task_id AND tasks.owner = ?)"
+            )
+            filter_params.append(request.holder)
         candidates = (
             "SELECT seq FROM commands WHERE completed_at IS NULL AND (lease_key IS NULL OR lease_key <= ?)"
             f"{filters} ORDER BY seq LIMIT ?"
