@@ -16,9 +16,10 @@ _MAX_INLINE_PARAMS = 256
 TASK_SELECT = f"SELECT {', '.join(schema.TASK_COLUMNS)} FROM tasks"
 TASK_COLUMNS_T = ", ".join(f"t.{c}" for c in schema.TASK_COLUMNS)
 INSERT_TAG = "INSERT OR IGNORE INTO task_tags (tag, created_key, task_id) VALUES (?, ?, ?)"
+# 按位置绑定：参数是 ``tuple(codec.snapshot_row(s).values())``（键序即 TASK_COLUMNS 的顺序）。
 INSERT_TASK = (
     f"INSERT INTO tasks ({', '.join(schema.TASK_COLUMNS)}) "
-    f"VALUES ({', '.join(':' + c for c in schema.TASK_COLUMNS)})"
+    f"VALUES ({', '.join('?' for _ in schema.TASK_COLUMNS)})"
 )
 # create_many：一批 id（JSON 数组参数，避开变量个数上限）里已经存在的那些。
 EXISTING_TASK_IDS = "SELECT task_id FROM tasks WHERE task_id IN (SELECT value FROM json_each(?))"

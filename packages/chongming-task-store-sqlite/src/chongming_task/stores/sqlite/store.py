@@ -179,7 +179,7 @@ class _WriterTurn:
 
 
 # create 的一项准备好的行：(task_id, 任务行, 标签行, 迁移记录行)。
-_CreateRows = tuple[str, dict[str, Any], list[tuple[Any, ...]], list[tuple[Any, ...]]]
+_CreateRows = tuple[str, tuple[Any, ...], list[tuple[Any, ...]], list[tuple[Any, ...]]]
 
 
 def _duplicate(task_id: str) -> DuplicateTaskId:
@@ -515,7 +515,9 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         row = codec.snapshot_row(snapshot)
         history = [codec.transition_row(t) for t in transitions]
         tags = [(tag, row["created_key"], snapshot.task_id) for tag in snapshot.tags]
-        return snapshot.task_id, row, tags, history
+        # 按位置绑定（``INSERT_TASK`` 的 ``?`` 与 ``TASK_COLUMNS`` 同序，params 的键也是这个顺序）：45 个命名
+        # 参数逐个按名字查字典，每行要多 3–4 µs——十万个任务的 submit_many 里是 0.3–0.4 s。
+        return snapshot.task_id, tuple(row.values()), tags, history
 
     def _save(self, request: v.SaveRequest) -> None:
         self._run("save", self._save_tx(request))
