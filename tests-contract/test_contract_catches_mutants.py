@@ -182,6 +182,15 @@ class HolderFromCreate(InMemoryTaskStore):
         return super()._claim_commands(dataclasses.replace(request, holder=None, task_ids=frozenset(ids)))
 
 
+class RenewsTheWholeHolder(InMemoryTaskStore):
+    """续租不看 task_ids，按持有者写遍它名下的全部任务：同名的上一个进程留下的任务也被续上，永远不过期。"""
+
+    def _renew_leases(self, lease_owner: str, task_ids: frozenset[str], lease_until: datetime) -> None:
+        with self._lock:
+            everyone = frozenset(self._rows)
+        super()._renew_leases(lease_owner, everyone, lease_until)
+
+
 class PruneByCreatedAt(InMemoryTaskStore):
     """prune 按创建时间删最旧的，且不分终态与否。"""
 
@@ -334,6 +343,7 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
         "test_concurrent_claimers_never_share_a_command",
     },
     HolderFromCreate: {"test_claim_filtered_by_holder_follows_the_task_row"},
+    RenewsTheWholeHolder: {"test_renew_leases_writes_one_lease_to_the_listed_tasks_only"},
     PruneByCreatedAt: {
         "test_prune_keeps_newest_terminal_tasks",
         "test_prune_never_deletes_non_terminal_tasks",

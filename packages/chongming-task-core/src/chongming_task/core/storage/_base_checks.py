@@ -236,6 +236,18 @@ def touch_many_fields(fields: object) -> dict[str, Any]:
     return fields
 
 
+def renew_args(lease_owner: object, task_ids: Iterable[Any], lease_until: object) -> frozenset[str]:
+    """renew_leases 的入参：非空的持有者、带时区的到期时刻、task_id 的集合（规范化为 frozenset）。"""
+    if not isinstance(lease_owner, str) or not lease_owner:
+        raise ConfigurationError(f"lease_owner 必须是非空字符串，收到 {lease_owner!r}")
+    check_optional_text("lease_owner", lease_owner)
+    check_aware("lease_until", lease_until, required=True)
+    ids = id_set("task_ids", task_ids, str)
+    if ids is None:
+        raise ConfigurationError("renew_leases 需要 task_ids（要续租的任务；不能是 None）")
+    return ids
+
+
 def id_set(name: str, values: Iterable[Any] | None, kind: type) -> frozenset[Any] | None:
     """task_ids / buckets 这类过滤集合：None 表示不限；单个值（而不是集合）是常见误用，明确拒绝。
 

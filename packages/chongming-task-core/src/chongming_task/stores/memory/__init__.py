@@ -342,6 +342,16 @@ class InMemoryTaskStore(TaskStore):
                 if row is not None and changes:
                     row.snapshot = row.snapshot.evolve(**changes)
 
+    def _renew_leases(self, lease_owner: str, task_ids: frozenset[str], lease_until: datetime) -> None:
+        """一次加锁、每行一次复制：续租只改两个字段，不必逐项造字段字典、逐项检查。"""
+        with self._lock:
+            self._check_open()
+            rows = self._rows
+            for task_id in task_ids:
+                row = rows.get(task_id)
+                if row is not None:
+                    row.snapshot = row.snapshot.evolve(lease_owner=lease_owner, lease_until=lease_until)
+
     # -- commands -----------------------------------------------------------------------------------
 
     def _submit_command(self, submission: v.CommandSubmission) -> v.Command:

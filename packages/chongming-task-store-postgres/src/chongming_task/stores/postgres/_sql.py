@@ -241,6 +241,13 @@ class Sql:
         # 每一项没给的字段是 NULL，COALESCE 保留原值——与 touch 的"None 表示不改"一致。
         # 行锁按 task_id 顺序拿（locked：ORDER BY 之后才加锁）：组提交的 save_many 也按 task_id 顺序写，
         # 续租与一个多项的组提交同时碰到同一批任务时不会互相死锁（UPDATE … FROM 的加锁顺序取决于连接计划）。
+        # renew_leases：一批任务写同一组租约字段；行锁同样按 task_id 顺序拿（理由同下面的 touch_many）。
+        self.renew_leases = (
+            f"WITH locked AS (SELECT task_id FROM {s}.tasks WHERE task_id = ANY(%(task_ids)b::text[]) "
+            "ORDER BY task_id FOR NO KEY UPDATE) "
+            f"UPDATE {s}.tasks SET lease_owner = %(owner)s, lease_until = %(until)s, "
+            "lease_until_off = %(until_off)s WHERE task_id IN (SELECT task_id FROM locked)"
+        )
         unnest = ", ".join(f"%({name})s::{kind}[]" for name, kind in TOUCH_MANY_COLUMNS.items())
         self.touch_many = (
             f"WITH u AS (SELECT * FROM unnest({unnest}) AS u({_cols(TOUCH_MANY_COLUMNS)})), "

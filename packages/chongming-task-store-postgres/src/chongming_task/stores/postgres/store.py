@@ -1200,6 +1200,18 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         with self._connection() as conn:
             conn.execute(self._sql.touch_many, arrays)
 
+    def _renew_leases(self, lease_owner: str, task_ids: frozenset[str], lease_until: datetime) -> None:
+        """一条语句：id 以一个二进制传输的数组参数传入，行锁按 task_id 顺序拿（与 touch_many 同理）。"""
+        check_text(lease_owner, "lease_owner")
+        ids = sorted(task_id for task_id in task_ids if "\x00" not in task_id)  # 含 NUL 的任务不可能存在
+        if not ids:
+            self._check_open()
+            return
+        until, until_off = split_dt(lease_until)
+        params = {"owner": lease_owner, "until": until, "until_off": until_off, "task_ids": ids}
+        with self._connection() as conn:
+            conn.execute(self._sql.renew_leases, params)
+
     # -- commands -------------------------------------------------------------------------------------
 
     def _submit_command(self, submission: v.CommandSubmission) -> v.Command:

@@ -23,6 +23,11 @@ INSERT_TASK = (
 )
 # create_many：一批 id（JSON 数组参数，避开变量个数上限）里已经存在的那些。
 EXISTING_TASK_IDS = "SELECT task_id FROM tasks WHERE task_id IN (SELECT value FROM json_each(?))"
+# renew_leases：一批任务写同一组租约字段（id 是 JSON 数组参数）。
+RENEW_LEASES = (
+    "UPDATE tasks SET lease_owner = ?, lease_until = ?, lease_key = ? "
+    "WHERE task_id IN (SELECT value FROM json_each(?))"
+)
 SAVE_SELECT = f"SELECT {', '.join(schema.SAVE_COLUMNS)} FROM tasks WHERE task_id = ?"
 SAVE_VERSION_INDEX = schema.SAVE_COLUMNS.index("status_version")
 # save(lease_expired_before=...)：租约仍有效（lease_key 不早于给定时刻）就返回一行（与查询的判据相同）。
@@ -128,6 +133,7 @@ __all__ = [
     "INSERT_TAG",
     "INSERT_TASK",
     "INSERT_TRANSITION",
+    "RENEW_LEASES",
     "SAVE_CREATED_INDEX",
     "SAVE_LEASE_HELD",
     "SAVE_SELECT",

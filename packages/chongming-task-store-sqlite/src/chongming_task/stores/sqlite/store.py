@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -722,6 +722,16 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             self._check_open()
             return
         self._run("touch_many", tx)
+
+    def _renew_leases(self, lease_owner: str, task_ids: frozenset[str], lease_until: datetime) -> None:
+        """一条 UPDATE：id 以一个 JSON 数组参数传入（避开变量个数上限），每行按主键找到、写同一组值。"""
+        params = (
+            lease_owner,
+            codec.dt_text(lease_until),
+            codec.dt_key(lease_until),
+            json.dumps(sorted(task_ids)),
+        )
+        self._run("renew_leases", lambda conn: conn.execute(_sql.RENEW_LEASES, params))
 
     # -- commands -----------------------------------------------------------------------------------
 
