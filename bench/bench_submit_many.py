@@ -209,8 +209,9 @@ def main() -> int:
         if peers:
             loop_n = n // 10
             loop = submit_loop_seconds(SqliteTaskStore(str(workdir / "loop.db")), loop_n)
+            scaled = loop * 10
             print(
-                f"  （对照：逐个 submit {loop_n:,} 个进 SQLite {loop:.2f} s，折合 {n:,} 个 {loop * 10:.1f} s）"
+                f"  （对照：逐个 submit {loop_n:,} 个进 SQLite {loop:.2f} s，折合 {n:,} 个 {scaled:.1f} s）"
             )
         dsn = os.environ.get("CHONGMING_TEST_POSTGRES")
         if dsn:
