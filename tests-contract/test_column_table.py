@@ -130,3 +130,47 @@ def test_postgres_table_has_exactly_the_derived_columns(tmp_path: object) -> Non
         with store.pool.connection() as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
         store.close()
+
+
+def test_compiled_row_params_match_the_plan_for_every_codec() -> None:
+    """``RowCodec.params`` 是由编码计划编译出的函数：对每个后端的每张表，它与逐列解释执行的参照版逐键、
+    按序相同——无论列值是 None（走预先算好的常量）、有值、还是多物理列（时间戳的两列）。"""
+    from datetime import UTC, datetime, timedelta
+
+    from chongming_task.models import Failure, Progress, Transition
+    from chongming_task.states import TaskStatus
+    from chongming_task.stores.postgres import _codec as pg_codec
+
+    at = datetime(2026, 12, 1, 8, 30, 15, 123456, tzinfo=UTC)
+    plain = TaskSnapshot(task_id="p-1", name="plain", created_at=at)
+    rich = dataclasses.replace(
+        plain,
+        task_id="p-2",
+        status=TaskStatus.FAILED,
+        status_version=3,
+        tags=frozenset({"b", "a"}),
+        bucket=7,
+        owner="node-a",
+        lease_owner="node-a",
+        lease_until=at + timedelta(seconds=30),
+        finished_at=at + timedelta(seconds=5),
+        progress=Progress(done=3, total=10, unit="行"),
+        failure=Failure.from_exception(ValueError("坏了")),
+        outcome={"n": [1, 2]},
+    )
+    record = Transition(
+        task_id="p-2",
+        from_status=TaskStatus.RUNNING,
+        to_status=TaskStatus.FAILED,
+        trigger="t",
+        actor=None,
+        reason="r",
+        version=3,
+        at=at,
+    )
+    for module in (sqlite_codec, pg_codec):
+        for codec, values in ((module.SNAPSHOTS, (plain, rich)), (module.TRANSITIONS, (record,))):
+            for value in values:
+                compiled, reference = codec.params(value), codec.params_by_plan(value)
+                assert list(compiled.items()) == list(reference.items()), (module.__name__, value)
+                assert tuple(compiled) == codec.names, "键序即列序：SQLite 的 INSERT 按位置绑定 values()"

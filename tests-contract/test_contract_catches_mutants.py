@@ -21,7 +21,7 @@ from chongming_task.core.storage.claiming import QueuedClaim
 from chongming_task.errors import ConcurrencyConflict, TaskError
 from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
-from chongming_task.storage import LogLine, NodeRecord, SaveRequest, TaskQuery, TaskStore
+from chongming_task.storage import ClaimRequest, LogLine, NodeRecord, SaveRequest, TaskQuery, TaskStore
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.testing import FakeClock
 from chongming_task.testing.store_contract import StoreContract
@@ -160,6 +160,35 @@ class ClaimIgnoresLease(InMemoryTaskStore):
             for command in self._pending.values():
                 command.lease_until = None
         return super().claim_commands(claimant, lease=lease, limit=limit, **filters)
+
+
+class HolderFromCreate(InMemoryTaskStore):
+    """按持有者认领时看的是任务创建时的 owner，不是任务行此刻的：adopt 之后指令仍交给旧持有者。"""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._first_owner: dict[str, str | None] = {}
+
+    def create(self, snapshot: TaskSnapshot, **kwargs: Any) -> Any:
+        self._first_owner.setdefault(snapshot.task_id, snapshot.owner)
+        return super().create(snapshot, **kwargs)
+
+    def _claim_commands(self, request: ClaimRequest) -> list[Any]:
+        if request.holder is None:
+            return super()._claim_commands(request)
+        ids = {t for t, owner in self._first_owner.items() if owner == request.holder}
+        if request.task_ids is not None:
+            ids &= request.task_ids
+        return super()._claim_commands(dataclasses.replace(request, holder=None, task_ids=frozenset(ids)))
+
+
+class RenewsTheWholeHolder(InMemoryTaskStore):
+    """续租不看 task_ids，按持有者写遍它名下的全部任务：同名的上一个进程留下的任务也被续上，永远不过期。"""
+
+    def _renew_leases(self, lease_owner: str, task_ids: frozenset[str], lease_until: datetime) -> None:
+        with self._lock:
+            everyone = frozenset(self._rows)
+        super()._renew_leases(lease_owner, everyone, lease_until)
 
 
 class PruneByCreatedAt(InMemoryTaskStore):
@@ -313,6 +342,8 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
         "test_claimed_command_is_invisible_to_others_while_leased",
         "test_concurrent_claimers_never_share_a_command",
     },
+    HolderFromCreate: {"test_claim_filtered_by_holder_follows_the_task_row"},
+    RenewsTheWholeHolder: {"test_renew_leases_writes_one_lease_to_the_listed_tasks_only"},
     PruneByCreatedAt: {
         "test_prune_keeps_newest_terminal_tasks",
         "test_prune_never_deletes_non_terminal_tasks",

@@ -385,3 +385,82 @@ def test_pipeline_nodes_are_visible_to_another_process(db: str) -> None:
         ["load", "succeeded", run.pipeline_id],
     ]
     c.close(close_store=True)
+
+
+def test_a_restarted_namesake_neither_runs_nor_bounces_its_predecessors_commands(
+    db: str, wait_until: Any
+) -> None:
+    """重启沿用同一个 owner：上一个进程留下的任务在存储里仍归这个名字，本进程却不持有它。它的指令既不执行、
+    也不交还给自己（交还 = 下一轮又取到，每个轮询间隔一次）：留着租约，到期才再投递一次；本进程自己的任务的
+    指令照常执行。按名字认领，不带 task_id 清单。"""
+    from datetime import UTC, datetime
+
+    from chongming_task.models import TaskSnapshot
+
+    earlier = SqliteTaskStore(db)
+    earlier.create(
+        TaskSnapshot(task_id="stale", name="hold", created_at=datetime.now(UTC), owner="w", status=S.QUEUED)
+    )
+    earlier.close()
+    node = Controller(store=SqliteTaskStore(db), owner="w", command_poll_interval=0.01, lease_ttl=1.0)
+    gate = threading.Event()
+
+    def hold(ctx: Any) -> None:
+        while not gate.wait(0.002):
+            ctx.checkpoint()
+
+    node.register("hold", hold)
+    live = node.submit("hold", task_id="live")
+    wait_until(lambda: live.status is S.RUNNING)
+    console = Controller(store=SqliteTaskStore(db), owner="console")
+    assert console.stop("stale", reason="收工") is True
+    assert console.stop("live", reason="收工") is True
+    wait_until(lambda: live.status is S.STOPPED)
+    time.sleep(0.3)  # 约 30 个轮询间隔：交还给自己的话，这里早已被反复取走
+    probe = console.store
+    assert probe is not None
+    assert probe.claim_commands("probe", lease=60) == [], "那条指令仍在本节点的租约里，没有被交还"
+    stale = probe.get("stale")
+    assert stale is not None and stale.status is S.QUEUED, "不是本进程的任务：不执行它的指令"
+    node.close(close_store=True)
+    time.sleep(1.1)  # 本节点认领时的租约（max(lease_ttl, 1 s)）到期
+    (command,) = probe.claim_commands("probe", lease=60)
+    assert command.task_id == "stale"
+    assert command.deliveries == 2, "只被本节点取过一次（不是每个轮询间隔取一次再交还）"
+    gate.set()
+    console.close(close_store=True)
+
+
+def test_a_store_without_the_holder_filter_still_gets_commands_by_task_id_list() -> None:
+    """直接覆盖 claim_commands、还不认识 ``holder`` 的老式第三方后端：照旧按在管的 task_id 清单认领。"""
+    seen: list[frozenset[str] | None] = []
+
+    class LegacyClaims(InMemoryTaskStore):
+        def claim_commands(  # type: ignore[override]
+            self, claimant: str, *, lease: float, limit: int = 100, task_ids: Any = None, buckets: Any = None
+        ) -> list[Any]:
+            seen.append(None if task_ids is None else frozenset(task_ids))
+            return super().claim_commands(
+                claimant, lease=lease, limit=limit, task_ids=task_ids, buckets=buckets
+            )
+
+    store = LegacyClaims()
+    node = Controller(store=store, owner="w", command_poll_interval=0.01)
+    gate = threading.Event()
+
+    def hold(ctx: Any) -> None:
+        while not gate.wait(0.002):
+            ctx.checkpoint()
+
+    node.register("hold", hold)
+    run = node.submit("hold", task_id="t1")
+    console = Controller(store=store, owner="console")
+    assert console.stop("t1") is True
+    deadline = time.monotonic() + 10
+    while run.status is not S.STOPPED and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert run.status is S.STOPPED
+    assert frozenset({"t1"}) in seen
+    gate.set()
+    console.close()
+    node.close()

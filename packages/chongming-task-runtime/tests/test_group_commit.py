@@ -327,25 +327,43 @@ class TouchCounting(InMemoryTaskStore):
     def __init__(self) -> None:
         super().__init__()
         self.touch_batches: list[int] = []
+        self.renew_batches: list[int] = []
 
     def touch_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
         self.touch_batches.append(len(updates))
         super().touch_many(updates)
 
+    def _renew_leases(self, lease_owner: str, task_ids: frozenset[str], lease_until: Any) -> None:
+        self.renew_batches.append(len(task_ids))
+        super()._renew_leases(lease_owner, task_ids, lease_until)
 
-def test_lease_renewal_of_many_queued_tasks_is_written_in_batches() -> None:
-    """十万个排队任务续一次租不能是一个十万行的事务（会超过一次调用的时限、租约随之过期）：分批写。"""
+
+def test_lease_renewal_of_many_queued_tasks_is_written_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """十万个排队任务续一次租：只需续租的任务走 ``renew_leases``（一批一条语句、同一组值），不逐个造字段
+    字典走 touch_many；也不能是一个十万行的语句（会超过一次调用的时限、租约随之过期）：按 RENEW_BATCH 分批。
+    进度变了的任务照旧走 touch_many，租约与进度一起写。"""
     from chongming_task.core.state_machine import StateMachine
-    from chongming_task.runtime.persistence import TOUCH_BATCH, WriteThrough
+    from chongming_task.models import Progress
+    from chongming_task.runtime import persistence
+    from chongming_task.runtime.persistence import WriteThrough
     from chongming_task.testing import FakeClock
 
+    monkeypatch.setattr(persistence, "RENEW_BATCH", 100)
     clock = FakeClock()
     store = TouchCounting()
     write = WriteThrough(store, owner="node-a", lease_ttl=30, clock=clock)
-    machines = [StateMachine.create(f"q{i}", "noop", clock=clock) for i in range(2 * TOUCH_BATCH + 5)]
+    machines = [StateMachine.create(f"q{i}", "noop", clock=clock) for i in range(2 * 100 + 6)]
     assert write.create_many(machines) == [None] * len(machines)
     clock.advance(20)
-    write.flush_side_channel([m.snapshot for m in machines], renew_lease=True)
-    assert store.touch_batches == [TOUCH_BATCH, TOUCH_BATCH, 5]
+    moving = machines[-1].snapshot.evolve(progress=Progress(done=1, total=2))
+    write.flush_side_channel([m.snapshot for m in machines[:-1]] + [moving], renew_lease=True)
+    assert store.renew_batches == [100, 100, 5]
+    assert store.touch_batches == [1], "只有进度变了的那一个走 touch_many"
+    for task_id in ("q0", f"q{len(machines) - 1}"):
+        got = store.get(task_id)
+        assert got is not None and got.lease_owner == "node-a"
+        assert got.lease_until == clock.now() + timedelta(seconds=30)
+    moved = store.get(f"q{len(machines) - 1}")
+    assert moved is not None and moved.progress == Progress(done=1, total=2)
     got = store.get("q0")
     assert got is not None and got.lease_until == clock.now() + timedelta(seconds=30)

@@ -31,6 +31,7 @@ from chongming_task.core.storage.checks import (
     append_logs_args,
     check_aware,
     check_count,
+    check_holder,
     check_json_value,
     check_key,
     check_node_owner,
@@ -383,8 +384,10 @@ class JsonFileTaskStore(TaskStore):
         limit: int = 100,
         task_ids: Iterable[str] | None = None,
         buckets: Iterable[int] | None = None,
+        holder: str | None = None,
     ) -> list[Command]:
         wanted_tasks, wanted_buckets = claim_args(claimant, lease, limit, task_ids, buckets)
+        wanted_holder = check_holder(holder)
         claimed: list[Command] = []
         with self._lock:
             self._check_open()
@@ -401,6 +404,10 @@ class JsonFileTaskStore(TaskStore):
                     continue
                 if wanted_buckets is not None and data["bucket"] not in wanted_buckets:
                     continue
+                if wanted_holder is not None:
+                    task = self._tasks.get(data["task_id"])
+                    if task is None or task.get("owner") != wanted_holder:
+                        continue
                 data["claimant"] = claimant
                 data["lease_until"] = _time_text(now + timedelta(seconds=lease))
                 data["deliveries"] += 1

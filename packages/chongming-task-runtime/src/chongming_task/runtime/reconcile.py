@@ -19,7 +19,6 @@ reconcile 不会重新执行任务：存储里记的是状态，不是配方（�
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +28,7 @@ from chongming_task.core.triggers import TRIGGER_RECONCILE
 from chongming_task.errors import ConcurrencyConflict
 from chongming_task.models import TaskSnapshot
 from chongming_task.runtime.group_commit import save_many_checked
+from chongming_task.runtime.signature import accepts_keyword
 from chongming_task.runtime.taskrun import lost_failure, mark_lease_expired
 from chongming_task.states import NON_TERMINAL_STATUSES, RESOURCE_HOLDING_STATUSES
 from chongming_task.storage import QueryOrder, SaveRequest, TaskQuery, TaskStore
@@ -135,13 +135,7 @@ def _accepts_lease_fence(store: TaskStore) -> bool:
     cls = type(store)
     cached = _LEASE_FENCE.get(cls)
     if cached is None:
-        try:
-            parameters = inspect.signature(store.save).parameters
-        except (TypeError, ValueError):
-            parameters = {}  # type: ignore[assignment]
-        cached = "lease_expired_before" in parameters or any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-        )
+        cached = accepts_keyword(store.save, "lease_expired_before")
         _LEASE_FENCE[cls] = cached
     return cached
 

@@ -153,4 +153,14 @@ def _check(fn: Callable[..., Any], args: tuple[Any, ...] | None, kwargs: Mapping
         raise _refuse(fn, signature, "收不下上下文加上你传的参数") from None
 
 
-__all__ = ["check_task_signature"]
+def accepts_keyword(method: Callable[..., Any], name: str) -> bool:
+    """``method`` 是否接受关键字参数 ``name``（或 ``**kwargs``）。存储契约后来加的参数用它判断：直接覆盖
+    公开方法的老式第三方后端没有这个参数，调用方就走老路，而不是让它抛 TypeError。"""
+    try:
+        parameters = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+__all__ = ["accepts_keyword", "check_task_signature"]

@@ -30,6 +30,7 @@ from chongming_task.runtime.cluster import ClusterReport, check_cluster, node_re
 from chongming_task.runtime.commands import poll_commands
 from chongming_task.runtime.persistence import PersistFailure, WriteThrough
 from chongming_task.runtime.reconcile import ReconcileReport, reconcile_store
+from chongming_task.runtime.signature import accepts_keyword
 from chongming_task.runtime.task_logs import LogSink
 from chongming_task.storage import CommandAction, TaskQuery, TaskStats, TaskStore, count_buckets
 
@@ -159,6 +160,8 @@ class StoreLink(LocalLink):
         local_run: Callable[[str], TaskRun | None],
         on_persist_failure: Callable[[PersistFailure], None] | None = None,
         persist_logs: bool = True,
+        any_live: Callable[[], bool] | None = None,
+        arriving: Callable[[str], bool] | None = None,
     ) -> None:
         self.store = store
         self._store: TaskStore = store
@@ -172,6 +175,10 @@ class StoreLink(LocalLink):
         self._side_channel_interval = side_channel_interval
         self._wake = wake
         self._live_ids = live_ids
+        self._any_live = any_live if any_live is not None else (lambda: bool(live_ids()))
+        self._arriving = arriving if arriving is not None else (lambda task_id: False)
+        # 按名字认领（存储对照任务行的 owner）：不必每 0.1 秒把在管的全部 task_id 交给存储。
+        self._by_holder = accepts_keyword(store.claim_commands, "holder")
         self._side_snapshots = side_snapshots
         self._local_run = local_run
         self._write = WriteThrough(
@@ -295,17 +302,19 @@ class StoreLink(LocalLink):
         return self._command_poll_interval
 
     def _poll_commands(self) -> None:
-        live = list(self._live_ids())
-        if not self._partitioned and not live:
+        if not self._partitioned and not self._any_live():
             return
+        by_list = not self._partitioned and not self._by_holder
         poll_commands(
             self._store,
             self._owner,
             lease=max(self._lease_ttl, 1.0),
-            task_ids=None if self._partitioned else live,
+            task_ids=list(self._live_ids()) if by_list else None,
             buckets=self._owned_buckets if self._partitioned else None,
             local_run=self._local_run,
             on_store_error=self._poll_failed,
+            by_holder=not self._partitioned and self._by_holder,
+            arriving=self._arriving,
         )
 
     def _poll_failed(self, operation: str, exc: BaseException) -> None:

@@ -147,6 +147,13 @@ def check_claimant(value: object) -> None:
         raise ConfigurationError(f"认领者 claimant 必须是非空字符串，收到 {value!r}")
 
 
+def check_holder(value: object) -> str | None:
+    """claim_commands 的 ``holder`` 过滤：None（不限）或非空字符串。"""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigurationError(f"持有者 holder 必须是非空字符串或 None，收到 {value!r}")
+    return value
+
+
 def check_snapshot(snapshot: object) -> TaskSnapshot:
     """create / save 的快照：类型，以及与快照构造时同一份的可存储性检查（``check_storable_fields``）。
 
@@ -227,6 +234,18 @@ def touch_many_fields(fields: object) -> dict[str, Any]:
     if unknown:
         raise ConfigurationError(f"touch_many 里有未知字段 {sorted(unknown)}：只接受 {sorted(TOUCH_FIELDS)}")
     return fields
+
+
+def renew_args(lease_owner: object, task_ids: Iterable[Any], lease_until: object) -> frozenset[str]:
+    """renew_leases 的入参：非空的持有者、带时区的到期时刻、task_id 的集合（规范化为 frozenset）。"""
+    if not isinstance(lease_owner, str) or not lease_owner:
+        raise ConfigurationError(f"lease_owner 必须是非空字符串，收到 {lease_owner!r}")
+    check_optional_text("lease_owner", lease_owner)
+    check_aware("lease_until", lease_until, required=True)
+    ids = id_set("task_ids", task_ids, str)
+    if ids is None:
+        raise ConfigurationError("renew_leases 需要 task_ids（要续租的任务；不能是 None）")
+    return ids
 
 
 def id_set(name: str, values: Iterable[Any] | None, kind: type) -> frozenset[Any] | None:

@@ -227,6 +227,25 @@ class TaskStore(ClosesOnExit, ABC):
         for task_id, fields in updates:
             self.touch(task_id, **fields)
 
+    def renew_leases(self, lease_owner: str, task_ids: Iterable[str], lease_until: datetime) -> None:
+        """续租：把一批任务的 ``lease_owner`` / ``lease_until`` 写成同一组值。
+
+        每一项与 ``touch(task_id, lease_owner=..., lease_until=...)`` 相同：不递增 status_version、不与 save
+        冲突、不存在的 task_id 跳过，其余字段不动。控制器每 lease_ttl/3 给全部在管的任务续租，积压十万个
+        排队任务时逐项 ``touch_many``（每项一个字段字典、一次检查、一行编码）每轮就是几秒 CPU；而这批行写的
+        是同一组值，后端可以覆盖 ``_renew_leases`` 为一条语句。入参在这里检查一次（持有者非空、到期时刻带
+        时区、task_ids 是字符串的集合）。
+        """
+        ids = checks.renew_args(lease_owner, task_ids, lease_until)
+        if ids:
+            self._renew_leases(lease_owner, ids, lease_until)
+
+    def _renew_leases(self, lease_owner: str, task_ids: frozenset[str], lease_until: datetime) -> None:
+        """后端实现 renew_leases 的地方（入参已检查、非空）。默认逐项 touch_many：没覆盖它的第三方后端
+        结果相同，只是慢些。"""
+        fields = {"lease_owner": lease_owner, "lease_until": lease_until}
+        self.touch_many([(task_id, fields) for task_id in sorted(task_ids)])
+
     # -- durable tasks (issue 19) -------------------------------------------------------------------
 
     def claim_queued(
@@ -285,18 +304,24 @@ class TaskStore(ClosesOnExit, ABC):
         limit: int = 100,
         task_ids: Iterable[str] | None = None,
         buckets: Iterable[int] | None = None,
+        holder: str | None = None,
     ) -> list[Command]:
         """取走未完成、且未被认领或租约已过期的指令（按提交先后），设租约 ``lease`` 秒。
 
         被取走的指令在租约内对任何认领者（包括持有者自己）不可见；``lease_until <= now`` 即过期，
         可被重新取走（deliveries 加一）。"先后"须由存储自己的顺序号决定：同一时刻提交的指令也要有序。
         ``now`` 取自存储注入的时钟（若有）。``task_ids`` / ``buckets`` 同时给出时取交集；桶为空的
-        指令不会被按桶认领。``lease`` 不是正的有限秒数 → ConfigurationError。
+        指令不会被按桶认领。``holder`` 给出时只取任务行此刻的 ``owner`` 等于它的任务的指令（在认领的
+        同一事务里对照任务行：任务被 adopt 换了持有者，指令随之归新持有者；已删除的任务的指令不会被按
+        持有者认领），与另两个过滤条件取交集。``lease`` 不是正的有限秒数 → ConfigurationError。
 
         入参经 ``checks.claim_args`` 检查一次，后端实现 ``_claim_commands``。
         """
         wanted_tasks, wanted_buckets = checks.claim_args(claimant, lease, limit, task_ids, buckets)
-        return self._claim_commands(ClaimRequest(claimant, lease, limit, wanted_tasks, wanted_buckets))
+        wanted_holder = checks.check_holder(holder)
+        return self._claim_commands(
+            ClaimRequest(claimant, lease, limit, wanted_tasks, wanted_buckets, wanted_holder)
+        )
 
     @abstractmethod
     def _claim_commands(self, request: ClaimRequest) -> list[Command]:

@@ -342,6 +342,16 @@ class InMemoryTaskStore(TaskStore):
                 if row is not None and changes:
                     row.snapshot = row.snapshot.evolve(**changes)
 
+    def _renew_leases(self, lease_owner: str, task_ids: frozenset[str], lease_until: datetime) -> None:
+        """一次加锁、每行一次复制：续租只改两个字段，不必逐项造字段字典、逐项检查。"""
+        with self._lock:
+            self._check_open()
+            rows = self._rows
+            for task_id in task_ids:
+                row = rows.get(task_id)
+                if row is not None:
+                    row.snapshot = row.snapshot.evolve(lease_owner=lease_owner, lease_until=lease_until)
+
     # -- commands -----------------------------------------------------------------------------------
 
     def _submit_command(self, submission: v.CommandSubmission) -> v.Command:
@@ -369,7 +379,7 @@ class InMemoryTaskStore(TaskStore):
 
     def _claim_commands(self, request: v.ClaimRequest) -> list[v.Command]:
         claimant, limit = request.claimant, request.limit
-        wanted_tasks, wanted_buckets = request.task_ids, request.buckets
+        wanted_tasks, wanted_buckets, holder = request.task_ids, request.buckets, request.holder
         claimed: list[v.Command] = []
         with self._lock:
             self._check_open()
@@ -385,6 +395,10 @@ class InMemoryTaskStore(TaskStore):
                     continue
                 if wanted_buckets is not None and command.bucket not in wanted_buckets:
                     continue
+                if holder is not None:
+                    task = self._rows.get(command.task_id)
+                    if task is None or task.snapshot.owner != holder:
+                        continue
                 row.update(claimant=claimant, lease_until=lease_until, deliveries=command.deliveries + 1)
                 claimed.append(row.export())
         return claimed

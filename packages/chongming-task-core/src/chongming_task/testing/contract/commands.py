@@ -9,8 +9,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from chongming_task.errors import ConfigurationError, TaskNotFound
+from chongming_task.states import TaskStatus
 from chongming_task.storage import Command, CommandAction, TaskStore
-from chongming_task.testing.contract._base import REAL_LEASE, ContractBase, snap
+from chongming_task.testing.contract._base import REAL_LEASE, ContractBase, snap, step
 
 
 class CommandCases(ContractBase):
@@ -199,6 +200,27 @@ class CommandCases(ContractBase):
         self.assertEqual([c.task_id for c in got], ["f-1", "f-3"])
         self.assertEqual(store.claim_commands("w", lease=60, task_ids=[]), [])
         self.assertEqual([c.task_id for c in store.claim_commands("w", lease=60)], ["f-2"])
+
+    def test_claim_filtered_by_holder_follows_the_task_row(self) -> None:
+        # 持有者按名字认领（不带 task_id 清单）：只取任务行此刻 owner 是它的任务的指令；任务换了持有者
+        # （adopt）之后，指令归新持有者，旧持有者再也取不到——每条指令只交给当前持有者。
+        store = self.open_store()
+        for task_id, owner in (("h-1", "alpha"), ("h-2", "beta"), ("h-3", None), ("h-4", "alpha")):
+            store.create(snap(task_id, owner=owner))
+        for task_id in ("h-1", "h-2", "h-3", "h-4"):
+            store.submit_command(task_id, "stop")
+        moved, record = step(store.get("h-4") or snap("h-4"), TaskStatus.QUEUED, owner="beta")
+        store.save(moved, expect_version=0, transitions=[record])
+        self.assertEqual([c.task_id for c in store.claim_commands("x", lease=60, holder="alpha")], ["h-1"])
+        self.assertEqual(store.claim_commands("x", lease=60, holder="alpha"), [], "已取走的不再给")
+        got = store.claim_commands("y", lease=60, holder="beta", task_ids=["h-2", "h-1", "h-3"])
+        self.assertEqual([c.task_id for c in got], ["h-2"], "holder 与 task_ids 同时给出时取交集")
+        self.assertEqual([c.task_id for c in store.claim_commands("y", lease=60, holder="beta")], ["h-4"])
+        self.assertEqual(store.claim_commands("z", lease=60, holder="nobody"), [])
+        self.assertEqual([c.task_id for c in store.claim_commands("any", lease=60)], ["h-3"])
+        for bad in ("", 7):
+            with self.assertRaises(ConfigurationError):
+                store.claim_commands("w", lease=60, holder=bad)  # type: ignore[arg-type]
 
     def test_claim_filtered_by_buckets(self) -> None:
         store = self.open_store()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from chongming_task.errors import ConfigurationError
 from chongming_task.models import Progress
 from chongming_task.testing.contract._base import T0, TZ_SHANGHAI, ContractBase, S, snap, step, walk
 
@@ -90,6 +92,42 @@ class TouchCases(ContractBase):
         )
         self.assertEqual((one.status_version, two.status_version), (0, 0))
         self.assertIsNone(store.get("ghost"))
+
+    def test_renew_leases_writes_one_lease_to_the_listed_tasks_only(self) -> None:
+        # 续租一批：只写 lease_owner / lease_until，不抬版本、不碰进度与心跳；没列出的任务与不存在的 id 不动；
+        # 时间的时区偏移与微秒原样往返；它与 save 不冲突（续租之后按原版本 save 照样成功）。
+        store = self.open_store()
+        progress = Progress(done=3, total=9)
+        for task_id in ("r-1", "r-2", "r-3"):
+            store.create(snap(task_id, lease_owner="old", lease_until=T0, progress=progress))
+        until = datetime(2026, 3, 1, 16, 1, 2, 345678, tzinfo=TZ_SHANGHAI)
+        store.renew_leases("node-a", ["r-3", "r-1", "ghost", "r-1"], until)
+        one, two, three = store.get("r-1"), store.get("r-2"), store.get("r-3")
+        assert one is not None and two is not None and three is not None
+        for renewed in (one, three):
+            self.assertEqual((renewed.lease_owner, renewed.lease_until), ("node-a", until))
+            self.assertEqual(renewed.lease_until.utcoffset(), until.utcoffset())  # type: ignore[union-attr]
+            self.assertEqual((renewed.status_version, renewed.progress), (0, progress))
+        self.assertEqual((two.lease_owner, two.lease_until), ("old", T0), "没列出的任务不续")
+        self.assertIsNone(store.get("ghost"))
+        store.renew_leases("node-a", [], until)  # 空集合：什么也不做
+        nxt, record = step(one, S.QUEUED)
+        store.save(nxt, expect_version=0, transitions=[record])
+        after = store.get("r-1")
+        assert after is not None
+        self.assertEqual((after.status_version, after.lease_owner, after.lease_until), (1, "node-a", until))
+        refused: list[Callable[[], None]] = [
+            lambda: store.renew_leases("", ["r-1"], until),
+            lambda: store.renew_leases("node-a", "r-1", until),
+            lambda: store.renew_leases("node-a", ["r-1"], datetime(2026, 3, 1)),
+            lambda: store.renew_leases("node-a", None, until),  # type: ignore[arg-type]
+        ]
+        for bad in refused:
+            with self.assertRaises(ConfigurationError):
+                bad()
+        untouched = store.get("r-2")
+        assert untouched is not None
+        self.assertEqual(untouched.lease_owner, "old", "被拒绝的续租什么也不写")
 
     def test_touch_and_save_interleaved_from_threads(self) -> None:
         store = self.open_store()

@@ -241,6 +241,13 @@ class Sql:
         # 每一项没给的字段是 NULL，COALESCE 保留原值——与 touch 的"None 表示不改"一致。
         # 行锁按 task_id 顺序拿（locked：ORDER BY 之后才加锁）：组提交的 save_many 也按 task_id 顺序写，
         # 续租与一个多项的组提交同时碰到同一批任务时不会互相死锁（UPDATE … FROM 的加锁顺序取决于连接计划）。
+        # renew_leases：一批任务写同一组租约字段；行锁同样按 task_id 顺序拿（理由同下面的 touch_many）。
+        self.renew_leases = (
+            f"WITH locked AS (SELECT task_id FROM {s}.tasks WHERE task_id = ANY(%(task_ids)b::text[]) "
+            "ORDER BY task_id FOR NO KEY UPDATE) "
+            f"UPDATE {s}.tasks SET lease_owner = %(owner)s, lease_until = %(until)s, "
+            "lease_until_off = %(until_off)s WHERE task_id IN (SELECT task_id FROM locked)"
+        )
         unnest = ", ".join(f"%({name})s::{kind}[]" for name, kind in TOUCH_MANY_COLUMNS.items())
         self.touch_many = (
             f"WITH u AS (SELECT * FROM unnest({unnest}) AS u({_cols(TOUCH_MANY_COLUMNS)})), "
@@ -254,11 +261,11 @@ class Sql:
             "lease_until_off = COALESCE(u.lease_until_off, t.lease_until_off) "
             "FROM u WHERE t.task_id = u.task_id AND t.task_id IN (SELECT task_id FROM locked)"
         )
-        self._claim: dict[tuple[bool, bool], str] = {}
+        self._claim: dict[tuple[bool, bool, bool], str] = {}
         self._touch: dict[tuple[bool, bool, bool, bool], str] = {}
 
-    def claim(self, by_task: bool, by_bucket: bool) -> str:
-        key = (by_task, by_bucket)
+    def claim(self, by_task: bool, by_bucket: bool, by_holder: bool) -> str:
+        key = (by_task, by_bucket, by_holder)
         text = self._claim.get(key)
         if text is None:
             filters = ""
@@ -268,6 +275,12 @@ class Sql:
                 filters += " AND task_id = ANY(%(task_ids)b::text[])"
             if by_bucket:
                 filters += " AND bucket = ANY(%(buckets)s::integer[])"
+            if by_holder:
+                # 任务行此刻的持有者（主键查找）：adopt 换了持有者，指令随任务归新持有者。
+                filters += (
+                    f" AND EXISTS (SELECT 1 FROM {self.s}.tasks t"
+                    f" WHERE t.task_id = {self.s}.commands.task_id AND t.owner = %(holder)s)"
+                )
             # SKIP LOCKED：并发的认领者各自跳过别人正锁着的行，互不等待，也绝不拿到同一条。
             # READ COMMITTED 下被别人刚提交认领的行会按最新版本复查 WHERE，租约未过期就不会被选中。
             text = (

@@ -1200,6 +1200,18 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         with self._connection() as conn:
             conn.execute(self._sql.touch_many, arrays)
 
+    def _renew_leases(self, lease_owner: str, task_ids: frozenset[str], lease_until: datetime) -> None:
+        """一条语句：id 以一个二进制传输的数组参数传入，行锁按 task_id 顺序拿（与 touch_many 同理）。"""
+        check_text(lease_owner, "lease_owner")
+        ids = sorted(task_id for task_id in task_ids if "\x00" not in task_id)  # 含 NUL 的任务不可能存在
+        if not ids:
+            self._check_open()
+            return
+        until, until_off = split_dt(lease_until)
+        params = {"owner": lease_owner, "until": until, "until_off": until_off, "task_ids": ids}
+        with self._connection() as conn:
+            conn.execute(self._sql.renew_leases, params)
+
     # -- commands -------------------------------------------------------------------------------------
 
     def _submit_command(self, submission: v.CommandSubmission) -> v.Command:
@@ -1237,7 +1249,8 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         # text 存不下 NUL、integer 存不下 2**31 以上的桶号：这样的过滤值不可能匹配任何指令，直接去掉。
         ids = None if wanted_tasks is None else sorted(t for t in wanted_tasks if "\x00" not in t)
         bucket_list = None if wanted_buckets is None else sorted(b for b in wanted_buckets if b < 2**31)
-        if limit == 0 or ids == [] or bucket_list == []:
+        holder = request.holder
+        if limit == 0 or ids == [] or bucket_list == [] or (holder is not None and "\x00" in holder):
             self._check_open()
             return []
         now = self._clock.now()
@@ -1250,8 +1263,9 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             "until_off": until_off,
             "task_ids": ids,
             "buckets": bucket_list,
+            "holder": holder,
         }
-        text = self._sql.claim(ids is not None, bucket_list is not None)
+        text = self._sql.claim(ids is not None, bucket_list is not None, holder is not None)
         with self._connection() as conn:
             rows = conn.execute(text, params).fetchall()
         # RETURNING 不保证顺序：按认领时用的同一键 (enqueued_at, command_id) 排好再交出。

@@ -16,12 +16,18 @@ _MAX_INLINE_PARAMS = 256
 TASK_SELECT = f"SELECT {', '.join(schema.TASK_COLUMNS)} FROM tasks"
 TASK_COLUMNS_T = ", ".join(f"t.{c}" for c in schema.TASK_COLUMNS)
 INSERT_TAG = "INSERT OR IGNORE INTO task_tags (tag, created_key, task_id) VALUES (?, ?, ?)"
+# 按位置绑定：参数是 ``tuple(codec.snapshot_row(s).values())``（键序即 TASK_COLUMNS 的顺序）。
 INSERT_TASK = (
     f"INSERT INTO tasks ({', '.join(schema.TASK_COLUMNS)}) "
-    f"VALUES ({', '.join(':' + c for c in schema.TASK_COLUMNS)})"
+    f"VALUES ({', '.join('?' for _ in schema.TASK_COLUMNS)})"
 )
 # create_many：一批 id（JSON 数组参数，避开变量个数上限）里已经存在的那些。
 EXISTING_TASK_IDS = "SELECT task_id FROM tasks WHERE task_id IN (SELECT value FROM json_each(?))"
+# renew_leases：一批任务写同一组租约字段（id 是 JSON 数组参数）。
+RENEW_LEASES = (
+    "UPDATE tasks SET lease_owner = ?, lease_until = ?, lease_key = ? "
+    "WHERE task_id IN (SELECT value FROM json_each(?))"
+)
 SAVE_SELECT = f"SELECT {', '.join(schema.SAVE_COLUMNS)} FROM tasks WHERE task_id = ?"
 SAVE_VERSION_INDEX = schema.SAVE_COLUMNS.index("status_version")
 # save(lease_expired_before=...)：租约仍有效（lease_key 不早于给定时刻）就返回一行（与查询的判据相同）。
@@ -127,6 +133,7 @@ __all__ = [
     "INSERT_TAG",
     "INSERT_TASK",
     "INSERT_TRANSITION",
+    "RENEW_LEASES",
     "SAVE_CREATED_INDEX",
     "SAVE_LEASE_HELD",
     "SAVE_SELECT",

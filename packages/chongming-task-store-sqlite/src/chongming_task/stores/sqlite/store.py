@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -179,7 +179,7 @@ class _WriterTurn:
 
 
 # create 的一项准备好的行：(task_id, 任务行, 标签行, 迁移记录行)。
-_CreateRows = tuple[str, dict[str, Any], list[tuple[Any, ...]], list[tuple[Any, ...]]]
+_CreateRows = tuple[str, tuple[Any, ...], list[tuple[Any, ...]], list[tuple[Any, ...]]]
 
 
 def _duplicate(task_id: str) -> DuplicateTaskId:
@@ -515,7 +515,9 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         row = codec.snapshot_row(snapshot)
         history = [codec.transition_row(t) for t in transitions]
         tags = [(tag, row["created_key"], snapshot.task_id) for tag in snapshot.tags]
-        return snapshot.task_id, row, tags, history
+        # 按位置绑定（``INSERT_TASK`` 的 ``?`` 与 ``TASK_COLUMNS`` 同序，params 的键也是这个顺序）：45 个命名
+        # 参数逐个按名字查字典，每行要多 3–4 µs——十万个任务的 submit_many 里是 0.3–0.4 s。
+        return snapshot.task_id, tuple(row.values()), tags, history
 
     def _save(self, request: v.SaveRequest) -> None:
         self._run("save", self._save_tx(request))
@@ -721,6 +723,16 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             return
         self._run("touch_many", tx)
 
+    def _renew_leases(self, lease_owner: str, task_ids: frozenset[str], lease_until: datetime) -> None:
+        """一条 UPDATE：id 以一个 JSON 数组参数传入（避开变量个数上限），每行按主键找到、写同一组值。"""
+        params = (
+            lease_owner,
+            codec.dt_text(lease_until),
+            codec.dt_key(lease_until),
+            json.dumps(sorted(task_ids)),
+        )
+        self._run("renew_leases", lambda conn: conn.execute(_sql.RENEW_LEASES, params))
+
     # -- commands -----------------------------------------------------------------------------------
 
     def _submit_command(self, submission: v.CommandSubmission) -> v.Command:
@@ -765,6 +777,12 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             filters += " AND " + _sql.in_clause("task_id", wanted_tasks, filter_params)
         if wanted_buckets is not None:
             filters += " AND " + _sql.in_clause("bucket", wanted_buckets, filter_params)
+        if request.holder is not None:
+            # 在同一个写事务里对照任务行此刻的持有者（主键查找，每条待取指令一次）：adopt 之后指令随任务走。
+            filters += (
+                " AND EXISTS (SELECT 1 FROM tasks WHERE tasks.task_id = commands.task_id AND tasks.owner = ?)"
+            )
+            filter_params.append(request.holder)
         candidates = (
             "SELECT seq FROM commands WHERE completed_at IS NULL AND (lease_key IS NULL OR lease_key <= ?)"
             f"{filters} ORDER BY seq LIMIT ?"
