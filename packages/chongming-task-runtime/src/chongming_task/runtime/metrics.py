@@ -85,7 +85,14 @@ _ATTEMPT_OUTCOME = {
 _NO_TAGS: frozenset[str] = frozenset()
 
 # 热路径上用的成员：3.11 里 ``TaskStatus.X`` 每读一次都要走一遍枚举类的属性查找，模块常量只是一次全局读。
-_QUEUED, _STARTING, _STOPPING, _PAUSED, _LOST = S.QUEUED, S.STARTING, S.STOPPING, S.PAUSED, S.LOST
+_QUEUED, _STARTING, _RUNNING, _STOPPING, _PAUSED, _LOST = (
+    S.QUEUED,
+    S.STARTING,
+    S.RUNNING,
+    S.STOPPING,
+    S.PAUSED,
+    S.LOST,
+)
 _TERMINAL = frozenset(status for status in S if status.is_terminal)
 _HOLDING = frozenset(SLOT_HOLDING_STATUSES)
 _NEVER_STARTED = frozenset({S.QUEUED, S.RETRY_WAIT})  # 从这里暂停的任务从未占槽（与控制器的记账同一条规则）
@@ -158,24 +165,19 @@ class ControllerMetrics:
         """事件钩子的批量入口（``events.BATCH_ENTRY``）：交付线程一次交来整批，这里一批拿一次锁记账。
 
         热路径（每个任务至少四条迁移）：只有 dict / list 算术，没有函数调用（除了落桶的 ``bisect``）。"""
-        transitions, live, counts, used, limits = (
+        transitions, live, counts, used, limits, waits = (
             self._transitions,
             self._live,
             self._counts,
             self._used,
             self._limits,
+            self._waits,
         )
         with self._lock:
             for event in events:
-                if not isinstance(event, TransitionEvent):
+                if event.__class__ is not TransitionEvent and not isinstance(event, TransitionEvent):
                     if isinstance(event, StoreErrorEvent):
-                        # "touch×12" 是批量写：标签只留操作名，不让批大小变成新的时间序列。
-                        operation = event.operation.split("×", 1)[0]
-                        n = self._store_errors.get(operation)
-                        if n is None:
-                            self._store_errors_created[operation] = time.time()
-                            n = 0
-                        self._store_errors[operation] = n + 1
+                        self._store_error(event)
                     continue
                 # 直接读迁移记录的字段（事件上的同名属性是描述符，每读一次多一层 Python 调用）。
                 record = event.record
@@ -218,40 +220,62 @@ class ControllerMetrics:
                 if target is _QUEUED:
                     state[_QUEUED_AT] = record.at
                     continue
+                at = record.at
                 if target is _STARTING:
-                    queued = state[_QUEUED_AT]
-                    if queued is not None:
-                        state[_QUEUED_AT] = None
-                        self._observe(self._waits, name, record.at, queued)
-                    state[_STARTED_AT] = record.at
-                    continue
-                outcome = _ATTEMPT_OUTCOME.get(target)
-                if outcome is not None:
-                    started = state[_STARTED_AT]
-                    if started is not None:
-                        state[_STARTED_AT] = None
-                        self._observe(self._durations, (name, outcome), record.at, started)
-                if target is _STOPPING:
-                    state[_STOPPING_AT] = record.at
-                elif target in _TERMINAL:
-                    stopping = state[_STOPPING_AT]
-                    if stopping is not None:
-                        self._observe(None, None, record.at, stopping)
+                    since = state[_QUEUED_AT]
+                    state[_STARTED_AT] = at
+                    if since is None:
+                        continue
+                    state[_QUEUED_AT] = None
+                    buckets = waits.get(name)
+                    if buckets is None:
+                        buckets = waits[name] = _new_histogram()
+                elif target is _RUNNING:
+                    continue  # 最常见的中间一步：只有计数与仪表
+                else:
+                    buckets = None
+                    outcome = _ATTEMPT_OUTCOME.get(target)
+                    if outcome is not None:
+                        started = state[_STARTED_AT]
+                        if started is not None:
+                            state[_STARTED_AT] = None
+                            self._observe(self._durations, (name, outcome), at, started)
+                    if target is _STOPPING:
+                        state[_STOPPING_AT] = at
+                        continue
+                    if target not in _TERMINAL:
+                        continue
                     live.pop(task_id, None)  # 终态只计数，不再记账（内存不随历史增长）
                     if target is _LOST:
                         self._lost += 1
+                    since = state[_STOPPING_AT]
+                    if since is None:
+                        continue
+                    buckets = self._stop_latency
+                # 直方图的一次观测（排队等待 / 停止时延；尝试时长见 _observe）：落桶计数加一、和加上秒数。
+                seconds = (at - since).total_seconds()
+                if seconds < 0.0:
+                    seconds = 0.0
+                buckets[bisect_left(DURATION_BUCKETS, seconds)] += 1
+                buckets[_SUM] += seconds
 
-    def _observe(self, table: dict[Any, list[float]] | None, key: Any, at: datetime, since: datetime) -> None:
-        """直方图的一次观测（调用方持有锁）：落桶计数加一、和加上秒数。``table`` 为 None 是 stop_latency。"""
+    def _store_error(self, event: StoreErrorEvent) -> None:
+        # "touch×12" 是批量写：标签只留操作名，不让批大小变成新的时间序列。
+        operation = event.operation.split("×", 1)[0]
+        n = self._store_errors.get(operation)
+        if n is None:
+            self._store_errors_created[operation] = time.time()
+            n = 0
+        self._store_errors[operation] = n + 1
+
+    def _observe(self, table: dict[Any, list[float]], key: Any, at: datetime, since: datetime) -> None:
+        """尝试时长的一次观测（调用方持有锁）：落桶计数加一、和加上秒数。"""
         seconds = (at - since).total_seconds()
         if seconds < 0.0:
             seconds = 0.0
-        if table is None:
-            counts = self._stop_latency
-        else:
-            counts = table.get(key)  # type: ignore[assignment]
-            if counts is None:
-                counts = table[key] = _new_histogram()
+        counts = table.get(key)
+        if counts is None:
+            counts = table[key] = _new_histogram()
         counts[bisect_left(DURATION_BUCKETS, seconds)] += 1
         counts[_SUM] += seconds
 

@@ -97,12 +97,19 @@ class LogSink:
         with self._flush_lock:
             while True:
                 with self._lock:
-                    if not self._pending:
+                    pending = self._pending
+                    count = len(pending)
+                    if not count:
                         return
-                    count = min(len(self._pending), MAX_BATCH_LINES)
-                    batch = [self._pending.popleft() for _ in range(count)]
+                    if count <= MAX_BATCH_LINES:
+                        batch = list(pending)  # 常见情形（每次尝试结束时的那一两行）：整个取走
+                        pending.clear()
+                    else:
+                        count = MAX_BATCH_LINES
+                        batch = [pending.popleft() for _ in range(count)]
+                writer = self.writer
                 try:
-                    self._store.append_logs([_line(item, self.writer) for item in batch])
+                    self._store.append_logs([_line(item, writer) for item in batch])
                 except ConfigurationError as exc:
                     # 参数错误重试也不会好（_line 已把存不下的字符转义，到这里说明是后端自己的限制）：
                     # 丢掉这批并计数，绝不让一行坏日志堵住后面所有的行。
