@@ -46,8 +46,8 @@ MAX_PENDING_EVENTS = 100_000
 
 BATCH_ENTRY = "on_event_batch"
 """可选的批量入口：监听器的**类**上定义了这个方法时，交付线程一次把整批事件（按入队顺序的序列）交给
-``listener.on_event_batch(events)``，而不是逐个 ``listener(event)``。内置的 Prometheus 指标用它把同一批里
-同一组标签的计数合成一次 ``inc(n)``（每次 inc 都要拿一次锁）。只看类、不看实例：``Mock`` 这类对任何属性
+``listener.on_event_batch(events)``，而不是逐个 ``listener(event)``。内置的 Prometheus 指标用它一批只拿
+一次自己的锁（抓取线程读同一份账本）。只看类、不看实例：``Mock`` 这类对任何属性
 都答"有"的对象不会被误认成批量监听器。批量监听器抛异常时同样记一次、摘掉；同一批里它排在逐个事件的
 监听器之前收到事件（每个监听器自己看到的顺序不变）。"""
 
