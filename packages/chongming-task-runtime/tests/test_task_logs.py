@@ -190,3 +190,29 @@ def test_stored_lines_are_what_the_validating_constructor_builds() -> None:
     assert lines[4].message == "a\\x00b"
     assert lines[5].message == "bad \\ud800 surrogate"
     assert lines[6].level == "Level 25"
+
+
+class CountingLogStore(InMemoryTaskStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.append_calls = 0
+
+    def append_logs(self, lines: Any) -> None:
+        self.append_calls += 1
+        super().append_logs(lines)
+
+
+def test_a_task_that_logs_nothing_costs_no_store_call() -> None:
+    # 落终态之前的 flush 只在缓冲里真有行时才写：不写日志的任务（绝大多数）不为日志多一次存储调用。
+    store = CountingLogStore()
+    with Controller(store=store, max_parallel=2, side_channel_interval=0.01) as controller:
+        controller.register("quiet", lambda ctx: 1)
+        controller.register("chatty", chatty)
+        for _ in range(20):
+            controller.submit("quiet")
+        controller.wait_all(timeout=10)
+        time.sleep(0.05)  # 旁路节拍也转过几轮：空缓冲的 flush 同样不调存储
+        assert store.append_calls == 0
+        assert controller.submit("chatty", 2, task_id="t").wait(timeout=10).ok
+    assert store.append_calls >= 1
+    assert [line.message for line in store.read_logs("t")] == ["第 1 行（尝试 1）", "第 2 行（尝试 1）"]
