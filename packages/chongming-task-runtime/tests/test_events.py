@@ -269,3 +269,37 @@ def test_a_raising_batch_listener_is_logged_once_removed_and_others_still_get_ev
     assert len(broken.batches) == 1
     assert len([r for r in caplog.records if "已被移除" in r.getMessage()]) == 1
     assert recorder.transitions("t2")[-1].to_status is S.SUCCEEDED
+
+
+def test_bursts_from_many_threads_are_all_delivered_and_flush_never_hangs() -> None:
+    # 入队不拿锁，只在交付线程睡着时叫醒它：一阵一阵地从几个线程提交（每阵之间交付线程都会睡下），
+    # 每阵之后 flush 必须很快返回 True、且每个任务的每次迁移都已送到——漏一次叫醒，flush 就会等到超时。
+    recorder = Recorder()
+    with Controller(max_parallel=4, listeners=[recorder]) as controller:
+        controller.register("counting", counting)
+        runs: list[Any] = []
+        runs_lock = threading.Lock()
+
+        def burst(n: int) -> None:
+            mine = [controller.submit("counting", 0) for _ in range(n)]
+            with runs_lock:
+                runs.extend(mine)
+
+        for size in (1, 3, 17, 1, 40, 2):
+            threads = [threading.Thread(target=burst, args=(size,)) for _ in range(3)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            for run in runs:
+                assert run.wait(timeout=10).ok
+            assert controller.flush_events(timeout=5)
+            for run in runs:
+                assert [(e.from_status, e.to_status) for e in recorder.transitions(run.task_id)] == [
+                    (S.PENDING, S.QUEUED),
+                    (S.QUEUED, S.STARTING),
+                    (S.STARTING, S.RUNNING),
+                    (S.RUNNING, S.SUCCEEDED),
+                ]
+            time.sleep(0.02)  # 让交付线程睡下：下一阵的第一条事件必须把它叫醒
+    assert len(recorder.events) == 4 * len(runs) == 4 * 3 * 64

@@ -163,3 +163,46 @@ def test_one_registry_per_controller() -> None:
             instrument(b, registry=registry)
         with pytest.raises(ConfigurationError, match="Controller"):
             instrument("not a controller", registry=CollectorRegistry())  # type: ignore[arg-type]
+
+
+def test_paused_tasks_hold_a_slot_only_when_paused_in_place() -> None:
+    # 排队中被暂停的任务从未占槽；在跑的任务就地暂停仍占着槽（与控制器的记账同一条规则）。
+    registry = CollectorRegistry()
+    gate = threading.Event()
+
+    def gated(ctx: Any) -> None:
+        while not gate.wait(0.002):
+            ctx.checkpoint()
+
+    def settle(predicate: Any) -> None:
+        for _ in range(500):
+            controller.flush_events(timeout=5)
+            if predicate():
+                return
+            threading.Event().wait(0.01)
+        raise AssertionError("指标在超时内没有到位")
+
+    with Controller(max_parallel=1, concurrency=ConcurrencyPolicy(limits={"db": 2})) as controller:
+        instrument(controller, registry=registry)
+        controller.register("gated", gated, tags={"db"})
+        running = controller.submit("gated")
+        queued = controller.submit("gated")
+        settle(lambda: value(registry, "chongming_task_tasks", status="running") == 1)
+        controller.pause(queued.task_id)
+        settle(lambda: value(registry, "chongming_task_tasks", status="paused") == 1)
+        assert value(registry, "chongming_task_slots", kind="used") == 1
+        assert value(registry, "chongming_task_resource_slots", resource="db", kind="used") == 1
+        controller.pause(running.task_id)
+        settle(lambda: value(registry, "chongming_task_tasks", status="paused") == 2)
+        assert value(registry, "chongming_task_tasks", status="running") == 0
+        assert value(registry, "chongming_task_slots", kind="used") == 1  # 就地暂停的那个仍占着
+        assert value(registry, "chongming_task_resource_slots", resource="db", kind="used") == 1
+        controller.stop(running.task_id)
+        controller.stop(queued.task_id)
+        gate.set()
+        for run in (running, queued):
+            assert run.wait(timeout=10).status is TaskStatus.STOPPED
+        settle(lambda: value(registry, "chongming_task_tasks", status="stopped") == 2)
+        assert value(registry, "chongming_task_slots", kind="used") == 0
+        assert value(registry, "chongming_task_resource_slots", resource="db", kind="used") == 0
+        assert value(registry, "chongming_task_tasks", status="paused") == 0

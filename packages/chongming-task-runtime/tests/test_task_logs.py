@@ -146,3 +146,73 @@ def test_retry_after_a_lost_acknowledgement_writes_every_line_exactly_once() -> 
     assert [line.message for line in lines] == want, "每行恰好一次、按产生的顺序"
     assert [line.seq for line in lines] == list(range(1, 41))
     assert store.log_stats("t").dropped == 0, "重复的行不算丢弃"
+
+
+def varied_lines(ctx: Any) -> None:
+    ctx.log("plain ascii")
+    ctx.log("中文一行")
+    ctx.log("x" * 5000)  # 超过 4 KB：截断并带标记
+    ctx.log("长" * 1400)  # 1,400 字 = 4,200 字节：按字节截断
+    ctx.log("a\x00b")  # NUL 存不下：转义成可见文本
+    ctx.log("bad \ud800 surrogate")  # 孤立代理项编码不成 UTF-8：转义
+    ctx.log("自定义级别", level=25)  # 级别名 "Level 25"
+
+
+def test_stored_lines_are_what_the_validating_constructor_builds() -> None:
+    # 日志缓冲对常见的行跳过 LogLine 的逐字段校验（快路径）：存下的每一行都必须与走构造函数校验、截断的
+    # 那一行完全相同，长行、NUL、代理项、自定义级别都走到各自该走的那条路。
+    from chongming_task.storage import LOG_TRUNCATED_MARKER, MAX_LOG_MESSAGE_BYTES, LogLine
+
+    store = InMemoryTaskStore()
+    with Controller(store=store) as controller:
+        controller.register("varied", varied_lines)
+        handle = controller.submit("varied", task_id="t")
+        assert handle.wait(timeout=10).ok
+        entries = handle.logs
+    lines = store.read_logs("t")
+    assert len(lines) == len(entries) == 7
+    for line, entry in zip(lines, entries, strict=True):
+        message = entry.message.replace("\x00", "\\x00")
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+        expected = LogLine(
+            task_id="t", attempt=entry.attempt, at=entry.at, level=entry.level_name[:16], message=message
+        )
+        assert (line.message, line.truncated, line.level, line.at, line.attempt) == (
+            expected.message,
+            expected.truncated,
+            expected.level,
+            expected.at,
+            expected.attempt,
+        )
+    assert [line.truncated for line in lines] == [False, False, True, True, False, False, False]
+    assert lines[2].message.endswith(LOG_TRUNCATED_MARKER)
+    assert all(len(line.message.encode("utf-8")) <= MAX_LOG_MESSAGE_BYTES for line in lines)
+    assert lines[4].message == "a\\x00b"
+    assert lines[5].message == "bad \\ud800 surrogate"
+    assert lines[6].level == "Level 25"
+
+
+class CountingLogStore(InMemoryTaskStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.append_calls = 0
+
+    def append_logs(self, lines: Any) -> None:
+        self.append_calls += 1
+        super().append_logs(lines)
+
+
+def test_a_task_that_logs_nothing_costs_no_store_call() -> None:
+    # 落终态之前的 flush 只在缓冲里真有行时才写：不写日志的任务（绝大多数）不为日志多一次存储调用。
+    store = CountingLogStore()
+    with Controller(store=store, max_parallel=2, side_channel_interval=0.01) as controller:
+        controller.register("quiet", lambda ctx: 1)
+        controller.register("chatty", chatty)
+        for _ in range(20):
+            controller.submit("quiet")
+        controller.wait_all(timeout=10)
+        time.sleep(0.05)  # 旁路节拍也转过几轮：空缓冲的 flush 同样不调存储
+        assert store.append_calls == 0
+        assert controller.submit("chatty", 2, task_id="t").wait(timeout=10).ok
+    assert store.append_calls >= 1
+    assert [line.message for line in store.read_logs("t")] == ["第 1 行（尝试 1）", "第 2 行（尝试 1）"]

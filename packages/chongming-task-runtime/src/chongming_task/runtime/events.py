@@ -46,8 +46,8 @@ MAX_PENDING_EVENTS = 100_000
 
 BATCH_ENTRY = "on_event_batch"
 """可选的批量入口：监听器的**类**上定义了这个方法时，交付线程一次把整批事件（按入队顺序的序列）交给
-``listener.on_event_batch(events)``，而不是逐个 ``listener(event)``。内置的 Prometheus 指标用它把同一批里
-同一组标签的计数合成一次 ``inc(n)``（每次 inc 都要拿一次锁）。只看类、不看实例：``Mock`` 这类对任何属性
+``listener.on_event_batch(events)``，而不是逐个 ``listener(event)``。内置的 Prometheus 指标用它一批只拿
+一次自己的锁（抓取线程读同一份账本）。只看类、不看实例：``Mock`` 这类对任何属性
 都答"有"的对象不会被误认成批量监听器。批量监听器抛异常时同样记一次、摘掉；同一批里它排在逐个事件的
 监听器之前收到事件（每个监听器自己看到的顺序不变）。"""
 
@@ -148,7 +148,7 @@ class EventHub:
         self._name = name
         self.listeners: tuple[Listener, ...] = ()
         self.dropped = 0
-        self._queue: collections.deque[Event] = collections.deque()
+        self._queue: collections.deque[Event] = collections.deque()  # 只 append / popleft，从不换掉
         self._cond = threading.Condition(threading.Lock())
         self._busy = False  # 交付线程手里正拿着一批事件（flush 要等它送完）
         self._waiting = False  # 交付线程正睡在 _cond 上：只有这时入队才需要叫醒它
@@ -188,21 +188,33 @@ class EventHub:
             return True
 
     def emit(self, event: Event) -> None:
-        """入队（可在任何锁内调用：只拿本对象的叶子锁，做常数时间的事）。"""
-        with self._cond:
-            if self._closed:
-                return
-            if len(self._queue) + self._in_flight >= MAX_PENDING_EVENTS:
-                self.dropped += 1
-                warn = not self._warned_drop
-                self._warned_drop = True
-            else:
-                self._queue.append(event)
-                if self._waiting:  # 交付线程醒着时它自己会把队列取空：不为每个事件都做一次线程交接
+        """入队（可在任何锁内调用：常数时间，通常不拿任何锁）。
+
+        热路径（每次迁移一次，在任务的锁内）只是一次 ``deque.append``（本身线程安全）加一次标志读：只有交付
+        线程睡着（``_waiting``）时才拿条件变量的锁叫醒它。不会漏叫醒：交付线程先置 ``_waiting`` 再查队列、
+        入队方先 append 再读 ``_waiting``——两边各自"先写后读"，所以要么交付线程查队列时已经看到这条，要么
+        入队方读标志时已经看到它在等（解释器按字节码顺序执行，两步不会被重排）。积压上限也是不拿锁地读：
+        并发入队时最多多收几条，上限本来就是防内存无限增长的保护，不是精确的配额。
+        """
+        queue = self._queue
+        if self._closed:
+            return
+        if len(queue) + self._in_flight >= MAX_PENDING_EVENTS:
+            self._drop_new()
+            return
+        queue.append(event)
+        if self._waiting:  # 交付线程醒着时它自己会把队列取空：不为每个事件都做一次线程交接
+            with self._cond:
+                if self._waiting:
                     self._waiting = False
                     # notify_all：同一个条件变量上可能还睡着 flush()，只叫醒一个的话可能叫错人。
                     self._cond.notify_all()
-                return
+
+    def _drop_new(self) -> None:
+        with self._cond:
+            self.dropped += 1
+            warn = not self._warned_drop
+            self._warned_drop = True
         if warn:
             logger.warning(
                 "事件监听器跟不上：积压已达 %d 条，新事件被丢弃（计数见 dropped）；请让监听器更快返回",
@@ -214,7 +226,7 @@ class EventHub:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while self._queue or self._busy:
-                if self._thread is None:
+                if self._thread is None or self._closed:
                     return True
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -240,8 +252,11 @@ class EventHub:
                 self._busy = False
                 self._in_flight = 0
                 cond.notify_all()  # 叫醒 flush()
-                while not self._queue and not self._closed:
+                while True:
+                    # 先置标志、再查队列（与 emit 的"先 append、再读标志"配对，见 emit）。
                     self._waiting = True
+                    if self._queue or self._closed:
+                        break
                     cond.wait()
                 self._waiting = False
                 if self._closed:
@@ -253,12 +268,10 @@ class EventHub:
                     if self._closed:
                         return
                 # 一次取走积压的事件（按入队顺序，至多一批）：一次唤醒送一批，而不是每个事件一次线程交接。
+                # 逐个 popleft 而不是把整个 deque 换掉：入队方不拿锁，可能正拿着旧 deque 的引用往里 append。
                 queue = self._queue
-                batch: collections.deque[Event] | list[Event]
-                if len(queue) <= DELIVERY_BATCH:
-                    batch, self._queue = queue, collections.deque()
-                else:
-                    batch = [queue.popleft() for _ in range(DELIVERY_BATCH)]
+                popleft = queue.popleft
+                batch = [popleft() for _ in range(min(len(queue), DELIVERY_BATCH))]
                 self._in_flight = len(batch)  # 仍算在积压上限里，直到这批送完
                 self._busy = True
             self._deliver(batch)

@@ -6,6 +6,13 @@
 命名遵守 Prometheus 的规矩：基本单位（秒），``_total`` 只给计数器，标签里没有 task_id（任务成千上万，
 每个 id 一条时间序列会撑爆 Prometheus）——``task`` 标签是任务**名**（登记过的有限集合）。
 
+记账与导出分开（issue 18 的开销目标）：交付线程里只做普通的 dict / list 算术（每组标签一个整数、每个
+直方图一组桶计数加一个和），一批事件拿一次锁；抓取时由一个自定义 collector（``registry.register``）
+把账本拷出来、拼成与 prometheus-client 自带的 Counter / Gauge / Histogram 完全相同的样本（名字、类型、
+标签、桶边界、``_created``）。为什么不直接用它们：每次 ``inc`` / ``observe`` 都要拿一把锁、直方图还要在
+Python 里逐个桶比较，每个任务四次迁移下来十几微秒，是整个可观测性开销里最大的一块；而指标每几秒才被
+抓一次。
+
 依赖 ``prometheus-client``（可选 extra ``chongming-task-runtime[metrics]``）；没装时 ``instrument()``
 说清楚该 ``pip install`` 什么，而 ``import chongming_task.metrics`` 本身不需要它。
 """
@@ -13,12 +20,14 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Sequence
+import threading
+import time
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
 from chongming_task.errors import ConfigurationError
-from chongming_task.models import Transition
 from chongming_task.runtime.controller import Controller
 from chongming_task.runtime.events import Event, StoreErrorEvent, TransitionEvent
 from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
@@ -46,6 +55,23 @@ METRIC_NAMES = (
 )
 """``instrument()`` 注册的全部指标名（与用户指南 §15.2 的表一致）。"""
 
+# 每个指标：(名字——计数器不带 _total，与 prometheus-client 的 Counter 一样, 类型, 说明)；顺序即导出顺序。
+_FAMILIES = (
+    ("chongming_task_transitions", "counter", "任务状态迁移次数（本节点）"),
+    ("chongming_task_tasks", "gauge", "本节点各状态的任务数（终态为 instrument 以来在本节点落地的个数）"),
+    ("chongming_task_attempt_duration_seconds", "histogram", "一次尝试从 starting 到结束的秒数（含暂停）"),
+    ("chongming_task_queue_wait_seconds", "histogram", "从进入 queued 到拿到执行槽（starting）的秒数"),
+    ("chongming_task_stop_latency_seconds", "histogram", "从 stopping 到落终态的秒数"),
+    ("chongming_task_slots", "gauge", "本节点的执行槽：used 占用、limit 上限"),
+    (
+        "chongming_task_resource_slots",
+        "gauge",
+        "具名资源（ConcurrencyPolicy.limits）的名额：used 占用、limit 上限",
+    ),
+    ("chongming_task_lost", "counter", "本节点观察到的 lost 次数"),
+    ("chongming_task_store_errors", "counter", "写存储失败次数（任务照常运行）"),
+)
+
 # 一次尝试在这些迁移上结束；值是 attempt_duration_seconds 的 outcome 标签。
 _ATTEMPT_OUTCOME = {
     S.SUCCEEDED: "succeeded",
@@ -56,12 +82,28 @@ _ATTEMPT_OUTCOME = {
     S.LOST: "lost",
 }
 
-
-_NO_TAGS: frozenset[str] = frozenset()
-
 # 热路径上用的成员：3.11 里 ``TaskStatus.X`` 每读一次都要走一遍枚举类的属性查找，模块常量只是一次全局读。
-_QUEUED, _STARTING, _STOPPING, _LOST = S.QUEUED, S.STARTING, S.STOPPING, S.LOST
+_QUEUED, _STARTING, _RUNNING, _STOPPING, _PAUSED, _LOST = (
+    S.QUEUED,
+    S.STARTING,
+    S.RUNNING,
+    S.STOPPING,
+    S.PAUSED,
+    S.LOST,
+)
 _TERMINAL = frozenset(status for status in S if status.is_terminal)
+_HOLDING = frozenset(SLOT_HOLDING_STATUSES)
+_NEVER_STARTED = frozenset({S.QUEUED, S.RETRY_WAIT})  # 从这里暂停的任务从未占槽（与控制器的记账同一条规则）
+
+# 直方图的账（每组标签一个 list）：前 len(DURATION_BUCKETS) + 1 个是各桶（最后一个是 +Inf）的**非累计**
+# 计数，接着是和，最后是首次观测的时刻（``_created``）。``bisect_left`` 给出第一个 ≥ 值的边界，即
+# prometheus-client 的 "value <= bound" 落桶规则。
+_SUM = len(DURATION_BUCKETS) + 1
+_CREATED = _SUM + 1
+
+# 每个在管任务的记账（一个小 list，一次 dict 查找拿到全部）：槽位的下标。``_UNHELD``：最近一次迁移是从
+# queued / retry_wait 直接暂停（这种 paused 不占槽）；``_TAGS``：快照的标签（算具名资源的占用）。
+_STATUS, _UNHELD, _TAGS, _QUEUED_AT, _STARTED_AT, _STOPPING_AT = range(6)
 
 
 def _prometheus() -> Any:
@@ -71,231 +113,250 @@ def _prometheus() -> Any:
         raise ConfigurationError(INSTALL_HINT) from None
 
 
-def _holds_slot(record: Transition) -> bool:
-    # 与控制器的记账同一条规则：排队中/重试等待中被暂停的任务从未占槽。
-    target = record.to_status
-    return target in SLOT_HOLDING_STATUSES and not (
-        target is S.PAUSED and record.from_status in (S.QUEUED, S.RETRY_WAIT)
-    )
+def _new_histogram() -> list[float]:
+    counts = [0.0] * (_CREATED + 1)
+    counts[_CREATED] = time.time()
+    return counts
 
 
 class ControllerMetrics:
-    """一个控制器的指标。它自己就是控制器的监听器（只在交付线程里被调用，所以账本不需要锁）。"""
+    """一个控制器的指标。它自己既是控制器的监听器（交付线程里记账），也是 registry 里的 collector
+    （抓取线程里导出）；两边共用一把锁：交付线程一批事件拿一次，抓取拿一次拷出账本。"""
 
     def __init__(self, controller: Controller, registry: Any) -> None:
         prom = _prometheus()
         self.controller = controller
         self.registry = registry
         self._closed = False
-        self._registered: list[Any] = []
-        kw: dict[str, Any] = {"registry": registry}
-        try:
-            self._create(prom, kw)
-        except ValueError:
-            for collector in self._registered:  # 半途撞名：已注册的那几个也撤掉，registry 保持原样
-                registry.unregister(collector)
-            raise
-        self._init_values(controller)
-        controller.add_listener(self)
-
-    def _metric(self, factory: Any, *args: Any, **kwargs: Any) -> Any:
-        metric = factory(*args, **kwargs)
-        self._registered.append(metric)
-        return metric
-
-    def _create(self, prom: Any, kw: dict[str, Any]) -> None:
-        self.transitions = self._metric(
-            prom.Counter,
-            "chongming_task_transitions",
-            "任务状态迁移次数（本节点）",
-            ["task", "from_status", "to_status"],
-            **kw,
-        )
-        self.tasks = self._metric(
-            prom.Gauge,
-            "chongming_task_tasks",
-            "本节点各状态的任务数（终态为 instrument 以来在本节点落地的个数）",
-            ["status"],
-            **kw,
-        )
-        self.attempt_duration = self._metric(
-            prom.Histogram,
-            "chongming_task_attempt_duration_seconds",
-            "一次尝试从 starting 到结束的秒数（含暂停）",
-            ["task", "outcome"],
-            buckets=DURATION_BUCKETS,
-            **kw,
-        )
-        self.queue_wait = self._metric(
-            prom.Histogram,
-            "chongming_task_queue_wait_seconds",
-            "从进入 queued 到拿到执行槽（starting）的秒数",
-            ["task"],
-            buckets=DURATION_BUCKETS,
-            **kw,
-        )
-        self.stop_latency = self._metric(
-            prom.Histogram,
-            "chongming_task_stop_latency_seconds",
-            "从 stopping 到落终态的秒数",
-            buckets=DURATION_BUCKETS,
-            **kw,
-        )
-        self.slots = self._metric(
-            prom.Gauge, "chongming_task_slots", "本节点的执行槽：used 占用、limit 上限", ["kind"], **kw
-        )
-        self.resource_slots = self._metric(
-            prom.Gauge,
-            "chongming_task_resource_slots",
-            "具名资源（ConcurrencyPolicy.limits）的名额：used 占用、limit 上限",
-            ["resource", "kind"],
-            **kw,
-        )
-        self.lost = self._metric(prom.Counter, "chongming_task_lost", "本节点观察到的 lost 次数", **kw)
-        self.store_errors = self._metric(
-            prom.Counter, "chongming_task_store_errors", "写存储失败次数（任务照常运行）", ["operation"], **kw
-        )
-
-    def _init_values(self, controller: Controller) -> None:
-        # 三个"此刻有多少"的仪表（各状态任务数、占用的槽位、具名资源的占用）在交付线程里只记普通整数，
-        # 抓取时才由 set_function 读出：每次迁移省下几次带锁的 inc/dec（读一个 int 在别的线程里也是安全的）。
-        self._counts: dict[TaskStatus, int] = dict.fromkeys(S, 0)
-        for status in S:
-            self.tasks.labels(status=status.value).set_function(self._counter_of(self._counts, status))
-        self._used: dict[str, int] = {"": 0}  # "" = 全局执行槽，其余键是具名资源
-        self.slots.labels(kind="used").set_function(self._counter_of(self._used, ""))
-        if controller.max_parallel is not None:
-            self.slots.labels(kind="limit").set(controller.max_parallel)
+        self._lock = threading.Lock()
+        self._metric_type = prom.Metric
+        self._metrics_module = importlib.import_module("prometheus_client.metrics")
+        go_string = importlib.import_module("prometheus_client.utils").floatToGoString
+        self._le = tuple(go_string(bound) for bound in (*DURATION_BUCKETS, float("inf")))
+        now = time.time()
+        # 计数器 / 直方图：标签组合 → 值（插入顺序即首次出现的顺序，也是导出顺序，与 prometheus-client 的
+        # 子项表一致）；``_created`` 记首次出现的时刻（prometheus-client 在 labels() 建子项时记）。
+        self._transitions: dict[tuple[str, TaskStatus, TaskStatus], int] = {}
+        self._durations: dict[tuple[str, str], list[float]] = {}
+        self._waits: dict[str, list[float]] = {}
+        self._stop_latency = _new_histogram()
+        self._store_errors: dict[str, int] = {}
+        self._transitions_created: dict[tuple[str, TaskStatus, TaskStatus], float] = {}
+        self._store_errors_created: dict[str, float] = {}
+        self._lost = 0
+        self._lost_created = now
+        # 仪表。落地的（终态）个数在这里累计；在管任务各状态的个数与占用的槽位不逐个事件加减，而是
+        # 抓取时数一遍 ``_live``（每个任务的状态就在那里）：交付线程每次迁移省下几次 dict 加减，
+        # 抓取多花 O(在管任务数)（10 万个在管任务约几十毫秒，抓取本来就是每十几秒一次）。
+        self._landed: dict[TaskStatus, int] = dict.fromkeys(_TERMINAL, 0)
+        self._max_parallel = controller.max_parallel
         self._limits: dict[str, int] = dict(controller.concurrency.limits)
-        for resource, limit in self._limits.items():
-            self._used[resource] = 0
-            self.resource_slots.labels(resource=resource, kind="limit").set(limit)
-            self.resource_slots.labels(resource=resource, kind="used").set_function(
-                self._counter_of(self._used, resource)
-            )
-        # 预先绑定的标签子项：``labels(...)`` 每次都要拼键、拿锁、查表，热路径上按键缓存一次就够
-        # （标签值是有限集合：任务名 × 状态）。只在交付线程里读写，不需要锁。
-        self._transition_children: dict[tuple[str, TaskStatus, TaskStatus], Any] = {}
-        self._queue_wait_children: dict[str, Any] = {}
-        self._duration_children: dict[tuple[str, str], Any] = {}
-        self._status: dict[str, TaskStatus] = {}
-        self._holding: dict[str, frozenset[str]] = {}
-        self._queued_at: dict[str, datetime] = {}
-        self._started_at: dict[str, datetime] = {}
-        self._stopping_at: dict[str, datetime] = {}
+        # task_id → [status, unheld, tags, queued_at, started_at, stopping_at]（下标见上）；终态即删。
+        self._live: dict[str, list[Any]] = {}
+        registry.register(self)  # 撞名时抛 ValueError（DuplicateTimeseries），什么都没登记
+        controller.add_listener(self)
 
     def __call__(self, event: Event) -> None:
         self.on_event_batch((event,))
 
     def on_event_batch(self, events: Sequence[Event]) -> None:
-        """事件钩子的批量入口（``events.BATCH_ENTRY``）：交付线程一次交来整批。
+        """事件钩子的批量入口（``events.BATCH_ENTRY``）：交付线程一次交来整批，这里一批拿一次锁记账。
 
-        同一批里迁移计数器按标签组合先在普通 dict 里累加，批末每组只 ``inc(n)`` 一次（prometheus-client
-        的每次 inc 都拿一次锁）；直方图的观测值仍逐个 observe（每个值落在哪个桶各不相同）。抓取看到的值
-        因此最多晚一批——交付线程本来就是批量送的，语义不变。
-        """
-        pending: dict[tuple[str, TaskStatus, TaskStatus], int] = {}
-        lost = 0
-        try:
+        热路径（每个任务至少四条迁移）：只有 dict / list 算术，没有函数调用（除了落桶的 ``bisect``）。"""
+        transitions, live, waits = self._transitions, self._live, self._waits
+        with self._lock:
             for event in events:
-                if isinstance(event, TransitionEvent):
-                    record = event.record
-                    key = (event.snapshot.name, record.from_status, record.to_status)
-                    pending[key] = pending.get(key, 0) + 1
-                    if self._on_transition(record, key[0], event.snapshot.tags):
-                        lost += 1
-                elif isinstance(event, StoreErrorEvent):
-                    # "touch×12" 是批量写：标签只留操作名，不让批大小变成新的时间序列。
-                    self.store_errors.labels(operation=event.operation.split("×", 1)[0]).inc()
-        finally:  # 途中出错（监听器随即被摘掉）也把已经算过的计数交出去
-            for key, n in pending.items():
-                self._transition_child(key).inc(n)
-            if lost:
-                self.lost.inc(lost)
+                if event.__class__ is not TransitionEvent and not isinstance(event, TransitionEvent):
+                    if isinstance(event, StoreErrorEvent):
+                        self._store_error(event)
+                    continue
+                # 直接读迁移记录的字段（事件上的同名属性是描述符，每读一次多一层 Python 调用）。
+                record = event.record
+                task_id, source, target = record.task_id, record.from_status, record.to_status
+                name = event.snapshot.name
+                key = (name, source, target)
+                n = transitions.get(key)
+                if n is None:
+                    self._transitions_created[key] = time.time()
+                    n = 0
+                transitions[key] = n + 1
+                state = live.get(task_id)
+                if state is None:
+                    # instrument 之后才第一次见到的任务（它之前的状态不在账上）。
+                    state = [target, False, event.snapshot.tags, None, None, None]
+                    if target not in _TERMINAL:
+                        live[task_id] = state
+                else:
+                    state[_STATUS] = target
+                if target is _PAUSED:
+                    # 与控制器的记账同一条规则：排队中 / 重试等待中被暂停的任务从未占槽。
+                    state[_UNHELD] = source in _NEVER_STARTED
+                if target is _QUEUED:
+                    state[_QUEUED_AT] = record.at
+                    continue
+                at = record.at
+                if target is _STARTING:
+                    since = state[_QUEUED_AT]
+                    state[_STARTED_AT] = at
+                    if since is None:
+                        continue
+                    state[_QUEUED_AT] = None
+                    buckets = waits.get(name)
+                    if buckets is None:
+                        buckets = waits[name] = _new_histogram()
+                elif target is _RUNNING:
+                    continue  # 最常见的中间一步：只有计数与仪表
+                else:
+                    buckets = None
+                    outcome = _ATTEMPT_OUTCOME.get(target)
+                    if outcome is not None:
+                        started = state[_STARTED_AT]
+                        if started is not None:
+                            state[_STARTED_AT] = None
+                            self._observe(self._durations, (name, outcome), at, started)
+                    if target is _STOPPING:
+                        state[_STOPPING_AT] = at
+                        continue
+                    if target not in _TERMINAL:
+                        continue
+                    live.pop(task_id, None)  # 终态只计数，不再记账（内存不随历史增长）
+                    self._landed[target] += 1
+                    if target is _LOST:
+                        self._lost += 1
+                    since = state[_STOPPING_AT]
+                    if since is None:
+                        continue
+                    buckets = self._stop_latency
+                # 直方图的一次观测（排队等待 / 停止时延；尝试时长见 _observe）：落桶计数加一、和加上秒数。
+                seconds = (at - since).total_seconds()
+                if seconds < 0.0:
+                    seconds = 0.0
+                buckets[bisect_left(DURATION_BUCKETS, seconds)] += 1
+                buckets[_SUM] += seconds
 
-    def _transition_child(self, key: tuple[str, TaskStatus, TaskStatus]) -> Any:
-        child = self._transition_children.get(key)
-        if child is None:
-            name, source, target = key
-            child = self.transitions.labels(task=name, from_status=source.value, to_status=target.value)
-            self._transition_children[key] = child
-        return child
+    def _store_error(self, event: StoreErrorEvent) -> None:
+        # "touch×12" 是批量写：标签只留操作名，不让批大小变成新的时间序列。
+        operation = event.operation.split("×", 1)[0]
+        n = self._store_errors.get(operation)
+        if n is None:
+            self._store_errors_created[operation] = time.time()
+            n = 0
+        self._store_errors[operation] = n + 1
 
-    def _queue_wait_child(self, name: str) -> Any:
-        child = self._queue_wait_children.get(name)
-        if child is None:
-            child = self._queue_wait_children[name] = self.queue_wait.labels(task=name)
-        return child
+    def _observe(self, table: dict[Any, list[float]], key: Any, at: datetime, since: datetime) -> None:
+        """尝试时长的一次观测（调用方持有锁）：落桶计数加一、和加上秒数。"""
+        seconds = (at - since).total_seconds()
+        if seconds < 0.0:
+            seconds = 0.0
+        counts = table.get(key)
+        if counts is None:
+            counts = table[key] = _new_histogram()
+        counts[bisect_left(DURATION_BUCKETS, seconds)] += 1
+        counts[_SUM] += seconds
 
-    def _duration_child(self, name: str, outcome: str) -> Any:
-        key = (name, outcome)
-        child = self._duration_children.get(key)
-        if child is None:
-            child = self._duration_children[key] = self.attempt_duration.labels(task=name, outcome=outcome)
-        return child
+    # -- collector（registry 在抓取时调用）-------------------------------------------------------------
 
-    def _on_transition(self, record: Transition, name: str, tags: Iterable[str]) -> bool:
-        """记一次迁移的仪表与直方图（计数器由调用方按批合并）；返回这次是不是落 lost。"""
-        # 直接读迁移记录的字段（事件上的同名属性是描述符，每读一次多一层 Python 调用；每个任务四条事件）。
-        task_id, target, at = record.task_id, record.to_status, record.at
-        status = self._status
-        previous = status.get(task_id)
-        counts = self._counts
-        if previous is not None:
-            counts[previous] -= 1
-        counts[target] += 1
-        terminal = target in _TERMINAL
-        if terminal:
-            status.pop(task_id, None)  # 终态只计数，不再记账（内存不随历史增长）
-        else:
-            status[task_id] = target
-        self._account_slots(task_id, record, tags)
-        if target is _QUEUED:
-            self._queued_at[task_id] = at
-            return False
-        if target is _STARTING:
-            queued = self._queued_at.pop(task_id, None)
-            if queued is not None:
-                self._queue_wait_child(name).observe(max(0.0, (at - queued).total_seconds()))
-            self._started_at[task_id] = at
-            return False
-        outcome = _ATTEMPT_OUTCOME.get(target)
-        if outcome is not None:
-            started = self._started_at.pop(task_id, None)
-            if started is not None:
-                seconds = max(0.0, (at - started).total_seconds())
-                self._duration_child(name, outcome).observe(seconds)
-        if target is _STOPPING:
-            self._stopping_at[task_id] = at
-        elif terminal:
-            stopping = self._stopping_at.pop(task_id, None)
-            if stopping is not None:
-                self.stop_latency.observe(max(0.0, (at - stopping).total_seconds()))
-            self._queued_at.pop(task_id, None)
-            self._started_at.pop(task_id, None)
-        return target is _LOST
+    def describe(self) -> Iterator[Any]:
+        """registry 据此检查重名：没有样本的空指标族，类型决定它占用哪些 ``_total`` / ``_bucket`` 等名字。"""
+        for name, kind, doc in _FAMILIES:
+            yield self._metric_type(name, doc, kind)
 
-    def _account_slots(self, task_id: str, record: Transition, tags: Iterable[str]) -> None:
-        held = self._holding.get(task_id)
-        if _holds_slot(record):
-            if held is None:
-                limits = self._limits
-                mine = frozenset(tag for tag in tags if tag in limits) if limits else _NO_TAGS
-                self._holding[task_id] = mine
-                used = self._used
-                used[""] += 1
-                for tag in mine:
-                    used[tag] += 1
-        elif held is not None:
-            del self._holding[task_id]
-            used = self._used
-            used[""] -= 1
-            for tag in held:
-                used[tag] -= 1
+    def collect(self) -> Iterator[Any]:
+        """把账本拷出来（锁内只做浅拷贝），拼成与 prometheus-client 自带指标逐字相同的样本。"""
+        with self._lock:
+            transitions = list(self._transitions.items())
+            durations = [(key, list(value)) for key, value in self._durations.items()]
+            waits = [(key, list(value)) for key, value in self._waits.items()]
+            stop_latency = list(self._stop_latency)
+            store_errors = [
+                (key, value, self._store_errors_created[key]) for key, value in self._store_errors.items()
+            ]
+            transitions_created = dict(self._transitions_created)
+            counts = dict.fromkeys(S, 0)
+            counts.update(self._landed)
+            used = dict.fromkeys(self._limits, 0)
+            used[""] = 0
+            limits = self._limits
+            for state in self._live.values():
+                status = state[_STATUS]
+                counts[status] += 1
+                if status in _HOLDING and not (status is _PAUSED and state[_UNHELD]):
+                    used[""] += 1
+                    if limits:
+                        for tag in state[_TAGS]:
+                            if tag in limits:
+                                used[tag] += 1
+            lost = self._lost
+        # prometheus-client 的全局开关（disable_created_metrics() / PROMETHEUS_DISABLE_CREATED_SERIES）：
+        # 它自带的指标据此决定导不导出 _created，这里跟着它，导出的样本才与原来一样。
+        use_created = bool(getattr(self._metrics_module, "_use_created", True))
+        family = iter(_FAMILIES)
+
+        def new() -> Any:
+            name, kind, doc = next(family)
+            return self._metric_type(name, doc, kind)
+
+        metric = new()
+        for (task, source, target), value in transitions:
+            labels = {"task": task, "from_status": source.value, "to_status": target.value}
+            self._counter_sample(
+                metric, labels, value, transitions_created[(task, source, target)], use_created
+            )
+        yield metric
+        metric = new()
+        for status, value in counts.items():
+            metric.add_sample(metric.name, {"status": status.value}, float(value))
+        yield metric
+        metric = new()
+        for (task, outcome), buckets in durations:
+            self._histogram_samples(metric, {"task": task, "outcome": outcome}, buckets, use_created)
+        yield metric
+        metric = new()
+        for task, buckets in waits:
+            self._histogram_samples(metric, {"task": task}, buckets, use_created)
+        yield metric
+        metric = new()
+        self._histogram_samples(metric, {}, stop_latency, use_created)
+        yield metric
+        metric = new()
+        metric.add_sample(metric.name, {"kind": "used"}, float(used[""]))
+        if self._max_parallel is not None:
+            metric.add_sample(metric.name, {"kind": "limit"}, float(self._max_parallel))
+        yield metric
+        metric = new()
+        for resource, limit in self._limits.items():
+            metric.add_sample(metric.name, {"resource": resource, "kind": "limit"}, float(limit))
+            metric.add_sample(metric.name, {"resource": resource, "kind": "used"}, float(used[resource]))
+        yield metric
+        metric = new()
+        self._counter_sample(metric, {}, lost, self._lost_created, use_created)
+        yield metric
+        metric = new()
+        for operation, value, created in store_errors:
+            self._counter_sample(metric, {"operation": operation}, value, created, use_created)
+        yield metric
 
     @staticmethod
-    def _counter_of(counts: dict[Any, int], key: Any) -> Any:
-        return lambda: counts[key]
+    def _counter_sample(
+        metric: Any, labels: dict[str, str], value: int, created: float, use_created: bool
+    ) -> None:
+        metric.add_sample(metric.name + "_total", labels, float(value))
+        if use_created:
+            metric.add_sample(metric.name + "_created", labels, created)
+
+    def _histogram_samples(
+        self, metric: Any, labels: dict[str, str], buckets: list[float], use_created: bool
+    ) -> None:
+        # 与 prometheus-client 的 Histogram 同样的样本与顺序：累计的 _bucket（le 用它的 floatToGoString）、
+        # _count、_sum、_created。
+        total = 0.0
+        for le, count in zip(self._le, buckets, strict=False):
+            total += count
+            metric.add_sample(metric.name + "_bucket", {**labels, "le": le}, total)
+        metric.add_sample(metric.name + "_count", labels, total)
+        metric.add_sample(metric.name + "_sum", labels, float(buckets[_SUM]))
+        if use_created:
+            metric.add_sample(metric.name + "_created", labels, buckets[_CREATED])
 
     def close(self) -> None:
         """摘掉监听器，并从 registry 里注销这些指标（之后可以对同一个 registry 再 instrument）。幂等。"""
@@ -303,8 +364,7 @@ class ControllerMetrics:
             return
         self._closed = True
         self.controller.remove_listener(self)
-        for collector in self._registered:
-            self.registry.unregister(collector)
+        self.registry.unregister(self)
 
 
 def instrument(controller: Controller, *, registry: Any = None) -> ControllerMetrics:

@@ -28,10 +28,11 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 
 from chongming_task.context import LogEntry
 from chongming_task.errors import ConfigurationError, TaskError
-from chongming_task.storage import LogLine, TaskStore
+from chongming_task.storage import MAX_LOG_MESSAGE_BYTES, LogLine, TaskStore
 
 logger = logging.getLogger("chongming_task.controller")
 
@@ -96,12 +97,19 @@ class LogSink:
         with self._flush_lock:
             while True:
                 with self._lock:
-                    if not self._pending:
+                    pending = self._pending
+                    count = len(pending)
+                    if not count:
                         return
-                    count = min(len(self._pending), MAX_BATCH_LINES)
-                    batch = [self._pending.popleft() for _ in range(count)]
+                    if count <= MAX_BATCH_LINES:
+                        batch = list(pending)  # 常见情形（每次尝试结束时的那一两行）：整个取走
+                        pending.clear()
+                    else:
+                        count = MAX_BATCH_LINES
+                        batch = [pending.popleft() for _ in range(count)]
+                writer = self.writer
                 try:
-                    self._store.append_logs([_line(item, self.writer) for item in batch])
+                    self._store.append_logs([_line(item, writer) for item in batch])
                 except ConfigurationError as exc:
                     # 参数错误重试也不会好（_line 已把存不下的字符转义，到这里说明是后端自己的限制）：
                     # 丢掉这批并计数，绝不让一行坏日志堵住后面所有的行。
@@ -122,23 +130,56 @@ class LogSink:
                     return
 
 
+_new_object = object.__new__
+
+
 def _line(item: tuple[str, LogEntry, int], writer: str) -> LogLine:
     task_id, entry, writer_seq = item
     message = entry.message
+    size = len(message)  # ASCII 正文的 UTF-8 字节数就是字符数
     # 存储存不下 NUL 与孤立代理项（契约要求整批拒绝）：转义成可见的文本，而不是让整批写不进去。
     if "\x00" in message:
         message = message.replace("\x00", "\\x00")
+        size = len(message)
     if not message.isascii():
         try:
-            message.encode("utf-8")  # 正常的中文行到此为止：不必再编码、解码一个来回
+            size = len(message.encode("utf-8"))  # 正常的中文行到此为止：不必再解码回来
         except UnicodeEncodeError:
             message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+            size = len(message.encode("utf-8"))
     # 级别名来自 logging.getLevelName：自定义的数字级别是 "Level 25"，截到 16 个字符以内。
+    level = entry.level_name[:16] or "NOTSET"
+    attempt, at = entry.attempt, entry.at
+    if (
+        size <= MAX_LOG_MESSAGE_BYTES
+        and attempt.__class__ is int
+        and 0 <= attempt < 2**63
+        and at.__class__ is datetime
+        and at.utcoffset() is not None
+        and task_id.__class__ is str
+        and task_id
+    ):
+        # 快路径（几乎每一行）：上面已经确认了 LogLine.__post_init__ 要查的每一项——正文不超长、不用截断，
+        # 尝试号与时间合法，级别名 1..16 个字符，写入者是本缓冲的 uuid、行号 ≥ 1——直接填实例字典，省掉
+        # 逐字段的通用校验（每行约 2 µs，每个写日志的任务至少一行）。其余情形走构造函数，由它校验或截断。
+        line: LogLine = _new_object(LogLine)
+        line.__dict__.update(
+            task_id=task_id,
+            attempt=attempt,
+            at=at,
+            level=level,
+            message=message,
+            seq=0,
+            truncated=False,
+            writer=writer,
+            writer_seq=writer_seq,
+        )
+        return line
     return LogLine(
         task_id=task_id,
-        attempt=entry.attempt,
-        at=entry.at,
-        level=entry.level_name[:16] or "NOTSET",
+        attempt=attempt,
+        at=at,
+        level=level,
         message=message,
         writer=writer,
         writer_seq=writer_seq,

@@ -168,9 +168,12 @@ def append_logs_args(lines: object) -> list[LogLine]:
 
     正文的可存储性（NUL、孤立代理项）与快照文本同一份规则：写入前在这里拦住，整批不写。
     """
-    if isinstance(lines, (LogLine, str, bytes, Mapping)) or not isinstance(lines, Iterable):
+    if lines.__class__ is list or lines.__class__ is tuple:
+        batch = list(lines)  # 运行时总是传 list：跳过下面两次抽象基类的 isinstance（各要走一遍 ABC 缓存）
+    elif isinstance(lines, (LogLine, str, bytes, Mapping)) or not isinstance(lines, Iterable):
         raise ConfigurationError(f"append_logs 需要 LogLine 的列表，收到 {type(lines).__name__}")
-    batch = list(lines)
+    else:
+        batch = list(lines)
     for line in batch:
         if not isinstance(line, LogLine):
             raise ConfigurationError(f"append_logs 只接受 LogLine，收到 {type(line).__name__}")
