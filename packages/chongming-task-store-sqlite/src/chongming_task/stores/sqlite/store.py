@@ -35,6 +35,7 @@ from chongming_task.states import TaskStatus
 from chongming_task.stores.sqlite import _archive, _claim, _logs, _sql
 from chongming_task.stores.sqlite import _codec as codec
 from chongming_task.stores.sqlite import _schema as schema
+from chongming_task.stores.sqlite._checkpoint import BackgroundCheckpointer
 
 T = TypeVar("T")
 _Mode = Literal["write", "read", "none"]
@@ -257,6 +258,12 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         self._returning = _RETURNING_SUPPORTED
         self._pool = _Pool(self._connect, shared=self._memory)
         self._writers = _WriterTurn()
+        # WAL 检查点由后台线程做，不在提交的线程上（见 _checkpoint）。内存库没有 WAL；只读打开不写。
+        self._checkpointer: BackgroundCheckpointer | None = (
+            None
+            if self._memory or readonly
+            else BackgroundCheckpointer(self._checkpoint_wal, name=f"chongming-sqlite-checkpoint[{path}]")
+        )
         try:
             self._run("打开数据库", self._prepare, "none")
         except BaseException:
@@ -303,6 +310,8 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         )
         try:
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            if self._checkpointer is not None:
+                conn.execute("PRAGMA wal_autocheckpoint = 0")  # 检查点交给后台线程（见 _checkpoint）
             if self._readonly:
                 # 连接级的只读：即使某条代码路径忘了检查 readonly，SQLite 自己也拒绝任何修改。
                 conn.execute("PRAGMA query_only = ON")
@@ -396,7 +405,12 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             try:
                 turn = self._writers.turn() if mode == "write" else contextlib.nullcontext()
                 with turn, self._pool.connection() as conn:
-                    return _execute(conn, fn, mode)
+                    changes = conn.total_changes
+                    result = _execute(conn, fn, mode)
+                    wrote = mode == "write" or conn.total_changes != changes
+                if wrote and self._checkpointer is not None:
+                    self._checkpointer.committed()  # 在写锁之外：只数数，检查点在后台线程上做
+                return result
             except sqlite3.Error as exc:
                 if not _is_busy(exc):
                     raise self._wrap(exc, what) from exc
@@ -900,7 +914,19 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         return self._run("prune", tx)
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            # 先停后台检查点（它借池里的连接）；最后一条连接关闭时 SQLite 自己做收尾的检查点。
+            self._checkpointer.close()
         self._pool.close()
+
+    def _checkpoint_wal(self, exclusive: bool) -> Any:
+        """后台线程的一次检查点。PASSIVE：不等读者、能拷回多少拷多少；``exclusive`` 时占着本进程的写者
+        队列（``_WriterTurn``），期间本进程没有新的提交，这一次能拷完（见 ``_checkpoint``）。"""
+        turn = self._writers.turn() if exclusive else contextlib.nullcontext()
+        with turn:
+            return self._run(
+                "WAL 检查点", lambda conn: conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone(), "none"
+            )
 
 
 def parse_url(url: str) -> str:
