@@ -539,7 +539,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         snapshot, expect_version, transitions = request.snapshot, request.expect_version, request.transitions
         lease_expired_before = request.lease_expired_before
         lease_key = None if lease_expired_before is None else codec.dt_key(lease_expired_before)
-        row = codec.snapshot_row(snapshot)
+        row = codec.save_row(snapshot)
         new_values = [row[column] for column in schema.SAVE_COLUMNS]
         history = [codec.transition_row(t) for t in transitions]
         task_id = snapshot.task_id
