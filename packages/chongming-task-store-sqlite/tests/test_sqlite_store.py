@@ -111,6 +111,29 @@ def test_old_full_indexes_become_partial_on_writable_open_and_unused_one_is_drop
     assert _task_indexes(db) == upgraded
 
 
+def test_save_compares_exactly_the_columns_some_index_uses(db: Path) -> None:
+    """save 只对被索引的列先比较再 SET（其余列照写）：这份清单必须与库里真实的索引一致，漏一列就会让
+    每次 save 白白维护那个索引，多一列只是多比较一次。"""
+    from chongming_task.stores.sqlite import _schema
+
+    SqliteTaskStore(db).close()
+    raw = sqlite3.connect(db)
+    try:
+        used: set[str] = set()
+        for name, sql in raw.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'tasks'"
+        ):
+            used.update(str(row[2]) for row in raw.execute(f"PRAGMA index_info({name})"))
+            where = str(sql).split(" WHERE ", 1)[1] if sql and " WHERE " in sql else ""
+            used.update(
+                c for c in _schema.SAVE_COLUMNS if c in where.replace("(", " ").replace(")", " ").split()
+            )
+    finally:
+        raw.close()
+    assert set(_schema.INDEXED_SAVE_COLUMNS) == used & set(_schema.SAVE_COLUMNS)
+    assert set(_schema.PLAIN_SAVE_COLUMNS) == set(_schema.SAVE_COLUMNS) - used
+
+
 def test_newer_schema_version_is_refused_with_upgrade_hint(db: Path) -> None:
     SqliteTaskStore(db).close()
     raw = sqlite3.connect(db)

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import textwrap
 from collections.abc import Callable
@@ -206,6 +207,24 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
 """``MIGRATIONS[n]`` 把第 n 版升级到第 n+1 版（在写事务内执行）。"""
 
 
+def _indexed_save_columns() -> tuple[str, ...]:
+    # 每条建索引语句里 "ON tasks" 之后出现的列名（键列与部分索引 WHERE 里的列）：
+    # 由语句推导，改索引不必改这里。
+    statements = [*_DDL_V1, *_LATER_INDEXES]
+    text = " ".join(
+        statement.split(" ON tasks ", 1)[1] for statement in statements if " ON tasks " in statement
+    )
+    return tuple(column for column in SAVE_COLUMNS if re.search(rf"\b{column}\b", text))
+
+
+INDEXED_SAVE_COLUMNS: tuple[str, ...] = _indexed_save_columns()
+"""save 写的列里被 tasks 上某个索引用到的（键列，或部分索引的 WHERE 条件）。SET 这些列哪怕值没变，SQLite
+也要删一项、插一项地维护索引，所以 save 只在它们真的变了时才 SET；其余的列每次照写，不必先读出来比较。"""
+
+PLAIN_SAVE_COLUMNS: tuple[str, ...] = tuple(c for c in SAVE_COLUMNS if c not in INDEXED_SAVE_COLUMNS)
+"""save 写的列里没有任何索引用到的：整行本来就要重写，多 SET 几列几乎不花钱。"""
+
+
 def read_version(conn: sqlite3.Connection) -> int | None:
     """文件里的表结构版本；新库（还没有 schema_version 表）返回 None。"""
     row = conn.execute(
@@ -310,8 +329,10 @@ def create_or_migrate(conn: sqlite3.Connection, where: str) -> None:
 
 __all__ = [
     "COMMAND_COLUMNS",
+    "INDEXED_SAVE_COLUMNS",
     "LATER_TASK_COLUMNS",
     "NODE_COLUMNS",
+    "PLAIN_SAVE_COLUMNS",
     "SAVE_COLUMNS",
     "SCHEMA_VERSION",
     "SIDE_CHANNEL_COLUMNS",

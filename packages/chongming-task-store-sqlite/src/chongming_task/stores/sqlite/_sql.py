@@ -22,14 +22,20 @@ INSERT_TASK = (
 )
 # create_many：一批 id（JSON 数组参数，避开变量个数上限）里已经存在的那些。
 EXISTING_TASK_IDS = "SELECT task_id FROM tasks WHERE task_id IN (SELECT value FROM json_each(?))"
-SAVE_SELECT = f"SELECT {', '.join(schema.SAVE_COLUMNS)} FROM tasks WHERE task_id = ?"
-SAVE_VERSION_INDEX = schema.SAVE_COLUMNS.index("status_version")
+# save 先读版本、标签与被索引的列（见 schema.INDEXED_SAVE_COLUMNS），只为真正变了的被索引列 SET；
+# 没有索引用到的列每次都 SET（整行本来就要重写），不必读出来比较。
+SAVE_SELECT = (
+    f"SELECT status_version, tags, {', '.join(schema.INDEXED_SAVE_COLUMNS)} FROM tasks WHERE task_id = ?"
+)
+SAVE_VERSION_INDEX = 0
+SAVE_TAGS_INDEX = 1
+SAVE_INDEXED_OFFSET = 2
+SAVE_CREATED_INDEX = SAVE_INDEXED_OFFSET + schema.INDEXED_SAVE_COLUMNS.index("created_key")
+SAVE_UPDATE_PLAIN = "UPDATE tasks SET " + ", ".join(f"{column} = ?" for column in schema.PLAIN_SAVE_COLUMNS)
 # save(lease_expired_before=...)：租约仍有效（lease_key 不早于给定时刻）就返回一行（与查询的判据相同）。
 SAVE_LEASE_HELD = (
     "SELECT lease_until FROM tasks WHERE task_id = ? AND lease_key IS NOT NULL AND lease_key >= ?"
 )
-SAVE_TAGS_INDEX = schema.SAVE_COLUMNS.index("tags")
-SAVE_CREATED_INDEX = schema.SAVE_COLUMNS.index("created_key")
 INSERT_TRANSITION = (
     f"INSERT OR IGNORE INTO transitions ({', '.join(schema.TRANSITION_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in schema.TRANSITION_COLUMNS)})"
@@ -128,9 +134,11 @@ __all__ = [
     "INSERT_TASK",
     "INSERT_TRANSITION",
     "SAVE_CREATED_INDEX",
+    "SAVE_INDEXED_OFFSET",
     "SAVE_LEASE_HELD",
     "SAVE_SELECT",
     "SAVE_TAGS_INDEX",
+    "SAVE_UPDATE_PLAIN",
     "SAVE_VERSION_INDEX",
     "SELECT_NODES",
     "TASK_COLUMNS_T",

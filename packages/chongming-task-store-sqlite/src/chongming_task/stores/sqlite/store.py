@@ -540,7 +540,8 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         lease_expired_before = request.lease_expired_before
         lease_key = None if lease_expired_before is None else codec.dt_key(lease_expired_before)
         row = codec.save_row(snapshot)
-        new_values = [row[column] for column in schema.SAVE_COLUMNS]
+        plain_values = [row[column] for column in schema.PLAIN_SAVE_COLUMNS]
+        indexed_values = [row[column] for column in schema.INDEXED_SAVE_COLUMNS]
         history = [codec.transition_row(t) for t in transitions]
         task_id = snapshot.task_id
 
@@ -559,19 +560,26 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 held = conn.execute(_sql.SAVE_LEASE_HELD, (task_id, lease_key)).fetchone()
                 if held is not None:
                     raise ConcurrencyConflict(v.lease_held_message(task_id, codec.dt_parse(held[0])))
-            # 只 SET 真正变了的列：SQLite 会为 SET 里出现的每个被索引的列维护索引（哪怕值没变），
-            # 而一次状态迁移通常只改 status / status_version 和一两个时间戳，不碰 name、owner、桶号。
+            # 被索引的列只在真的变了时 SET：SQLite 会为 SET 里出现的每个被索引的列维护索引（哪怕值没变），
+            # 而一次状态迁移通常只改 status 和时间戳，不碰 name、owner、桶号。其余的列每次照写。
             changed = [
                 (column, new)
-                for column, old, new in zip(schema.SAVE_COLUMNS, current, new_values, strict=True)
+                for column, old, new in zip(
+                    schema.INDEXED_SAVE_COLUMNS,
+                    current[_sql.SAVE_INDEXED_OFFSET :],
+                    indexed_values,
+                    strict=True,
+                )
                 if old != new or type(old) is not type(new)
             ]
             if changed:
-                assignments = ", ".join(f"{column} = ?" for column, _ in changed)
+                assignments = "".join(f", {column} = ?" for column, _ in changed)
                 conn.execute(
-                    f"UPDATE tasks SET {assignments} WHERE task_id = ?",
-                    [*(new for _, new in changed), task_id],
+                    f"{_sql.SAVE_UPDATE_PLAIN}{assignments} WHERE task_id = ?",
+                    [*plain_values, *(new for _, new in changed), task_id],
                 )
+            else:
+                conn.execute(f"{_sql.SAVE_UPDATE_PLAIN} WHERE task_id = ?", [*plain_values, task_id])
             # 标签行带着排序键：标签或 created_at 变了都要重写（两者几乎从不变，平常是零开销）。
             if (
                 current[_sql.SAVE_TAGS_INDEX] != row["tags"]
