@@ -312,6 +312,10 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             if self._checkpointer is not None:
                 conn.execute("PRAGMA wal_autocheckpoint = 0")  # 检查点交给后台线程（见 _checkpoint）
+                # WAL 从头复用时把文件截短：后台检查点下 WAL 的峰值比默认的大（见 _checkpoint），不截短的话
+                # 一阵突发之后文件一直占着峰值那么大，之后的提交都写进早已分配的空间——磁盘满了也照样成功，
+                # 故障要等到 WAL 再次变长时才暴露。截短之后每次提交都在文件末尾追加，磁盘满立刻报出来。
+                conn.execute("PRAGMA journal_size_limit = 0").fetchone()
             if self._readonly:
                 # 连接级的只读：即使某条代码路径忘了检查 readonly，SQLite 自己也拒绝任何修改。
                 conn.execute("PRAGMA query_only = ON")
@@ -506,17 +510,21 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     ) -> Callable[[sqlite3.Connection], None]:
         task_id, row, tags, history = self._create_rows(snapshot, transitions)
 
+        # 行是按 TASK_COLUMNS 顺序建的命名参数（RowCodec 的约定）：None 写成字面量 NULL（见 _sql）。
+        insert_task = _sql.insert_without_nulls(_sql.INSERT_TASK_HEAD, list(row.values()))
+        inserts = [_sql.insert_without_nulls(_sql.INSERT_TRANSITION_HEAD, record) for record in history]
+
         def tx(conn: sqlite3.Connection) -> None:
             try:
-                conn.execute(_sql.INSERT_TASK, row)
+                conn.execute(*insert_task)
             except sqlite3.IntegrityError as exc:
                 if _error_code(exc) in (_SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE):
                     raise _duplicate(task_id) from None
                 raise
             if tags:
                 conn.executemany(_sql.INSERT_TAG, tags)
-            if history:
-                conn.executemany(_sql.INSERT_TRANSITION, history)
+            for insert in inserts:
+                conn.execute(*insert)
 
         return tx
 
@@ -572,14 +580,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 )
                 if old != new or type(old) is not type(new)
             ]
-            if changed:
-                assignments = "".join(f", {column} = ?" for column, _ in changed)
-                conn.execute(
-                    f"{_sql.SAVE_UPDATE_PLAIN}{assignments} WHERE task_id = ?",
-                    [*plain_values, *(new for _, new in changed), task_id],
-                )
-            else:
-                conn.execute(f"{_sql.SAVE_UPDATE_PLAIN} WHERE task_id = ?", [*plain_values, task_id])
+            conn.execute(*_sql.save_update(plain_values, changed, task_id))
             # 标签行带着排序键：标签或 created_at 变了都要重写（两者几乎从不变，平常是零开销）。
             if (
                 current[_sql.SAVE_TAGS_INDEX] != row["tags"]
@@ -589,8 +590,8 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 conn.executemany(
                     _sql.INSERT_TAG, [(tag, row["created_key"], task_id) for tag in snapshot.tags]
                 )
-            if history:
-                conn.executemany(_sql.INSERT_TRANSITION, history)
+            for record in history:
+                conn.execute(*_sql.insert_without_nulls(_sql.INSERT_TRANSITION_HEAD, record))
 
         return tx
 
