@@ -62,6 +62,78 @@ def test_reopening_keeps_data_and_does_not_duplicate_version_row(db: Path) -> No
         raw.close()
 
 
+def _task_indexes(db: Path) -> dict[str, str]:
+    raw = sqlite3.connect(db)
+    try:
+        rows = raw.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'tasks'")
+        return {str(name): str(sql) for name, sql in rows.fetchall() if sql is not None}
+    finally:
+        raw.close()
+
+
+def test_old_full_indexes_become_partial_on_writable_open_and_unused_one_is_dropped(db: Path) -> None:
+    with SqliteTaskStore(db) as store:
+        store.create(snap("plain"))
+        store.create(snap("bucketed", bucket=3, pipeline_id="p1"))
+    # 第 1 版最初的形状：桶号、流水线 id 上是全量索引，另有 finished_key 上的索引。
+    raw = sqlite3.connect(db)
+    with raw:
+        raw.execute("DROP INDEX tasks_by_bucket")
+        raw.execute("DROP INDEX tasks_by_pipeline")
+        raw.execute("CREATE INDEX tasks_by_bucket ON tasks (bucket, created_key, task_id)")
+        raw.execute("CREATE INDEX tasks_by_pipeline ON tasks (pipeline_id, created_key, task_id)")
+        raw.execute("CREATE INDEX tasks_by_finished ON tasks (finished_key)")
+    raw.close()
+    old = _task_indexes(db)
+    with SqliteTaskStore(db, readonly=True) as readonly:  # 只读打开一个字节都不改，照常能查
+        assert [s.task_id for s in readonly.query(TaskQuery(bucket=3))] == ["bucketed"]
+    assert _task_indexes(db) == old
+    with SqliteTaskStore(db) as store:
+        assert [s.task_id for s in store.query(TaskQuery(bucket=3))] == ["bucketed"]
+        assert [s.task_id for s in store.query(TaskQuery(pipeline_id="p1"))] == ["bucketed"]
+        assert store.bucket_counts() == {3: 1}
+    upgraded = _task_indexes(db)
+    assert "tasks_by_finished" not in upgraded
+    assert "WHERE bucket IS NOT NULL" in upgraded["tasks_by_bucket"]
+    assert "WHERE pipeline_id IS NOT NULL" in upgraded["tasks_by_pipeline"]
+    raw = sqlite3.connect(db)
+    try:
+        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+        assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        # 部分索引只收非 NULL 的行。
+        assert raw.execute(
+            "SELECT count(*) FROM tasks INDEXED BY tasks_by_bucket WHERE bucket = 3"
+        ).fetchone() == (1,)
+    finally:
+        raw.close()
+    # 再打开一次：已是新形状，不再改动。
+    SqliteTaskStore(db).close()
+    assert _task_indexes(db) == upgraded
+
+
+def test_save_compares_exactly_the_columns_some_index_uses(db: Path) -> None:
+    """save 只对被索引的列先比较再 SET（其余列照写）：这份清单必须与库里真实的索引一致，漏一列就会让
+    每次 save 白白维护那个索引，多一列只是多比较一次。"""
+    from chongming_task.stores.sqlite import _schema
+
+    SqliteTaskStore(db).close()
+    raw = sqlite3.connect(db)
+    try:
+        used: set[str] = set()
+        for name, sql in raw.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'tasks'"
+        ):
+            used.update(str(row[2]) for row in raw.execute(f"PRAGMA index_info({name})"))
+            where = str(sql).split(" WHERE ", 1)[1] if sql and " WHERE " in sql else ""
+            used.update(
+                c for c in _schema.SAVE_COLUMNS if c in where.replace("(", " ").replace(")", " ").split()
+            )
+    finally:
+        raw.close()
+    assert set(_schema.INDEXED_SAVE_COLUMNS) == used & set(_schema.SAVE_COLUMNS)
+    assert set(_schema.PLAIN_SAVE_COLUMNS) == set(_schema.SAVE_COLUMNS) - used
+
+
 def test_newer_schema_version_is_refused_with_upgrade_hint(db: Path) -> None:
     SqliteTaskStore(db).close()
     raw = sqlite3.connect(db)

@@ -225,8 +225,15 @@ class RowCodec:
 
     def params_by_plan(self, record: object) -> dict[str, Any]:
         """``params`` 的解释执行版（逐列走计划）：编译版的参照，测试用它对照两者逐键相同。"""
+        return self._encode(record, self._plan)
+
+    def _encode(
+        self,
+        record: object,
+        plan: Sequence[tuple[str, str | tuple[str, ...], _Encoder | None, tuple[Any, ...] | None]],
+    ) -> dict[str, Any]:
         params: dict[str, Any] = {}
-        for field_name, physical, encode, null in self._plan:
+        for field_name, physical, encode, null in plan:
             value = getattr(record, field_name)
             if encode is None:
                 params[physical] = value  # type: ignore[index]
@@ -304,6 +311,15 @@ class SnapshotCodec(RowCodec):
             for name in dialect.physical(c)
         )
         """save 的 UPDATE 写的列：除主键、旁路列与只在 create 时写的列（配方）之外的全部。"""
+        saved = {
+            c.name for c in TASK_COLUMNS if not c.primary_key and not c.side_channel and not c.create_only
+        }
+        self._save_plan = [step for step in self._plan if step[0] in saved]
+
+    def save_params(self, snapshot: TaskSnapshot) -> dict[str, Any]:
+        """只编码 save 要写的列（``save_columns``）：旁路字段（租约、进度、心跳）与配方 save 从不写，每次 save
+        不必再为它们做时间格式化与 JSON 编码。"""
+        return self._encode(snapshot, self._save_plan)
 
     def from_row(self, row: Sequence[Any]) -> TaskSnapshot:
         return TaskSnapshot(**self.fields(row))

@@ -15,6 +15,12 @@
   只由 create 与 touch 写，save 的 UPDATE 根本不列出这些列。
 * **指令认领**：一条 ``UPDATE ... RETURNING``（SQLite ≥ 3.35；更旧的版本退回 SELECT + UPDATE，
   同样在 BEGIN IMMEDIATE 里，所以同样原子），两个进程在租约内绝不会取到同一条指令。
+* **WAL 检查点**：文件库的连接关掉自动检查点，由每个存储一条后台 daemon 线程做 PASSIVE 检查点（见
+  ``_checkpoint``）：提交的线程不再在 COMMIT 里拷页、fsync，本进程的其他写者也不用排在它后面。每次提交
+  照旧在 COMMIT 返回前写进 WAL，持久性语义不变（synchronous=NORMAL：进程崩溃不丢，断电可能丢最近一次
+  检查点之后的事务）。
+* **索引**：save 只为真正变了的被索引列 SET（SET 一个被索引的列，哪怕值没变，SQLite 也要维护那个索引），
+  多数任务是 NULL 的桶号、流水线 id 只建部分索引（见 ``_schema``）。
 * **时间**：ISO 原文保留原始时区偏移与微秒，另存 UTC 微秒整数作排序与过滤键（见 ``_schema``）。
 * 每个 sqlite3.Error 都包装成 StoreError（``__cause__`` 保留原异常）；契约自己的异常原样抛出。
 """

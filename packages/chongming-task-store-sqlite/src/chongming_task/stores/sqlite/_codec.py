@@ -29,6 +29,10 @@ from chongming_task.models import Progress, TaskSnapshot, Transition
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
+_TIME_MEMO: dict[int, tuple[datetime, str, int]] = {}
+"""``encode_time`` 的结果，按时间对象的 id（见那里）。满了整个清空：只为相邻几次 save 复用，不求命中率。"""
+_TIME_MEMO_SIZE = 4096
+
 _MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = range(0xD800, 0xE000)
 
@@ -83,9 +87,18 @@ class SqliteDialect(SqlDialect):
         return (column.name,) if column.sort_key is None else (column.name, column.sort_key)
 
     def encode_time(self, column: Column, value: datetime | None) -> tuple[Any, ...]:
-        if column.sort_key is None:
-            return (dt_text(value),)
-        return dt_text(value), dt_key(value)
+        if value is None:
+            return (None,) if column.sort_key is None else (None, None)
+        # 同一个任务的相邻几次 save 带的是同一批时间对象（created_at、queued_at、started_at 在状态机里
+        # 原样传下去），每次都重新格式化是一次 save 编码里最贵的一项。按对象身份记住结果：记录里存着对象
+        # 本身，它活着 id 就不会被复用；不按值查，因为偏移不同的同一时刻相等，原文却不同。
+        found = _TIME_MEMO.get(id(value))
+        if found is None or found[0] is not value:
+            if len(_TIME_MEMO) >= _TIME_MEMO_SIZE:
+                _TIME_MEMO.clear()
+            found = (value, value.isoformat(timespec="microseconds"), (value - _EPOCH) // _MICROSECOND)
+            _TIME_MEMO[id(value)] = found
+        return (found[1],) if column.sort_key is None else (found[1], found[2])
 
     def decode_time(self, values: Sequence[Any]) -> datetime | None:
         return dt_parse(values[0])
@@ -97,7 +110,7 @@ class SqliteDialect(SqlDialect):
         return None if raw == "null" else json.loads(raw)
 
     def encode_tags(self, tags: list[str]) -> Any:
-        return json_text(tags, what="tags")
+        return json_text(tags, what="tags") if tags else "[]"  # 绝大多数任务没有标签
 
     def decode_tags(self, raw: Any) -> frozenset[str]:
         return frozenset(json.loads(raw)) if raw != "[]" else frozenset()
@@ -137,6 +150,11 @@ def snapshot_row(snapshot: TaskSnapshot) -> dict[str, Any]:
     return SNAPSHOTS.params(snapshot)
 
 
+def save_row(snapshot: TaskSnapshot) -> dict[str, Any]:
+    """快照 → save 写的那些列（``SAVE_COLUMNS``），校验同 ``snapshot_row``。"""
+    return SNAPSHOTS.save_params(snapshot)
+
+
 snapshot_from_row = SNAPSHOTS.from_row
 
 
@@ -149,8 +167,8 @@ def tags_text(tags: frozenset[str]) -> str:
 
 
 def transition_row(record: Transition) -> tuple[Any, ...]:
-    params = TRANSITIONS.params(record)
-    return tuple(params[name] for name in TRANSITIONS.names)
+    # params 的键按 names 的顺序插入（RowCodec 的约定），直接取值即可，不必逐列再查一遍。
+    return tuple(TRANSITIONS.params(record).values())
 
 
 transition_from_row = TRANSITIONS.from_row
@@ -185,6 +203,7 @@ __all__ = [
     "node_row",
     "prefix_upper_bound",
     "progress_text",
+    "save_row",
     "snapshot_from_row",
     "snapshot_row",
     "tags_text",

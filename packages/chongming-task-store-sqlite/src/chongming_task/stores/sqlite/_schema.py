@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import textwrap
 from collections.abc import Callable
@@ -117,6 +118,27 @@ _REQUIRED_TABLES = frozenset(
     }
 )
 
+# 每条写入都要为 tasks 上的每个索引插一项（create）或删一项再插一项（改到索引列的 save），这是 SQLite 一次
+# 写入里除提交之外最大的开销。桶号与流水线 id 在大多数任务上是 NULL（不分桶的部署、不属于流水线的任务），
+# 所以这两个索引只收非 NULL 的行：``bucket = ?`` / ``bucket IN (...)`` / ``pipeline_id = ?`` 本身就蕴含
+# IS NOT NULL，规划器照样用它们；NULL 的行不再各占一项。第 1 版最初建的是全量索引，打开可写的旧文件时
+# 换成部分索引（见 ``outdated_indexes``）；旧包打开新文件不受影响（它的查询不依赖索引的形状）。
+_PARTIAL_INDEXES: dict[str, str] = {
+    "tasks_by_bucket": (
+        "CREATE INDEX IF NOT EXISTS tasks_by_bucket ON tasks (bucket, created_key, task_id) "
+        "WHERE bucket IS NOT NULL"
+    ),
+    "tasks_by_pipeline": (
+        "CREATE INDEX IF NOT EXISTS tasks_by_pipeline ON tasks (pipeline_id, created_key, task_id) "
+        "WHERE pipeline_id IS NOT NULL"
+    ),
+}
+
+# 第 1 版最初还建过 finished_key 上的索引：没有任何查询用它（归档沿主键按 task_id 分批，保留清理按
+# coalesce(finished_key, created_key) 排序，都用不上它），却让每个任务落终态时多维护一项。
+# 打开可写的旧文件时删掉。
+_DROPPED_INDEXES: tuple[str, ...] = ("tasks_by_finished",)
+
 _DDL_V1: tuple[str, ...] = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
     # 列由列表推导（加字段 = 列表加一行 + 在 MIGRATIONS 里登记 ALTER TABLE）。
@@ -126,11 +148,10 @@ _DDL_V1: tuple[str, ...] = (
     "CREATE INDEX IF NOT EXISTS tasks_by_status ON tasks (status, created_key, task_id)",
     "CREATE INDEX IF NOT EXISTS tasks_by_created ON tasks (created_key, task_id)",
     "CREATE INDEX IF NOT EXISTS tasks_by_name ON tasks (name)",
-    "CREATE INDEX IF NOT EXISTS tasks_by_bucket ON tasks (bucket, created_key, task_id)",
+    _PARTIAL_INDEXES["tasks_by_bucket"],
     "CREATE INDEX IF NOT EXISTS tasks_by_owner ON tasks (owner, created_key, task_id)",
-    "CREATE INDEX IF NOT EXISTS tasks_by_pipeline ON tasks (pipeline_id, created_key, task_id)",
+    _PARTIAL_INDEXES["tasks_by_pipeline"],
     "CREATE INDEX IF NOT EXISTS tasks_by_lease ON tasks (lease_key)",
-    "CREATE INDEX IF NOT EXISTS tasks_by_finished ON tasks (finished_key)",
     # 标签放进旁表，tag= 查询从这里出发再联到 tasks。旁表带上任务的排序键：主键
     # (tag, created_key, task_id) 本身就是有序的，"带某标签的最新 50 条"沿主键走 50 步即止，
     # 而不是取出该标签的全部任务再排序。快照里另存一份排序后的 JSON 列表，读快照不必联表。
@@ -186,6 +207,24 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
 """``MIGRATIONS[n]`` 把第 n 版升级到第 n+1 版（在写事务内执行）。"""
 
 
+def _indexed_save_columns() -> tuple[str, ...]:
+    # 每条建索引语句里 "ON tasks" 之后出现的列名（键列与部分索引 WHERE 里的列）：
+    # 由语句推导，改索引不必改这里。
+    statements = [*_DDL_V1, *_LATER_INDEXES]
+    text = " ".join(
+        statement.split(" ON tasks ", 1)[1] for statement in statements if " ON tasks " in statement
+    )
+    return tuple(column for column in SAVE_COLUMNS if re.search(rf"\b{column}\b", text))
+
+
+INDEXED_SAVE_COLUMNS: tuple[str, ...] = _indexed_save_columns()
+"""save 写的列里被 tasks 上某个索引用到的（键列，或部分索引的 WHERE 条件）。SET 这些列哪怕值没变，SQLite
+也要删一项、插一项地维护索引，所以 save 只在它们真的变了时才 SET；其余的列每次照写，不必先读出来比较。"""
+
+PLAIN_SAVE_COLUMNS: tuple[str, ...] = tuple(c for c in SAVE_COLUMNS if c not in INDEXED_SAVE_COLUMNS)
+"""save 写的列里没有任何索引用到的：整行本来就要重写，多 SET 几列几乎不花钱。"""
+
+
 def read_version(conn: sqlite3.Connection) -> int | None:
     """文件里的表结构版本；新库（还没有 schema_version 表）返回 None。"""
     row = conn.execute(
@@ -200,11 +239,28 @@ def read_version(conn: sqlite3.Connection) -> int | None:
 
 
 def missing_tables(conn: sqlite3.Connection) -> bool:
-    """当前版本的文件是否缺表（例如节点表加入之前建的第 1 版文件）或缺后补的列（配方列）。"""
+    """当前版本的文件是否要在可写打开时补一步：缺表（例如节点表加入之前建的第 1 版文件）、缺后补的列
+    （配方列），或索引还是旧的形状（``outdated_indexes``）。"""
     rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
     if not {row[0] for row in rows} >= _REQUIRED_TABLES:
         return True
-    return bool(missing_columns(conn))
+    return bool(missing_columns(conn)) or bool(outdated_indexes(conn))
+
+
+def outdated_indexes(conn: sqlite3.Connection) -> list[str]:
+    """tasks 上要换成部分索引的全量索引、要删掉的索引（名字排序）。只影响性能：只读打开照常使用旧形状。"""
+    rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'tasks'")
+    found = {str(name): str(sql or "") for name, sql in rows.fetchall()}
+    stale = [name for name in _PARTIAL_INDEXES if name in found and " WHERE " not in found[name].upper()]
+    stale.extend(name for name in _DROPPED_INDEXES if name in found)
+    return sorted(stale)
+
+
+def _upgrade_indexes(conn: sqlite3.Connection) -> None:
+    for name in outdated_indexes(conn):
+        conn.execute(f"DROP INDEX IF EXISTS {name}")
+        if name in _PARTIAL_INDEXES:
+            conn.execute(_PARTIAL_INDEXES[name])
 
 
 def missing_columns(conn: sqlite3.Connection) -> list[str]:
@@ -268,12 +324,15 @@ def create_or_migrate(conn: sqlite3.Connection, where: str) -> None:
     for statement in _LATER_TABLES:
         conn.execute(statement)
     _add_later_columns(conn)  # 同一版本内后补的列（配方）与它的认领索引
+    _upgrade_indexes(conn)  # 全量索引换成部分索引、删掉没人用的索引
 
 
 __all__ = [
     "COMMAND_COLUMNS",
+    "INDEXED_SAVE_COLUMNS",
     "LATER_TASK_COLUMNS",
     "NODE_COLUMNS",
+    "PLAIN_SAVE_COLUMNS",
     "SAVE_COLUMNS",
     "SCHEMA_VERSION",
     "SIDE_CHANNEL_COLUMNS",
@@ -284,6 +343,7 @@ __all__ = [
     "foreign_tables",
     "missing_columns",
     "missing_tables",
+    "outdated_indexes",
     "read_version",
     "schema_sql",
 ]

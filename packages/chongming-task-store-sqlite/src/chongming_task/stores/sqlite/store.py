@@ -35,6 +35,7 @@ from chongming_task.states import TaskStatus
 from chongming_task.stores.sqlite import _archive, _claim, _logs, _sql
 from chongming_task.stores.sqlite import _codec as codec
 from chongming_task.stores.sqlite import _schema as schema
+from chongming_task.stores.sqlite._checkpoint import BackgroundCheckpointer
 
 T = TypeVar("T")
 _Mode = Literal["write", "read", "none"]
@@ -257,6 +258,12 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         self._returning = _RETURNING_SUPPORTED
         self._pool = _Pool(self._connect, shared=self._memory)
         self._writers = _WriterTurn()
+        # WAL 检查点由后台线程做，不在提交的线程上（见 _checkpoint）。内存库没有 WAL；只读打开不写。
+        self._checkpointer: BackgroundCheckpointer | None = (
+            None
+            if self._memory or readonly
+            else BackgroundCheckpointer(self._checkpoint_wal, name=f"chongming-sqlite-checkpoint[{path}]")
+        )
         try:
             self._run("打开数据库", self._prepare, "none")
         except BaseException:
@@ -303,6 +310,12 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         )
         try:
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            if self._checkpointer is not None:
+                conn.execute("PRAGMA wal_autocheckpoint = 0")  # 检查点交给后台线程（见 _checkpoint）
+                # WAL 从头复用时把文件截短：后台检查点下 WAL 的峰值比默认的大（见 _checkpoint），不截短的话
+                # 一阵突发之后文件一直占着峰值那么大，之后的提交都写进早已分配的空间——磁盘满了也照样成功，
+                # 故障要等到 WAL 再次变长时才暴露。截短之后每次提交都在文件末尾追加，磁盘满立刻报出来。
+                conn.execute("PRAGMA journal_size_limit = 0").fetchone()
             if self._readonly:
                 # 连接级的只读：即使某条代码路径忘了检查 readonly，SQLite 自己也拒绝任何修改。
                 conn.execute("PRAGMA query_only = ON")
@@ -396,7 +409,12 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             try:
                 turn = self._writers.turn() if mode == "write" else contextlib.nullcontext()
                 with turn, self._pool.connection() as conn:
-                    return _execute(conn, fn, mode)
+                    changes = conn.total_changes
+                    result = _execute(conn, fn, mode)
+                    wrote = mode == "write" or conn.total_changes != changes
+                if wrote and self._checkpointer is not None:
+                    self._checkpointer.committed()  # 在写锁之外：只数数，检查点在后台线程上做
+                return result
             except sqlite3.Error as exc:
                 if not _is_busy(exc):
                     raise self._wrap(exc, what) from exc
@@ -492,17 +510,21 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     ) -> Callable[[sqlite3.Connection], None]:
         task_id, row, tags, history = self._create_rows(snapshot, transitions)
 
+        # 行按 TASK_COLUMNS 顺序（见 _create_rows）：None 写成字面量 NULL（见 _sql）。
+        insert_task = _sql.insert_without_nulls(_sql.INSERT_TASK_HEAD, row)
+        inserts = [_sql.insert_without_nulls(_sql.INSERT_TRANSITION_HEAD, record) for record in history]
+
         def tx(conn: sqlite3.Connection) -> None:
             try:
-                conn.execute(_sql.INSERT_TASK, row)
+                conn.execute(*insert_task)
             except sqlite3.IntegrityError as exc:
                 if _error_code(exc) in (_SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE):
                     raise _duplicate(task_id) from None
                 raise
             if tags:
                 conn.executemany(_sql.INSERT_TAG, tags)
-            if history:
-                conn.executemany(_sql.INSERT_TRANSITION, history)
+            for insert in inserts:
+                conn.execute(*insert)
 
         return tx
 
@@ -527,8 +549,9 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         snapshot, expect_version, transitions = request.snapshot, request.expect_version, request.transitions
         lease_expired_before = request.lease_expired_before
         lease_key = None if lease_expired_before is None else codec.dt_key(lease_expired_before)
-        row = codec.snapshot_row(snapshot)
-        new_values = [row[column] for column in schema.SAVE_COLUMNS]
+        row = codec.save_row(snapshot)
+        plain_values = [row[column] for column in schema.PLAIN_SAVE_COLUMNS]
+        indexed_values = [row[column] for column in schema.INDEXED_SAVE_COLUMNS]
         history = [codec.transition_row(t) for t in transitions]
         task_id = snapshot.task_id
 
@@ -547,19 +570,19 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 held = conn.execute(_sql.SAVE_LEASE_HELD, (task_id, lease_key)).fetchone()
                 if held is not None:
                     raise ConcurrencyConflict(v.lease_held_message(task_id, codec.dt_parse(held[0])))
-            # 只 SET 真正变了的列：SQLite 会为 SET 里出现的每个被索引的列维护索引（哪怕值没变），
-            # 而一次状态迁移通常只改 status / status_version 和一两个时间戳，不碰 name、owner、桶号。
+            # 被索引的列只在真的变了时 SET：SQLite 会为 SET 里出现的每个被索引的列维护索引（哪怕值没变），
+            # 而一次状态迁移通常只改 status 和时间戳，不碰 name、owner、桶号。其余的列每次照写。
             changed = [
                 (column, new)
-                for column, old, new in zip(schema.SAVE_COLUMNS, current, new_values, strict=True)
+                for column, old, new in zip(
+                    schema.INDEXED_SAVE_COLUMNS,
+                    current[_sql.SAVE_INDEXED_OFFSET :],
+                    indexed_values,
+                    strict=True,
+                )
                 if old != new or type(old) is not type(new)
             ]
-            if changed:
-                assignments = ", ".join(f"{column} = ?" for column, _ in changed)
-                conn.execute(
-                    f"UPDATE tasks SET {assignments} WHERE task_id = ?",
-                    [*(new for _, new in changed), task_id],
-                )
+            conn.execute(*_sql.save_update(plain_values, changed, task_id))
             # 标签行带着排序键：标签或 created_at 变了都要重写（两者几乎从不变，平常是零开销）。
             if (
                 current[_sql.SAVE_TAGS_INDEX] != row["tags"]
@@ -569,8 +592,8 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 conn.executemany(
                     _sql.INSERT_TAG, [(tag, row["created_key"], task_id) for tag in snapshot.tags]
                 )
-            if history:
-                conn.executemany(_sql.INSERT_TRANSITION, history)
+            for record in history:
+                conn.execute(*_sql.insert_without_nulls(_sql.INSERT_TRANSITION_HEAD, record))
 
         return tx
 
@@ -918,7 +941,19 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         return self._run("prune", tx)
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            # 先停后台检查点（它借池里的连接）；最后一条连接关闭时 SQLite 自己做收尾的检查点。
+            self._checkpointer.close()
         self._pool.close()
+
+    def _checkpoint_wal(self, exclusive: bool) -> Any:
+        """后台线程的一次检查点。PASSIVE：不等读者、能拷回多少拷多少；``exclusive`` 时占着本进程的写者
+        队列（``_WriterTurn``），期间本进程没有新的提交，这一次能拷完（见 ``_checkpoint``）。"""
+        turn = self._writers.turn() if exclusive else contextlib.nullcontext()
+        with turn:
+            return self._run(
+                "WAL 检查点", lambda conn: conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone(), "none"
+            )
 
 
 def parse_url(url: str) -> str:

@@ -1,0 +1,146 @@
+"""WAL 检查点挪到后台线程（文件库、可写打开）。
+
+SQLite 默认在某次提交让 WAL 超过 1,000 页时，由这次提交的线程当场做检查点：把 WAL 里的页拷回主文件，
+synchronous=NORMAL 下还要 fsync WAL 与主文件各一次。这段时间它仍在 ``_WriterTurn`` 里（检查点发生在
+COMMIT 那次 ``execute`` 之内），于是本进程的其他写者全都排在一次 fsync 后面，而那次提交的调用方（例如
+等着 starting 落库的任务）也被拖住。空任务的基准里这是墙钟的大头之一（见 bench/README.md 2026-12-01 的
+"SQLite 写路径"一节）。
+
+所以本包的连接关掉自动检查点（``PRAGMA wal_autocheckpoint = 0``），改由每个存储一条后台 daemon 线程做
+``PRAGMA wal_checkpoint(PASSIVE)``：PASSIVE 不等读者、不挡写者，检查点期间别的线程照常提交。
+持久性语义不变：每次提交照旧在 COMMIT 返回前写进 WAL（进程崩溃不丢）；断电时可能丢的仍是最近一次
+检查点之后的事务，检查点的间隔按 SQLite 默认的约 1,000 页估算（每次检查点之后按"上一轮每次提交写了
+几页"重算要隔多少次提交），与原来同一个量级。没有关自动检查点的连接（别的程序、sqlite3 命令行）照旧
+自己做检查点，与这里互不妨碍。
+
+线程只在第一次需要时启动（fork 出来的子进程里重新启动），是 daemon：解释器随时可以退出；
+``close()`` 让它停下并等它做完手上的那一次。
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+TARGET_FRAMES = 1000
+"""两次检查点之间 WAL 大约攒多少页（与 SQLite 的默认 ``wal_autocheckpoint`` 相同）。"""
+
+FIRST_INTERVAL = 100
+"""还没量过每次提交写几页时，每隔多少次写事务做一次检查点。"""
+
+_MIN_INTERVAL = 8
+_MAX_INTERVAL = TARGET_FRAMES
+
+FORCE_FRAMES = 2 * TARGET_FRAMES
+"""WAL 超过这么多页还没拷完时，占着本进程的写者队列再做一次（见 ``_checkpoint_once``）。"""
+
+Checkpoint = Callable[[bool], Any]
+"""执行一次 ``PRAGMA wal_checkpoint(PASSIVE)``（参数为真时占着本进程的写者队列），返回结果行
+(busy, WAL 页数, 已拷回页数)。"""
+
+
+class BackgroundCheckpointer:
+    """数写事务，攒够了就叫醒后台线程做一次 PASSIVE 检查点（设计见模块说明）。"""
+
+    def __init__(self, checkpoint: Checkpoint, name: str) -> None:
+        self._checkpoint = checkpoint
+        self._name = name
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._commits = 0  # 上一次检查点之后的写事务数
+        self._interval = FIRST_INTERVAL
+        self._last_log = 0  # 上一次检查点时 WAL 的页数（只有后台线程读写）
+        self._pending = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def committed(self) -> None:
+        """一次写事务提交之后调用（在写锁之外）：只数数，够了就叫醒线程，不在调用方线程上做检查点。"""
+        if os.getpid() != self._pid:
+            self._after_fork()
+        with self._lock:
+            self._commits += 1
+            if self._commits < self._interval or self._pending or self._closed:
+                return
+            self._pending = True
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            else:
+                self._wake.notify()
+
+    def _after_fork(self) -> None:
+        # fork 出来的子进程里没有父进程的线程，父进程里别的线程也可能在 fork 那一刻持有锁：全部换新的。
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread = None
+        self._pending = False
+        self._commits = 0
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                self._pending = False
+                commits, self._commits = self._commits, 0
+            added = self._checkpoint_once()
+            with self._lock:
+                if added is not None and added > 0 and commits > 0:
+                    # 每轮最多翻倍或减半：一两轮估偏了（WAL 中途从头复用、一次 create_many 写了上千页）不至于
+                    # 让间隔一下子跳到头。
+                    wanted = int(TARGET_FRAMES * commits / added)
+                    wanted = max(self._interval // 2, min(self._interval * 2, wanted))
+                    self._interval = max(_MIN_INTERVAL, min(_MAX_INTERVAL, wanted))
+                self._wake.notify_all()
+
+    def _checkpoint_once(self) -> int | None:
+        """一次 PASSIVE 检查点；返回上一次之后 WAL 新增的页数（失败时 None）。
+
+        写者不停时 PASSIVE 拷不完：它只拷开始那一刻之前的页，检查点期间别的线程又追加了新页，而 WAL 只有在
+        全部拷回之后才会从头复用，否则一直变长（实测 3,000 个空任务涨到 90 MB）。所以 WAL 超过
+        ``FORCE_FRAMES`` 页时，紧接着再做一次占着本进程写者队列的检查点：这一次只拷刚才追加的那几页，
+        本进程没有写者插进来，能拷完，下一次提交就从头复用 WAL。它每隔几轮才有一次。
+        """
+        try:
+            row = self._checkpoint(False)
+            if row is None or row[1] is None:
+                return None
+            log = int(row[1])
+            forced = log > FORCE_FRAMES
+            if forced:
+                self._checkpoint(True)
+        except Exception:
+            # 检查点失败不致命：WAL 先长着，下一轮再试（存储关闭之后的那一次也走到这里）。
+            return None
+        if log < self._last_log:
+            # WAL 中途从头复用过，这一轮的页数与提交数对不上：不拿它估间隔。
+            self._last_log = log
+            return None
+        added = log - self._last_log
+        # 占着写者队列拷完之后，下一次提交就从头复用 WAL：下一轮从 0 数起。
+        self._last_log = 0 if forced else log
+        return added
+
+    def close(self, timeout: float = 5.0) -> None:
+        """停下线程；正在做的那一次检查点做完再返回（最多等 ``timeout`` 秒）。"""
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+            thread = self._thread if os.getpid() == self._pid else None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    @property
+    def interval(self) -> int:
+        """当前每隔多少次写事务做一次检查点（测试与基准观察用）。"""
+        return self._interval
+
+
+__all__ = ["FIRST_INTERVAL", "FORCE_FRAMES", "TARGET_FRAMES", "BackgroundCheckpointer"]

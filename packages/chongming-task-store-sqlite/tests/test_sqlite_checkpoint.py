@@ -1,0 +1,96 @@
+"""WAL 检查点在后台线程上做（``_checkpoint``）：提交的线程不做检查点，WAL 仍然有界，数据照样拷回主文件。"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from chongming_task.models import TaskSnapshot, Transition
+from chongming_task.states import TaskStatus
+from chongming_task.stores.sqlite import SqliteTaskStore
+
+T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+S = TaskStatus
+PAGE = 4096
+
+# 朴素做法（只在后台做 PASSIVE、从不占写者队列）在下面的负载里把 WAL 撑到 90 MB 以上，而且随任务数线性
+# 增长；默认的自动检查点在 4 MB 左右。界取得宽（2 核机器重负载时一次 fsync 可能要几十毫秒，期间 WAL 照长）。
+WAL_BOUND = 16_000 * PAGE
+
+
+def _checkpoint_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("chongming-sqlite-checkpoint[")]
+
+
+def _run_tasks(store: SqliteTaskStore, prefix: str, count: int, wal: Path, sizes: list[int]) -> None:
+    """像 Controller 一样写：create（queued）→ starting → running → succeeded，每次一个写事务。"""
+    steps = ((S.QUEUED, S.STARTING), (S.STARTING, S.RUNNING), (S.RUNNING, S.SUCCEEDED))
+    for index in range(count):
+        task_id = f"{prefix}-{index}"
+        snapshot = TaskSnapshot(task_id=task_id, name="job", created_at=T0, status=S.QUEUED, status_version=1)
+        store.create(snapshot, [Transition(task_id, S.PENDING, S.QUEUED, "submit", None, None, 1, T0)])
+        for old, new in steps:
+            version = snapshot.status_version + 1
+            snapshot = TaskSnapshot(
+                task_id=task_id, name="job", created_at=T0, status=new, status_version=version
+            )
+            record = Transition(task_id, old, new, "bench", None, None, version, T0)
+            store.save(snapshot, expect_version=version - 1, transitions=[record])
+        if index % 50 == 0 and wal.exists():
+            sizes.append(wal.stat().st_size)
+
+
+def test_commits_leave_checkpoints_to_a_background_thread_and_the_wal_stays_bounded(tmp_path: Path) -> None:
+    db = tmp_path / "tasks.db"
+    wal = tmp_path / "tasks.db-wal"
+    store = SqliteTaskStore(db)
+    try:
+        autocheckpoint = store._run(
+            "probe", lambda c: c.execute("PRAGMA wal_autocheckpoint").fetchone()[0], "none"
+        )
+        assert autocheckpoint == 0  # 提交的线程不做检查点
+        initial = db.stat().st_size
+        sizes: list[int] = []
+        writers = [
+            threading.Thread(target=_run_tasks, args=(store, f"w{i}", 1_500, wal, sizes)) for i in range(2)
+        ]
+        for writer in writers:
+            writer.start()
+        for writer in writers:
+            writer.join(timeout=300)
+        assert not any(writer.is_alive() for writer in writers)
+        threads = _checkpoint_threads()
+        assert len(threads) == 1 and threads[0].daemon  # 解释器随时可以退出
+        assert max(sizes) <= WAL_BOUND, f"WAL 涨到了 {max(sizes) / 1e6:.1f} MB"
+        # 检查点真的做了：主文件在存储还开着的时候就长大了（没有检查点时新页全在 WAL 里）。
+        deadline = time.monotonic() + 30
+        while db.stat().st_size <= initial and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert db.stat().st_size > initial
+        assert len(store.history("w1-1499")) == 4
+    finally:
+        store.close()
+    assert not any(t.is_alive() for t in threads)  # close() 停掉后台线程
+    # 别的程序（默认开着自动检查点）照常读到全部数据。
+    raw = sqlite3.connect(db)
+    try:
+        assert raw.execute("SELECT count(*) FROM tasks WHERE status = 'succeeded'").fetchone()[0] == 3_000
+    finally:
+        raw.close()
+
+
+def test_memory_and_readonly_stores_start_no_checkpoint_thread(tmp_path: Path) -> None:
+    before = set(_checkpoint_threads())
+    with SqliteTaskStore(":memory:") as memory:
+        for index in range(300):
+            memory.create(TaskSnapshot(task_id=f"m{index}", name="job", created_at=T0))
+    db = tmp_path / "tasks.db"
+    SqliteTaskStore(db).close()
+    with SqliteTaskStore(db, readonly=True) as readonly:
+        assert readonly.get("missing") is None
+    assert set(_checkpoint_threads()) == before
+    assert os.path.exists(db)
