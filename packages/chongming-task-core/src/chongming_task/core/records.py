@@ -504,6 +504,24 @@ def check_storable_fields(snapshot: TaskSnapshot) -> None:
     check_tag_count(snapshot.tags)
 
 
+def check_storable_changes(previous: TaskSnapshot, snapshot: TaskSnapshot) -> None:
+    """``check_storable_fields``，但只查 ``snapshot`` 里与 ``previous`` 不是同一个对象的字段。
+
+    ``previous`` 必须是整份查过的快照（存储里的上一版）：字段值都不可变，同一个对象就是查过的值，再查一遍
+    结果不会变。写穿每次迁移只改状态、版本与几个时间，文本字段都原样沿用——一次 save 省下十来次文本检查。
+    读实例字典而不是 getattr：快照的字段全在实例字典里（构造、``evolve`` 与状态机都整份填它）。
+    """
+    old, new = previous.__dict__, snapshot.__dict__
+    for name, limit in _TEXT_FIELD_LIMITS:
+        value = new[name]
+        if value is not old[name] and value is not None:
+            check_storable_text(name, value, limit=limit)
+    if new["priority"] is not old["priority"]:
+        check_priority(new["priority"])
+    if new["tags"] is not old["tags"]:
+        check_tag_count(new["tags"])
+
+
 @dataclass(frozen=True)
 class TaskSnapshot:
     """某一时刻任务的完整、不可变视图。运行期可从任意线程安全读取。
@@ -715,6 +733,7 @@ __all__ = [
     "TaskSnapshot",
     "Transition",
     "check_priority",
+    "check_storable_changes",
     "check_storable_fields",
     "check_storable_text",
     "check_tag_count",

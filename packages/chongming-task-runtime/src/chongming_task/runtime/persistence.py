@@ -228,8 +228,8 @@ class WriteThrough:
         return Verdict.DIVERGED
 
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
-        """在任务锁内调用：把存储追到当前版本。"""
-        self.sync(machine)
+        """在任务锁内调用：把存储追到当前版本（``record`` 是刚发生的那条迁移，存储正好落后它一条时直接写它）。"""
+        self.sync(machine, record)
 
     def sync_later(self, machine: StateMachine) -> Callable[[], bool] | None:
         """把这次写先排进组提交、不等（调用方持有 machine.lock）；返回"等它提交并收尾"的函数，调用方必须
@@ -272,8 +272,12 @@ class WriteThrough:
 
         return finish
 
-    def sync(self, machine: StateMachine) -> bool:
-        """把存储追到状态机的当前版本（调用方持有 machine.lock）。返回是否已追平（被隔离也算：不再追）。"""
+    def sync(self, machine: StateMachine, record: Transition | None = None) -> bool:
+        """把存储追到状态机的当前版本（调用方持有 machine.lock）。返回是否已追平（被隔离也算：不再追）。
+
+        ``record``：刚发生的那条迁移（监听器传入）。存储正好落后它一条（最常见）时，要补写的就是它，不必再从
+        状态机的历史里切一份出来。
+        """
         snapshot = machine.snapshot
         task_id = snapshot.task_id
         state = self._tasks.get(task_id)
@@ -289,34 +293,31 @@ class WriteThrough:
                     self.record(task_id, "read_back", exc)
                     self._mark_behind(machine)
                     return False
-            if state.persisted_version == snapshot.status_version:
+            persisted = state.persisted_version
+            if persisted == snapshot.status_version:
                 break
-            operation = "create" if state.persisted_version is None else "save"
             try:
-                if state.persisted_version is None:
+                if persisted is None:
                     self.store.create(snapshot, machine.transitions)
-                elif self.commits is None:
-                    self.store.save(
-                        snapshot,
-                        expect_version=state.persisted_version,
-                        transitions=machine.transitions_since(state.persisted_version),
-                    )
                 else:
-                    # 组提交：与同一时刻别的任务的迁移合进一个写事务；只在这一项提交之后返回。
-                    self.commits.save(
-                        SaveRequest(
-                            snapshot,
-                            state.persisted_version,
-                            machine.transitions_since(state.persisted_version),
-                        )
-                    )
+                    if record is not None and record.version == persisted + 1 == snapshot.status_version:
+                        transitions: tuple[Transition, ...] = (record,)
+                    else:
+                        transitions = machine.transitions_since(persisted)
+                    if self.commits is None:
+                        # 不经组提交：存储的写穿入口（与 save 同一语义；内存存储在锁内相对上一版检查，见
+                        # TaskStore._save_direct）。
+                        self.store._save_direct(snapshot, persisted, transitions)
+                    else:
+                        # 组提交：与同一时刻别的任务的迁移合进一个写事务；只在这一项提交之后返回。
+                        self.commits.save(SaveRequest(snapshot, persisted, transitions))
             except (ConcurrencyConflict, DuplicateTaskId):
                 state.uncertain = True  # 读回再判：是自己先前那次写成功了，还是别人改写了
                 continue
             except TaskError as exc:
                 # 结果未知（也可能根本没写进去）：下次先读回，不拿旧版本盲目重放。
                 state.uncertain = True
-                self.record(task_id, operation, exc)
+                self.record(task_id, "create" if persisted is None else "save", exc)
                 self._mark_behind(machine)
                 return False
             state.persisted_version = snapshot.status_version
