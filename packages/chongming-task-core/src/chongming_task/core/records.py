@@ -496,12 +496,19 @@ def check_storable_fields(snapshot: TaskSnapshot) -> None:
     校验（``evolve``）的快照也逃不过写入检查。outcome 由 ``check_json_value`` 管（返回时与写入时）。
     每次 save 都会走一遍：纯 ASCII 的短文本只是几次 O(1) 判断。
     """
+    # 读实例字典而不是 getattr、短的纯 ASCII 文本就地判定（不再调用 check_storable_text）：这个函数每个任务
+    # 至少走两遍（构造一遍、create 一遍），逐字段的函数调用就是它的大头。
+    state = snapshot.__dict__
     for name, limit in _TEXT_FIELD_LIMITS:
-        value = getattr(snapshot, name)
-        if value is not None:
+        value = state[name]
+        if value is not None and not (
+            value.__class__ is str and len(value) <= limit and value.isascii() and "\x00" not in value
+        ):
             check_storable_text(name, value, limit=limit)
-    check_priority(snapshot.priority)
-    check_tag_count(snapshot.tags)
+    priority = state["priority"]
+    if not (priority.__class__ is int and MIN_PRIORITY <= priority <= MAX_PRIORITY):
+        check_priority(priority)
+    check_tag_count(state["tags"])
 
 
 def check_storable_changes(previous: TaskSnapshot, snapshot: TaskSnapshot) -> None:
@@ -515,7 +522,7 @@ def check_storable_changes(previous: TaskSnapshot, snapshot: TaskSnapshot) -> No
     for name, limit in _TEXT_FIELD_LIMITS:
         value = new[name]
         if value is not old[name] and value is not None:
-            check_storable_text(name, value, limit=limit)
+            check_storable_text(name, value, limit=limit)  # 少见（通常只有 executor 变一次）：不必抠
     if new["priority"] is not old["priority"]:
         check_priority(new["priority"])
     if new["tags"] is not old["tags"]:
@@ -582,15 +589,23 @@ class TaskSnapshot:
         recipe: object = self.recipe
         if recipe is not None and not isinstance(recipe, Recipe):
             raise ConfigurationError(f"recipe 必须是 Recipe(...) 或 None，收到 {recipe!r}")
+        # 每次提交都走这里：读实例字典、None 与精确的 int 就地放行，只有要细查的值才调用检查函数。
+        state = self.__dict__
         for name in _DATETIME_FIELDS:
-            require_aware(name, getattr(self, name))
+            value = state[name]
+            if value is not None:
+                require_aware(name, value)
         for name in ("status_version", "attempt", "max_attempts", "priority"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
+            value = state[name]
+            if value.__class__ is not int and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigurationError(f"{name} 必须是整数，收到 {value!r}")
         for name in ("bucket", "pid"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            value = state[name]
+            if (
+                value is not None
+                and value.__class__ is not int
+                and (isinstance(value, bool) or not isinstance(value, int))
+            ):
                 raise ConfigurationError(f"{name} 必须是整数或 None，收到 {value!r}")
         if self.bucket is not None and self.bucket < 0:
             raise ConfigurationError(f"bucket 不能为负数，收到 {self.bucket}")

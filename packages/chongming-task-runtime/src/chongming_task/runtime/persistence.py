@@ -34,6 +34,7 @@ from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.runtime.fencing import LeaseWatch, Verdict, compare, fenced_text
 from chongming_task.runtime.group_commit import GroupCommit
 from chongming_task.runtime.outage_log import OutageLog
+from chongming_task.states import TERMINAL_STATUSES
 from chongming_task.storage import SaveRequest, TaskStore
 
 logger = logging.getLogger("chongming_task.controller")
@@ -98,6 +99,9 @@ class WriteThrough:
         self._failure_seq = 0  # 写失败的累计次数（catch_up 据此判断"存储此刻不可用"）
         self.outage = OutageLog(logger, monotonic=clock.monotonic)
         self.lease = LeaseWatch(lease_ttl, clock.monotonic())
+        self._lease_span = timedelta(seconds=lease_ttl)
+        # create 时沿用快照里已有的租约（lease_fields 在提交时给的），只要它是一秒之内算出来的：再旧就重算。
+        self._fresh_lease = timedelta(seconds=max(lease_ttl - 1.0, lease_ttl / 2))
         # 组提交只对能省下提交的存储有用（TaskStore.group_commit）；否则写穿直接 save。
         self.commits: GroupCommit | None = GroupCommit(store) if store.group_commit else None
 
@@ -118,7 +122,12 @@ class WriteThrough:
         logger.warning("%s %s：%s", operation, task_id, text)
 
     def lease_until(self) -> datetime:
-        return self.clock.now() + timedelta(seconds=self.lease_ttl)
+        return self.clock.now() + self._lease_span
+
+    def lease_fields(self) -> dict[str, object]:
+        """新任务的快照一开始就带上本节点的租约（``StateMachine.create`` 的字段）：create 时不必再为它复制一份
+        快照（``update_side``），每个提交省一次整份快照的拷贝。"""
+        return {"lease_owner": self.owner, "lease_until": self.lease_until()}
 
     def create(self, machine: StateMachine) -> None:
         """提交时落库：必须成功，任务才会执行（issue 16.6）。
@@ -128,8 +137,16 @@ class WriteThrough:
         只从这一步成功之后开始：之后的 save / touch 失败记进 persist_failures，恢复后追平。
         重复 id 原样抛出。
         """
-        # 先在状态机上记下租约，再把这同一个快照对象交给存储（不另造一份副本）。
-        snapshot = machine.update_side(lease_owner=self.owner, lease_until=self.lease_until())
+        # 先在状态机上记下租约，再把这同一个快照对象交给存储（不另造一份副本）。提交时已经带上了
+        # （lease_fields）且是刚算的：原样用它，不再复制一份快照。
+        snapshot = machine.snapshot
+        lease = snapshot.lease_until
+        if (
+            snapshot.lease_owner != self.owner
+            or lease is None
+            or lease < self.clock.now() + self._fresh_lease
+        ):
+            snapshot = machine.update_side(lease_owner=self.owner, lease_until=self.lease_until())
         task_id = snapshot.task_id
         last: TaskError | None = None
         # 结果未知的失败（连接在语句中途断了、回执丢了，issue 22.1）之后先读回：存储里正是本进程刚建的这一份
@@ -228,7 +245,8 @@ class WriteThrough:
         return Verdict.DIVERGED
 
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
-        """在任务锁内调用：把存储追到当前版本（``record`` 是刚发生的那条迁移，存储正好落后它一条时直接写它）。"""
+        """在任务锁内调用：把存储追到当前版本（``record`` 是刚发生的那条迁移：存储正好落后它一条时
+        直接写它）。"""
         self.sync(machine, record)
 
     def sync_later(self, machine: StateMachine) -> Callable[[], bool] | None:
@@ -339,7 +357,7 @@ class WriteThrough:
         if task_id in self._behind:
             with self._lock:
                 self._behind.pop(task_id, None)
-        if snapshot.is_terminal:
+        if snapshot.status in TERMINAL_STATUSES:
             self._flush_one(snapshot, state)
         return True
 

@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from chongming_task.clock import Clock
@@ -48,6 +49,9 @@ def _not_found(task_id: str) -> ConfigurationError:
     return ConfigurationError(f"找不到任务 {task_id!r}")
 
 
+_NO_FIELDS: Mapping[str, object] = MappingProxyType({})
+
+
 def _no_write(machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
     """没有要写穿的地方。"""
 
@@ -74,6 +78,10 @@ class LocalLink:
     def __init__(self) -> None:
         self.on_transition = _no_write
         self.write_later = _never_later
+
+    def lease_fields(self) -> Mapping[str, object]:
+        """新任务快照的初始租约字段（``StateMachine.create`` 的关键字参数）：没有存储就没有租约。"""
+        return _NO_FIELDS
 
     def create(self, machine: StateMachine) -> None:
         """新任务只在内存里。"""
@@ -209,6 +217,9 @@ class StoreLink(LocalLink):
             self.start_polling()
 
     # -- write-through ------------------------------------------------------------------------------
+
+    def lease_fields(self) -> Mapping[str, object]:
+        return self._write.lease_fields()
 
     def create(self, machine: StateMachine) -> None:
         try:

@@ -197,13 +197,13 @@ def validate_save(snapshot: TaskSnapshot, expect_version: int, transitions: Sequ
 def check_save_since(
     previous: TaskSnapshot, snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
 ) -> None:
-    """与 save 同样的入参检查（``check_snapshot`` + ``check_transitions`` + ``validate_save``），但相对于存储里的
-    上一版 ``previous``：可存储性只查变了的字段（``check_storable_changes``）。
+    """与 save 同样的入参检查（``check_snapshot`` + ``check_transitions`` + ``validate_save``），但相对于
+    存储里的上一版 ``previous``：可存储性只查变了的字段（``check_storable_changes``）。
 
-    给写入就在本进程、持着存储自己的锁完成的存储用（``TaskStore._save_direct``）：``previous`` 是锁内读到的、
-    当初整份查过才存下的那一版。常见情形（一条接得上的迁移记录、文本字段原样沿用）只是几次比较；任何不寻常的
-    入参（空的或接不上的迁移记录、非 int 的版本号）都交给完整的 ``check_transitions`` / ``validate_save``，报错
-    与 save 一字不差。调用方先确认 ``snapshot`` 是 TaskSnapshot。
+    给写入就在本进程、持着存储自己的锁完成的存储用（``TaskStore._save_direct``）：``previous`` 是锁内
+    读到的、当初整份查过才存下的那一版。常见情形（一条接得上的迁移记录、文本字段原样沿用）只是几次比较；
+    任何不寻常的入参（空的或接不上的迁移记录、非 int 的版本号）都交给完整的 ``check_transitions`` /
+    ``validate_save``，报错与 save 一字不差。调用方先确认 ``snapshot`` 是 TaskSnapshot。
     """
     check_storable_changes(previous, snapshot)
     task_id = snapshot.task_id

@@ -263,9 +263,10 @@ class InMemoryTaskStore(TaskStore):
     def _save_direct(
         self, snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
     ) -> None:
-        """写穿的 save（见 ``TaskStore._save_direct``）：入参在锁内相对存储里的上一版检查（``check_save_since``），
-        不造 ``SaveRequest``。存储里的每一版都是整份查过（或相对查过的上一版查过）才存下的，所以只查变了的字段
-        与查整份结果相同。不是常见形状的入参（快照子类、迁移记录不是元组）交给完整的 save。"""
+        """写穿的 save（见 ``TaskStore._save_direct``）：入参在锁内相对存储里的上一版检查
+        （``check_save_since``），不造 ``SaveRequest``。存储里的每一版都是整份查过（或相对查过的上一版查过）
+        才存下的，所以只查变了的字段与查整份结果相同。不是常见形状的入参（快照子类、迁移记录不是元组）交给
+        完整的 save。"""
         if snapshot.__class__ is not TaskSnapshot or transitions.__class__ is not tuple:
             self.save(snapshot, expect_version=expect_version, transitions=transitions)
             return
