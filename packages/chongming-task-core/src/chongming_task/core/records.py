@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import enum
+import operator
 import traceback as traceback_module
 from dataclasses import dataclass, field, fields
 from datetime import datetime
@@ -489,6 +490,11 @@ _TEXT_FIELD_LIMITS: tuple[tuple[str, int], ...] = tuple(
 )
 
 
+_STORABLE_FIELDS = operator.itemgetter(*(name for name, _ in _TEXT_FIELD_LIMITS), "tags")
+"""``check_storable_fields`` 检查的文本字段与标签，按实例字典取成一个元组
+（``check_storable_changes`` 的快速判定）。"""
+
+
 def check_storable_fields(snapshot: TaskSnapshot) -> None:
     """快照里除 outcome 以外的可存储性：文本字段（长度、NUL、孤立代理项）、priority 范围、标签个数。
 
@@ -519,6 +525,13 @@ def check_storable_changes(previous: TaskSnapshot, snapshot: TaskSnapshot) -> No
     读实例字典而不是 getattr：快照的字段全在实例字典里（构造、``evolve`` 与状态机都整份填它）。
     """
     old, new = previous.__dict__, snapshot.__dict__
+    # 最常见：文本字段与标签全都原样沿用——两个元组在 C 里逐项比较（同一个对象直接算相等），一次就判定完。
+    # 与查过的文本相等的文本、与查过的标签集合相等的集合，可存储性也一样。priority 单独按"同一个对象"判定：
+    # 5.0 与 True 都"等于"一个整数，却不是合法的 priority。
+    if _STORABLE_FIELDS(new) == _STORABLE_FIELDS(old):
+        if new["priority"] is not old["priority"]:
+            check_priority(new["priority"])
+        return
     for name, limit in _TEXT_FIELD_LIMITS:
         value = new[name]
         if value is not old[name] and value is not None:
