@@ -12,8 +12,12 @@ from typing import Any
 import pytest
 
 from chongming_task.core.storage.contract import TaskStore
+from chongming_task.models import TaskSnapshot
+from chongming_task.states import TaskStatus
+from chongming_task.storage import SaveRequest
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.testing import FakeClock
+from chongming_task.testing.contract._base import walk
 from chongming_task.testing.store_contract import StoreContract, snap
 
 HOOKS = {
@@ -78,3 +82,29 @@ class TestLegacyStyleStore(StoreContract):
 
     def make_clocked_store(self, clock: FakeClock) -> TaskStore:
         return LegacyStore(InMemoryTaskStore(clock=clock))  # type: ignore[call-arg]
+
+
+def test_a_subclass_that_overrides_save_still_sees_every_write_through_write() -> None:
+    """内存存储的写穿入口 ``_save_direct`` 不经公开的 save：子类改了 save 或 _save（注入故障、记日志）却没改
+    写穿入口时，基类退回默认实现，写穿照样经过子类的 save。"""
+    seen: list[int] = []
+
+    class CountingSave(InMemoryTaskStore):
+        def save(self, snapshot: TaskSnapshot, **kwargs: Any) -> None:
+            seen.append(snapshot.status_version)
+            super().save(snapshot, **kwargs)
+
+    class CountingHook(InMemoryTaskStore):
+        def _save(self, request: SaveRequest) -> None:
+            seen.append(-request.snapshot.status_version)
+            super()._save(request)
+
+    assert InMemoryTaskStore._save_direct is not TaskStore._save_direct  # 内存存储有自己的快路径
+    for cls in (CountingSave, CountingHook):
+        assert cls._save_direct is TaskStore._save_direct
+        store = cls()
+        base = snap(f"sub-{cls.__name__}")
+        store.create(base)
+        queued, records = walk(base, TaskStatus.QUEUED)
+        store._save_direct(queued, 0, tuple(records))
+    assert seen == [1, -1]

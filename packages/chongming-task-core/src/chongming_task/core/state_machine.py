@@ -323,8 +323,10 @@ class StateMachine:
         state.update(current.__dict__)
         state.update(changes)
         # actor / reason 可能来自用户（stop(reason=...)）或拼进了异常消息：整理成每个后端都存得下的文本。
-        actor = sanitize_reason(actor)
-        reason = sanitize_reason(reason)
+        if actor is not None:  # 多数迁移两者都没有：不为 None 调用整理函数（每个任务四次迁移）
+            actor = sanitize_reason(actor)
+        if reason is not None:
+            reason = sanitize_reason(reason)
         record = Transition._trusted(current.task_id, source, target, trigger, actor, reason, version, now)
         self._snapshot = snapshot
         self._transitions.append(record)

@@ -611,6 +611,7 @@ class Controller(ClosesOnExit):
                 pipeline_id=pipeline_id,
                 node_id=node_id,
                 recipe=recipe,
+                **self._link.lease_fields(),  # 有存储时快照一开始就带着本节点的租约（create 不必再复制快照）
             )
             if shape is not None:
                 shapes[shape] = machine.snapshot  # type: ignore[index]

@@ -34,6 +34,7 @@ from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.runtime.fencing import LeaseWatch, Verdict, compare, fenced_text
 from chongming_task.runtime.group_commit import GroupCommit
 from chongming_task.runtime.outage_log import OutageLog
+from chongming_task.states import TERMINAL_STATUSES
 from chongming_task.storage import SaveRequest, TaskStore
 
 logger = logging.getLogger("chongming_task.controller")
@@ -102,6 +103,9 @@ class WriteThrough:
         self._failure_seq = 0  # 写失败的累计次数（catch_up 据此判断"存储此刻不可用"）
         self.outage = OutageLog(logger, monotonic=clock.monotonic)
         self.lease = LeaseWatch(lease_ttl, clock.monotonic())
+        self._lease_span = timedelta(seconds=lease_ttl)
+        # create 时沿用快照里已有的租约（lease_fields 在提交时给的），只要它是一秒之内算出来的：再旧就重算。
+        self._fresh_lease = timedelta(seconds=max(lease_ttl - 1.0, lease_ttl / 2))
         # 组提交只对能省下提交的存储有用（TaskStore.group_commit）；否则写穿直接 save。
         self.commits: GroupCommit | None = GroupCommit(store) if store.group_commit else None
 
@@ -122,7 +126,12 @@ class WriteThrough:
         logger.warning("%s %s：%s", operation, task_id, text)
 
     def lease_until(self) -> datetime:
-        return self.clock.now() + timedelta(seconds=self.lease_ttl)
+        return self.clock.now() + self._lease_span
+
+    def lease_fields(self) -> dict[str, object]:
+        """新任务的快照一开始就带上本节点的租约（``StateMachine.create`` 的字段）：create 时不必再为它复制一份
+        快照（``update_side``），每个提交省一次整份快照的拷贝。"""
+        return {"lease_owner": self.owner, "lease_until": self.lease_until()}
 
     def create(self, machine: StateMachine) -> None:
         """提交时落库：必须成功，任务才会执行（issue 16.6）。
@@ -132,8 +141,16 @@ class WriteThrough:
         只从这一步成功之后开始：之后的 save / touch 失败记进 persist_failures，恢复后追平。
         重复 id 原样抛出。
         """
-        # 先在状态机上记下租约，再把这同一个快照对象交给存储（不另造一份副本）。
-        snapshot = machine.update_side(lease_owner=self.owner, lease_until=self.lease_until())
+        # 先在状态机上记下租约，再把这同一个快照对象交给存储（不另造一份副本）。提交时已经带上了
+        # （lease_fields）且是刚算的：原样用它，不再复制一份快照。
+        snapshot = machine.snapshot
+        lease = snapshot.lease_until
+        if (
+            snapshot.lease_owner != self.owner
+            or lease is None
+            or lease < self.clock.now() + self._fresh_lease
+        ):
+            snapshot = machine.update_side(lease_owner=self.owner, lease_until=self.lease_until())
         task_id = snapshot.task_id
         last: TaskError | None = None
         # 结果未知的失败（连接在语句中途断了、回执丢了，issue 22.1）之后先读回：存储里正是本进程刚建的这一份
@@ -232,8 +249,9 @@ class WriteThrough:
         return Verdict.DIVERGED
 
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
-        """在任务锁内调用：把存储追到当前版本。"""
-        self.sync(machine)
+        """在任务锁内调用：把存储追到当前版本（``record`` 是刚发生的那条迁移：存储正好落后它一条时
+        直接写它）。"""
+        self.sync(machine, record)
 
     def sync_later(self, machine: StateMachine) -> Callable[[], bool] | None:
         """把这次写先排进组提交、不等（调用方持有 machine.lock）；返回"等它提交并收尾"的函数，调用方必须
@@ -276,8 +294,12 @@ class WriteThrough:
 
         return finish
 
-    def sync(self, machine: StateMachine) -> bool:
-        """把存储追到状态机的当前版本（调用方持有 machine.lock）。返回是否已追平（被隔离也算：不再追）。"""
+    def sync(self, machine: StateMachine, record: Transition | None = None) -> bool:
+        """把存储追到状态机的当前版本（调用方持有 machine.lock）。返回是否已追平（被隔离也算：不再追）。
+
+        ``record``：刚发生的那条迁移（监听器传入）。存储正好落后它一条（最常见）时，要补写的就是它，不必再从
+        状态机的历史里切一份出来。
+        """
         snapshot = machine.snapshot
         task_id = snapshot.task_id
         state = self._tasks.get(task_id)
@@ -293,34 +315,31 @@ class WriteThrough:
                     self.record(task_id, "read_back", exc)
                     self._mark_behind(machine)
                     return False
-            if state.persisted_version == snapshot.status_version:
+            persisted = state.persisted_version
+            if persisted == snapshot.status_version:
                 break
-            operation = "create" if state.persisted_version is None else "save"
             try:
-                if state.persisted_version is None:
+                if persisted is None:
                     self.store.create(snapshot, machine.transitions)
-                elif self.commits is None:
-                    self.store.save(
-                        snapshot,
-                        expect_version=state.persisted_version,
-                        transitions=machine.transitions_since(state.persisted_version),
-                    )
                 else:
-                    # 组提交：与同一时刻别的任务的迁移合进一个写事务；只在这一项提交之后返回。
-                    self.commits.save(
-                        SaveRequest(
-                            snapshot,
-                            state.persisted_version,
-                            machine.transitions_since(state.persisted_version),
-                        )
-                    )
+                    if record is not None and record.version == persisted + 1 == snapshot.status_version:
+                        transitions: tuple[Transition, ...] = (record,)
+                    else:
+                        transitions = machine.transitions_since(persisted)
+                    if self.commits is None:
+                        # 不经组提交：存储的写穿入口（与 save 同一语义；内存存储在锁内相对上一版检查，见
+                        # TaskStore._save_direct）。
+                        self.store._save_direct(snapshot, persisted, transitions)
+                    else:
+                        # 组提交：与同一时刻别的任务的迁移合进一个写事务；只在这一项提交之后返回。
+                        self.commits.save(SaveRequest(snapshot, persisted, transitions))
             except (ConcurrencyConflict, DuplicateTaskId):
                 state.uncertain = True  # 读回再判：是自己先前那次写成功了，还是别人改写了
                 continue
             except TaskError as exc:
                 # 结果未知（也可能根本没写进去）：下次先读回，不拿旧版本盲目重放。
                 state.uncertain = True
-                self.record(task_id, operation, exc)
+                self.record(task_id, "create" if persisted is None else "save", exc)
                 self._mark_behind(machine)
                 return False
             state.persisted_version = snapshot.status_version
@@ -342,7 +361,7 @@ class WriteThrough:
         if task_id in self._behind:
             with self._lock:
                 self._behind.pop(task_id, None)
-        if snapshot.is_terminal:
+        if snapshot.status in TERMINAL_STATUSES:
             self._flush_one(snapshot, state)
         return True
 

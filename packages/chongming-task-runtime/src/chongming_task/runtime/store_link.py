@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from chongming_task.clock import Clock
@@ -49,12 +50,39 @@ def _not_found(task_id: str) -> ConfigurationError:
     return ConfigurationError(f"找不到任务 {task_id!r}")
 
 
+_NO_FIELDS: Mapping[str, object] = MappingProxyType({})
+
+
+def _no_write(machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
+    """没有要写穿的地方。"""
+
+
+def _never_later(machine: StateMachine) -> Callable[[], bool] | None:
+    """没有可以捎带的提交（没有存储，或存储不做组提交）：不必推迟，调用方照常 on_transition。"""
+    return None
+
+
 class LocalLink:
     """没有存储时的链接：不写、不租、不认领指令；查询只看本进程的任务。"""
 
     store: TaskStore | None = None
     log_sink: LogSink | None = None
     """任务日志的缓冲（``Controller(persist_logs=...)``）；没有存储时为 None，日志只在内存里。"""
+
+    on_transition: Callable[[StateMachine, TaskSnapshot, Transition], None]
+    """每次迁移（在任务锁内）：写穿存储。是实例属性而不是方法：有存储时它就是写穿对象的那个方法本身，
+    每次迁移少一层转手（issue 17）。"""
+    write_later: Callable[[StateMachine], Callable[[], bool] | None]
+    """这次迁移的写先排进组提交、不等（见 ``WriteThrough.sync_later``）；返回"等它提交"的函数，None 表示
+    不能推迟（调用方照常 on_transition）。"""
+
+    def __init__(self) -> None:
+        self.on_transition = _no_write
+        self.write_later = _never_later
+
+    def lease_fields(self) -> Mapping[str, object]:
+        """新任务快照的初始租约字段（``StateMachine.create`` 的关键字参数）：没有存储就没有租约。"""
+        return _NO_FIELDS
 
     def create(self, machine: StateMachine) -> None:
         """新任务只在内存里。"""
@@ -65,13 +93,6 @@ class LocalLink:
 
     def track(self, machine: StateMachine) -> None:
         """没有存储，就没有"接着存储里的版本写"（认领 / 接手只在有存储时发生）。"""
-
-    def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
-        """没有要写穿的地方。"""
-
-    def write_later(self, machine: StateMachine) -> Callable[[], bool] | None:
-        """没有要写穿的地方：不必推迟，调用方照常 on_transition。"""
-        return None
 
     def forget(self, task_id: str) -> None:
         """没有写穿记账要清。"""
@@ -184,6 +205,9 @@ class StoreLink(LocalLink):
         self._write = WriteThrough(
             store, owner=owner, lease_ttl=lease_ttl, clock=clock, on_failure=on_persist_failure
         )
+        # 每次迁移都走的两个入口直接是写穿的方法（少一层转手）；存储不做组提交时没有可推迟的写。
+        self.on_transition = self._write.on_transition
+        self.write_later = self._write.sync_later if self._write.commits is not None else _never_later
         # 日志与旁路字段同一个节奏、同一条失败路径（persist_failures、事件钩子、指标）。
         self.log_sink = LogSink(store, on_failure=self._write.record) if persist_logs else None
         self._lock = threading.Lock()
@@ -200,6 +224,9 @@ class StoreLink(LocalLink):
             self.start_polling()
 
     # -- write-through ------------------------------------------------------------------------------
+
+    def lease_fields(self) -> Mapping[str, object]:
+        return self._write.lease_fields()
 
     def create(self, machine: StateMachine) -> None:
         try:
@@ -226,14 +253,6 @@ class StoreLink(LocalLink):
 
     def track(self, machine: StateMachine) -> None:
         self._write.track(machine)
-
-    def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
-        self._write.on_transition(machine, snapshot, record)
-
-    def write_later(self, machine: StateMachine) -> Callable[[], bool] | None:
-        """这次迁移的写先排进组提交、不等（见 ``WriteThrough.sync_later``）；返回"等它提交"的函数，
-        None 表示不能推迟（调用方照常 on_transition）。"""
-        return self._write.sync_later(machine)
 
     def forget(self, task_id: str) -> None:
         self._write.forget(task_id)

@@ -20,6 +20,7 @@ from chongming_task.core.records import (
     MAX_ID_LENGTH,
     MAX_JSON_BYTES,
     MAX_TEXT_LENGTH,
+    check_storable_changes,
     check_storable_fields,
     check_storable_text,
 )
@@ -143,8 +144,11 @@ def check_positive_seconds(name: str, value: object) -> float:
 
 
 def check_claimant(value: object) -> None:
+    """认领者（指令的 claimant、持久任务的持有者）：非空字符串，且与快照文本同一份可存储性规则——认领把它写进
+    任务的 ``owner`` / ``lease_owner``，存储里的每个值都必须是查过的（``check_save_since`` 依赖这一点）。"""
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"认领者 claimant 必须是非空字符串，收到 {value!r}")
+    check_storable_text("认领者 claimant", value, limit=MAX_ID_LENGTH, optional=False)
 
 
 def check_holder(value: object) -> str | None:
@@ -195,6 +199,32 @@ def validate_save(snapshot: TaskSnapshot, expect_version: int, transitions: Sequ
         check_transitions(snapshot.task_id, transitions)
         if transitions[-1].to_status is not snapshot.status:
             raise ConfigurationError("最后一条迁移记录的目标状态必须等于快照状态")
+
+
+def check_save_since(
+    previous: TaskSnapshot, snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
+) -> None:
+    """与 save 同样的入参检查（``check_snapshot`` + ``check_transitions`` + ``validate_save``），但相对于
+    存储里的上一版 ``previous``：可存储性只查变了的字段（``check_storable_changes``）。
+
+    给写入就在本进程、持着存储自己的锁完成的存储用（``TaskStore._save_direct``）：``previous`` 是锁内
+    读到的、当初整份查过才存下的那一版。常见情形（一条接得上的迁移记录、文本字段原样沿用）只是几次比较；
+    任何不寻常的入参（空的或接不上的迁移记录、非 int 的版本号）都交给完整的 ``check_transitions`` /
+    ``validate_save``，报错与 save 一字不差。调用方先确认 ``snapshot`` 是 TaskSnapshot。
+    """
+    check_storable_changes(previous, snapshot)
+    task_id = snapshot.task_id
+    if transitions and expect_version.__class__ is int and expect_version >= 0:
+        version = expect_version
+        for record in transitions:
+            version += 1
+            if record.__class__ is not Transition or record.version != version or record.task_id != task_id:
+                break
+        else:
+            if version == snapshot.status_version and transitions[-1].to_status is snapshot.status:
+                return
+    check_transitions(task_id, transitions)
+    validate_save(snapshot, expect_version, transitions)
 
 
 def validate_lease(lease: float) -> None:

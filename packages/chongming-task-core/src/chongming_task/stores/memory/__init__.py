@@ -95,10 +95,59 @@ class _Row:
         self.outcome_text = outcome_text
         self.history: dict[int, Transition] = {}
         # 日志挂在任务行上：删掉任务（prune / delete_archived）就连同日志一起删掉，不会留下孤儿。
-        # LogLine 是冻结的、字段全不可变，可以直接共享给读者。
-        self.logs: collections.deque[v.LogLine] = collections.deque(maxlen=v.MAX_LOG_LINES)
+        # LogLine 是冻结的、字段全不可变，可以直接共享给读者。多数任务一行日志也不写：队列与水位线在第一次
+        # append_logs 时才建（每个任务少两个被循环 GC 追踪的容器，issue 17）。
+        self.logs: collections.deque[v.LogLine] | None = None
         self.log_seq = 0
-        self.log_writers: dict[str, int] = {}  # 写入者 → 已接受的最大 writer_seq（幂等水位线，见 values）
+        self.log_writers: dict[str, int] | None = (
+            None  # 写入者 → 已接受的最大 writer_seq（幂等水位线，见 values）
+        )
+
+
+def _check_version(current: TaskSnapshot, task_id: str, expect_version: int) -> None:
+    if current.status_version != expect_version:
+        raise ConcurrencyConflict(
+            f"任务 {task_id!r} 的版本已是 {current.status_version}，"
+            f"不是期望的 {expect_version}：有别的写者抢先了，请重新读取后再决定"
+        )
+
+
+_SAVE_KEEPS = ("progress", "last_heartbeat_at", "lease_owner", "lease_until", "recipe")
+"""save 从不改写、沿用存储里的值的字段：旁路字段（只归 create / touch）与配方（只归 create）。"""
+
+
+def _put(
+    row: _Row,
+    current: TaskSnapshot,
+    snapshot: TaskSnapshot,
+    scalar: Any,
+    text: str | None,
+    transitions: Sequence[Transition],
+) -> None:
+    """（持锁调用，检查都已通过）把 save 的快照与迁移记录写进任务行。
+
+    旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。写穿的热路径上它们通常就是同一批对象
+    （快照不可变）：直接存调用方这份，不复制；有一个不同才复制一份、换上存储里的那组值。
+    """
+    new, old = snapshot.__dict__, current.__dict__
+    if (
+        scalar is new["outcome"]
+        and new["progress"] is old["progress"]
+        and new["last_heartbeat_at"] is old["last_heartbeat_at"]
+        and new["lease_owner"] is old["lease_owner"]
+        and new["lease_until"] is old["lease_until"]
+        and new["recipe"] is old["recipe"]
+    ):
+        row.snapshot = snapshot  # 最常见：什么都不用换，直接存调用方这份
+    else:
+        changes: dict[str, Any] = {"outcome": scalar}
+        for name in _SAVE_KEEPS:  # 配方只由 create 写入，同样沿用
+            changes[name] = old[name]
+        row.snapshot = snapshot.evolve(**changes)
+    row.outcome_text = text
+    history = row.history
+    for record in transitions:
+        history.setdefault(record.version, record)
 
 
 class _CommandRow:
@@ -182,18 +231,22 @@ class InMemoryTaskStore(TaskStore):
         snapshot = checks.check_snapshot(snapshot)
         transitions = tuple(transitions)
         checks.check_transitions(snapshot.task_id, transitions)
-        scalar, text = _encode_json(snapshot.outcome, what="outcome")
-        stored = snapshot if scalar is snapshot.outcome else snapshot.evolve(outcome=scalar)
+        outcome = snapshot.outcome
+        scalar, text = (None, None) if outcome is None else _encode_json(outcome, what="outcome")
+        stored = snapshot if scalar is outcome else snapshot.evolve(outcome=scalar)
+        task_id = snapshot.task_id
         with self._lock:
-            self._check_open()
-            if snapshot.task_id in self._rows:
+            if self._closed:
+                self._check_open()
+            if task_id in self._rows:
                 raise DuplicateTaskId(
-                    f"task_id {snapshot.task_id!r} 已存在：存储拒绝重复创建（想重跑请换一个 task_id 提交）"
+                    f"task_id {task_id!r} 已存在：存储拒绝重复创建（想重跑请换一个 task_id 提交）"
                 )
             row = _Row(stored, text)
+            history = row.history
             for record in transitions:
-                row.history.setdefault(record.version, record)
-            self._rows[snapshot.task_id] = row
+                history.setdefault(record.version, record)
+            self._rows[task_id] = row
 
     def _save(self, request: v.SaveRequest) -> None:
         snapshot, expect_version = request.snapshot, request.expect_version
@@ -202,30 +255,35 @@ class InMemoryTaskStore(TaskStore):
             self._check_open()
             row = self._row(snapshot.task_id)
             current = row.snapshot
-            if current.status_version != expect_version:
-                raise ConcurrencyConflict(
-                    f"任务 {snapshot.task_id!r} 的版本已是 {current.status_version}，"
-                    f"不是期望的 {expect_version}：有别的写者抢先了，请重新读取后再决定"
-                )
+            _check_version(current, snapshot.task_id, expect_version)
             if v.lease_is_held(current.lease_until, request.lease_expired_before):
                 raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, current.lease_until))
-            # 旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。只复制确实不同的字段
-            # （写穿的热路径上通常一个都没有：快照不可变，直接存调用方这份，不再复制一次）。
-            changes: dict[str, Any] = {} if scalar is snapshot.outcome else {"outcome": scalar}
-            if snapshot.progress is not current.progress:
-                changes["progress"] = current.progress
-            if snapshot.last_heartbeat_at is not current.last_heartbeat_at:
-                changes["last_heartbeat_at"] = current.last_heartbeat_at
-            if snapshot.lease_owner is not current.lease_owner:
-                changes["lease_owner"] = current.lease_owner
-            if snapshot.lease_until is not current.lease_until:
-                changes["lease_until"] = current.lease_until
-            if snapshot.recipe is not current.recipe:
-                changes["recipe"] = current.recipe  # 配方只由 create 写入
-            row.snapshot = snapshot.evolve(**changes) if changes else snapshot
-            row.outcome_text = text
-            for record in request.transitions:
-                row.history.setdefault(record.version, record)
+            _put(row, current, snapshot, scalar, text, request.transitions)
+
+    def _save_direct(
+        self, snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
+    ) -> None:
+        """写穿的 save（见 ``TaskStore._save_direct``）：入参在锁内相对存储里的上一版检查
+        （``check_save_since``），不造 ``SaveRequest``。存储里的每一版都是整份查过（或相对查过的上一版查过）
+        才存下的，所以只查变了的字段与查整份结果相同。不是常见形状的入参（快照子类、迁移记录不是元组）交给
+        完整的 save。"""
+        if snapshot.__class__ is not TaskSnapshot or transitions.__class__ is not tuple:
+            self.save(snapshot, expect_version=expect_version, transitions=transitions)
+            return
+        outcome = snapshot.outcome
+        # 运行中的任务 outcome 都是 None：不必为它调用编码
+        scalar, text = (None, None) if outcome is None else _encode_json(outcome, what="outcome")
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            row = self._rows.get(snapshot.task_id)
+            if row is None:
+                row = self._row(snapshot.task_id)  # 抛 TaskNotFound
+            current = row.snapshot
+            checks.check_save_since(current, snapshot, expect_version, transitions)
+            if current.status_version != expect_version:
+                _check_version(current, snapshot.task_id, expect_version)
+            _put(row, current, snapshot, scalar, text, transitions)
 
     def get(self, task_id: str) -> TaskSnapshot | None:
         checks.check_key("task_id", task_id)
@@ -465,6 +523,9 @@ class InMemoryTaskStore(TaskStore):
                 row = self._rows.get(task_id)
                 if row is None:
                     continue  # 任务已不在（例如刚被 prune）：跳过，见契约
+                if row.logs is None or row.log_writers is None:
+                    row.logs = collections.deque(maxlen=v.MAX_LOG_LINES)
+                    row.log_writers = {}
                 fresh, marks = v.unseen_log_lines(group, row.log_writers)
                 row.log_writers.update(marks)
                 for line in fresh:
@@ -483,7 +544,7 @@ class InMemoryTaskStore(TaskStore):
             if row is None:
                 return []
             picked: list[v.LogLine] = []
-            for line in row.logs:
+            for line in row.logs or ():
                 if after_seq is not None and line.seq <= after_seq:
                     continue
                 if attempt is not None and line.attempt != attempt:
@@ -500,7 +561,8 @@ class InMemoryTaskStore(TaskStore):
             row = self._rows.get(task_id)
             if row is None:
                 return v.LogStats()
-            return v.LogStats(kept=len(row.logs), dropped=row.log_seq - len(row.logs), last_seq=row.log_seq)
+            kept = 0 if row.logs is None else len(row.logs)
+            return v.LogStats(kept=kept, dropped=row.log_seq - kept, last_seq=row.log_seq)
 
     # -- upkeep -------------------------------------------------------------------------------------
 

@@ -250,6 +250,9 @@ class CommandCases(ContractBase):
         for lease in (0, -1, math.nan, math.inf):
             with self.assertRaises(ConfigurationError):
                 store.claim_commands("w", lease=lease)
+        for claimant in ("w\x00", "\ud800", "w" * 10_000):  # 存不下的认领者（与快照文本同一份规则）
+            with self.assertRaises(ConfigurationError):
+                store.claim_commands(claimant, lease=60)
         self.assertEqual(len(store.claim_commands("w", lease=60)), 1, "被拒绝的认领不能取走指令")
 
     def test_concurrent_claimers_never_share_a_command(self) -> None:

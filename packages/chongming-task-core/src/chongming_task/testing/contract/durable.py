@@ -182,6 +182,10 @@ class DurableCases(ContractBase):
         store = self.open_store()
         for kwargs in (
             {"holder": "", "names": ["x"], "limit": 1, "lease_until": LEASE},
+            # 认领者写进任务的 owner / lease_owner：与快照文本同一份可存储性规则
+            {"holder": "w\x00", "names": ["x"], "limit": 1, "lease_until": LEASE},
+            {"holder": "\ud800", "names": ["x"], "limit": 1, "lease_until": LEASE},
+            {"holder": "w" * 10_000, "names": ["x"], "limit": 1, "lease_until": LEASE},
             {"holder": "w", "names": "x", "limit": 1, "lease_until": LEASE},
             {"holder": "w", "names": ["x"], "limit": -1, "lease_until": LEASE},
             {"holder": "w", "names": ["x"], "limit": True, "lease_until": LEASE},

@@ -159,6 +159,64 @@ class SaveCases(ContractBase):
         self.assertEqual(got.lease_owner, "node-b")
         self.assertEqual(got.lease_until, T0 + timedelta(seconds=100))
 
+    # ===============================================================================================
+    # _save_direct：写穿不经组提交时的 save 入口（默认就是 save；内存存储相对存储里的上一版检查）
+    # ===============================================================================================
+
+    def test_direct_save_writes_exactly_like_save(self) -> None:
+        store = self.open_store()
+        base = snap("s-direct", label="v0")
+        store.create(base)
+        store.touch("s-direct", progress=Progress(done=3, total=10), lease_owner="node-b")
+        queued, r1 = step(base, S.QUEUED)
+        store._save_direct(queued, 0, (r1,))
+        running, records = walk(queued, S.STARTING, S.RUNNING)
+        store._save_direct(running.evolve(executor="thread"), 1, tuple(records))
+        got = store.get("s-direct")
+        assert got is not None
+        self.assertEqual((got.status, got.status_version, got.executor), (S.RUNNING, 3, "thread"))
+        self.assertEqual(store.history("s-direct"), [r1, *records])
+        # 旁路字段照样只归 touch：调用方快照里的（空的）进度与租约不采用。
+        self.assertEqual((got.progress, got.lease_owner), (Progress(done=3, total=10), "node-b"))
+        stale, stale_record = step(queued, S.CANCELLED)  # 过时的写者：以为版本还是 1
+        with self.assertRaises(ConcurrencyConflict):
+            store._save_direct(stale, 1, (stale_record,))
+        self.assertVersions(store, "s-direct", [1, 2, 3])
+        ghost, record = step(snap("s-direct-ghost"), S.QUEUED)
+        with self.assertRaises(TaskNotFound):
+            store._save_direct(ghost, 0, (record,))
+
+    def test_direct_save_refuses_what_save_refuses(self) -> None:
+        """只查变了的字段也一项不少：改成存不下的文本、接不上的迁移记录、错误的版本号，都与 save 一样
+        ConfigurationError、什么也不写。"""
+        store = self.open_store()
+        base = snap("s-direct-bad", label="ok")
+        store.create(base)
+        queued, record = step(base, S.QUEUED)
+        for bad in (
+            queued.evolve(executor="bad\x00executor"),  # evolve 不校验：只有写入检查拦得住
+            queued.evolve(label="x" * 10_000),
+            queued.evolve(owner="\ud800"),
+            queued.evolve(priority=2**60),
+            queued.evolve(tags=frozenset(f"t{i}" for i in range(1000))),
+        ):
+            with self.subTest(bad=bad), self.assertRaises(ConfigurationError):
+                store._save_direct(bad, 0, (record,))
+        nxt, records = walk(base, S.QUEUED, S.STARTING)
+        for expect, transitions in (
+            (0, (records[1],)),  # 缺了版本 1
+            (0, (records[0], records[0])),
+            (0, (records[0],)),  # 快照已是版本 2，记录只到 1
+            (-1, tuple(records)),
+            (True, tuple(records)),
+        ):
+            with self.subTest(expect=expect), self.assertRaises(ConfigurationError):
+                store._save_direct(nxt, expect, transitions)
+        self.assertNeverSaved(store, "s-direct-bad")
+        # 拦下之后，同一个写者照常写对的那份。
+        store._save_direct(queued, 0, (record,))
+        self.assertVersions(store, "s-direct-bad", [1])
+
     def _race_round(
         self, store: TaskStore, current: TaskSnapshot, round_no: int, writers: int
     ) -> TaskSnapshot:
