@@ -25,7 +25,6 @@ Resource = tuple[str, object]
 # 一个平坦的元组而不是"元组 + 条目对象"：里面只有 int、str 与（多半是共用的空）元组，循环 GC 第一次扫到
 # 它就不再追踪它——10 万个排队任务就少 20 万个每次全量回收都要扫的对象（issue 17）。
 _Item = tuple[int, int, str, tuple[Resource, ...]]
-_TASK_ID, _TOKEN, _RESOURCES = 2, 1, 3
 
 
 class SlotScheduler:
@@ -155,7 +154,7 @@ class SlotScheduler:
                 continue
             while waiting and free > 0:
                 item = heapq.heappop(waiting)
-                if self._queued.get(item[_TASK_ID]) != item[_TOKEN]:
+                if self._queued.get(item[2]) != item[1]:
                     continue  # 已被丢弃的旧条目
                 heapq.heappush(self._ready, item)
                 free -= 1
@@ -173,8 +172,8 @@ class SlotScheduler:
         while True:
             while self._ready and not self._global_full():
                 item = heapq.heappop(self._ready)
-                task_id, resources = item[_TASK_ID], item[_RESOURCES]
-                if self._queued.get(task_id) != item[_TOKEN]:
+                _, token, task_id, resources = item
+                if self._queued.get(task_id) != token:
                     continue
                 blocker = self._first_full(resources)
                 if blocker is not None:
