@@ -177,6 +177,7 @@ class StoreLink(LocalLink):
         self._write = WriteThrough(
             store, owner=owner, lease_ttl=lease_ttl, clock=clock, on_failure=on_persist_failure
         )
+        self._write.on_lazy = wake.set  # 推迟写的 running 到点由后台循环补写（见 WriteThrough.on_transition）
         # 日志与旁路字段同一个节奏、同一条失败路径（persist_failures、事件钩子、指标）。
         self.log_sink = LogSink(store, on_failure=self._write.record) if persist_logs else None
         self._lock = threading.Lock()
@@ -328,6 +329,9 @@ class StoreLink(LocalLink):
         deadlines = [self._next_side, self._next_lease]
         if self._polling:
             deadlines.append(self._next_poll)
+        lazy = self._write.lazy_deadline()
+        if lazy is not None:
+            deadlines.append(lazy)
         return min(deadlines)
 
     def tick(self, now: float) -> None:
@@ -341,6 +345,7 @@ class StoreLink(LocalLink):
         elif now >= self._next_side:
             self._flush_side_channel(renew_lease=False)
             self._next_side = now + self._side_channel_interval
+        self._write.flush_lazy()
         if self._write.behind_count:
             self._write.catch_up()
         self._write.tick()
