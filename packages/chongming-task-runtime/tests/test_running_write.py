@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import chongming_runtime_test_tasks as tasks
 import pytest
 
 from chongming_task import Controller, SqliteTaskStore, TaskStatus
@@ -22,8 +23,6 @@ from chongming_task.runtime.group_commit import GroupCommit
 from chongming_task.storage import SaveRequest
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.testing.contract._base import S, snap, step
-
-import chongming_runtime_test_tasks as tasks
 
 Writes = list[list[tuple[str, list[TaskStatus]]]]
 

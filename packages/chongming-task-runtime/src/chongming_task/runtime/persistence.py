@@ -243,11 +243,12 @@ class WriteThrough:
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         """在任务锁内调用：把存储追到当前版本。
 
-        例外是 ``starting → running``：它排进组提交、不等（任务体随即开始）。用户指南只要求任务体开始之前
-        ``starting`` 已落库（这时载体是否已在跑，存储里"占着执行槽"的 starting 与 running 对 reconcile 是一回事：
-        失联都判 lost）；running 不必挡在任务体前面多等一次提交。它由下一次写（别的任务的组提交批次捎上，
-        或本任务的终态那次写撤回它、连同 running 的迁移记录一起写）落库，最迟 ``LAZY_RUNNING_DELAY`` 秒后由
-        后台循环补写——存储里的历史始终没有空洞（running 的记录总在终态之前、同一事务或更早落库）。
+        例外是线程执行器的 ``starting → running``：它排进组提交、不等，任务体随即开始。要挡在任务体前面的只有
+        ``starting``（用户指南 §9.8）：存储里 starting 与 running 同样"占着执行槽"，载体失联时 reconcile 都判
+        lost，多等一次提交换不来任何保证。running 由下一次写落库——别的任务的组提交批次捎上它，或本任务的
+        终态那次写撤回它、连同 running 的迁移记录一起写（少一次提交）——最迟 ``LAZY_RUNNING_DELAY`` 秒后由
+        后台循环补写。存储里的历史始终没有空洞：running 的记录总在终态之前、同一事务或更早落库。进程执行器的
+        running 带着子进程 pid（父进程死后据此找孤儿进程），照常同步写。
         """
         if (
             record.from_status is _STARTING
