@@ -150,3 +150,81 @@ def test_an_item_a_writer_already_took_cannot_be_withdrawn_and_finishes_normally
     commits.finish(item)  # 已提交：立刻返回，不抛
     a = store.get("a")
     assert a is not None and a.status is S.QUEUED
+
+
+# -- 启动不占提交 / 认领线程（存储能并行提交时） ------------------------------------------------------------
+
+
+class GatedStartStore(InMemoryTaskStore):
+    """像 Postgres 一样"能并行提交、做组提交"的内存存储；写 starting 的 save 停在闸门上。"""
+
+    group_commit = True
+    group_commit_writers = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def _gated(self, snapshots: Sequence[TaskSnapshot]) -> None:
+        if any(snapshot.status is S.STARTING for snapshot in snapshots) and not self.gate.is_set():
+            self.entered.set()
+            assert self.gate.wait(30)
+
+    def save(self, snapshot: TaskSnapshot, **kwargs: Any) -> None:
+        self._gated([snapshot])
+        super().save(snapshot, **kwargs)
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        self._gated([r.snapshot for r in requests])
+        return super().save_many(requests)
+
+
+def test_submit_returns_without_waiting_for_the_starting_commit() -> None:
+    """存储能并行提交时，submit() 只等自己的 create；拿到额度的任务由别的线程写 starting 并启动。"""
+    store = GatedStartStore()
+    controller = Controller(max_parallel=2, store=store)
+    controller.register("noop", noop)
+    submitted: list[str] = []
+    submitter = threading.Thread(target=lambda: submitted.append(controller.submit("noop").task_id))
+    try:
+        submitter.start()
+        assert store.entered.wait(20), "任务应当被启动（starting 的写到了存储）"
+        submitter.join(10)
+        assert not submitter.is_alive(), "submit() 卡在了 starting 那次提交上"
+        stored = store.get(submitted[0])
+        assert stored is not None and stored.status is S.QUEUED, "starting 还没落库：任务体不许开始"
+    finally:
+        store.gate.set()
+    controller.wait_all(timeout=20)
+    history = [t.to_status for t in store.history(submitted[0])]
+    assert history == [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
+    controller.close()
+
+
+def test_a_worker_keeps_claiming_while_a_claimed_task_waits_for_its_starting_commit() -> None:
+    store = GatedStartStore()
+    submitter = Controller(store=store, owner="submitter")
+    submitter.register("noop", noop, durable=True)
+    first = submitter.enqueue("noop")
+    worker = Controller(2, store=store, owner="w")
+    worker.register("noop", noop)
+    stop = threading.Event()
+    serving = threading.Thread(target=worker.serve, args=(stop,), kwargs={"poll_interval": 0.02})
+    serving.start()
+    try:
+        assert store.entered.wait(20)
+        second = submitter.enqueue("noop")
+        # 第一个任务的 starting 还停在闸门上：认领线程不被它挡住，第二个空位照样认领。
+        wait_until(lambda: (s := store.get(second)) is not None and s.owner == "w", timeout=10)
+        held = store.get(first)
+        assert held is not None and held.status is S.QUEUED
+    finally:
+        store.gate.set()
+    wait_until(
+        lambda: all((s := store.get(t)) is not None and s.status is S.SUCCEEDED for t in (first, second))
+    )
+    stop.set()
+    serving.join(30)
+    worker.close()
+    submitter.close()
