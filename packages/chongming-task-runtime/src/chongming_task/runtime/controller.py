@@ -299,6 +299,10 @@ class Controller(ClosesOnExit):
         self._terminal_order: list[str] = []
         self._closed = False
         self._wake = threading.Event()
+        # 提交线程是否就地启动拿到额度的任务。存储能并行提交（Postgres）时不：提交线程的 create 与 starting
+        # 两次提交不排在同一条链上，starting 交给后台循环（或正让出额度的任务线程）。本地 / 单写者（SQLite）
+        # 照旧就地启动：多一次线程交接换不来并行的提交。
+        self._start_on_submit = store is None or not store.group_commit or store.group_commit_writers <= 1
         # worker（runtime/worker.py）等空槽用的事件：任务让出执行槽的那一刻就置位（见 watch_slots）。
         self._slot_watchers: tuple[threading.Event, ...] = ()
         self._stop_loop = threading.Event()
@@ -453,7 +457,7 @@ class Controller(ClosesOnExit):
             bucket_key=bucket_key,
             durable=check_durable_flag(durable),
         )
-        self._write_then_admit(run, self._link.create, created=True)
+        self._write_then_admit(run, self._link.create, created=True, start_here=self._start_on_submit)
         return run
 
     def enqueue(
@@ -671,7 +675,7 @@ class Controller(ClosesOnExit):
             self._reserved_ids.update(taken)
 
     def _write_then_admit(
-        self, run: TaskRun, write: Callable[[StateMachine], None], *, created: bool
+        self, run: TaskRun, write: Callable[[StateMachine], None], *, created: bool, start_here: bool = True
     ) -> None:
         """单个任务：占住 id → 落库（``create``）或接着存储里的版本写（``track``）→ 登记、入队。
 
@@ -683,15 +687,18 @@ class Controller(ClosesOnExit):
         except BaseException:
             self._release_reserved([run])
             raise
-        self._admit([run], blocked=False, created=created)
+        self._admit([run], blocked=False, created=created, start_here=start_here)
 
     def _release_reserved(self, runs: list[TaskRun]) -> None:
         with self._lock:
             self._reserved_ids.difference_update(run.task_id for run in runs)
 
-    def _admit(self, runs: list[TaskRun], *, blocked: bool, created: bool = True) -> None:
+    def _admit(
+        self, runs: list[TaskRun], *, blocked: bool, created: bool = True, start_here: bool = True
+    ) -> None:
         """提交的后一半（已落库）：登记、补发第一次迁移的事件（``created``：新建的；认领 / 接手来的持久任务
-        没有要补发的）、按状态入队（接手来的可能是 paused / retry_wait），有额度就启动。"""
+        没有要补发的）、按状态入队（接手来的可能是 paused / retry_wait），有额度就启动（``start_here``
+        为 False 时交给后台循环启动）。"""
         with self._lock:
             # 占位一直留到登记进 _runs 的这一刻（同一次加锁）：中间没有"两边都查不到"的窗口；
             # 没能登记的（落库失败的）由调用方放掉（_write_then_admit / _submit_batches）。
@@ -715,7 +722,9 @@ class Controller(ClosesOnExit):
                         )
                     if not blocked and machine.status is TaskStatus.QUEUED:
                         self._enqueue_locked(run)
-            to_start = self._scheduler.take_runnable()
+            to_start = self._scheduler.take_runnable() if start_here else []
+            if not start_here:
+                self._wake.set()
         if closed_meanwhile:
             # 落库期间控制器被关闭：任务已写进存储，如实落 stopped（写穿），而不是留一个没人管的排队任务。
             for run in runs:
@@ -840,7 +849,9 @@ class Controller(ClosesOnExit):
         run = self._make_run(
             machine, definition, tuple(recipe.args), dict(recipe.kwargs), timeout=recipe_timeout(recipe)
         )
-        self._write_then_admit(run, self._link.track, created=False)
+        # 不在调用方（worker 的认领线程）上就地启动：starting 那次提交交给后台循环（或正让出额度的任务线程）
+        # 去做，认领线程马上回去认领下一个空位——认领与 starting 两次往返不再排在同一条线程上一前一后。
+        self._write_then_admit(run, self._link.track, created=False, start_here=False)
         return run
 
     def detach_unstarted_durable(self) -> list[TaskRun]:
