@@ -30,7 +30,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -295,6 +295,9 @@ class Controller(ClosesOnExit):
         self._settled = threading.Condition(self._lock)
         self._runs: dict[str, TaskRun] = {}
         self._reserved_ids: set[str] = set()
+        # worker 正在认领 / 接手持久任务的调用数（见 claiming）：这期间存储里已归本节点、本进程还没登记的任务
+        # 可能正是刚认领来的，它们的指令交还、下一轮再取，而不是当成同名前任留下的、扣到指令租约到期。
+        self._claims_in_flight = 0
         self._unfinished: set[str] = set()
         self._terminal_order: list[str] = []
         self._closed = False
@@ -332,7 +335,7 @@ class Controller(ClosesOnExit):
                 on_persist_failure=self._on_persist_failure,
                 persist_logs=persist_logs,
                 any_live=lambda: bool(self._unfinished),
-                arriving=self._reserved_ids.__contains__,
+                arriving=self._arriving,
             )
         )
         self.retention = retention
@@ -839,6 +842,27 @@ class Controller(ClosesOnExit):
     def local_run(self, task_id: str) -> TaskRun | None:
         """本进程持有的任务句柄（没有返回 None）。"""
         return self._runs.get(task_id)
+
+    def _arriving(self, task_id: str) -> bool:
+        """这个任务是否正在变成本进程的（指令轮询问）：占着 id 正在落库，或者有一次认领 / 接手正在进行。"""
+        return self._claims_in_flight > 0 or task_id in self._reserved_ids
+
+    @contextlib.contextmanager
+    def claiming(self) -> Iterator[None]:
+        """worker 把"在存储里认领 / 接手 → ``host_durable`` 登记"包在这里面。
+
+        为什么：认领那条语句一提交，任务在存储里就归本节点了，但要等 ``host_durable`` 才在本进程登记。指令按
+        持有者认领，这个窗口里到达的指令（比如刚认领就有人 stop）会取到一个"归我、本地却没有"的任务——那本来
+        是同名前任留下的任务的特征，指令会被扣到租约到期（默认 30 秒）。窗口内一律交还，下一轮（0.1 秒）再取。
+        登记在控制器锁内完成、计数在登记之后才减，所以任何时刻一个认领来的任务要么算"正在来"，要么本地查得到。
+        """
+        with self._lock:
+            self._claims_in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._claims_in_flight -= 1
 
     def host_durable(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun:
         """接管一个存储里已归本节点持有的持久任务（认领或接手来的）：接着存储里的版本写，按状态入队；

@@ -30,6 +30,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -116,6 +117,7 @@ class WorkerHost(Protocol):
     def local_run(self, task_id: str) -> TaskRun | None: ...
     def detach_unstarted_durable(self) -> list[TaskRun]: ...
     def host_durable(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun: ...
+    def claiming(self) -> contextlib.AbstractContextManager[None]: ...
 
 
 class Worker:
@@ -218,20 +220,23 @@ class Worker:
         if free == 0:
             return False
         owned = self.controller.owned_buckets
-        try:
-            snapshots = self.store.claim_queued(
-                self.owner,
-                names=self._names(),
-                buckets=None if self.controller.owns_all_buckets else owned,
-                limit=min(free, MAX_CLAIM),
-                lease_until=self._lease_until(),
-            )
-        except TaskError as exc:
-            logger.warning("认领持久任务失败（下一轮再试）：%s", exc)
-            return False
-        for snapshot in snapshots:
-            if self._host(StateMachine(snapshot, (), clock=self.controller.clock, lock=threading.RLock())):
-                self.report.claimed += 1
+        # 从认领提交到登记进控制器之间到达的指令交还、下一轮再取（见 Controller.claiming）。
+        with self.controller.claiming():
+            try:
+                snapshots = self.store.claim_queued(
+                    self.owner,
+                    names=self._names(),
+                    buckets=None if self.controller.owns_all_buckets else owned,
+                    limit=min(free, MAX_CLAIM),
+                    lease_until=self._lease_until(),
+                )
+            except TaskError as exc:
+                logger.warning("认领持久任务失败（下一轮再试）：%s", exc)
+                return False
+            for snapshot in snapshots:
+                machine = StateMachine(snapshot, (), clock=self.controller.clock, lock=threading.RLock())
+                if self._host(machine):
+                    self.report.claimed += 1
         return len(snapshots) == free
 
     def _host(self, machine: StateMachine) -> bool:
@@ -381,8 +386,12 @@ class Worker:
         dead = snapshot.owner or "（无人）"
         until = snapshot.lease_until.isoformat(timespec="seconds") if snapshot.lease_until else "从未续租"
         reason = f"原持有者 {dead} 的租约已过期（lease_until={until}）：由 {self.owner} 接手"
-        machine = self._take_over(snapshot, lambda m: m.adopt(self.owner, actor=self.owner, reason=reason))
-        if machine is not None and self._host(machine):
+        with self.controller.claiming():
+            machine = self._take_over(
+                snapshot, lambda m: m.adopt(self.owner, actor=self.owner, reason=reason)
+            )
+            hosted = machine is not None and self._host(machine)
+        if hosted:
             self.report.adopted += 1
             logger.info("接手了 %s 的持久任务 %s（%s）", dead, snapshot.task_id, snapshot.status.value)
 
@@ -398,8 +407,10 @@ class Worker:
                 self.owner, actor=self.owner, reason=f"原持有者 {dead} 已失联：由 {self.owner} 接手重跑"
             )
 
-        machine = self._take_over(lost, change)
-        if machine is not None and self._host(machine):
+        with self.controller.claiming():
+            machine = self._take_over(lost, change)
+            hosted = machine is not None and self._host(machine)
+        if hosted:
             self.report.revived += 1
             logger.info("重跑失联节点 %s 上的持久任务 %s", dead, lost.task_id)
 
