@@ -190,6 +190,19 @@ def test_gap_in_the_archive_is_reported(tmp_path: Path) -> None:
     assert len(merged_history(store, "live-001", tmp_path)) == len(expected["live-001"])
 
 
+def _full_checkpoint(store: SqliteTaskStore) -> None:
+    """把 WAL 全部拷回主文件并截短。存储自己的后台检查点线程可能正在做一次 PASSIVE：那时 TRUNCATE 返回
+    busy=1、什么也没拷（结果行的第一列），所以重试到 busy=0 为止——文件大小只有在这之后才说明问题。"""
+    for _ in range(500):
+        busy = store._run(
+            "checkpoint", lambda c: c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone(), "none"
+        )
+        if busy[0] == 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError("WAL 检查点一直 busy")
+
+
 def test_sqlite_new_file_uses_incremental_vacuum_and_shrinks(tmp_path: Path) -> None:
     path = tmp_path / "tasks.db"
     store = SqliteTaskStore(path)
@@ -199,10 +212,10 @@ def test_sqlite_new_file_uses_incremental_vacuum_and_shrinks(tmp_path: Path) -> 
 
         with sqlite3.connect(path) as conn:
             assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2, "新文件以 INCREMENTAL 建库"
-        store._run("checkpoint", lambda c: c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall(), "none")
+        _full_checkpoint(store)
         before = path.stat().st_size
         Archiver(store, tmp_path / "archive", batch_size=500).run(CUTOFF)
-        store._run("checkpoint", lambda c: c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall(), "none")
+        _full_checkpoint(store)
         assert path.stat().st_size < before, "删除之后文件变小（incremental_vacuum）"
     finally:
         store.close()

@@ -261,6 +261,78 @@ def test_stop_releases_unstarted_tasks_and_drains_running_ones(db: str) -> None:
     submitter.close()
 
 
+def until_stopped(ctx: Any) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ctx.checkpoint()
+        time.sleep(0.01)
+
+
+class _StopArrivesWhileHosting(SqliteTaskStore):
+    """把"认领提交 → 登记进控制器"这个窗口确定地撑开：认领到 ``target`` 之后先让 ``on_claimed`` 发一条
+    stop，等指令轮询取到并处理过它（交还或完成），认领才返回、任务才登记。"""
+
+    target = ""
+    on_claimed: Callable[[], None] = staticmethod(lambda: None)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen = threading.Event()
+        self.handled = threading.Event()
+        self.command_ids: set[str] = set()
+
+    def _claim_queued(self, request: Any) -> list[TaskSnapshot]:
+        claimed = super()._claim_queued(request)
+        if any(s.task_id == self.target for s in claimed):
+            self.on_claimed()
+            assert self.seen.wait(20), "指令轮询没有在窗口里取到这条指令"
+            self.handled.wait(2)  # 修好之前：取到的指令既不交还也不完成，这里等满 2 秒后照常返回
+        return claimed
+
+    def _claim_commands(self, request: Any) -> list[Any]:
+        commands = super()._claim_commands(request)
+        for command in commands:
+            if command.task_id == self.target:
+                self.command_ids.add(command.command_id)
+                self.seen.set()
+        return commands
+
+    def release_command(self, command_id: str, claimant: str) -> bool:
+        if command_id in self.command_ids:
+            self.handled.set()
+        return super().release_command(command_id, claimant)
+
+    def complete_command(self, command_id: str, claimant: str) -> bool:
+        if command_id in self.command_ids:
+            self.handled.set()
+        return super().complete_command(command_id, claimant)
+
+
+def test_stop_arriving_between_claim_and_hosting_is_delivered_at_the_next_poll(db: str) -> None:
+    """指令按持有者认领：worker 刚认领、还没登记的任务在存储里已归它、本地却没有——与"同名前任留下的任务"
+    一个样子。窗口里到达的 stop 必须交还、下一轮就执行（Controller.claiming），不能扣到指令租约到期
+    （这里租约 60 秒：扣住的话 20 秒内停不下来）。"""
+    store = SqliteTaskStore(db)
+    submitter = Controller(store=SqliteTaskStore(db), owner="submitter")
+    submitter.register("until_stopped", until_stopped, retry=None)
+    hosting = _StopArrivesWhileHosting(db)
+    hosting.target = "late"
+    hosting.on_claimed = lambda: submitter.stop("late", reason="刚认领就停")
+    controller = worker(hosting, "w", max_parallel=2, lease_ttl=60.0)
+    controller.register("until_stopped", until_stopped, retry=None)
+    first = submitter.enqueue("until_stopped", task_id="first")
+    serving = Serving(controller, drain_timeout=1)
+    try:
+        # 先让一个任务在 worker 上跑着：本节点有在管的任务时才轮询指令。
+        wait_until(lambda: (s := store.get(first)) is not None and s.status is S.RUNNING)
+        submitter.enqueue("until_stopped", task_id="late")
+        wait_until(lambda: (s := store.get("late")) is not None and s.status is S.STOPPED)
+        assert hosting.handled.is_set(), "窗口里取到的指令应当交还（下一轮再取）"
+    finally:
+        serving.finish()
+        submitter.close()
+
+
 # -- adoption and re-run ----------------------------------------------------------------------------
 
 

@@ -30,7 +30,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -278,10 +278,17 @@ class Controller(ClosesOnExit):
         self._settled = threading.Condition(self._lock)
         self._runs: dict[str, TaskRun] = {}
         self._reserved_ids: set[str] = set()
+        # worker 正在认领 / 接手持久任务的调用数（见 claiming）：这期间存储里已归本节点、本进程还没登记的任务
+        # 可能正是刚认领来的，它们的指令交还、下一轮再取，而不是当成同名前任留下的、扣到指令租约到期。
+        self._claims_in_flight = 0
         self._unfinished: set[str] = set()
         self._terminal_order: list[str] = []
         self._closed = False
         self._wake = threading.Event()
+        # 提交线程是否就地启动拿到额度的任务。存储能并行提交（Postgres）时不：提交线程的 create 与 starting
+        # 两次提交不排在同一条链上，starting 交给后台循环（或正让出额度的任务线程）。本地 / 单写者（SQLite）
+        # 照旧就地启动：多一次线程交接换不来并行的提交。
+        self._start_on_submit = store is None or not store.group_commit or store.group_commit_writers <= 1
         # worker（runtime/worker.py）等空槽用的事件：任务让出执行槽的那一刻就置位（见 watch_slots）。
         self._slot_watchers: tuple[threading.Event, ...] = ()
         self._stop_loop = threading.Event()
@@ -312,7 +319,7 @@ class Controller(ClosesOnExit):
                 on_persist_failure=self._on_persist_failure,
                 persist_logs=persist_logs,
                 any_live=lambda: bool(self._unfinished),
-                arriving=self._reserved_ids.__contains__,
+                arriving=self._arriving,
             )
         )
         self.retention = retention
@@ -437,7 +444,7 @@ class Controller(ClosesOnExit):
             bucket_key=bucket_key,
             durable=check_durable_flag(durable),
         )
-        self._write_then_admit(run, self._link.create, created=True)
+        self._write_then_admit(run, self._link.create, created=True, start_here=self._start_on_submit)
         return run
 
     def enqueue(
@@ -656,7 +663,7 @@ class Controller(ClosesOnExit):
             self._reserved_ids.update(taken)
 
     def _write_then_admit(
-        self, run: TaskRun, write: Callable[[StateMachine], None], *, created: bool
+        self, run: TaskRun, write: Callable[[StateMachine], None], *, created: bool, start_here: bool = True
     ) -> None:
         """单个任务：占住 id → 落库（``create``）或接着存储里的版本写（``track``）→ 登记、入队。
 
@@ -668,15 +675,18 @@ class Controller(ClosesOnExit):
         except BaseException:
             self._release_reserved([run])
             raise
-        self._admit([run], blocked=False, created=created)
+        self._admit([run], blocked=False, created=created, start_here=start_here)
 
     def _release_reserved(self, runs: list[TaskRun]) -> None:
         with self._lock:
             self._reserved_ids.difference_update(run.task_id for run in runs)
 
-    def _admit(self, runs: list[TaskRun], *, blocked: bool, created: bool = True) -> None:
+    def _admit(
+        self, runs: list[TaskRun], *, blocked: bool, created: bool = True, start_here: bool = True
+    ) -> None:
         """提交的后一半（已落库）：登记、补发第一次迁移的事件（``created``：新建的；认领 / 接手来的持久任务
-        没有要补发的）、按状态入队（接手来的可能是 paused / retry_wait），有额度就启动。"""
+        没有要补发的）、按状态入队（接手来的可能是 paused / retry_wait），有额度就启动（``start_here``
+        为 False 时交给后台循环启动）。"""
         with self._lock:
             # 占位一直留到登记进 _runs 的这一刻（同一次加锁）：中间没有"两边都查不到"的窗口；
             # 没能登记的（落库失败的）由调用方放掉（_write_then_admit / _submit_batches）。
@@ -700,7 +710,9 @@ class Controller(ClosesOnExit):
                         )
                     if not blocked and machine.status is TaskStatus.QUEUED:
                         self._enqueue_locked(run)
-            to_start = self._scheduler.take_runnable()
+            to_start = self._scheduler.take_runnable() if start_here else []
+            if not start_here:
+                self._wake.set()
         if closed_meanwhile:
             # 落库期间控制器被关闭：任务已写进存储，如实落 stopped（写穿），而不是留一个没人管的排队任务。
             for run in runs:
@@ -816,6 +828,27 @@ class Controller(ClosesOnExit):
         """本进程持有的任务句柄（没有返回 None）。"""
         return self._runs.get(task_id)
 
+    def _arriving(self, task_id: str) -> bool:
+        """这个任务是否正在变成本进程的（指令轮询问）：占着 id 正在落库，或者有一次认领 / 接手正在进行。"""
+        return self._claims_in_flight > 0 or task_id in self._reserved_ids
+
+    @contextlib.contextmanager
+    def claiming(self) -> Iterator[None]:
+        """worker 把"在存储里认领 / 接手 → ``host_durable`` 登记"包在这里面。
+
+        为什么：认领那条语句一提交，任务在存储里就归本节点了，但要等 ``host_durable`` 才在本进程登记。指令按
+        持有者认领，这个窗口里到达的指令（比如刚认领就有人 stop）会取到一个"归我、本地却没有"的任务——那本来
+        是同名前任留下的任务的特征，指令会被扣到租约到期（默认 30 秒）。窗口内一律交还，下一轮（0.1 秒）再取。
+        登记在控制器锁内完成、计数在登记之后才减，所以任何时刻一个认领来的任务要么算"正在来"，要么本地查得到。
+        """
+        with self._lock:
+            self._claims_in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._claims_in_flight -= 1
+
     def host_durable(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun:
         """接管一个存储里已归本节点持有的持久任务（认领或接手来的）：接着存储里的版本写，按状态入队；
         参数与超时取自快照里的配方。"""
@@ -825,7 +858,9 @@ class Controller(ClosesOnExit):
         run = self._make_run(
             machine, definition, tuple(recipe.args), dict(recipe.kwargs), timeout=recipe_timeout(recipe)
         )
-        self._write_then_admit(run, self._link.track, created=False)
+        # 不在调用方（worker 的认领线程）上就地启动：starting 那次提交交给后台循环（或正让出额度的任务线程）
+        # 去做，认领线程马上回去认领下一个空位——认领与 starting 两次往返不再排在同一条线程上一前一后。
+        self._write_then_admit(run, self._link.track, created=False, start_here=False)
         return run
 
     def detach_unstarted_durable(self) -> list[TaskRun]:

@@ -31,7 +31,9 @@ MAX_BATCH = 256
 """一个写事务里至多几项：批太大时一次事务持写锁太久，别的进程的写要排队等。"""
 
 
-class _Pending:
+class Pending:
+    """组提交里排着的一项（:meth:`GroupCommit.enqueue` 的返回值）。"""
+
     __slots__ = ("done", "error", "request", "taken")
 
     def __init__(self, request: SaveRequest) -> None:
@@ -49,36 +51,47 @@ class GroupCommit:
         self._writers = max(1, store.group_commit_writers if writers is None else writers)
         self._max_batch = max_batch
         self._cond = threading.Condition(threading.Lock())
-        self._pending: list[_Pending] = []
+        self._pending: list[Pending] = []
         self._active = 0  # 正在写的写者数
         self.batches = 0  # 写了几个事务（测试与基准看合并得怎样）
         self.items = 0  # 经它写的项数
 
     def save(self, request: SaveRequest) -> None:
         """写一项；只在这一项提交之后返回。失败时抛出它自己的异常（整批失败则是那一批的异常）。"""
-        item = _Pending(request)
+        item = Pending(request)
         with self._cond:
             self._pending.append(item)
             batch = self._wait_or_lead_locked(item)
         self._settle(item, batch)
 
-    def enqueue(self, request: SaveRequest) -> _Pending:
+    def enqueue(self, request: SaveRequest) -> Pending:
         """先把一项排进来、不等：之后任何一个写者的批次都会捎上它（典型的是同一线程紧接着的下一次 save——
         任务 A 的终态与接着启动的任务 B 的 starting 于是同一个事务提交）。调用方必须再以 :meth:`finish`
         等它提交；在那之前它**不算**已提交（调用方据此把"已落库"之后才能做的事都留到 finish 之后）。"""
-        item = _Pending(request)
+        item = Pending(request)
         with self._cond:
             self._pending.append(item)
         return item
 
-    def finish(self, item: _Pending) -> None:
+    def finish(self, item: Pending) -> None:
         """等 :meth:`enqueue` 排进来的这一项提交（还没有写者捎走它、又有空位时本线程自己当写者）。
         失败时抛出它自己的异常（整批失败则是那一批的异常）。"""
         with self._cond:
             batch = self._wait_or_lead_locked(item)
         self._settle(item, batch)
 
-    def _wait_or_lead_locked(self, item: _Pending) -> list[_Pending] | None:
+    def withdraw(self, item: Pending) -> bool:
+        """把 :meth:`enqueue` 排进来、还没有写者捎走的一项撤回（不再写它）：返回是否撤回了。已被某个写者
+        放进批次（或已写完）时返回 False，调用方要照常 :meth:`finish` 等它的结果。用途：推迟写的 running
+        在同一任务的下一次写到来时撤回，那一次写连同 running 的迁移记录一起落库（历史不缺，少一次写）。"""
+        with self._cond:
+            if item.taken or item.done:
+                return False
+            self._pending.remove(item)
+            item.done = True
+            return True
+
+    def _wait_or_lead_locked(self, item: Pending) -> list[Pending] | None:
         """（持有 _cond）等到这一项被别的写者写完，或本线程有空位当写者：后者返回本线程要写的批次。"""
         cond = self._cond
         while not item.done and (item.taken or self._active >= self._writers):
@@ -94,7 +107,7 @@ class GroupCommit:
             member.taken = True
         return batch
 
-    def _settle(self, item: _Pending, batch: list[_Pending] | None) -> None:
+    def _settle(self, item: Pending, batch: list[Pending] | None) -> None:
         if batch is not None:
             try:
                 self._commit(batch)
@@ -105,7 +118,7 @@ class GroupCommit:
         if item.error is not None:
             raise item.error
 
-    def _commit(self, batch: list[_Pending]) -> None:
+    def _commit(self, batch: list[Pending]) -> None:
         self.batches += 1
         self.items += len(batch)
         try:
@@ -144,4 +157,4 @@ def save_many_checked(store: TaskStore, requests: Sequence[SaveRequest]) -> list
     ]
 
 
-__all__ = ["MAX_BATCH", "GroupCommit", "save_many_checked"]
+__all__ = ["MAX_BATCH", "GroupCommit", "Pending", "save_many_checked"]

@@ -32,9 +32,9 @@ from chongming_task.errors import (
 )
 from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.runtime.fencing import LeaseWatch, Verdict, compare, fenced_text
-from chongming_task.runtime.group_commit import GroupCommit
+from chongming_task.runtime.group_commit import GroupCommit, Pending
 from chongming_task.runtime.outage_log import OutageLog
-from chongming_task.states import TERMINAL_STATUSES
+from chongming_task.states import TERMINAL_STATUSES, TaskStatus
 from chongming_task.storage import SaveRequest, TaskStore
 
 logger = logging.getLogger("chongming_task.controller")
@@ -61,6 +61,8 @@ class _TaskState:
     uncertain: bool = False
     # 被隔离：存储里这个任务已被别人改写。此后不再写它，对外报告以存储为准。
     fenced: bool = False
+    # 推迟写的 running（见 WriteThrough.on_transition）：排在组提交里、还没确认提交的那一项。
+    lazy: Pending | None = None
 
 
 TOUCH_BATCH = 2000
@@ -69,6 +71,12 @@ TOUCH_BATCH = 2000
 RENEW_BATCH = 20_000
 """只续租的任务一条语句最多带几个：同一组值按主键写，两万行在 Postgres 上是一两百毫秒，远在一次调用的
 时限之内；再大的一批写失败时要重来的也多。"""
+
+LAZY_RUNNING_DELAY = 0.05
+"""推迟写的 running 最多等多久（秒）：期间没有别的写捎上它、任务也没落下一个状态时，由后台循环补写。"""
+
+_STARTING = TaskStatus.STARTING
+_RUNNING = TaskStatus.RUNNING
 
 CREATE_ATTEMPTS = 3
 """提交时的 create 最多试几次（只在读回确认"没写进去"时才重试）。"""
@@ -108,6 +116,10 @@ class WriteThrough:
         self._fresh_lease = timedelta(seconds=max(lease_ttl - 1.0, lease_ttl / 2))
         # 组提交只对能省下提交的存储有用（TaskStore.group_commit）；否则写穿直接 save。
         self.commits: GroupCommit | None = GroupCommit(store) if store.group_commit else None
+        # 推迟写的 running：task_id → (最晚何时由后台循环补写, 状态机)。守护锁是 _lock。
+        self._lazy: dict[str, tuple[float, StateMachine]] = {}
+        self.on_lazy: Callable[[], None] | None = None
+        """第一项推迟写的 running 排进来时调用（叫醒后台循环，让它按 ``lazy_deadline`` 重新算等待时长）。"""
 
     def record(self, task_id: str, operation: str, exc: BaseException) -> None:
         """记一次写存储失败（最多保留最新 20 条）；日志交给限流的 OutageLog（故障期间按间隔汇总）。"""
@@ -250,8 +262,91 @@ class WriteThrough:
 
     def on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         """在任务锁内调用：把存储追到当前版本（``record`` 是刚发生的那条迁移：存储正好落后它一条时
-        直接写它）。"""
+        直接写它）。
+
+        例外是线程执行器的 ``starting → running``：它排进组提交、不等，任务体随即开始。要挡在任务体前面的只有
+        ``starting``（用户指南 §9.8）：存储里 starting 与 running 同样"占着执行槽"，载体失联时 reconcile 都判
+        lost，多等一次提交换不来任何保证。running 由下一次写落库——别的任务的组提交批次捎上它，或本任务的
+        终态那次写撤回它、连同 running 的迁移记录一起写（少一次提交）——最迟 ``LAZY_RUNNING_DELAY`` 秒后由
+        后台循环补写。存储里的历史始终没有空洞：running 的记录总在终态之前、同一事务或更早落库。进程执行器的
+        running 带着子进程 pid（父进程死后据此找孤儿进程），照常同步写。
+        """
+        if (
+            record.from_status is _STARTING
+            and record.to_status is _RUNNING
+            and snapshot.pid is None  # 子进程的 pid 要尽快落库（父进程死后据此找孤儿进程），照常写
+            and self._write_lazily(machine)
+        ):
+            return
         self.sync(machine, record)
+
+    def _write_lazily(self, machine: StateMachine) -> bool:
+        snapshot = machine.snapshot
+        state = self._tasks.get(snapshot.task_id)
+        commits = self.commits
+        if (
+            commits is None
+            or state is None
+            or state.fenced
+            or state.uncertain
+            or state.lazy is not None
+            or state.persisted_version is None
+            or state.persisted_version == snapshot.status_version
+        ):
+            return False
+        expected = state.persisted_version
+        state.lazy = commits.enqueue(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
+        with self._lock:
+            first = not self._lazy
+            self._lazy[snapshot.task_id] = (self.clock.monotonic() + LAZY_RUNNING_DELAY, machine)
+        if first and self.on_lazy is not None:
+            self.on_lazy()
+        return True
+
+    def _drop_lazy(self, task_id: str, state: _TaskState) -> Pending | None:
+        item, state.lazy = state.lazy, None
+        with self._lock:
+            self._lazy.pop(task_id, None)
+        return item
+
+    def _resolve_lazy(self, machine: StateMachine, state: _TaskState) -> bool:
+        """（持有 machine.lock）本任务要再写之前，先了结推迟写的 running：还没被捎走就撤回（这次写带上它的
+        迁移记录）；已被某个写者捎走就等它的结果。返回 False：那次写失败了（已记下，结果未知）。"""
+        item = self._drop_lazy(machine.task_id, state)
+        commits = self.commits
+        if item is None or commits is None or commits.withdraw(item):
+            return True
+        try:
+            commits.finish(item)
+        except (ConcurrencyConflict, DuplicateTaskId):
+            state.uncertain = True  # 与 sync 同一判定：读回再说
+        except TaskError as exc:
+            state.uncertain = True
+            self.record(machine.task_id, "save", exc)
+            return False
+        else:
+            state.persisted_version = item.request.snapshot.status_version
+        return True
+
+    def lazy_deadline(self) -> float | None:
+        """最早一项推迟写的 running 该由后台循环补写的时刻（monotonic）；没有则 None。"""
+        if not self._lazy:
+            return None
+        with self._lock:
+            return min((due for due, _ in self._lazy.values()), default=None)
+
+    def flush_lazy(self) -> None:
+        """后台循环调用：把到点还没落库的推迟写的 running 写掉（长任务在存储里不会一直显示 starting）。"""
+        if not self._lazy:
+            return
+        now = self.clock.monotonic()
+        with self._lock:
+            due = [machine for when, machine in self._lazy.values() if when <= now]
+        for machine in due:
+            with machine.lock:
+                state = self._tasks.get(machine.task_id)
+                if state is not None and state.lazy is not None:
+                    self.sync(machine)
 
     def sync_later(self, machine: StateMachine) -> Callable[[], bool] | None:
         """把这次写先排进组提交、不等（调用方持有 machine.lock）；返回"等它提交并收尾"的函数，调用方必须
@@ -265,6 +360,10 @@ class WriteThrough:
         snapshot = machine.snapshot
         state = self._tasks.get(snapshot.task_id)
         commits = self.commits
+        if state is not None and state.lazy is not None:
+            if commits is None or not commits.withdraw(state.lazy):
+                return None  # 推迟写的 running 已被某个写者捎走：照常 sync（先等它的结果）
+            self._drop_lazy(snapshot.task_id, state)  # 撤回了：下面这一项连同 running 的记录一起写
         if (
             commits is None  # 存储不做组提交（内存存储）：没有可以捎带的提交，照常 sync
             or state is None
@@ -305,6 +404,9 @@ class WriteThrough:
         state = self._tasks.get(task_id)
         if state is None or state.fenced:
             return True
+        if state.lazy is not None and not self._resolve_lazy(machine, state):
+            self._mark_behind(machine)
+            return False
         # 至多两轮：一次写撞了冲突 / 重复 id，可能是自己那次丢了回执的写——读回对照之后再写一次。
         for _ in range(2):
             if state.uncertain:
@@ -514,7 +616,10 @@ class WriteThrough:
             )
 
     def forget(self, task_id: str) -> None:
-        self._tasks.pop(task_id, None)
+        state = self._tasks.pop(task_id, None)
+        item = None if state is None else self._drop_lazy(task_id, state)
+        if item is not None and self.commits is not None:
+            self.commits.withdraw(item)  # 已被捎走的就让它写完：写的是本进程真实经过的迁移
         with self._lock:
             self._behind.pop(task_id, None)
 

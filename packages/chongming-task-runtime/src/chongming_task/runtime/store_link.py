@@ -208,6 +208,7 @@ class StoreLink(LocalLink):
         # 每次迁移都走的两个入口直接是写穿的方法（少一层转手）；存储不做组提交时没有可推迟的写。
         self.on_transition = self._write.on_transition
         self.write_later = self._write.sync_later if self._write.commits is not None else _never_later
+        self._write.on_lazy = wake.set  # 推迟写的 running 到点由后台循环补写（见 WriteThrough.on_transition）
         # 日志与旁路字段同一个节奏、同一条失败路径（persist_failures、事件钩子、指标）。
         self.log_sink = LogSink(store, on_failure=self._write.record) if persist_logs else None
         self._lock = threading.Lock()
@@ -356,6 +357,9 @@ class StoreLink(LocalLink):
         deadlines = [self._next_side, self._next_lease]
         if self._polling:
             deadlines.append(self._next_poll)
+        lazy = self._write.lazy_deadline()
+        if lazy is not None:
+            deadlines.append(lazy)
         return min(deadlines)
 
     def tick(self, now: float) -> None:
@@ -369,6 +373,7 @@ class StoreLink(LocalLink):
         elif now >= self._next_side:
             self._flush_side_channel(renew_lease=False)
             self._next_side = now + self._side_channel_interval
+        self._write.flush_lazy()
         if self._write.behind_count:
             self._write.catch_up()
         self._write.tick()

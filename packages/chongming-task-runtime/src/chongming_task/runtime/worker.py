@@ -5,7 +5,9 @@
 1. **认领**（``TaskStore.claim_queued``）：只认本控制器登记了名字的、落在本节点负责的桶里的、无人持有的 queued
    持久任务；一次只认领空闲槽位那么多个（槽位 = ``max_parallel`` 减去本地在跑与排队的），不囤积。认领是存储里
    的原子操作，多少个 worker 同时来取，每个任务也只被一个取走。认领来的任务按它存储里的版本接着写（写穿、
-   续租、指令都和本地提交的一样）。
+   续租、指令都和本地提交的一样）。启动（starting 那次提交）不在认领线程上做，交给控制器的后台循环（或
+   正让出额度的任务线程：它的终态与这个任务的 starting 一个事务）：认领线程马上回去认领别的空位，认领与
+   starting 两次往返不排在同一条线程上。
 2. **维护**（每 ``lease_ttl / 2`` 一次）：``reconcile(durable_only=True)`` 本节点的桶里的持久任务——
    * 失联持有者的 queued / paused / retry_wait 持久任务：以 ``cluster:adopted`` 接手（状态不变、换持有者，迁移
      记录写明接手者与原持有者；暂停的仍暂停，重试等待的到点才排队）。queued 的也只接手空闲槽位那么多个；
@@ -28,6 +30,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -114,6 +117,7 @@ class WorkerHost(Protocol):
     def local_run(self, task_id: str) -> TaskRun | None: ...
     def detach_unstarted_durable(self) -> list[TaskRun]: ...
     def host_durable(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun: ...
+    def claiming(self) -> contextlib.AbstractContextManager[None]: ...
 
 
 class Worker:
@@ -216,20 +220,23 @@ class Worker:
         if free == 0:
             return False
         owned = self.controller.owned_buckets
-        try:
-            snapshots = self.store.claim_queued(
-                self.owner,
-                names=self._names(),
-                buckets=None if self.controller.owns_all_buckets else owned,
-                limit=min(free, MAX_CLAIM),
-                lease_until=self._lease_until(),
-            )
-        except TaskError as exc:
-            logger.warning("认领持久任务失败（下一轮再试）：%s", exc)
-            return False
-        for snapshot in snapshots:
-            if self._host(StateMachine(snapshot, (), clock=self.controller.clock, lock=threading.RLock())):
-                self.report.claimed += 1
+        # 从认领提交到登记进控制器之间到达的指令交还、下一轮再取（见 Controller.claiming）。
+        with self.controller.claiming():
+            try:
+                snapshots = self.store.claim_queued(
+                    self.owner,
+                    names=self._names(),
+                    buckets=None if self.controller.owns_all_buckets else owned,
+                    limit=min(free, MAX_CLAIM),
+                    lease_until=self._lease_until(),
+                )
+            except TaskError as exc:
+                logger.warning("认领持久任务失败（下一轮再试）：%s", exc)
+                return False
+            for snapshot in snapshots:
+                machine = StateMachine(snapshot, (), clock=self.controller.clock, lock=threading.RLock())
+                if self._host(machine):
+                    self.report.claimed += 1
         return len(snapshots) == free
 
     def _host(self, machine: StateMachine) -> bool:
@@ -379,8 +386,12 @@ class Worker:
         dead = snapshot.owner or "（无人）"
         until = snapshot.lease_until.isoformat(timespec="seconds") if snapshot.lease_until else "从未续租"
         reason = f"原持有者 {dead} 的租约已过期（lease_until={until}）：由 {self.owner} 接手"
-        machine = self._take_over(snapshot, lambda m: m.adopt(self.owner, actor=self.owner, reason=reason))
-        if machine is not None and self._host(machine):
+        with self.controller.claiming():
+            machine = self._take_over(
+                snapshot, lambda m: m.adopt(self.owner, actor=self.owner, reason=reason)
+            )
+            hosted = machine is not None and self._host(machine)
+        if hosted:
             self.report.adopted += 1
             logger.info("接手了 %s 的持久任务 %s（%s）", dead, snapshot.task_id, snapshot.status.value)
 
@@ -396,8 +407,10 @@ class Worker:
                 self.owner, actor=self.owner, reason=f"原持有者 {dead} 已失联：由 {self.owner} 接手重跑"
             )
 
-        machine = self._take_over(lost, change)
-        if machine is not None and self._host(machine):
+        with self.controller.claiming():
+            machine = self._take_over(lost, change)
+            hosted = machine is not None and self._host(machine)
+        if hosted:
             self.report.revived += 1
             logger.info("重跑失联节点 %s 上的持久任务 %s", dead, lost.task_id)
 

@@ -1,0 +1,230 @@
+"""推迟写的 running（runtime/persistence.py 的 ``WriteThrough.on_transition``）：任务体开始之前只等 starting
+落库；starting → running 排进组提交、不等，由下一次写捎上（本任务的终态那次写撤回它、连同 running 的迁移记录
+一起写），最迟 ``LAZY_RUNNING_DELAY`` 秒后由后台循环补写。存储里的历史始终完整。
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import chongming_runtime_test_tasks as tasks
+import pytest
+
+from chongming_task import Controller, SqliteTaskStore, TaskStatus
+from chongming_task.errors import TaskError
+from chongming_task.models import TaskSnapshot
+from chongming_task.runtime import persistence
+from chongming_task.runtime.executors import ProcessExecutor
+from chongming_task.runtime.group_commit import GroupCommit
+from chongming_task.storage import SaveRequest
+from chongming_task.stores.memory import InMemoryTaskStore
+from chongming_task.testing.contract._base import S, snap, step
+
+Writes = list[list[tuple[str, list[TaskStatus]]]]
+
+
+class CountingStore(SqliteTaskStore):
+    """记下每个写事务写了哪些任务的哪些迁移（save 与 save_many 各是一个事务）。"""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.writes: Writes = []
+        self._writes_lock = threading.Lock()
+
+    def save(self, snapshot: TaskSnapshot, **kwargs: Any) -> None:
+        statuses = [t.to_status for t in kwargs.get("transitions", ())]
+        with self._writes_lock:
+            self.writes.append([(snapshot.task_id, statuses)])
+        super().save(snapshot, **kwargs)
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        with self._writes_lock:
+            self.writes.append([(r.snapshot.task_id, [t.to_status for t in r.transitions]) for r in requests])
+        return super().save_many(requests)
+
+    def writes_of(self, task_id: str) -> list[list[TaskStatus]]:
+        with self._writes_lock:
+            return [statuses for batch in self.writes for tid, statuses in batch if tid == task_id]
+
+
+def noop(ctx: Any) -> None:
+    return None
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "等待超时"
+        time.sleep(0.01)
+
+
+def test_running_is_written_with_the_terminal_state_not_before_the_body(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 后台补写推迟到很久以后：这里只看"下一次写捎上它"，不让负载下的调度时机左右结果。
+    monkeypatch.setattr(persistence, "LAZY_RUNNING_DELAY", 60.0)
+    store = CountingStore(str(tmp_path / "t.db"))
+    controller = Controller(max_parallel=1, store=store)
+    controller.register("noop", noop)
+    run = controller.submit("noop")
+    run.wait(timeout=20)
+    assert store.writes_of(run.task_id) == [[S.STARTING], [S.RUNNING, S.SUCCEEDED]]
+    history = [t.to_status for t in store.history(run.task_id)]
+    assert history == [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED], "存储里的历史没有空洞"
+    controller.close(close_store=True)
+
+
+def test_a_long_body_shows_running_in_the_store_shortly_after_it_starts(tmp_path: Path) -> None:
+    store = CountingStore(str(tmp_path / "t.db"))
+    release = threading.Event()
+    began = threading.Event()
+
+    def hold(ctx: Any) -> None:
+        began.set()
+        assert release.wait(30)
+
+    controller = Controller(max_parallel=1, store=store)
+    controller.register("hold", hold)
+    run = controller.submit("hold")
+    assert began.wait(20)
+    reader = SqliteTaskStore(str(tmp_path / "t.db"))
+    try:
+        # 任务体还在跑、没有别的写可以捎带：后台循环在 LAZY_RUNNING_DELAY 之后补写（负载下留足余量）。
+        wait_until(lambda: (s := reader.get(run.task_id)) is not None and s.status is S.RUNNING, timeout=10)
+        assert not release.is_set()
+    finally:
+        release.set()
+    run.wait(timeout=20)
+    assert store.writes_of(run.task_id) == [[S.STARTING], [S.RUNNING], [S.SUCCEEDED]]
+    history = [t.to_status for t in reader.history(run.task_id)]
+    assert history == [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
+    reader.close()
+    controller.close(close_store=True)
+
+
+def test_the_process_executor_still_writes_running_with_the_pid_at_once(tmp_path: Path) -> None:
+    """子进程的 pid 要尽快落库（父进程死后据此找孤儿进程）：进程执行器的 running 照常同步写。"""
+    store = CountingStore(str(tmp_path / "t.db"))
+    controller = Controller(max_parallel=1, store=store, executor=ProcessExecutor())
+    controller.register("add", tasks.add)
+    run = controller.submit("add", 1)
+    assert run.wait(timeout=60).ok
+    writes = store.writes_of(run.task_id)
+    assert [S.RUNNING] in writes, writes
+    controller.close(close_store=True)
+
+
+# -- GroupCommit.withdraw ---------------------------------------------------------------------------
+
+
+def _queued(store: InMemoryTaskStore, task_id: str) -> SaveRequest:
+    base = snap(task_id)
+    store.create(base)
+    queued, record = step(base, S.QUEUED)
+    return SaveRequest(queued, 0, [record])
+
+
+def test_withdraw_takes_back_an_item_no_writer_has_taken() -> None:
+    store = InMemoryTaskStore()
+    commits = GroupCommit(store)
+    item = commits.enqueue(_queued(store, "a"))
+    assert commits.withdraw(item)
+    commits.save(_queued(store, "b"))  # 下一个写者的批次里没有 a
+    a = store.get("a")
+    b = store.get("b")
+    assert a is not None and a.status is S.PENDING, "撤回的那一项没有写"
+    assert b is not None and b.status is S.QUEUED
+    assert commits.items == 1
+
+
+def test_an_item_a_writer_already_took_cannot_be_withdrawn_and_finishes_normally() -> None:
+    store = InMemoryTaskStore()
+    commits = GroupCommit(store)
+    item = commits.enqueue(_queued(store, "a"))
+    commits.save(_queued(store, "b"))  # 这个写者把 a 一并捎上了
+    assert not commits.withdraw(item)
+    commits.finish(item)  # 已提交：立刻返回，不抛
+    a = store.get("a")
+    assert a is not None and a.status is S.QUEUED
+
+
+# -- 启动不占提交 / 认领线程（存储能并行提交时） ------------------------------------------------------------
+
+
+class GatedStartStore(InMemoryTaskStore):
+    """像 Postgres 一样"能并行提交、做组提交"的内存存储；写 starting 的 save 停在闸门上。"""
+
+    group_commit = True
+    group_commit_writers = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def _gated(self, snapshots: Sequence[TaskSnapshot]) -> None:
+        if any(snapshot.status is S.STARTING for snapshot in snapshots) and not self.gate.is_set():
+            self.entered.set()
+            assert self.gate.wait(30)
+
+    def save(self, snapshot: TaskSnapshot, **kwargs: Any) -> None:
+        self._gated([snapshot])
+        super().save(snapshot, **kwargs)
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        self._gated([r.snapshot for r in requests])
+        return super().save_many(requests)
+
+
+def test_submit_returns_without_waiting_for_the_starting_commit() -> None:
+    """存储能并行提交时，submit() 只等自己的 create；拿到额度的任务由别的线程写 starting 并启动。"""
+    store = GatedStartStore()
+    controller = Controller(max_parallel=2, store=store)
+    controller.register("noop", noop)
+    submitted: list[str] = []
+    submitter = threading.Thread(target=lambda: submitted.append(controller.submit("noop").task_id))
+    try:
+        submitter.start()
+        assert store.entered.wait(20), "任务应当被启动（starting 的写到了存储）"
+        submitter.join(10)
+        assert not submitter.is_alive(), "submit() 卡在了 starting 那次提交上"
+        stored = store.get(submitted[0])
+        assert stored is not None and stored.status is S.QUEUED, "starting 还没落库：任务体不许开始"
+    finally:
+        store.gate.set()
+    controller.wait_all(timeout=20)
+    history = [t.to_status for t in store.history(submitted[0])]
+    assert history == [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
+    controller.close()
+
+
+def test_a_worker_keeps_claiming_while_a_claimed_task_waits_for_its_starting_commit() -> None:
+    store = GatedStartStore()
+    submitter = Controller(store=store, owner="submitter")
+    submitter.register("noop", noop, durable=True)
+    first = submitter.enqueue("noop")
+    worker = Controller(2, store=store, owner="w")
+    worker.register("noop", noop)
+    stop = threading.Event()
+    serving = threading.Thread(target=worker.serve, args=(stop,), kwargs={"poll_interval": 0.02})
+    serving.start()
+    try:
+        assert store.entered.wait(20)
+        second = submitter.enqueue("noop")
+        # 第一个任务的 starting 还停在闸门上：认领线程不被它挡住，第二个空位照样认领。
+        wait_until(lambda: (s := store.get(second)) is not None and s.owner == "w", timeout=10)
+        held = store.get(first)
+        assert held is not None and held.status is S.QUEUED
+    finally:
+        store.gate.set()
+    wait_until(
+        lambda: all((s := store.get(t)) is not None and s.status is S.SUCCEEDED for t in (first, second))
+    )
+    stop.set()
+    serving.join(30)
+    worker.close()
+    submitter.close()
