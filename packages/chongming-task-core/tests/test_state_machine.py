@@ -872,6 +872,36 @@ def test_failing_listener_does_not_starve_others_and_state_is_committed() -> Non
     assert calls == ["broken", "healthy", "healthy"]
 
 
+def test_listeners_keep_registration_order_through_add_and_remove() -> None:
+    machine = fresh()
+    calls: list[str] = []
+
+    def make(name: str) -> Callable[[TaskSnapshot, Transition], None]:
+        def listener(snapshot: TaskSnapshot, record: Transition) -> None:
+            calls.append(name)
+            if name == "a" and record.to_status is S.QUEUED:
+                machine.add_listener(make("late"))  # 登记在通知途中：只从下一次迁移起收到
+
+        return listener
+
+    a, b, c = make("a"), make("b"), make("c")
+    for listener in (a, b, c):
+        machine.add_listener(listener)
+    machine.mark_queued()
+    assert calls == ["a", "b", "c"]
+    machine.remove_listener(b)  # 摘掉中间的
+    machine.mark_starting()
+    assert calls[3:] == ["a", "c", "late"]
+    machine.remove_listener(a)  # 摘掉第一个：其余的顺序不变
+    machine.mark_running()
+    assert calls[6:] == ["c", "late"]
+    with pytest.raises(ValueError):
+        machine.remove_listener(a)  # 没登记（或已摘掉）的：同 list.remove
+    machine.add_listener(a)  # 再登记排在最后
+    machine.mark_succeeded()
+    assert calls[8:] == ["c", "late", "a"]
+
+
 def test_snapshots_are_immutable_and_old_ones_unchanged() -> None:
     machine = fresh()
     first = machine.snapshot

@@ -114,7 +114,7 @@ _ENDINGS: dict[TaskStatus, tuple[FailureKind, str, bool, bool]] = {
 class StateMachine:
     """一个任务的状态机：当前快照 + 只追加的迁移历史。"""
 
-    __slots__ = ("_clock", "_listeners", "_snapshot", "_transitions", "lock")
+    __slots__ = ("_clock", "_listener", "_listeners", "_snapshot", "_transitions", "lock")
 
     def __init__(
         self,
@@ -163,7 +163,11 @@ class StateMachine:
         self._snapshot = snapshot
         self._transitions = history
         self._clock: Clock = clock or SYSTEM_CLOCK
-        self._listeners: list[TransitionListener] = []
+        # 监听器按登记顺序是 (_listener, *_listeners)。第一个单独放一个槽、其余的放不可变元组（增删时
+        # 整体换掉）：受监督的任务几乎都只有一个监听器（TaskRun 的），这样每个任务不必再带一个列表——
+        # 在管任务成千上万时，每个少一个被循环 GC 追踪的容器（issue 17）；通知时也不必先复制一份。
+        self._listener: TransitionListener | None = None
+        self._listeners: tuple[TransitionListener, ...] = ()
         self.lock = lock or threading.RLock()
 
     # -- construction -------------------------------------------------------------------------------
@@ -279,11 +283,21 @@ class StateMachine:
         监听器漏掉这次迁移。
         """
         with self.lock:
-            self._listeners.append(listener)
+            if self._listener is None:
+                self._listener = listener
+            else:
+                self._listeners = (*self._listeners, listener)
 
     def remove_listener(self, listener: TransitionListener) -> None:
+        """摘掉最早登记的那一个（没登记过时抛 ValueError，同 ``list.remove``）。"""
         with self.lock:
-            self._listeners.remove(listener)
+            if self._listener is not None and self._listener == listener:
+                rest = self._listeners
+                self._listener, self._listeners = (rest[0], rest[1:]) if rest else (None, ())
+                return
+            rest_list = list(self._listeners)
+            rest_list.remove(listener)
+            self._listeners = tuple(rest_list)
 
     # -- the single write path ----------------------------------------------------------------------
 
@@ -330,16 +344,23 @@ class StateMachine:
         record = Transition._trusted(current.task_id, source, target, trigger, actor, reason, version, now)
         self._snapshot = snapshot
         self._transitions.append(record)
-        if self._listeners:
+        if self._listener is not None:
             self._notify(snapshot, record)
         return snapshot
 
     def _notify(self, snapshot: TaskSnapshot, record: Transition) -> None:
         first_error: BaseException | None = None
-        for listener in tuple(self._listeners):
+        # 先取下这一刻的登记（监听器里增删监听器只影响下一次迁移，同原来"先复制一份列表"的语义）。
+        first, rest = self._listener, self._listeners
+        try:
+            if first is not None:
+                first(snapshot, record)
+        except BaseException as exc:  # 记下来，先让其余监听器看到这次迁移，再抛给调用方
+            first_error = exc
+        for listener in rest:
             try:
                 listener(snapshot, record)
-            except BaseException as exc:  # 记下来，先让其余监听器看到这次迁移，再抛给调用方
+            except BaseException as exc:
                 if first_error is None:
                     first_error = exc
         if first_error is not None:

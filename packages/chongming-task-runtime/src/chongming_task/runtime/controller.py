@@ -174,23 +174,6 @@ def _batch_stopped(failed: TaskError, *, submitted: int, missing: int) -> TaskEr
     return stopped
 
 
-class _TransitionListener:
-    """挂在每个任务状态机上的监听器（一个带 __slots__ 的小对象，而不是闭包：在管任务成千上万时，
-    每个任务少几个被循环 GC 追踪的对象）。监听器绝不能把任务搞坏：出错只记日志，任务照常。"""
-
-    __slots__ = ("controller", "machine")
-
-    def __init__(self, controller: Controller, machine: StateMachine) -> None:
-        self.controller = controller
-        self.machine = machine
-
-    def __call__(self, snapshot: TaskSnapshot, record: Transition) -> None:
-        try:
-            self.controller._on_transition(self.machine, snapshot, record)
-        except Exception:
-            logger.exception("处理任务 %s 的状态迁移时出错", snapshot.task_id)
-
-
 class Controller(ClosesOnExit):
     """管理一批任务：登记、提交、调度、查询、控制、持久化与重启恢复。"""
 
@@ -316,6 +299,7 @@ class Controller(ClosesOnExit):
         self._events = EventHub(name=f"chongming-events[{self.owner}]")
         self._events.add_all(listeners)
         self._progress_hook = self._on_progress  # 绑定一次，所有任务共用（不为每个任务造一个绑定方法）
+        self._run_transition = self._on_run_transition  # 同上：所有任务共用这一个迁移钩子
         self._link: LocalLink = (
             LocalLink()
             if store is None
@@ -639,9 +623,9 @@ class Controller(ClosesOnExit):
         timeout: Timeout | None = None,
     ) -> TaskRun:
         """给一台状态机配上控制器的监听器与 TaskRun 句柄（新提交的，或认领 / 接手来的持久任务）。"""
-        # 控制器的监听器必须排在 TaskRun 自己的监听器之前：TaskRun 在终态时叫醒 wait() 的调用方，
-        # 到那一刻存储必须已经写穿（否则 wait() 返回后别的进程还读到旧状态）。
-        machine.add_listener(self._make_listener(machine))
+        # 控制器的迁移处理经 TaskRun 的 on_transition 钩子调用，排在 TaskRun 自己的处理之前：TaskRun 在终态时
+        # 叫醒 wait() 的调用方，到那一刻存储必须已经写穿（否则 wait() 返回后别的进程还读到旧状态）。钩子是
+        # 控制器的同一个绑定方法（构造时建一次），不是每个任务一个监听器对象（issue 17）。
         return TaskRun(
             definition.fn,
             args,
@@ -656,6 +640,7 @@ class Controller(ClosesOnExit):
             clock=self.clock,
             upstream=upstream,
             on_requeue=self._requeue,
+            on_transition=self._run_transition,
             on_progress=self._progress_hook,
             log_sink=self._link.log_sink,
         )
@@ -960,8 +945,12 @@ class Controller(ClosesOnExit):
 
     # -- state-machine listener ----------------------------------------------------------------------
 
-    def _make_listener(self, machine: StateMachine) -> Callable[[TaskSnapshot, Transition], None]:
-        return _TransitionListener(self, machine)
+    def _on_run_transition(self, run: TaskRun, snapshot: TaskSnapshot, record: Transition) -> None:
+        """每个任务的状态机迁移之后（在任务锁内）由 TaskRun 调用。监听器绝不能把任务搞坏：出错只记日志。"""
+        try:
+            self._on_transition(run.machine, snapshot, record)
+        except Exception:
+            logger.exception("处理任务 %s 的状态迁移时出错", snapshot.task_id)
 
     def _on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
         # 终态、且有排队任务等着这个额度时，终态的写先排进组提交、不等（write_later）：让出的额度就地启动

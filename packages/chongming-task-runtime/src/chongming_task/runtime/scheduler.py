@@ -15,22 +15,16 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 # 资源标识：("bucket", 桶号) 或 ("tag", 标签名)。
 Resource = tuple[str, object]
 
 
-@dataclass(slots=True)
-class _Entry:
-    task_id: str
-    resources: tuple[Resource, ...]
-    token: int
-
-
-# 堆里放 (-优先级, 序号, 条目)：比较只落在前两个 int 上（C 里完成；序号唯一，永远比不到条目），
-# 不像 order=True 的 dataclass 那样每次比较都调一次 Python 写的 __lt__（出入堆各要比 log n 次）。
-_Item = tuple[int, int, _Entry]
+# 堆里放 (-优先级, 序号, task_id, 要占的资源)：比较只落在前两个 int 上（C 里完成；序号唯一，永远比不到
+# 后两项），不像 order=True 的 dataclass 那样每次比较都调一次 Python 写的 __lt__（出入堆各要比 log n 次）。
+# 一个平坦的元组而不是"元组 + 条目对象"：里面只有 int、str 与（多半是共用的空）元组，循环 GC 第一次扫到
+# 它就不再追踪它——10 万个排队任务就少 20 万个每次全量回收都要扫的对象（issue 17）。
+_Item = tuple[int, int, str, tuple[Resource, ...]]
 
 
 class SlotScheduler:
@@ -130,14 +124,14 @@ class SlotScheduler:
         # 记下所在桶（不参与额度判定），供 active_in_bucket 统计。
         tracked = (*resources, ("bucket_any", bucket)) if bucket is not None else resources
         self._queued[task_id] = token
-        heapq.heappush(self._ready, (-priority, token, _Entry(task_id, tracked, token)))
+        heapq.heappush(self._ready, (-priority, token, task_id, tracked))
 
     def discard(self, task_id: str) -> bool:
         """从队列中撤下（排队中被停止、暂停、取消）。堆里的条目惰性删除。"""
         return self._queued.pop(task_id, None) is not None
 
-    def _first_full(self, entry: _Entry) -> Resource | None:
-        for resource in entry.resources:
+    def _first_full(self, resources: tuple[Resource, ...]) -> Resource | None:
+        for resource in resources:
             if self._is_full(resource):
                 return resource
         return None
@@ -160,8 +154,7 @@ class SlotScheduler:
                 continue
             while waiting and free > 0:
                 item = heapq.heappop(waiting)
-                entry = item[2]
-                if self._queued.get(entry.task_id) != entry.token:
+                if self._queued.get(item[2]) != item[1]:
                     continue  # 已被丢弃的旧条目
                 heapq.heappush(self._ready, item)
                 free -= 1
@@ -179,18 +172,18 @@ class SlotScheduler:
         while True:
             while self._ready and not self._global_full():
                 item = heapq.heappop(self._ready)
-                entry = item[2]
-                if self._queued.get(entry.task_id) != entry.token:
+                _, token, task_id, resources = item
+                if self._queued.get(task_id) != token:
                     continue
-                blocker = self._first_full(entry)
+                blocker = self._first_full(resources)
                 if blocker is not None:
                     heapq.heappush(self._parked.setdefault(blocker, []), item)
                     continue
-                del self._queued[entry.task_id]
-                self._active[entry.task_id] = entry.resources
-                for resource in entry.resources:
+                del self._queued[task_id]
+                self._active[task_id] = resources
+                for resource in resources:
                     self._usage[resource] = self._usage.get(resource, 0) + 1
-                started.append(entry.task_id)
+                started.append(task_id)
             if self._global_full() or not self._dirty or not self._unpark():
                 return started
 

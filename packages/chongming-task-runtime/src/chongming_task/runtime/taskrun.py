@@ -21,7 +21,9 @@
   额度时再次 ``start()``；为 None 时 TaskRun 自己直接开始下一次尝试。排队中暂停的任务恢复时总是
   回到 queued：独立运行的 TaskRun 立即重新启动，带 ``on_requeue`` 的交给控制器（它的状态机监听器
   会看到 queued 这次迁移）；
-* 每条终态路径都经过状态机，所以控制器在状态机上挂监听器就能知道任务结束。
+* ``on_transition``：每次迁移之后（锁内）以 ``on_transition(run, snapshot, record)`` 调用，排在 TaskRun
+  自己的处理（叫醒 ``wait()``）之前——控制器的写穿与调度记账都经它。每条终态路径都经过状态机，所以控制器
+  由此知道任务结束。
 """
 
 from __future__ import annotations
@@ -237,6 +239,7 @@ class TaskRun:
         upstream: Mapping[str, Any] | None = None,
         machine: StateMachine | None = None,
         on_requeue: Callable[[TaskRun], None] | None = None,
+        on_transition: Callable[[TaskRun, TaskSnapshot, Transition], None] | None = None,
         pause_timeout: float = DEFAULT_PAUSE_TIMEOUT,
         artifact_hint: str | None = None,
         on_progress: Callable[[TaskSnapshot], None] | None = None,
@@ -267,6 +270,8 @@ class TaskRun:
             raise ConfigurationError(f"upstream 必须是 {{节点 id: 返回值}} 字典，收到 {upstream!r}")
         if on_requeue is not None and not callable(on_requeue):
             raise ConfigurationError(f"on_requeue 必须是可调用对象，收到 {on_requeue!r}")
+        if on_transition is not None and not callable(on_transition):
+            raise ConfigurationError(f"on_transition 必须是可调用对象，收到 {on_transition!r}")
         self.fn = fn
         self.args: tuple[Any, ...] = tuple(args)
         self.kwargs: dict[str, Any] = dict(kwargs or {})
@@ -311,6 +316,10 @@ class TaskRun:
         self.clock: Clock = clock
         self._lock = machine.lock
         self._on_requeue = on_requeue
+        # 控制器的迁移处理（写穿、调度记账、事件）：在本任务每次迁移之后、TaskRun 自己的处理之前调用。经这个
+        # 钩子而不是另挂一个监听器：每个任务的状态机只挂一个监听器（一个绑定方法），不再多一个监听器对象与
+        # 装它们的列表（issue 17）。
+        self._transition_hook = on_transition
         # 进度通知（控制器的事件钩子）：在本任务的锁内以更新后的快照调用，所以必须只做常数时间的事、
         # 不碰别的锁（控制器只把事件放进交付队列）。
         self._progress_hook = on_progress
@@ -1028,6 +1037,16 @@ class TaskRun:
         return self._logs
 
     def _on_transition(self, snapshot: TaskSnapshot, record: Transition) -> None:
+        hook = self._transition_hook
+        if hook is None:
+            self._after_transition(record)
+            return
+        try:
+            hook(self, snapshot, record)
+        finally:  # 钩子抛了什么（控制器自己只放过 BaseException）都照样记下本任务的终态 / 复活
+            self._after_transition(record)
+
+    def _after_transition(self, record: Transition) -> None:
         if record.to_status in TERMINAL_STATUSES:
             if self._start_timer is not None:
                 self._start_timer.cancel()

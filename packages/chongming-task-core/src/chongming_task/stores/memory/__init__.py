@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 import json
 import math
+import operator
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -86,12 +87,21 @@ def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
 
 
 class _Row:
-    """一个任务的全部存储状态。snapshot 里的 outcome 只在 outcome_text 为 None 时有效。"""
+    """一个任务的全部存储状态。snapshot 里的 outcome 只在 outcome_text 为 None 时有效。
 
-    __slots__ = ("history", "log_seq", "log_writers", "logs", "outcome_text", "snapshot")
+    ``snapshot`` 是存储眼里的这一版。save 沿用存储自己的旁路字段与配方（``_SAVE_KEEPS``），它们和调用方那份
+    不同时（最常见的是终态那次：任务线程结算时记了心跳），行里先存调用方的快照加一个"存储自己的那几个值"的
+    元组（``_sides``），第一次读 ``snapshot`` 时才合成一份、换上（之后照常直接读）。为什么：写穿出去的终态
+    多半再也没人读，原来每个任务要为它复制一份快照——两个常驻、每次全量回收都要扫的对象（快照与它的实例
+    字典）；元组里通常只有 None、时间与字符串，循环 GC 第一次扫到就不再追踪它（issue 17）。读写都在存储的
+    锁内，合成时换上不会与写者交错。
+    """
+
+    __slots__ = ("_sides", "_snapshot", "history", "log_seq", "log_writers", "logs", "outcome_text")
 
     def __init__(self, snapshot: TaskSnapshot, outcome_text: str | None) -> None:
-        self.snapshot = snapshot
+        self._snapshot = snapshot
+        self._sides: tuple[Any, ...] | None = None
         self.outcome_text = outcome_text
         self.history: dict[int, Transition] = {}
         # 日志挂在任务行上：删掉任务（prune / delete_archived）就连同日志一起删掉，不会留下孤儿。
@@ -102,6 +112,19 @@ class _Row:
         self.log_writers: dict[str, int] | None = (
             None  # 写入者 → 已接受的最大 writer_seq（幂等水位线，见 values）
         )
+
+    @property
+    def snapshot(self) -> TaskSnapshot:
+        sides = self._sides
+        if sides is None:
+            return self._snapshot
+        combined = self._snapshot.evolve(**dict(zip(_SIDE_FIELDS, sides, strict=True)))
+        self._snapshot, self._sides = combined, None
+        return combined
+
+    @snapshot.setter
+    def snapshot(self, value: TaskSnapshot) -> None:
+        self._snapshot, self._sides = value, None
 
 
 def _check_version(current: TaskSnapshot, task_id: str, expect_version: int) -> None:
@@ -115,6 +138,10 @@ def _check_version(current: TaskSnapshot, task_id: str, expect_version: int) -> 
 _SAVE_KEEPS = ("progress", "last_heartbeat_at", "lease_owner", "lease_until", "recipe")
 """save 从不改写、沿用存储里的值的字段：旁路字段（只归 create / touch）与配方（只归 create）。"""
 
+_kept = operator.itemgetter(*_SAVE_KEEPS)
+_SIDE_FIELDS = ("outcome", *_SAVE_KEEPS)
+"""``_Row._sides`` 的各项：存下的 outcome（容器型的只存文本，这里是 None）与沿用的那几个字段。"""
+
 
 def _put(
     row: _Row,
@@ -127,7 +154,8 @@ def _put(
     """（持锁调用，检查都已通过）把 save 的快照与迁移记录写进任务行。
 
     旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。写穿的热路径上它们通常就是同一批对象
-    （快照不可变）：直接存调用方这份，不复制；有一个不同才复制一份、换上存储里的那组值。
+    （快照不可变）：直接存调用方这份，不复制；有一个不同时也存调用方这份，另记下存储里的那组值，读时才合成
+    （见 ``_Row``）。
     """
     new, old = snapshot.__dict__, current.__dict__
     if (
@@ -140,10 +168,9 @@ def _put(
     ):
         row.snapshot = snapshot  # 最常见：什么都不用换，直接存调用方这份
     else:
-        changes: dict[str, Any] = {"outcome": scalar}
-        for name in _SAVE_KEEPS:  # 配方只由 create 写入，同样沿用
-            changes[name] = old[name]
-        row.snapshot = snapshot.evolve(**changes)
+        # 有不同：不复制快照，先存调用方这份加存储自己的那组值，读时才合成（见 _Row）。
+        row._snapshot = snapshot
+        row._sides = (scalar, *_kept(old))  # 配方只由 create 写入，同样沿用
     row.outcome_text = text
     history = row.history
     for record in transitions:

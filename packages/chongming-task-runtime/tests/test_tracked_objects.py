@@ -1,0 +1,78 @@
+"""每个在管任务常驻多少个被循环 GC 追踪的对象（issue 17）。
+
+为什么测它：全量回收每次都要把所有被追踪的对象扫一遍，积压十万个排队任务、或内存存储里留着成千上万个
+已结束的任务时，GC 是每任务 CPU 里最大的一块，而它与每个任务常驻的对象个数成正比。这里数的是确定的个数
+（``gc.get_objects()`` 的差，除以任务数），不是时间：谁给每个任务多挂一个容器、监听器或副本，这里就会失败。
+测得的值见 bench/README.md；上限留了半个对象的余量（后台线程在测量期间可能造出零星几个对象）。
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from typing import Any
+
+from chongming_task import Controller, InMemoryTaskStore, Submit
+
+N = 2000
+
+
+def noop(ctx: Any) -> None:
+    return None
+
+
+def blocker(ctx: Any, gate: threading.Event) -> None:
+    gate.wait(60)
+
+
+def _tracked() -> int:
+    gc.collect()
+    return len(gc.get_objects())
+
+
+def test_a_queued_task_keeps_at_most_eight_tracked_objects() -> None:
+    # TaskRun、状态机、它的锁、快照与快照的实例字典、一条迁移记录与装历史的列表、状态机上的那一个监听器
+    # （TaskRun 的绑定方法）。调度器的堆条目是只含 int / str 的元组，GC 不追踪。
+    controller = Controller(max_parallel=1)
+    controller.register("noop", noop)
+    controller.register("blocker", blocker)
+    gate = threading.Event()
+    try:
+        controller.submit("blocker", gate)
+        before = _tracked()
+        runs = controller.submit_many([Submit("noop") for _ in range(N)])
+        after = _tracked()
+        assert all(run.status.value == "queued" for run in runs)
+        del runs
+        per_task = (after - before) / N
+        assert per_task <= 8.5, f"每个排队任务常驻 {per_task:.2f} 个被追踪的对象"
+    finally:
+        gate.set()
+        controller.close()
+
+
+def test_a_finished_task_in_the_memory_store_keeps_at_most_fourteen_tracked_objects() -> None:
+    # 控制器里：TaskRun、状态机、锁、快照与字典、四条迁移记录与历史列表、一个监听器；存储里：行、历史字典、
+    # 写穿的每任务状态。终态那次 save 沿用存储自己的心跳时不再复制一份快照（读时才合成）。
+    store = InMemoryTaskStore()
+    controller = Controller(max_parallel=2, store=store)
+    controller.register("noop", noop)
+    try:
+        for _ in range(50):  # 先把惰性建起来的共用对象（看门狗、缓存）建好
+            controller.submit("noop")
+        controller.wait_all()
+        time.sleep(0.1)
+        before = _tracked()
+        for _ in range(N):
+            controller.submit("noop")
+        controller.wait_all()
+        after = _tracked()
+        per_task = (after - before) / N
+        assert per_task <= 14.5, f"每个已结束的任务常驻 {per_task:.2f} 个被追踪的对象"
+        # 合成出来的读数与存储的语义一致：终态、带着存储自己的租约与心跳（save 不改写旁路字段）。
+        finished = store.query()
+        assert len(finished) == N + 50
+        assert all(snapshot.status.value == "succeeded" for snapshot in finished)
+    finally:
+        controller.close(close_store=True)
