@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sqlite3
 import threading
 import time
+import weakref
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,8 +24,10 @@ PAGE = 4096
 WAL_BOUND = 16_000 * PAGE
 
 
-def _checkpoint_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("chongming-sqlite-checkpoint[")]
+def _checkpoint_threads(db: Path | None = None) -> list[threading.Thread]:
+    """后台检查点线程（``db``：只要这个文件的那条；同一进程里别的测试没关的存储各有各的）。"""
+    prefix = "chongming-sqlite-checkpoint[" if db is None else f"chongming-sqlite-checkpoint[{db}]"
+    return [t for t in threading.enumerate() if t.name.startswith(prefix)]
 
 
 def _run_tasks(store: SqliteTaskStore, prefix: str, count: int, wal: Path, sizes: list[int]) -> None:
@@ -63,7 +67,7 @@ def test_commits_leave_checkpoints_to_a_background_thread_and_the_wal_stays_boun
         for writer in writers:
             writer.join(timeout=300)
         assert not any(writer.is_alive() for writer in writers)
-        threads = _checkpoint_threads()
+        threads = _checkpoint_threads(db)
         assert len(threads) == 1 and threads[0].daemon  # 解释器随时可以退出
         assert max(sizes) <= WAL_BOUND, f"WAL 涨到了 {max(sizes) / 1e6:.1f} MB"
         # 检查点真的做了：主文件在存储还开着的时候就长大了（没有检查点时新页全在 WAL 里）。
@@ -81,6 +85,29 @@ def test_commits_leave_checkpoints_to_a_background_thread_and_the_wal_stays_boun
         assert raw.execute("SELECT count(*) FROM tasks WHERE status = 'succeeded'").fetchone()[0] == 3_000
     finally:
         raw.close()
+
+
+def test_a_store_that_was_never_closed_is_collected_and_its_thread_exits(tmp_path: Path) -> None:
+    db = tmp_path / "forgotten.db"
+    store = SqliteTaskStore(db)
+    for index in range(400):  # 够多的写事务，让后台线程起来
+        store.create(TaskSnapshot(task_id=f"f{index}", name="job", created_at=T0))
+    deadline = time.monotonic() + 30
+    while not _checkpoint_threads(db) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    threads = _checkpoint_threads(db)
+    assert len(threads) == 1
+    gone = threading.Event()
+    weakref.finalize(store, gone.set)
+    del store
+    # 线程可能正在做一次检查点（那一刻它经弱引用取到了存储）：做完就放手，所以多收几次。
+    deadline = time.monotonic() + 10
+    while not gone.is_set() and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.02)
+    assert gone.is_set(), "后台检查点线程不该让忘了关的存储一直活着"
+    threads[0].join(10)
+    assert not threads[0].is_alive()
 
 
 def test_memory_and_readonly_stores_start_no_checkpoint_thread(tmp_path: Path) -> None:

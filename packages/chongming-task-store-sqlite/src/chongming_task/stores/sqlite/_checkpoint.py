@@ -33,6 +33,9 @@ FIRST_INTERVAL = 100
 _MIN_INTERVAL = 8
 _MAX_INTERVAL = TARGET_FRAMES
 
+BEHIND = 4
+"""攒够 ``BEHIND`` 个间隔的写事务、后台线程还没做检查点时，由提交的线程自己做一次（WAL 的硬上限）。"""
+
 FORCE_FRAMES = 2 * TARGET_FRAMES
 """WAL 超过这么多页还没拷完时，占着本进程的写者队列再做一次（见 ``_checkpoint_once``）。"""
 
@@ -58,19 +61,39 @@ class BackgroundCheckpointer:
         self._pid = os.getpid()
 
     def committed(self) -> None:
-        """一次写事务提交之后调用（在写锁之外）：只数数，够了就叫醒线程，不在调用方线程上做检查点。"""
+        """一次写事务提交之后调用（在写锁之外）：只数数，够了就叫醒线程，不在调用方线程上做检查点——
+        除非后台线程落后太多（见 ``BEHIND``）。"""
         if os.getpid() != self._pid:
             self._after_fork()
         with self._lock:
             self._commits += 1
-            if self._commits < self._interval or self._pending or self._closed:
+            if self._closed:
                 return
-            self._pending = True
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                self._thread.start()
+            if self._commits >= BEHIND * self._interval:
+                # 后台线程迟迟没轮上（2 核机器重负载、GIL 争用）：WAL 的上限不能取决于线程调度，
+                # 这一次由提交的线程自己做——与 SQLite 默认的自动检查点同一个做法，只在落后时才发生。
+                self._commits = 0
+                inline = True
+            elif self._commits < self._interval or self._pending:
+                return
             else:
-                self._wake.notify()
+                inline = False
+                self._pending = True
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                    self._thread.start()
+                else:
+                    self._wake.notify()
+        if inline:
+            self._checkpoint_inline()
+
+    def _checkpoint_inline(self) -> None:
+        try:
+            self._checkpoint(True)  # 占着本进程的写者队列：这一次能拷完，下一次提交从头复用 WAL
+        except Exception:
+            return  # 与后台那次一样不致命：WAL 先长着，下一轮再试
+        with self._lock:
+            self._last_log = 0
 
     def _after_fork(self) -> None:
         # fork 出来的子进程里没有父进程的线程，父进程里别的线程也可能在 fork 那一刻持有锁：全部换新的。
@@ -143,4 +166,4 @@ class BackgroundCheckpointer:
         return self._interval
 
 
-__all__ = ["FIRST_INTERVAL", "FORCE_FRAMES", "TARGET_FRAMES", "BackgroundCheckpointer"]
+__all__ = ["BEHIND", "FIRST_INTERVAL", "FORCE_FRAMES", "TARGET_FRAMES", "BackgroundCheckpointer"]

@@ -10,6 +10,7 @@ import sqlite3
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from functools import partial
@@ -259,11 +260,20 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         self._pool = _Pool(self._connect, shared=self._memory)
         self._writers = _WriterTurn()
         # WAL 检查点由后台线程做，不在提交的线程上（见 _checkpoint）。内存库没有 WAL；只读打开不写。
-        self._checkpointer: BackgroundCheckpointer | None = (
-            None
-            if self._memory or readonly
-            else BackgroundCheckpointer(self._checkpoint_wal, name=f"chongming-sqlite-checkpoint[{path}]")
-        )
+        self._checkpointer: BackgroundCheckpointer | None = None
+        if not (self._memory or readonly):
+            # 线程只经弱引用回到存储：忘了 close() 的存储照样能被回收，回收时（finalize）线程跟着退出——
+            # 否则每个没关的存储都留下一条永远等着的线程和它的连接池。
+            method = weakref.WeakMethod(self._checkpoint_wal)
+
+            def checkpoint(exclusive: bool) -> Any:
+                bound = method()
+                return None if bound is None else bound(exclusive)
+
+            self._checkpointer = BackgroundCheckpointer(
+                checkpoint, name=f"chongming-sqlite-checkpoint[{path}]"
+            )
+            weakref.finalize(self, self._checkpointer.close, 0.0)
         try:
             self._run("打开数据库", self._prepare, "none")
         except BaseException:
