@@ -109,7 +109,8 @@ class LogSink:
                         batch = [pending.popleft() for _ in range(count)]
                 writer = self.writer
                 try:
-                    self._store.append_logs([_line(item, writer) for item in batch])
+                    # 受信入口（TaskStore._append_log_lines）：行是 _line 刚造、刚查过的，存储不必再查一遍。
+                    self._store._append_log_lines([_line(item, writer) for item in batch])
                 except ConfigurationError as exc:
                     # 参数错误重试也不会好（_line 已把存不下的字符转义，到这里说明是后端自己的限制）：
                     # 丢掉这批并计数，绝不让一行坏日志堵住后面所有的行。

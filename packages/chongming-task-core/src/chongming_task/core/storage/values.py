@@ -630,15 +630,22 @@ def unseen_log_lines(
     持有者接手重跑）的行号各自独立，互不吞行。
     """
     marks = dict(seen)
-    changed: dict[str, int] = {}
-    fresh: list[LogLine] = []
-    for line in lines:
-        if line.writer:
-            if line.writer_seq <= marks.get(line.writer, 0):
-                continue
-            marks[line.writer] = changed[line.writer] = line.writer_seq
-        fresh.append(line)
+    fresh = [line for line in lines if accept_log_line(line, marks)]
+    changed = {writer: n for writer, n in marks.items() if seen.get(writer) != n}
     return fresh, changed
+
+
+def accept_log_line(line: LogLine, marks: dict[str, int]) -> bool:
+    """水位线规则的单行形式（``unseen_log_lines`` 就是逐行调用它）：这一行存储还没有吗？是的话就地把它写入者
+    的水位线推到它的号。不带身份的行总是新的。给在一把锁里逐行写入的存储用（内存存储），免得为每批先按任务
+    分组、再拷一份水位线。"""
+    writer = line.writer
+    if not writer:
+        return True
+    if line.writer_seq <= marks.get(writer, 0):
+        return False
+    marks[writer] = line.writer_seq
+    return True
 
 
 @dataclass(frozen=True)
@@ -759,6 +766,7 @@ __all__ = [
     "SaveRequest",
     "TaskQuery",
     "TaskStats",
+    "accept_log_line",
     "as_query",
     "awaits_claim",
     "bound_log_message",
