@@ -111,8 +111,9 @@ def test_a_subclass_that_overrides_save_still_sees_every_write_through_write() -
 
 
 def test_a_subclass_that_overrides_append_logs_still_sees_the_trusted_log_lines() -> None:
-    """运行时写日志走受信入口 ``_append_log_lines``（内存存储有自己的快路径，不经公开的 append_logs）：子类改了
-    append_logs（注入故障、过滤、记日志）却没改受信入口时，基类退回默认实现，受信入口的行照样经过子类。"""
+    """运行时写日志走受信入口 ``_append_log_lines``（内存存储有自己的快路径，不经公开的 append_logs）：
+    子类改了 append_logs（注入故障、过滤、记日志）却没改受信入口时，基类退回默认实现，
+    受信入口的行照样经过子类。"""
     seen: list[str] = []
 
     class CountingLogs(InMemoryTaskStore):

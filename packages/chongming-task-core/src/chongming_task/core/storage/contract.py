@@ -404,8 +404,8 @@ class TaskStore(ClosesOnExit, ABC):
         """
 
     def _append_log_lines(self, lines: list[LogLine]) -> None:
-        """运行时自己的日志缓冲（``runtime/task_logs.LogSink``）调用的追加入口：语义与 ``append_logs`` 完全相同
-        （分配 seq、水位线去重、每任务上限、跳过不存在的任务），默认实现就是它。
+        """运行时自己的日志缓冲（``runtime/task_logs.LogSink``）调用的追加入口：语义与 ``append_logs``
+        完全相同（分配 seq、水位线去重、每任务上限、跳过不存在的任务），默认实现就是它。
 
         调用方担保：``lines`` 是一个交出所有权的 list，每一项都是合法的 ``LogLine``，正文与级别存得下（没有
         NUL、孤立代理项——缓冲造行时已转义）。为什么单开一个入口：公开的 append_logs 面对任意调用方，每批都要

@@ -43,7 +43,6 @@ from chongming_task.errors import (
 )
 from chongming_task.models import TaskSnapshot, Transition
 
-
 _StoredLine = tuple[int, int, datetime, str, str, bool]
 """存下的一行：``(seq, attempt, at, level, message, truncated)``。不存 ``LogLine`` 对象：元组里全是不可变的
 原子值，循环 GC 第一次扫到它就不再追踪（一个常驻的 dataclass 实例每次全量回收都要再扫一遍，存下的行越多

@@ -296,8 +296,8 @@ class LogCases(ContractBase):
     # ===============================================================================================
 
     def test_trusted_log_append_writes_exactly_like_append_logs(self) -> None:
-        """同一串批次一份经公开的 append_logs 写给任务 ``p``、一份经受信入口写给任务 ``h``：读回的行（除任务号）
-        与计数逐项相同——序号、去重水位线、每任务上限、跳过不存在的任务、一行一批地追加很多次。"""
+        """同一串批次一份经公开的 append_logs 写给任务 ``p``、一份经受信入口写给任务 ``h``：读回的行
+        （除任务号）与计数逐项相同——序号、去重水位线、每任务上限、跳过不存在的任务、一行一批地追加很多次。"""
         store = self.open_store()
         self._task(store, "p")
         self._task(store, "h")
