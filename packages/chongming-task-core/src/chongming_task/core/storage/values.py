@@ -614,6 +614,35 @@ def check_log_writer(writer: object, writer_seq: int) -> None:
         )
 
 
+def checked_log_line(
+    task_id: str,
+    attempt: int,
+    at: datetime,
+    level: str,
+    message: str,
+    seq: int,
+    truncated: bool,
+    writer: str,
+    writer_seq: int,
+) -> LogLine:
+    """不再校验地造一行 ``LogLine``：给手里的每个值都已经按 ``__post_init__`` 的规则查过的调用方（运行时的日志
+    缓冲刚查过的行、内存存储读回它存下时查过的值）。``LogLine(...)`` 每行要把九个字段逐个再查一遍，这两处
+    每个写日志的任务都要走一次。值不合法时结果是一个坏的 LogLine：拿不准就用构造函数。"""
+    line: LogLine = object.__new__(LogLine)
+    line.__dict__.update(
+        task_id=task_id,
+        attempt=attempt,
+        at=at,
+        level=level,
+        message=message,
+        seq=seq,
+        truncated=truncated,
+        writer=writer,
+        writer_seq=writer_seq,
+    )
+    return line
+
+
 def unseen_log_lines(
     lines: Sequence[LogLine], seen: Mapping[str, int]
 ) -> tuple[list[LogLine], dict[str, int]]:
@@ -771,6 +800,7 @@ __all__ = [
     "awaits_claim",
     "bound_log_message",
     "check_log_writer",
+    "checked_log_line",
     "count_buckets",
     "lease_held_message",
     "lease_is_held",

@@ -52,26 +52,11 @@ _SMALL_LOG = 32
 """一个任务的行数不超过这么多时用元组存（追加时整个换掉，O(行数)）；超过后换成 ``deque(maxlen)``。
 多数写日志的任务只有几行：元组不被 GC 追踪，deque 总是被追踪（每个任务一个常驻容器）。"""
 
-_new_object = object.__new__
-
 
 def _read_line(task_id: str, stored: _StoredLine) -> v.LogLine:
-    """把存下的元组还原成 ``LogLine``。每个值写入时都已校验过（来自一个合法的 LogLine），所以直接填实例字典，
-    不再走 ``__post_init__`` 的逐字段校验。"""
+    """把存下的元组还原成 ``LogLine``。每个值写入时都已校验过（来自一个合法的 LogLine），不必再查一遍。"""
     seq, attempt, at, level, message, truncated = stored
-    line: v.LogLine = _new_object(v.LogLine)
-    line.__dict__.update(
-        task_id=task_id,
-        attempt=attempt,
-        at=at,
-        level=level,
-        message=message,
-        seq=seq,
-        truncated=truncated,
-        writer="",
-        writer_seq=0,
-    )
-    return line
+    return v.checked_log_line(task_id, attempt, at, level, message, seq, truncated, "", 0)
 
 
 def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
