@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -14,10 +14,10 @@ import pytest
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.models import TaskSnapshot
 from chongming_task.states import TaskStatus
-from chongming_task.storage import SaveRequest
+from chongming_task.storage import LogLine, SaveRequest
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.testing import FakeClock
-from chongming_task.testing.contract._base import walk
+from chongming_task.testing.contract._base import T0, walk
 from chongming_task.testing.store_contract import StoreContract, snap
 
 HOOKS = {
@@ -108,3 +108,26 @@ def test_a_subclass_that_overrides_save_still_sees_every_write_through_write() -
         queued, records = walk(base, TaskStatus.QUEUED)
         store._save_direct(queued, 0, tuple(records))
     assert seen == [1, -1]
+
+
+def test_a_subclass_that_overrides_append_logs_still_sees_the_trusted_log_lines() -> None:
+    """运行时写日志走受信入口 ``_append_log_lines``（内存存储有自己的快路径，不经公开的 append_logs）：
+    子类改了 append_logs（注入故障、过滤、记日志）却没改受信入口时，基类退回默认实现，
+    受信入口的行照样经过子类。"""
+    seen: list[str] = []
+
+    class CountingLogs(InMemoryTaskStore):
+        def append_logs(self, lines: Sequence[LogLine]) -> None:
+            seen.extend(line.message for line in lines)
+            super().append_logs(lines)
+
+    assert InMemoryTaskStore._append_log_lines is not TaskStore._append_log_lines  # 内存存储有自己的快路径
+    assert CountingLogs._append_log_lines is TaskStore._append_log_lines
+    store = CountingLogs()
+    store.create(snap("sub-logs"))
+    line = LogLine(
+        task_id="sub-logs", attempt=1, at=T0, level="INFO", message="经过子类", writer="w", writer_seq=1
+    )
+    store._append_log_lines([line])
+    assert seen == ["经过子类"]
+    assert [g.message for g in store.read_logs("sub-logs")] == ["经过子类"]

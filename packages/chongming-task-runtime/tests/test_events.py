@@ -303,3 +303,21 @@ def test_bursts_from_many_threads_are_all_delivered_and_flush_never_hangs() -> N
                 ]
             time.sleep(0.02)  # 让交付线程睡下：下一阵的第一条事件必须把它叫醒
     assert len(recorder.events) == 4 * len(runs) == 4 * 3 * 64
+
+
+def test_flush_does_not_wait_out_the_coalescing_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 交付线程被第一条事件叫醒后先攒一会儿批（COALESCE_SECONDS）；flush 叫醒它、让它不再攒批——
+    # 攒批窗口调到 60 秒，flush 仍在 10 秒的时限内等到每一条迁移都送到（不叫醒的话它会等到超时、返回 False）。
+    from chongming_task.runtime import events
+
+    monkeypatch.setattr(events, "COALESCE_SECONDS", 60.0)
+    recorder = Recorder()
+    with Controller(max_parallel=2, listeners=[recorder]) as controller:
+        controller.register("counting", counting)
+        for round_no in range(3):
+            runs = [controller.submit("counting", round_no) for _ in range(5)]
+            for run in runs:
+                assert run.wait(timeout=10).ok
+            assert controller.flush_events(timeout=10)
+            for run in runs:
+                assert recorder.transitions(run.task_id)[-1].to_status is S.SUCCEEDED

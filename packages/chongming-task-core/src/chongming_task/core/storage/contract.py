@@ -103,6 +103,9 @@ class TaskStore(ClosesOnExit, ABC):
             # 子类改了 save（包一层、注入故障、记日志……）却没改写穿入口：父类的 _save_direct 会绕过它。
             # 退回默认实现，写穿照样经过子类的 save。
             cls._save_direct = TaskStore._save_direct  # type: ignore[method-assign]
+        if "append_logs" in cls.__dict__ and "_append_log_lines" not in cls.__dict__:
+            # 同理：子类改了 append_logs 却没改运行时的入口，父类的快路径会绕过它。
+            cls._append_log_lines = TaskStore._append_log_lines  # type: ignore[method-assign]
 
     # -- snapshots ----------------------------------------------------------------------------------
 
@@ -399,6 +402,18 @@ class TaskStore(ClosesOnExit, ABC):
         行被跳过（任务可能刚被 prune 掉：日志是尽力而为，不能让一批因此整体失败）。不是 LogLine 的
         序列、正文存不下（NUL、孤立代理项）→ ConfigurationError，整批不写。
         """
+
+    def _append_log_lines(self, lines: list[LogLine]) -> None:
+        """运行时自己的日志缓冲（``runtime/task_logs.LogSink``）调用的追加入口：语义与 ``append_logs``
+        完全相同（分配 seq、水位线去重、每任务上限、跳过不存在的任务），默认实现就是它。
+
+        调用方担保：``lines`` 是一个交出所有权的 list，每一项都是合法的 ``LogLine``，正文与级别存得下（没有
+        NUL、孤立代理项——缓冲造行时已转义）。为什么单开一个入口：公开的 append_logs 面对任意调用方，每批都要
+        逐行查类型、查正文（``checks.append_logs_args``）；运行时每个写日志的任务至少一批，而这些行出自同一处、
+        刚刚检查过。写入就在本进程完成的存储（内存存储）覆盖它，省掉重复的检查与复制；要把行交给别的进程
+        （SQL）的存储，检查相对一次往返微不足道，保持默认。
+        """
+        self.append_logs(lines)
 
     @abstractmethod
     def read_logs(

@@ -614,6 +614,35 @@ def check_log_writer(writer: object, writer_seq: int) -> None:
         )
 
 
+def checked_log_line(
+    task_id: str,
+    attempt: int,
+    at: datetime,
+    level: str,
+    message: str,
+    seq: int,
+    truncated: bool,
+    writer: str,
+    writer_seq: int,
+) -> LogLine:
+    """不再校验地造一行 ``LogLine``：给手里的每个值都已经按 ``__post_init__`` 的规则查过的调用方（运行时的日志
+    缓冲刚查过的行、内存存储读回它存下时查过的值）。``LogLine(...)`` 每行要把九个字段逐个再查一遍，这两处
+    每个写日志的任务都要走一次。值不合法时结果是一个坏的 LogLine：拿不准就用构造函数。"""
+    line: LogLine = object.__new__(LogLine)
+    line.__dict__.update(
+        task_id=task_id,
+        attempt=attempt,
+        at=at,
+        level=level,
+        message=message,
+        seq=seq,
+        truncated=truncated,
+        writer=writer,
+        writer_seq=writer_seq,
+    )
+    return line
+
+
 def unseen_log_lines(
     lines: Sequence[LogLine], seen: Mapping[str, int]
 ) -> tuple[list[LogLine], dict[str, int]]:
@@ -630,15 +659,22 @@ def unseen_log_lines(
     持有者接手重跑）的行号各自独立，互不吞行。
     """
     marks = dict(seen)
-    changed: dict[str, int] = {}
-    fresh: list[LogLine] = []
-    for line in lines:
-        if line.writer:
-            if line.writer_seq <= marks.get(line.writer, 0):
-                continue
-            marks[line.writer] = changed[line.writer] = line.writer_seq
-        fresh.append(line)
+    fresh = [line for line in lines if accept_log_line(line, marks)]
+    changed = {writer: n for writer, n in marks.items() if seen.get(writer) != n}
     return fresh, changed
+
+
+def accept_log_line(line: LogLine, marks: dict[str, int]) -> bool:
+    """水位线规则的单行形式（``unseen_log_lines`` 就是逐行调用它）：这一行存储还没有吗？是的话就地把它写入者
+    的水位线推到它的号。不带身份的行总是新的。给在一把锁里逐行写入的存储用（内存存储），免得为每批先按任务
+    分组、再拷一份水位线。"""
+    writer = line.writer
+    if not writer:
+        return True
+    if line.writer_seq <= marks.get(writer, 0):
+        return False
+    marks[writer] = line.writer_seq
+    return True
 
 
 @dataclass(frozen=True)
@@ -759,10 +795,12 @@ __all__ = [
     "SaveRequest",
     "TaskQuery",
     "TaskStats",
+    "accept_log_line",
     "as_query",
     "awaits_claim",
     "bound_log_message",
     "check_log_writer",
+    "checked_log_line",
     "count_buckets",
     "lease_held_message",
     "lease_is_held",

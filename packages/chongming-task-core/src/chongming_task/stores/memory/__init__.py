@@ -44,17 +44,20 @@ from chongming_task.errors import (
 )
 from chongming_task.models import TaskSnapshot, Transition
 
+_StoredLine = tuple[int, int, datetime, str, str, bool]
+"""存下的一行：``(seq, attempt, at, level, message, truncated)``。不存 ``LogLine`` 对象：元组里全是不可变的
+原子值，循环 GC 第一次扫到它就不再追踪（一个常驻的 dataclass 实例每次全量回收都要再扫一遍，存下的行越多
+越贵）；``task_id`` 就是所在的行，幂等身份只在写入时有用（读回的行不带它，与 SQL 后端一致）。"""
 
-def _stored_line(line: v.LogLine, seq: int) -> v.LogLine:
-    """存下的那一行：换上存储分配的序号、去掉幂等身份。``line`` 构造时已整行校验过，换上的三个值也都合法，
-    所以直接复制实例字典（``dataclasses.replace`` 会把 ``__post_init__`` 的逐字段校验再走一遍，每行一次）。"""
-    stored: v.LogLine = object.__new__(v.LogLine)
-    state = stored.__dict__
-    state.update(line.__dict__)
-    state["seq"] = seq
-    state["writer"] = ""
-    state["writer_seq"] = 0
-    return stored
+_SMALL_LOG = 32
+"""一个任务的行数不超过这么多时用元组存（追加时整个换掉，O(行数)）；超过后换成 ``deque(maxlen)``。
+多数写日志的任务只有几行：元组不被 GC 追踪，deque 总是被追踪（每个任务一个常驻容器）。"""
+
+
+def _read_line(task_id: str, stored: _StoredLine) -> v.LogLine:
+    """把存下的元组还原成 ``LogLine``。每个值写入时都已校验过（来自一个合法的 LogLine），不必再查一遍。"""
+    seq, attempt, at, level, message, truncated = stored
+    return v.checked_log_line(task_id, attempt, at, level, message, seq, truncated, "", 0)
 
 
 def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
@@ -105,9 +108,9 @@ class _Row:
         self.outcome_text = outcome_text
         self.history: dict[int, Transition] = {}
         # 日志挂在任务行上：删掉任务（prune / delete_archived）就连同日志一起删掉，不会留下孤儿。
-        # LogLine 是冻结的、字段全不可变，可以直接共享给读者。多数任务一行日志也不写：队列与水位线在第一次
-        # append_logs 时才建（每个任务少两个被循环 GC 追踪的容器，issue 17）。
-        self.logs: collections.deque[v.LogLine] | None = None
+        # 多数任务一行日志也不写：行与水位线在第一次 append_logs 时才建；行少时是元组（见 _SMALL_LOG），
+        # 水位线是 str → int 的 dict（只含原子值，GC 不追踪）。
+        self.logs: tuple[_StoredLine, ...] | collections.deque[_StoredLine] | None = None
         self.log_seq = 0
         self.log_writers: dict[str, int] | None = (
             None  # 写入者 → 已接受的最大 writer_seq（幂等水位线，见 values）
@@ -540,26 +543,42 @@ class InMemoryTaskStore(TaskStore):
     # -- task logs (issue 18) -----------------------------------------------------------------------
 
     def append_logs(self, lines: Sequence[v.LogLine]) -> None:
-        batch = checks.append_logs_args(lines)
-        by_task: dict[str, list[v.LogLine]] = {}
-        for line in batch:
-            by_task.setdefault(line.task_id, []).append(line)
+        self._write_logs(checks.append_logs_args(lines))
+
+    def _append_log_lines(self, lines: list[v.LogLine]) -> None:
+        # 受信入口（见 TaskStore._append_log_lines）：运行时的缓冲造好、查过的行，不再逐行检查。
+        self._write_logs(lines)
+
+    def _write_logs(self, lines: list[v.LogLine]) -> None:
+        # 公开的 append_logs 检查完入参也走这里。不能经 _append_log_lines：子类只改了 append_logs 时，那个名字
+        # 退回基类的默认实现（又调 append_logs），会无限递归。
+        # 逐行处理与"按任务分组、组内按序去重编号"的结果相同：seq 与水位线都是每任务各自的，组内顺序不变。
         with self._lock:
             self._check_open()
-            for task_id, group in by_task.items():
-                row = self._rows.get(task_id)
+            rows = self._rows
+            for line in lines:
+                row = rows.get(line.task_id)
                 if row is None:
                     continue  # 任务已不在（例如刚被 prune）：跳过，见契约
-                if row.logs is None or row.log_writers is None:
-                    row.logs = collections.deque(maxlen=v.MAX_LOG_LINES)
-                    row.log_writers = {}
-                fresh, marks = v.unseen_log_lines(group, row.log_writers)
-                row.log_writers.update(marks)
-                for line in fresh:
-                    row.log_seq += 1
+                if line.writer:  # 水位线去重（values.unseen_log_lines 说明为什么）
+                    marks = row.log_writers
+                    if marks is None:
+                        row.log_writers = marks = {}
+                    if not v.accept_log_line(line, marks):
+                        continue
+                row.log_seq = seq = row.log_seq + 1
+                stored = (seq, line.attempt, line.at, line.level, line.message, line.truncated)
+                logs = row.logs
+                if logs is None:
+                    row.logs = (stored,)
+                elif isinstance(logs, tuple):
+                    if len(logs) < _SMALL_LOG:
+                        row.logs = (*logs, stored)
+                    else:
+                        row.logs = collections.deque((*logs, stored), maxlen=v.MAX_LOG_LINES)
+                else:
                     # deque(maxlen) 在满时自动丢最旧的一行：丢掉的行数 = log_seq - len(logs)。
-                    # 幂等身份只在写入时有用，存下的行不带它（与 SQL 后端读回的一致）。
-                    row.logs.append(_stored_line(line, row.log_seq))
+                    logs.append(stored)
 
     def read_logs(
         self, task_id: str, *, attempt: int | None = None, after_seq: int | None = None, limit: int = 1000
@@ -571,12 +590,12 @@ class InMemoryTaskStore(TaskStore):
             if row is None:
                 return []
             picked: list[v.LogLine] = []
-            for line in row.logs or ():
-                if after_seq is not None and line.seq <= after_seq:
+            for stored in row.logs or ():
+                if after_seq is not None and stored[0] <= after_seq:
                     continue
-                if attempt is not None and line.attempt != attempt:
+                if attempt is not None and stored[1] != attempt:
                     continue
-                picked.append(line)
+                picked.append(_read_line(task_id, stored))
                 if len(picked) >= limit:
                     break
             return picked

@@ -290,3 +290,80 @@ class LogCases(ContractBase):
         for writer, writer_seq in (("w", 0), ("", 1), ("w" * 65, 1), ("写入者", 1), ("w\x00", 1), ("w", -1)):
             with self.assertRaises(ConfigurationError, msg=f"writer={writer!r}, writer_seq={writer_seq!r}"):
                 line("t", "x", writer=writer, writer_seq=writer_seq)
+
+    # ===============================================================================================
+    # _append_log_lines：运行时日志缓冲的受信入口（默认就是 append_logs；内存存储跳过重复的检查与复制）
+    # ===============================================================================================
+
+    def test_trusted_log_append_writes_exactly_like_append_logs(self) -> None:
+        """同一串批次一份经公开的 append_logs 写给任务 ``p``、一份经受信入口写给任务 ``h``：读回的行
+        （除任务号）与计数逐项相同——序号、去重水位线、每任务上限、跳过不存在的任务、一行一批地追加很多次。"""
+        store = self.open_store()
+        self._task(store, "p")
+        self._task(store, "h")
+
+        def script(task_id: str) -> list[list[LogLine]]:
+            batches: list[list[LogLine]] = [
+                [line(task_id, f"单行 {i}", attempt=1 + i % 3)] for i in range(40)
+            ]
+            batches += [
+                numbered(task_id, "w1", range(1, 4)),
+                numbered(task_id, "w1", range(2, 6)),  # 部分重叠：2、3 写过
+                numbered(task_id, "w1", range(2, 6)),  # 原样重试
+                [line("ghost", "lost"), *numbered(task_id, "w2", range(1, 3), attempt=2)],
+                [line(task_id, f"x{i}", level="WARNING") for i in range(MAX_LOG_LINES)],  # 越过上限
+                numbered(task_id, "w1", range(5, 8)),
+                [line(task_id, "末行", writer="w2", writer_seq=3, attempt=2)],
+            ]
+            return batches
+
+        for batch in script("p"):
+            store.append_logs(batch)
+        for batch in script("h"):
+            store._append_log_lines(batch)
+
+        def shape(task_id: str) -> list[tuple[object, ...]]:
+            got = store.read_logs(task_id, limit=MAX_LOG_LINES)
+            return [
+                (g.seq, g.attempt, g.at, g.level, g.message, g.truncated, g.writer, g.writer_seq) for g in got
+            ]
+
+        self.assertEqual(shape("h"), shape("p"))
+        self.assertEqual({g.task_id for g in store.read_logs("h")}, {"h"})
+        total = 40 + 5 + 2 + MAX_LOG_LINES + 2 + 1
+        self.assertEqual(
+            store.log_stats("h"), LogStats(kept=MAX_LOG_LINES, dropped=total - MAX_LOG_LINES, last_seq=total)
+        )
+        self.assertEqual(store.log_stats("h"), store.log_stats("p"))
+        self.assertEqual(shape("h")[-1][4], "末行")
+        self.assertEqual(store.read_logs("ghost"), [])
+        self.assertEqual(
+            [g.seq for g in store.read_logs("h", attempt=2, after_seq=total - 5)],
+            [total],
+            "按尝试、按序号续读",
+        )
+
+    def test_trusted_log_append_keeps_order_across_many_small_batches(self) -> None:
+        """运行时每次尝试结束写一两行：一行一批地写几十次，行数从少到多（内存存储在这里换存放方式），
+        序号连续、顺序不变，按尝试与 after_seq 续读照常。"""
+        store = self.open_store()
+        self._task(store, "t")
+        for n in range(1, 71):
+            store._append_log_lines([line("t", f"m{n}", attempt=1 + n // 30, writer="w", writer_seq=n)])
+            if n in (1, 31, 33, 70):
+                self.assertEqual(messages(store, "t"), [(i, f"m{i}") for i in range(1, n + 1)])
+        store._append_log_lines([line("t", "m70", writer="w", writer_seq=70)])  # 重试：不再写
+        self.assertEqual(store.log_stats("t"), LogStats(kept=70, dropped=0, last_seq=70))
+        self.assertEqual([g.seq for g in store.read_logs("t", attempt=2)], list(range(30, 60)))
+        self.assertEqual([g.seq for g in store.read_logs("t", after_seq=65, limit=2)], [66, 67])
+
+    def test_trusted_log_append_lines_are_deleted_with_the_task(self) -> None:
+        store = self.open_store()
+        done, records = walk(snap("done", finished_at=T0), S.QUEUED, S.RUNNING, S.SUCCEEDED)
+        store.create(done, records)
+        store._append_log_lines([line("done", "bye", writer="w1", writer_seq=1)])
+        self.assertEqual(store.prune(keep_terminal=0), 1)
+        self.assertEqual((store.read_logs("done"), store.log_stats("done")), ([], LogStats()))
+        store.create(snap("done"))
+        store._append_log_lines([line("done", "again", writer="w1", writer_seq=1)])
+        self.assertEqual(messages(store, "done"), [(1, "again")], "序号与水位线随任务删掉")
