@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 
 from chongming_task.errors import ConcurrencyConflict, ConfigurationError, DuplicateTaskId, TaskNotFound
 from chongming_task.models import TaskSnapshot
 from chongming_task.storage import SaveRequest
-from chongming_task.testing.contract._base import ContractBase, S, snap, step, walk
+from chongming_task.testing.contract._base import ContractBase, S, full_snapshot, snap, step, walk
+from chongming_task.testing.contract.durable import recipe
 
 
 class BatchCases(ContractBase):
@@ -117,10 +119,12 @@ class BatchCases(ContractBase):
         plain = snap("cm-plain")
         tagged, record = step(snap("cm-tagged", tags=odd_tags, label="标签"), S.QUEUED)
         plain_again = snap("cm-plain-2", max_attempts=3)  # 与 plain 同形状，排在另一形状之后
+        full = dataclasses.replace(full_snapshot(), recipe=recipe())  # 每个字段（含全部 JSON 列）都有值
         self.assertEqual(
-            store.create_many([(plain, ()), (tagged, [record]), (plain_again, ())]),
-            [None, None, None],
+            store.create_many([(plain, ()), (tagged, [record]), (full, ()), (plain_again, ())]),
+            [None, None, None, None],
         )
+        self.assertSnapshotEqual(store.get(full.task_id), full)
         self.assertSnapshotEqual(store.get("cm-plain"), plain)
         self.assertSnapshotEqual(store.get("cm-tagged"), tagged)
         self.assertSnapshotEqual(store.get("cm-plain-2"), plain_again)
