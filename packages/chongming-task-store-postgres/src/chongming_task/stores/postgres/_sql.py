@@ -111,14 +111,21 @@ def copy_types(codec: RowCodec) -> tuple[list[str], tuple[int, ...]]:
     return types, tuple(jsonb)
 
 
-def copy_row(params: dict[str, Any], jsonb: tuple[int, ...]) -> list[Any]:
-    """``RowCodec.params`` 的结果（键序即列序）→ COPY 的一行：jsonb 列换成二进制格式（见 ``copy_types``）。"""
-    row = list(params.values())
+def copy_row(params: dict[str, Any], jsonb: tuple[int, ...]) -> tuple[Any, ...]:
+    """``RowCodec.params`` 的结果（键序即列序）→ COPY 的一行：jsonb 列换成二进制格式（见 ``copy_types``）。
+    元组：只含标量的行循环 GC 扫到一次就不再追踪（一批的行要活到 COPY 发完）。"""
+    row = tuple(params.values())
     for index in jsonb:
-        text = row[index]
+        if row[index] is not None:
+            break
+    else:
+        return row  # 最常见：没有 JSON 值（排队中的任务、迁移记录）
+    values = list(row)
+    for index in jsonb:
+        text = values[index]
         if text is not None:
-            row[index] = _JSONB_BINARY_VERSION + text.encode()
-    return row
+            values[index] = _JSONB_BINARY_VERSION + text.encode()
+    return tuple(values)
 
 
 TASK_COPY_TYPES, TASK_COPY_JSONB = copy_types(SNAPSHOTS)
