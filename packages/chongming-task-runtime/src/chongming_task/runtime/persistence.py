@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from chongming_task.clock import Clock
 from chongming_task.core.state_machine import StateMachine
@@ -72,6 +73,32 @@ RENEW_BATCH = 20_000
 
 CREATE_ATTEMPTS = 3
 """提交时的 create 最多试几次（只在读回确认"没写进去"时才重试）。"""
+
+
+class _CreateItems(Sequence[tuple[TaskSnapshot, Sequence[Transition]]]):
+    """``store.create_many`` 的入参：(快照, 迁移记录) 对按需现造，不为每个任务预先存一个元组。
+
+    一批一千个任务，那一千个元组要活过整个写事务，期间会被循环 GC 晋升到最老的一代、计入"该做全量回收了"
+    的账；按顺序遍历时 ``zip`` 还会复用同一个结果元组。"""
+
+    __slots__ = ("_machines", "_snapshots")
+
+    def __init__(self, snapshots: list[TaskSnapshot], machines: Sequence[StateMachine]) -> None:
+        self._snapshots = snapshots
+        self._machines = machines
+
+    def __len__(self) -> int:
+        return len(self._snapshots)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return list(
+                zip(self._snapshots[index], [m.transitions for m in self._machines[index]], strict=True)
+            )
+        return self._snapshots[index], self._machines[index].transitions
+
+    def __iter__(self) -> Iterator[tuple[TaskSnapshot, Sequence[Transition]]]:
+        return zip(self._snapshots, (m.transitions for m in self._machines), strict=True)
 
 
 class _Unreachable(StoreError):
@@ -211,9 +238,7 @@ class WriteThrough:
                 snapshot = machine.update_side(lease_owner=owner, lease_until=lease_until)
             snapshots.append(snapshot)
         try:
-            results = self.store.create_many(
-                [(s, m.transitions) for s, m in zip(snapshots, machines, strict=True)]
-            )
+            results = self.store.create_many(_CreateItems(snapshots, machines))
         except ConfigurationError:
             raise
         except TaskError as exc:
