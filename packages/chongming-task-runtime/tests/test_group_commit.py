@@ -367,3 +367,52 @@ def test_lease_renewal_of_many_queued_tasks_is_written_in_batches(monkeypatch: p
     assert moved is not None and moved.progress == Progress(done=1, total=2)
     got = store.get("q0")
     assert got is not None and got.lease_until == clock.now() + timedelta(seconds=30)
+
+
+def test_create_many_keeps_the_submit_time_lease_until_the_node_renews() -> None:
+    """提交时带上的租约（``lease_fields``）原样写进存储，只要它不短于本节点自己认定的租约——十万个任务的
+    submit_many 先造完全部任务、几秒后才逐批落库，不该为每个任务再复制一份快照。续过一次租之后（本节点
+    认定的租约变长了）、或本节点的租约已过期时，换上新租约：存储里的租约不能比本节点以为的短。"""
+    from chongming_task.core.state_machine import StateMachine
+    from chongming_task.runtime.persistence import WriteThrough
+    from chongming_task.testing import FakeClock
+
+    clock = FakeClock()
+    store = InMemoryTaskStore()
+    write = WriteThrough(store, owner="node-a", lease_ttl=30, clock=clock)
+    submitted_at = clock.now()
+
+    def machines(prefix: str, **fields: Any) -> list[StateMachine]:
+        return [
+            StateMachine.create(f"{prefix}{i}", "noop", clock=clock, **{**write.lease_fields(), **fields})
+            for i in range(3)
+        ]
+
+    early = machines("early-")
+    foreign = machines("foreign-", lease_owner="node-b")
+    clock.advance(5)  # 比"一秒之内"旧，但本节点还没续过租
+    kept = [m.snapshot for m in early]
+    assert write.create_many(early + foreign) == [None] * 6
+    for machine, snapshot in zip(early, kept, strict=True):
+        assert machine.snapshot is snapshot, "租约够用：不复制快照"
+        got = store.get(machine.task_id)
+        assert got is not None and got.lease_until == submitted_at + timedelta(seconds=30)
+    for machine in foreign:
+        got = store.get(machine.task_id)
+        assert got is not None and got.lease_owner == "node-a"
+        assert got.lease_until == clock.now() + timedelta(seconds=30)
+
+    stale = machines("stale-")
+    clock.advance(5)
+    write.flush_side_channel([m.snapshot for m in early], renew_lease=True)  # 本节点认定的租约延到 t+40
+    assert write.create_many(stale) == [None] * 3
+    for machine in stale:
+        got = store.get(machine.task_id)
+        assert got is not None and got.lease_until == clock.now() + timedelta(seconds=30)
+
+    late = machines("late-")
+    clock.advance(31)  # 一直没续上：本节点的租约已过期，只认一秒之内算出的租约
+    assert write.create_many(late) == [None] * 3
+    for machine in late:
+        got = store.get(machine.task_id)
+        assert got is not None and got.lease_until == clock.now() + timedelta(seconds=30)

@@ -101,6 +101,11 @@ class LeaseWatch:
             self._reported = True
             return now - (self._valid_until - self._ttl)
 
+    def valid_for(self, now: float) -> float:
+        """本节点的租约（按它自己的判断）还剩多少秒；已过期时为零或负数。"""
+        with self._lock:
+            return self._valid_until - now
+
     def is_expired(self, now: float) -> bool:
         with self._lock:
             return now >= self._valid_until

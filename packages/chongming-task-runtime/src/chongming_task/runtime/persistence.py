@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from chongming_task.clock import Clock
 from chongming_task.core.state_machine import StateMachine
@@ -80,6 +81,32 @@ _RUNNING = TaskStatus.RUNNING
 
 CREATE_ATTEMPTS = 3
 """提交时的 create 最多试几次（只在读回确认"没写进去"时才重试）。"""
+
+
+class _CreateItems(Sequence[tuple[TaskSnapshot, Sequence[Transition]]]):
+    """``store.create_many`` 的入参：(快照, 迁移记录) 对按需现造，不为每个任务预先存一个元组。
+
+    一批一千个任务，那一千个元组要活过整个写事务，期间会被循环 GC 晋升到最老的一代、计入"该做全量回收了"
+    的账；按顺序遍历时 ``zip`` 还会复用同一个结果元组。"""
+
+    __slots__ = ("_machines", "_snapshots")
+
+    def __init__(self, snapshots: list[TaskSnapshot], machines: Sequence[StateMachine]) -> None:
+        self._snapshots = snapshots
+        self._machines = machines
+
+    def __len__(self) -> int:
+        return len(self._snapshots)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return list(
+                zip(self._snapshots[index], [m.transitions for m in self._machines[index]], strict=True)
+            )
+        return self._snapshots[index], self._machines[index].transitions
+
+    def __iter__(self) -> Iterator[tuple[TaskSnapshot, Sequence[Transition]]]:
+        return zip(self._snapshots, (m.transitions for m in self._machines), strict=True)
 
 
 class _Unreachable(StoreError):
@@ -145,6 +172,19 @@ class WriteThrough:
         快照（``update_side``），每个提交省一次整份快照的拷贝。"""
         return {"lease_owner": self.owner, "lease_until": self.lease_until()}
 
+    def _lease_floor(self) -> datetime:
+        """快照里已有的租约（提交时 ``lease_fields`` 给的）不早于这个时刻，create 就原样用它、不复制快照。
+
+        两种情形都够用：一秒之内算出来的（``_fresh_lease``）；或者不短于本节点自己认定的租约
+        （``LeaseWatch``：上次续租开始的时刻 + lease_ttl）——那样别的节点能合法接管它的那一刻，本节点也
+        已经知道自己的租约过期了，与续租过的任务一样。后一条让 ``submit_many`` 先造完十万个任务、几秒后
+        才逐批落库时，同一份模板租约在下一次续租之前一直可用。本节点的租约已过期时只认前一条。"""
+        now = self.clock.now()
+        left = self.lease.valid_for(self.clock.monotonic())
+        if left <= 0:
+            return now + self._fresh_lease
+        return now + min(self._fresh_lease, timedelta(seconds=left))
+
     def create(self, machine: StateMachine) -> None:
         """提交时落库：必须成功，任务才会执行（issue 16.6）。
 
@@ -157,11 +197,7 @@ class WriteThrough:
         # （lease_fields）且是刚算的：原样用它，不再复制一份快照。
         snapshot = machine.snapshot
         lease = snapshot.lease_until
-        if (
-            snapshot.lease_owner != self.owner
-            or lease is None
-            or lease < self.clock.now() + self._fresh_lease
-        ):
+        if snapshot.lease_owner != self.owner or lease is None or lease < self._lease_floor():
             snapshot = machine.update_side(lease_owner=self.owner, lease_until=self.lease_until())
         task_id = snapshot.task_id
         last: TaskError | None = None
@@ -200,12 +236,21 @@ class WriteThrough:
         未知）时逐个读回：存储里正是这一份 → 成功；确定没写进去 → 单独 create（带 create 的重试）；
         读不到 → 这一项拒绝提交（StoreError）。
         """
-        lease_until = self.lease_until()
-        snapshots = [m.update_side(lease_owner=self.owner, lease_until=lease_until) for m in machines]
+        # 与 create 同一规则：提交时带上的租约够新就原样用（十万个任务省十万次快照复制），否则复制一份、
+        # 换上新租约（整批同一个值）。
+        floor, owner = self._lease_floor(), self.owner
+        lease_until: datetime | None = None
+        snapshots: list[TaskSnapshot] = []
+        for machine in machines:
+            snapshot = machine.snapshot
+            lease = snapshot.lease_until
+            if snapshot.lease_owner != owner or lease is None or lease < floor:
+                if lease_until is None:
+                    lease_until = self.lease_until()
+                snapshot = machine.update_side(lease_owner=owner, lease_until=lease_until)
+            snapshots.append(snapshot)
         try:
-            results = self.store.create_many(
-                [(s, m.transitions) for s, m in zip(snapshots, machines, strict=True)]
-            )
+            results = self.store.create_many(_CreateItems(snapshots, machines))
         except ConfigurationError:
             raise
         except TaskError as exc:

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 
 from chongming_task.errors import ConcurrencyConflict, ConfigurationError, DuplicateTaskId, TaskNotFound
 from chongming_task.models import TaskSnapshot
 from chongming_task.storage import SaveRequest
-from chongming_task.testing.contract._base import ContractBase, S, snap, step, walk
+from chongming_task.testing.contract._base import ContractBase, S, full_snapshot, snap, step, walk
+from chongming_task.testing.contract.durable import recipe
 
 
 class BatchCases(ContractBase):
@@ -110,16 +112,25 @@ class BatchCases(ContractBase):
 
     def test_create_many_round_trips_every_field_like_create(self) -> None:
         """批量建的任务与逐个 create 的逐字段一致（批量路径可能按列另行编码：标签里的引号、反斜杠、逗号、
-        花括号，空标签，JSON outcome 与带偏移的时间都要原样读回），历史也一样。"""
+        花括号，空标签，JSON outcome 与带偏移的时间都要原样读回），历史也一样。形状（哪些字段为空）交替出现：
+        后端可能按形状分组插入，每一行仍须是它自己的值。"""
         store = self.open_store()
         odd_tags = frozenset({'a"b', "c\\d", "x,y", " sp ", "{}", "NULL"})
         plain = snap("cm-plain")
         tagged, record = step(snap("cm-tagged", tags=odd_tags, label="标签"), S.QUEUED)
-        self.assertEqual(store.create_many([(plain, ()), (tagged, [record])]), [None, None])
+        plain_again = snap("cm-plain-2", max_attempts=3)  # 与 plain 同形状，排在另一形状之后
+        full = dataclasses.replace(full_snapshot(), recipe=recipe())  # 每个字段（含全部 JSON 列）都有值
+        self.assertEqual(
+            store.create_many([(plain, ()), (tagged, [record]), (full, ()), (plain_again, ())]),
+            [None, None, None, None],
+        )
+        self.assertSnapshotEqual(store.get(full.task_id), full)
         self.assertSnapshotEqual(store.get("cm-plain"), plain)
         self.assertSnapshotEqual(store.get("cm-tagged"), tagged)
+        self.assertSnapshotEqual(store.get("cm-plain-2"), plain_again)
         self.assertEqual(store.history("cm-tagged"), [record])
         self.assertEqual(store.history("cm-plain"), [])
+        self.assertEqual(store.history("cm-plain-2"), [])
 
     def test_racing_save_many_one_winner_per_task_and_no_gap(self) -> None:
         """几个线程同时用同一期望版本批量写同一批任务：每个任务恰好一个赢家，历史是赢家的那一条。"""

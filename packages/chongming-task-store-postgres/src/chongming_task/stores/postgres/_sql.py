@@ -88,6 +88,50 @@ def tasks_unnest() -> tuple[str, str]:
     return f"unnest({', '.join(arrays)}) AS x({_cols(TASK_COLUMNS)})", ", ".join(selects)
 
 
+_JSONB_BINARY_VERSION = b"\x01"
+
+
+def copy_types(codec: RowCodec) -> tuple[list[str], tuple[int, ...]]:
+    """二进制 COPY 时每个物理列交给 psycopg 的类型（``Copy.set_types``），以及 jsonb 列的位置。
+
+    jsonb 列声明成 bytea：值由 :func:`copy_row` 换成 jsonb 的二进制格式（版本字节 1 + JSON 文本，文本已经过
+    ``json_text`` 校验），psycopg 原样发出字节——声明成 jsonb 的话它会把已编好的文本再 json.dumps 一遍。
+    标签、桶号按数组类型；其余与 ``unnest`` 的元素类型相同。"""
+    types: list[str] = []
+    jsonb: list[int] = []
+    for column in codec.logical:
+        for name in DIALECT.physical(column):
+            element, convert = unnest_element(column, name)
+            if convert == "{}::jsonb":
+                jsonb.append(len(types))
+                element = "bytea"
+            elif convert != "{}":
+                element = convert.removeprefix("{}::")
+            types.append(element)
+    return types, tuple(jsonb)
+
+
+def copy_row(params: dict[str, Any], jsonb: tuple[int, ...]) -> tuple[Any, ...]:
+    """``RowCodec.params`` 的结果（键序即列序）→ COPY 的一行：jsonb 列换成二进制格式（见 ``copy_types``）。
+    元组：只含标量的行循环 GC 扫到一次就不再追踪（一批的行要活到 COPY 发完）。"""
+    row = tuple(params.values())
+    for index in jsonb:
+        if row[index] is not None:
+            break
+    else:
+        return row  # 最常见：没有 JSON 值（排队中的任务、迁移记录）
+    values = list(row)
+    for index in jsonb:
+        text = values[index]
+        if text is not None:
+            values[index] = _JSONB_BINARY_VERSION + text.encode()
+    return tuple(values)
+
+
+TASK_COPY_TYPES, TASK_COPY_JSONB = copy_types(SNAPSHOTS)
+TRANSITION_COPY_TYPES, TRANSITION_COPY_JSONB = copy_types(TRANSITIONS)
+
+
 def transition_params(transitions: Sequence[Transition]) -> dict[str, Any]:
     """迁移记录 → ``{"t_rows": JSON 文本}``（见 ``transitions_insert``）。文本的合法性（NUL 等）先检查；
     ensure_ascii=False：孤立的代理项在编码成 UTF-8 时报错，与别的文本参数走同一条"存不下"的路径。"""
@@ -144,6 +188,11 @@ class Sql:
             "ON CONFLICT (task_id) DO NOTHING RETURNING task_id), "
             f"hist AS ({transitions_insert(s, 'WHERE x.task_id IN (SELECT task_id FROM ins)')}) "
             "SELECT task_id FROM ins"
+        )
+        # create_many 的快路径：两张表各一次二进制 COPY（见 PostgresTaskStore.create_many）。
+        self.copy_tasks = f"COPY {s}.tasks ({task_cols}) FROM STDIN (FORMAT BINARY)"
+        self.copy_transitions = (
+            f"COPY {s}.transitions ({_cols(TRANSITION_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
         )
         # 热路径：版本校验的 UPDATE 与迁移记录的 INSERT 在同一条语句里，一次往返、天然原子。
         # 版本不符时 upd 为空，hist 的 WHERE EXISTS 也就不插入任何一行——冲突时什么也不写。
@@ -368,4 +417,16 @@ def where_clause(query: TaskQuery) -> tuple[str, dict[str, Any]]:
     return where, params
 
 
-__all__ = ["TOUCH_MANY_COLUMNS", "Sql", "transition_params", "transitions_insert", "where_clause"]
+__all__ = [
+    "TASK_COPY_JSONB",
+    "TASK_COPY_TYPES",
+    "TOUCH_MANY_COLUMNS",
+    "TRANSITION_COPY_JSONB",
+    "TRANSITION_COPY_TYPES",
+    "Sql",
+    "copy_row",
+    "copy_types",
+    "transition_params",
+    "transitions_insert",
+    "where_clause",
+]

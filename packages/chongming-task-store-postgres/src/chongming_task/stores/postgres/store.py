@@ -72,8 +72,6 @@ T = TypeVar("T")
 Conn = psycopg.Connection[Any]
 # 一条准备好的写语句：(SQL, 参数, 判定)。判定看返回行决定这一项成功（None）还是它自己的异常。
 _Prepared = tuple[str, dict[str, Any], Callable[[Conn, Any], TaskError | None]]
-# create_many 的一项：(检查过的快照, 任务行的列值, 迁移记录行的列值)。
-_CreateRow = tuple[TaskSnapshot, dict[str, Any], list[dict[str, Any]]]
 
 
 def _duplicate(task_id: str) -> DuplicateTaskId:
@@ -925,37 +923,84 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     def create_many(
         self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
     ) -> list[TaskError | None]:
-        """一次事务、一条语句建一批任务（语义见 ``TaskStore.create_many``）。
+        """一次事务建一批任务（语义见 ``TaskStore.create_many``）。
 
-        不是每个任务一条语句（管道里一千条语句，客户端逐条编码参数是每任务一毫秒多的大头），而是按列的
-        数组 ``unnest`` 成多行插入（``Sql.create_many``）：已存在的 id 被跳过、不在 RETURNING 里，报成
-        DuplicateTaskId，它的迁移记录也不写；同一批里重复的 id 以第一项为准，后面的不进语句。整条语句
-        在一个事务里：事务失败时整批什么也没写（调用方按"结果未知"读回对照）。"""
-        results, work = prepare_batch([partial(self._create_row, s, t) for s, t in items])
-        first: dict[str, tuple[int, _CreateRow]] = {}
-        for index, row in work:
-            task_id = row[0].task_id
-            if task_id in first:
-                results[index] = _duplicate(task_id)
-            else:
-                first[task_id] = (index, row)
-        if not first:
-            return results
-        # 按 task_id 排序插入（与 _run_many 同理）：所有批量写按同一顺序拿唯一索引上的锁，不互相死锁。
-        ordered = [first[task_id] for task_id in sorted(first)]
-        task_rows = [row[1] for _, row in ordered]
-        history = [record for _, row in ordered for record in row[2]]
-        params: dict[str, Any] = {f"k_{name}": [r[name] for r in task_rows] for name in TASK_COLUMNS}
-        params["k_tags"] = [array_literal(tags) for tags in params["k_tags"]]
-        params.update(rows_param(history))
-        with self._connection() as conn, conn.transaction():
-            inserted = {row[0] for row in conn.execute(self._sql.create_many, params).fetchall()}
-        created: list[TaskSnapshot] = []
-        for index, (snapshot, _, _) in ordered:
-            if snapshot.task_id not in inserted:
+        快路径：任务行与迁移记录各一次二进制 ``COPY``（``Sql.copy_tasks`` / ``copy_transitions``），放在一个
+        SAVEPOINT 里。COPY 没有 ON CONFLICT：批里只要有一个 id 已存在，整条 COPY 以唯一约束冲突失败、
+        什么也没写；这时回滚到 SAVEPOINT，改走按列数组 ``unnest`` 的那条语句（``Sql.create_many``）：已存在
+        的 id 被跳过、不在 RETURNING 里，报成 DuplicateTaskId，它的迁移记录也不写。两条路写下的行相同；
+        重复 id 只在"结果未知之后重试"这类少见情形出现，平常一批只走快路径。为什么用 COPY：十万个任务时
+        ``INSERT … SELECT FROM unnest(…) ON CONFLICT … RETURNING`` 加上 ``jsonb_to_recordset`` 的迁移记录，
+        客户端每任务约 20 µs（每列一个数组的编码、迁移记录的 JSON），服务器端也要逐行展开、转换；COPY 的
+        二进制行由 psycopg 的 C 实现逐行编码，客户端约减半，服务器端也快一倍左右（bench/README.md）。
+        同一批里重复的 id 以第一项为准，后面的不进语句。整批在一个事务里：事务失败时整批什么也没写
+        （调用方按"结果未知"读回对照）。"""
+        # 先逐项检查（检查不过的项是它自己的结果）；同一批里重复的 id 以第一项为准。只记 task_id → 下标，
+        # 不为每项留元组与字典：一批一千个任务时那些临时容器活过整批，会被循环 GC 晋升到最老的一代、计入
+        # "该做全量回收了"的账（十万个任务的 submit_many 因此多做几次全量扫描）。
+        results: list[TaskError | None] = [None] * len(items)
+        checked: list[TaskSnapshot | None] = [None] * len(items)
+        first: dict[str, int] = {}
+        for index, (snapshot, transitions) in enumerate(items):
+            try:
+                snapshot = checks.check_snapshot(snapshot)
+                checks.check_transitions(snapshot.task_id, transitions)
+            except TaskError as exc:
+                results[index] = exc
+                continue
+            if snapshot.task_id in first:
                 results[index] = _duplicate(snapshot.task_id)
-            elif _claim.claimable(snapshot):
-                created.append(snapshot)
+                continue
+            first[snapshot.task_id] = index
+            checked[index] = snapshot
+        # 按 task_id 排序编码、插入（与 _run_many 同理）：所有批量写按同一顺序拿唯一索引上的锁，不互相死锁。
+        # 编码（JSON 值的校验）不过的项同样只是它自己的结果，不进事务。
+        ordered: list[int] = []
+        task_rows: list[tuple[Any, ...]] = []
+        history: list[tuple[Any, ...]] = []
+        for task_id in sorted(first):
+            index = first[task_id]
+            valid = checked[index]
+            assert valid is not None
+            try:
+                row = _sql.copy_row(task_params(valid), _sql.TASK_COPY_JSONB)
+                records = [
+                    _sql.copy_row(TRANSITIONS.params(record), _sql.TRANSITION_COPY_JSONB)
+                    for record in items[index][1]
+                ]
+            except TaskError as exc:
+                results[index] = exc
+                continue
+            ordered.append(index)
+            task_rows.append(row)
+            history.extend(records)
+        if not ordered:
+            return results
+        inserted: set[str] | None = None  # None：全部写进去了（快路径）
+        with self._connection() as conn, conn.transaction():
+            try:
+                with conn.transaction(), conn.cursor() as cursor:  # SAVEPOINT：冲突时只撤销这两条 COPY
+                    with cursor.copy(self._sql.copy_tasks) as copy:
+                        copy.set_types(_sql.TASK_COPY_TYPES)
+                        for task_row in task_rows:
+                            copy.write_row(task_row)
+                    if history:
+                        with cursor.copy(self._sql.copy_transitions) as copy:
+                            copy.set_types(_sql.TRANSITION_COPY_TYPES)
+                            for history_row in history:
+                                copy.write_row(history_row)
+            except pg_errors.UniqueViolation:
+                inserted = self._create_many_skipping_existing(
+                    conn, [(checked[i], items[i][1]) for i in ordered]
+                )
+        created: list[TaskSnapshot] = []
+        for index in ordered:
+            valid = checked[index]
+            assert valid is not None
+            if inserted is not None and valid.task_id not in inserted:
+                results[index] = _duplicate(valid.task_id)
+            elif _claim.claimable(valid):
+                created.append(valid)
         if created:
             # 其中待认领的持久任务：提交之后只通知 worker 一次（不是每行一次）。
             try:
@@ -965,10 +1010,18 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 logger.warning("新建持久任务后通知 worker 失败（由轮询兜底）：%s", exc)
         return results
 
-    def _create_row(self, snapshot: TaskSnapshot, transitions: Sequence[Transition]) -> _CreateRow:
-        snapshot = checks.check_snapshot(snapshot)
-        checks.check_transitions(snapshot.task_id, transitions)
-        return snapshot, task_params(snapshot), [TRANSITIONS.params(record) for record in transitions]
+    def _create_many_skipping_existing(
+        self, conn: Conn, items: Sequence[tuple[TaskSnapshot | None, Sequence[Transition]]]
+    ) -> set[str]:
+        """create_many 的慢路径（快路径的 COPY 撞了已存在的 id）：按列数组 ``unnest`` 成多行插入，已存在的
+        id 被 ON CONFLICT 跳过、迁移记录只为真正插入的任务写（``Sql.create_many``）。返回插入了的 id。
+        ``items`` 已检查、已按 task_id 排序（编码照快路径再做一遍：这条路很少走）。"""
+        task_rows = [task_params(snapshot) for snapshot, _ in items if snapshot is not None]
+        history = [TRANSITIONS.params(record) for _, transitions in items for record in transitions]
+        params: dict[str, Any] = {f"k_{name}": [r[name] for r in task_rows] for name in TASK_COLUMNS}
+        params["k_tags"] = [array_literal(tags) for tags in params["k_tags"]]
+        params.update(rows_param(history))
+        return {row[0] for row in conn.execute(self._sql.create_many, params).fetchall()}
 
     def save_many(self, requests: Sequence[v.SaveRequest]) -> list[TaskError | None]:
         """组提交：一次事务、一次管道发送写一批 save（语义见 ``TaskStore.save_many``）。"""

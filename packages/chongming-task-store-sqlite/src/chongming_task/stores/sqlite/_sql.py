@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import compress
+from operator import is_not
 from typing import Any
 
 from chongming_task.core.storage.values import TaskQuery
@@ -18,11 +20,6 @@ _MAX_INLINE_PARAMS = 256
 TASK_SELECT = f"SELECT {', '.join(schema.TASK_COLUMNS)} FROM tasks"
 TASK_COLUMNS_T = ", ".join(f"t.{c}" for c in schema.TASK_COLUMNS)
 INSERT_TAG = "INSERT OR IGNORE INTO task_tags (tag, created_key, task_id) VALUES (?, ?, ?)"
-# 按位置绑定：参数是 ``tuple(codec.snapshot_row(s).values())``（键序即 TASK_COLUMNS 的顺序）。
-INSERT_TASK = (
-    f"INSERT INTO tasks ({', '.join(schema.TASK_COLUMNS)}) "
-    f"VALUES ({', '.join('?' for _ in schema.TASK_COLUMNS)})"
-)
 # create_many：一批 id（JSON 数组参数，避开变量个数上限）里已经存在的那些。
 EXISTING_TASK_IDS = "SELECT task_id FROM tasks WHERE task_id IN (SELECT value FROM json_each(?))"
 # renew_leases：一批任务写同一组租约字段（id 是 JSON 数组参数）。
@@ -39,6 +36,8 @@ SAVE_VERSION_INDEX = 0
 SAVE_TAGS_INDEX = 1
 SAVE_INDEXED_OFFSET = 2
 SAVE_CREATED_INDEX = SAVE_INDEXED_OFFSET + schema.INDEXED_SAVE_COLUMNS.index("created_key")
+# 按位置绑定：一行是 ``tuple(codec.snapshot_row(s).values())``（键序即 TASK_COLUMNS 的顺序），VALUES 由
+# insert_without_nulls / grouped_without_nulls 按哪些值是 None 补上。
 INSERT_TASK_HEAD = f"INSERT INTO tasks ({', '.join(schema.TASK_COLUMNS)})"
 INSERT_TRANSITION_HEAD = f"INSERT OR IGNORE INTO transitions ({', '.join(schema.TRANSITION_COLUMNS)})"
 
@@ -55,6 +54,26 @@ def insert_without_nulls(head: str, values: Sequence[Any]) -> tuple[str, list[An
     """``head``（``INSERT ... (列...)``）+ 一行值 → (语句, 参数)：值为 None 的列写成字面量 NULL。"""
     nulls = tuple(value is None for value in values)
     return _values_sql(head, nulls), [value for value in values if value is not None]
+
+
+def grouped_without_nulls(
+    head: str, rows: Iterable[Sequence[Any]]
+) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """批量版的 ``insert_without_nulls``（``create_many`` 的 ``executemany``）：按"哪些列是 NULL"把行分组，
+    每组一条语句、NULL 写成字面量。一批里的任务几乎都是同一种形状（十万个 submit_many 通常只有一两组）；
+    按位置绑定时每行约 17 个 None 参数，单是给它们找适配器就是每行 2–3 µs。分组用 ``map`` / ``compress``
+    （C 实现），不逐列跑 Python 的比较。"""
+    groups: dict[tuple[bool, ...], list[tuple[Any, ...]]] = {}
+    nones: tuple[None, ...] = ()
+    for row in rows:
+        if len(nones) != len(row):
+            nones = (None,) * len(row)
+        keep = tuple(map(is_not, row, nones))
+        group = groups.get(keep)
+        if group is None:
+            groups[keep] = group = []
+        group.append(tuple(compress(row, keep)))
+    return [(_values_sql(head, tuple(not k for k in keep)), group) for keep, group in groups.items()]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -180,7 +199,6 @@ __all__ = [
     "COMMAND_SELECT",
     "EXISTING_TASK_IDS",
     "INSERT_TAG",
-    "INSERT_TASK",
     "INSERT_TASK_HEAD",
     "INSERT_TRANSITION",
     "INSERT_TRANSITION_HEAD",
@@ -197,6 +215,7 @@ __all__ = [
     "TERMINAL_IN",
     "TERMINAL_VALUES",
     "UPSERT_NODE",
+    "grouped_without_nulls",
     "in_clause",
     "insert_without_nulls",
     "save_update",

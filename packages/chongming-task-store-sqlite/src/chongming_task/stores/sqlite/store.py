@@ -460,27 +460,50 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         其余的任务行 / 标签 / 迁移记录各一次 ``executemany``。查与插在同一个 ``BEGIN IMMEDIATE`` 写事务里，
         中间不会有别的写者插进同一个 id；已存在的 id 是 DuplicateTaskId、什么也不写；同一批里重复的 id
         以第一项为准。事务失败（写锁超时、磁盘满）整批什么也没写。"""
-        results, work = prepare_batch([partial(self._create_rows, s, t) for s, t in items])
-        first: dict[str, tuple[int, _CreateRows]] = {}
-        for index, rows in work:
-            if rows[0] in first:
-                results[index] = _duplicate(rows[0])
-            else:
-                first[rows[0]] = (index, rows)
+        # 逐项检查、编码，直接攒成三张表各自的行（行是只含标量的元组，循环 GC 第一次扫到就不再追踪）。
+        # 不为每项留一个 (下标, 行们) 的元组、一个 partial：一批一千个任务时这些临时容器活过整批，会被
+        # 循环 GC 晋升到最老的一代、计入"该做全量回收了"的账——十万个任务的 submit_many 因此多做几次全量
+        # 扫描（每次扫全部在管任务的对象）。
+        results: list[TaskError | None] = [None] * len(items)
+        first: dict[str, int] = {}  # task_id → 下标（同一批里重复的 id 以第一项为准）
+        task_rows: list[tuple[Any, ...]] = []
+        tag_rows: list[tuple[Any, ...]] = []
+        history: list[tuple[Any, ...]] = []
+        for index, (snapshot, transitions) in enumerate(items):
+            try:
+                task_id, row, tags, records = self._create_rows(snapshot, transitions)
+            except TaskError as exc:
+                results[index] = exc
+                continue
+            if task_id in first:
+                results[index] = _duplicate(task_id)
+                continue
+            first[task_id] = index
+            task_rows.append(row)
+            if tags:
+                tag_rows.extend(tags)
+            history.extend(records)
         if not first:
             return results
 
         def tx(conn: sqlite3.Connection) -> set[str]:
             ids = json.dumps(list(first), ensure_ascii=False)
             existing = {row[0] for row in conn.execute(_sql.EXISTING_TASK_IDS, (ids,))}
-            fresh = [rows for task_id, (_, rows) in first.items() if task_id not in existing]
-            conn.executemany(_sql.INSERT_TASK, [rows[1] for rows in fresh])
-            conn.executemany(_sql.INSERT_TAG, [tag for rows in fresh for tag in rows[2]])
-            conn.executemany(_sql.INSERT_TRANSITION, [record for rows in fresh for record in rows[3]])
+            tasks, tags, records = task_rows, tag_rows, history
+            if existing:  # 已存在的 id 什么也不写（任务行、迁移记录的第一列是 task_id，标签行的最后一列是）
+                tasks = [row for row in task_rows if row[0] not in existing]
+                tags = [row for row in tag_rows if row[-1] not in existing]
+                records = [row for row in history if row[0] not in existing]
+            # None 写成字面量 NULL、按 NULL 的分布分组插入（见 _sql.grouped_without_nulls）。
+            for sql, params in _sql.grouped_without_nulls(_sql.INSERT_TASK_HEAD, tasks):
+                conn.executemany(sql, params)
+            conn.executemany(_sql.INSERT_TAG, tags)
+            for sql, params in _sql.grouped_without_nulls(_sql.INSERT_TRANSITION_HEAD, records):
+                conn.executemany(sql, params)
             return existing
 
         for task_id in self._run("create_many", tx):
-            results[first[task_id][0]] = _duplicate(task_id)
+            results[first[task_id]] = _duplicate(task_id)
         return results
 
     def save_many(self, requests: Sequence[v.SaveRequest]) -> list[TaskError | None]:
@@ -547,7 +570,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         row = codec.snapshot_row(snapshot)
         history = [codec.transition_row(t) for t in transitions]
         tags = [(tag, row["created_key"], snapshot.task_id) for tag in snapshot.tags]
-        # 按位置绑定（``INSERT_TASK`` 的 ``?`` 与 ``TASK_COLUMNS`` 同序，params 的键也是这个顺序）：45 个命名
+        # 按位置绑定（``INSERT_TASK_HEAD`` 的列与 ``TASK_COLUMNS`` 同序，params 的键也是这个顺序）：45 个命名
         # 参数逐个按名字查字典，每行要多 3–4 µs——十万个任务的 submit_many 里是 0.3–0.4 s。
         return snapshot.task_id, tuple(row.values()), tags, history
 
