@@ -416,3 +416,37 @@ def test_create_many_keeps_the_submit_time_lease_until_the_node_renews() -> None
     for machine in late:
         got = store.get(machine.task_id)
         assert got is not None and got.lease_until == clock.now() + timedelta(seconds=30)
+
+
+def test_the_node_never_believes_its_lease_longer_than_the_one_it_wrote() -> None:
+    """续租一轮要先走一遍全部在管任务（十万个时几十毫秒）：本节点相信的租约从这一轮开始算，不从循环之后算，
+    否则它会比写进存储的 lease_until 多信循环那么久（别的节点按存储里的值判它过期）。"""
+    from collections.abc import Iterator
+
+    from chongming_task.core.state_machine import StateMachine
+    from chongming_task.runtime.persistence import WriteThrough
+    from chongming_task.stores.memory import InMemoryTaskStore
+    from chongming_task.testing import FakeClock
+
+    clock = FakeClock()
+    store = InMemoryTaskStore()
+    write = WriteThrough(store, owner="node-a", lease_ttl=30, clock=clock)
+    machines = [StateMachine.create(f"t{i}", "noop", clock=clock) for i in range(5)]
+    assert write.create_many(machines) == [None] * len(machines)
+    clock.advance(20)
+
+    class SlowToWalk(list[Any]):
+        """每走过一个任务，时间过去 1 秒（把循环的耗时放大到看得见）。"""
+
+        def __iter__(self) -> Iterator[Any]:
+            for item in super().__iter__():
+                clock.advance(1)
+                yield item
+
+    renewed_at = clock.now()
+    write.flush_side_channel(SlowToWalk(m.snapshot for m in machines), renew_lease=True)
+    written = store.get("t0")
+    assert written is not None and written.lease_until is not None
+    assert written.lease_until == renewed_at + timedelta(seconds=30)
+    believed_until = clock.now() + timedelta(seconds=write.lease.valid_for(clock.monotonic()))
+    assert believed_until <= written.lease_until, (believed_until, written.lease_until)

@@ -596,6 +596,10 @@ class WriteThrough:
     def flush_side_channel(self, snapshots: list[TaskSnapshot], *, renew_lease: bool) -> None:
         """批量回写进度、心跳（有变化才写）与租约（renew_lease 时为全部在管任务续租）。"""
         updates: list[tuple[str, dict[str, object]]] = []
+        # 先记"这一轮续租从何时算起"，再算要写的 lease_until：本节点相信的租约（started + lease_ttl）就不会比
+        # 写进存储的更长——反过来的话，十万个任务的循环要几十毫秒，本节点会多信这么久，而别的节点的 reconcile
+        # 按存储里的值判它过期。
+        started = self.clock.monotonic()
         lease_until = self.lease_until() if renew_lease else None
         touched: list[tuple[_TaskState, TaskSnapshot]] = []
         lease_only: list[str] = []  # 只需续租的（排队中的任务都是）：一批一条语句，见下
@@ -617,7 +621,6 @@ class WriteThrough:
                 touched.append((state, snapshot))
             elif renew:
                 lease_only.append(snapshot.task_id)
-        started = self.clock.monotonic()
         if not updates and not lease_only:
             if renew_lease:
                 self.lease.renewed(started)  # 没有在管的任务：没有要续的租约
