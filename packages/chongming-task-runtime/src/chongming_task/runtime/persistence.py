@@ -185,6 +185,12 @@ class WriteThrough:
             return now + self._fresh_lease
         return now + min(self._fresh_lease, timedelta(seconds=left))
 
+    def _lease_usable(self, snapshot: TaskSnapshot, floor: datetime) -> bool:
+        """提交时带上的租约能原样落库：是本节点的，且不早于 ``floor``（``_lease_floor``）。create 与
+        create_many 的同一条规则。"""
+        lease = snapshot.lease_until
+        return snapshot.lease_owner == self.owner and lease is not None and lease >= floor
+
     def create(self, machine: StateMachine) -> None:
         """提交时落库：必须成功，任务才会执行（issue 16.6）。
 
@@ -196,8 +202,7 @@ class WriteThrough:
         # 先在状态机上记下租约，再把这同一个快照对象交给存储（不另造一份副本）。提交时已经带上了
         # （lease_fields）且是刚算的：原样用它，不再复制一份快照。
         snapshot = machine.snapshot
-        lease = snapshot.lease_until
-        if snapshot.lease_owner != self.owner or lease is None or lease < self._lease_floor():
+        if not self._lease_usable(snapshot, self._lease_floor()):
             snapshot = machine.update_side(lease_owner=self.owner, lease_until=self.lease_until())
         task_id = snapshot.task_id
         last: TaskError | None = None
@@ -238,16 +243,15 @@ class WriteThrough:
         """
         # 与 create 同一规则：提交时带上的租约够新就原样用（十万个任务省十万次快照复制），否则复制一份、
         # 换上新租约（整批同一个值）。
-        floor, owner = self._lease_floor(), self.owner
+        floor = self._lease_floor()
         lease_until: datetime | None = None
         snapshots: list[TaskSnapshot] = []
         for machine in machines:
             snapshot = machine.snapshot
-            lease = snapshot.lease_until
-            if snapshot.lease_owner != owner or lease is None or lease < floor:
+            if not self._lease_usable(snapshot, floor):
                 if lease_until is None:
                     lease_until = self.lease_until()
-                snapshot = machine.update_side(lease_owner=owner, lease_until=lease_until)
+                snapshot = machine.update_side(lease_owner=self.owner, lease_until=lease_until)
             snapshots.append(snapshot)
         try:
             results = self.store.create_many(_CreateItems(snapshots, machines))
