@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,16 @@ S = TaskStatus
 @pytest.fixture
 def db(tmp_path: Path) -> str:
     return str(tmp_path / "tasks.db")
+
+
+def _held_until(gate: threading.Event) -> Callable[[Any], None]:
+    """一个一直在跑、能被停下的任务体：到 ``gate`` 置位为止，每 2 ms 过一次检查点。"""
+
+    def hold(ctx: Any) -> None:
+        while not gate.wait(0.002):
+            ctx.checkpoint()
+
+    return hold
 
 
 def test_write_through_keeps_store_identical_to_memory(db: str) -> None:
@@ -154,11 +165,7 @@ def test_cross_process_stop_of_queued_task_reaches_partitioned_node(db: str, wai
         command_poll_interval=0.05,
     )
     gate = threading.Event()
-
-    def hold(ctx: Any) -> None:
-        while not gate.wait(0.002):
-            ctx.checkpoint()
-
+    hold = _held_until(gate)
     clock_free.register("hold", hold)
     clock_free.submit("hold", task_id="busy", bucket_key="k1")
     queued = clock_free.submit("hold", task_id="waiting", bucket_key="k2")
@@ -287,11 +294,7 @@ def test_command_claimed_by_a_non_holder_is_released_not_completed(db: str, wait
         store=SqliteTaskStore(db), owner="bystander", owned_buckets=range(32), command_poll_interval=0.01
     )
     gate = threading.Event()
-
-    def hold(ctx: Any) -> None:
-        while not gate.wait(0.002):
-            ctx.checkpoint()
-
+    hold = _held_until(gate)
     holder.register("hold", hold)
     runs = [holder.submit("hold", task_id=f"h{i}", bucket_key=key) for i in range(5)]
     wait_until(lambda: all(r.status is S.RUNNING for r in runs))
@@ -404,11 +407,7 @@ def test_a_restarted_namesake_neither_runs_nor_bounces_its_predecessors_commands
     earlier.close()
     node = Controller(store=SqliteTaskStore(db), owner="w", command_poll_interval=0.01, lease_ttl=1.0)
     gate = threading.Event()
-
-    def hold(ctx: Any) -> None:
-        while not gate.wait(0.002):
-            ctx.checkpoint()
-
+    hold = _held_until(gate)
     node.register("hold", hold)
     live = node.submit("hold", task_id="live")
     wait_until(lambda: live.status is S.RUNNING)
@@ -447,11 +446,7 @@ def test_a_store_without_the_holder_filter_still_gets_commands_by_task_id_list()
     store = LegacyClaims()
     node = Controller(store=store, owner="w", command_poll_interval=0.01)
     gate = threading.Event()
-
-    def hold(ctx: Any) -> None:
-        while not gate.wait(0.002):
-            ctx.checkpoint()
-
+    hold = _held_until(gate)
     node.register("hold", hold)
     run = node.submit("hold", task_id="t1")
     console = Controller(store=store, owner="console")
