@@ -1,15 +1,22 @@
 """可观测性的开销基准（issue 18：指标与日志都开着时，Controller + InMemory 的吞吐损失 ≤ 10 %）。
 
-同一次运行里交替测两组（各跑 ROUNDS 轮取中位数，抵消机器噪声）：
+两组配置成对交替地测（每一对里基线与全开紧挨着跑，奇数对先跑全开，抵消机器负载随时间的漂移）：
 
 * 基线：``Controller(max_parallel=2, store=InMemoryTaskStore(), persist_logs=False)``，没有监听器；
 * 全开：同一个 Controller 配置，``persist_logs=True``（每个任务写一行 ``ctx.log``，落进存储），并
   ``instrument(controller, registry=CollectorRegistry())`` 挂上 Prometheus 指标（事件钩子因此启用）。
 
 任务体只做一次 checkpoint 与一行日志：测的是框架自己的固定开销，不是任务本身。每次计时之前先
-``gc.collect()``（上一轮留下的循环垃圾不记在这一轮头上），并同时打印每任务的 CPU 时间（比墙钟稳）。
+``gc.collect()``（上一轮留下的循环垃圾不记在这一轮头上）。
 
-运行：python bench/bench_observability.py [--quick]
+报告两种损失，各取**每一对的损失的中位数**（而不是两组各取中位数再相比：一对里的两次挨着跑，负载相近，
+配对之后的散布小得多）：
+
+* 墙钟吞吐的损失 ``1 − 全开任务/秒 ÷ 基线任务/秒``——issue 定义的那个数，结论按它给；
+* 每任务 CPU 时间（``process_time``，含所有线程）折成的吞吐损失 ``1 − 基线 µs ÷ 全开 µs``：CPU 受满时
+  吞吐就是这个比；共享机器上它比墙钟稳，两者对不上时说明墙钟那一次被别的负载搅了，读者该看到。
+
+运行：python bench/bench_observability.py [--quick]（完整 7 对各 10,000 个任务，--quick 5 对各 2,000 个）
 """
 
 from __future__ import annotations
@@ -59,33 +66,41 @@ def rate(n: int, *, observed: bool) -> tuple[float, float]:
 def main() -> int:
     quick = "--quick" in sys.argv
     n = 2_000 if quick else 10_000
-    rounds = 3 if quick else 5
+    pairs = 5 if quick else 7
     rate(500, observed=True)  # 预热：导入、线程、首次分配
     base: list[tuple[float, float]] = []
     full: list[tuple[float, float]] = []
-    for _ in range(rounds):
-        base.append(rate(n, observed=False))
-        full.append(rate(n, observed=True))
+    for i in range(pairs):
+        if i % 2:
+            full.append(rate(n, observed=True))
+            base.append(rate(n, observed=False))
+        else:
+            base.append(rate(n, observed=False))
+            full.append(rate(n, observed=True))
+    wall_losses = [1 - f / b for (b, _), (f, _) in zip(base, full, strict=True)]
+    cpu_losses = [1 - b / f for (_, b), (_, f) in zip(base, full, strict=True)]
+    wall_loss, cpu_loss = statistics.median(wall_losses), statistics.median(cpu_losses)
     b, f = statistics.median(r for r, _ in base), statistics.median(r for r, _ in full)
     b_cpu, f_cpu = statistics.median(u for _, u in base), statistics.median(u for _, u in full)
-    loss = 1 - f / b
     print(
-        f"可观测性开销（{n} 个任务、最多 2 个并行、每任务一行日志，{rounds} 轮中位数；"
-        "括号里是每任务 CPU 时间）"
+        f"可观测性开销（{n} 个任务、最多 2 个并行、每任务一行日志；基线与全开交替 {pairs} 对，"
+        "损失取每一对的中位数；括号里是每任务 CPU 时间）"
     )
     print(f"  基线（无指标、不落日志）          {b:10,.0f} 任务/秒  （{b_cpu:6.1f} µs）")
+    print(f"  全开（Prometheus 指标 + 日志落库） {f:10,.0f} 任务/秒  （{f_cpu:6.1f} µs）")
     print(
-        f"  全开（Prometheus 指标 + 日志落库） {f:10,.0f} 任务/秒  （{f_cpu:6.1f} µs）"
-        f"   损失 {loss * 100:5.1f} %"
+        f"  吞吐损失（墙钟）{wall_loss * 100:6.1f} %   每任务 CPU 折算的损失 {cpu_loss * 100:6.1f} %"
+        f"（+{f_cpu - b_cpu:.1f} µs/任务）"
     )
-    print(
-        "  各轮（任务/秒）：基线 "
-        + " / ".join(f"{r:,.0f}" for r, _ in base)
-        + "；全开 "
-        + " / ".join(f"{r:,.0f}" for r, _ in full)
-    )
-    verdict = "达成" if loss <= GOAL_MAX_LOSS else "未达成"
-    print(f"  目标：损失 ≤ {GOAL_MAX_LOSS * 100:.0f} % —— {verdict}")
+    print("  各对的墙钟损失：" + " / ".join(f"{x * 100:.1f} %" for x in wall_losses))
+    print("  各对的 CPU 损失：" + " / ".join(f"{x * 100:.1f} %" for x in cpu_losses))
+    verdict = "达成" if wall_loss <= GOAL_MAX_LOSS else "未达成"
+    print(f"  目标：墙钟吞吐损失 ≤ {GOAL_MAX_LOSS * 100:.0f} % —— {verdict}", end="")
+    if (cpu_loss <= GOAL_MAX_LOSS) != (wall_loss <= GOAL_MAX_LOSS):
+        other = "达成" if cpu_loss <= GOAL_MAX_LOSS else "未达成"
+        print(f"（按 CPU 时间则{other}：两者不一致，墙钟这次多半受了机器上别的负载影响，请再跑一次）")
+    else:
+        print("（CPU 时间给出同样的结论）")
     return 0
 
 
