@@ -346,7 +346,8 @@ def test_close_wakes_a_delivery_thread_that_is_coalescing_and_delivers_everythin
 
 def test_flush_and_submit_racing_from_many_threads_never_lose_a_wakeup() -> None:
     # 叫醒靠"一把被占着的锁放一次"：入队、flush、攒批超时三方同时抢叫醒时，锁既不能被放两次（会抛
-    # RuntimeError，从 submit 或 flush 里冒出来），也不能一次都不放（flush 超时）。几个线程一边提交一边 flush。
+    # RuntimeError，从 submit 或 flush 里冒出来），也不能一次都不放（flush 超时）。
+    # 几个线程一边提交一边 flush。
     recorder = Recorder()
     errors: list[BaseException] = []
     with Controller(max_parallel=4, listeners=[recorder]) as controller:
