@@ -16,7 +16,9 @@
 * **绝不能把任务搞坏。** 监听器抛异常：记一次日志（带堆栈），然后把它摘掉、不再调用——一个坏掉的监听器
   每个事件都刷一遍堆栈，只会淹没真正的日志；任务、其他监听器照常。
 * **批量入口（可选）**：类上有 ``on_event_batch(events)`` 的监听器一次收到整批（见 ``BATCH_ENTRY``）。
-* **没有监听器时不花任何代价**：控制器连事件对象都不构造，交付线程也不启动。
+* **没有监听器时不花任何代价**：控制器连事件对象都不构造，交付线程也不启动。有监听器时任务的锁里也只把
+  ``(快照, 迁移记录, 上下文)`` 放进队列，事件对象由交付线程在锁外拼装；只有内置指标在听时一个都不造
+  （``RAW_BATCH_ENTRY``）。
 * **有界**：积压超过 ``MAX_PENDING_EVENTS`` 条（监听器太慢）时丢弃新事件并计数（``dropped``），记一次
   警告——内存不能因为一个慢的看板而无限增长。
 """
@@ -70,7 +72,7 @@ class TransitionEvent:
 
     其余字段（``task_id``、``name``、``from_status``、``to_status``、``trigger``、``actor``、``reason``、
     ``version``——迁移后的 status_version、``at``、``attempt``、``failure_kind``）都是从这两者读出的只读属性：
-    事件在任务的锁内构造，只存三个引用比逐字段拷贝便宜得多（每个任务至少四条迁移）。
+    事件由交付线程在任何锁之外拼装，只存三个引用比逐字段拷贝便宜得多（每个任务至少四条迁移）。
 
     ``submit_context`` 只在任务的第一条迁移（pending → queued / blocked）上有：提交者线程在 ``submit()``
     那一刻的 contextvars（``contextvars.copy_context()``）。追踪据此把每次尝试的 span 挂在提交时的 span
@@ -85,11 +87,10 @@ class TransitionEvent:
     def of(
         cls, snapshot: TaskSnapshot, record: Transition, submit_context: contextvars.Context | None = None
     ) -> TransitionEvent:
-        # 热路径（任务锁内，每次迁移一个）：跳过 frozen dataclass 的 __init__，三个字段就是传进来的引用，
+        # 每次迁移一个（交付线程里）：跳过 frozen dataclass 的 __init__，三个字段就是传进来的引用，
         # 没有要校验的。用 object.__setattr__ 而不是去填 ``event.__dict__``：3.11 的实例属性先放在对象内联的
-        # 值数组里，一读 ``__dict__`` 才另造一个字典——每个事件多一个被循环 GC 追踪的对象。事件在交付队列里
-        # 要等上几毫秒，熬得过年轻代回收；在途的追踪对象越多，回收就来得越勤（全量回收要把存储里的每个任务
-        # 都扫一遍）：一个空监听器的开销大半在 GC 上（关掉 GC 时每任务只多约 2 µs）。
+        # 值数组里，一读 ``__dict__`` 才另造一个字典——每个事件多一个被循环 GC 追踪的对象。（三种造法在
+        # 3.11 上量过：这样 0.50 µs，填 ``__dict__`` 0.75 µs，slots 加成员描述符 0.57 µs。）
         event: TransitionEvent = _new_object(cls)
         _set(event, "record", record)
         _set(event, "snapshot", snapshot)
