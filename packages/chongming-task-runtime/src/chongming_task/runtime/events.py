@@ -380,6 +380,9 @@ class EventHub:
             try:
                 self._deliver(batch)
             finally:
+                # 送完就放手：否则这一批（连同它引用的中间快照与提交上下文）要一直活到下一批取出来，
+                # 而交付线程在那之间可能空闲地睡上很久。
+                del batch
                 with lock:
                     self._busy = False
                     self._in_flight = 0
