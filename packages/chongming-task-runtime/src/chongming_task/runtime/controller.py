@@ -707,9 +707,7 @@ class Controller(ClosesOnExit):
                     if emit:
                         # 第一次迁移（pending → queued/blocked）发生在控制器挂上监听器之前，在这里补发；
                         # 必须在入队之前：入队后别的线程可能立刻启动它，它的 starting 事件不能抢在前面。
-                        hub.emit_transition(
-                            machine.snapshot, machine.transitions[-1], context() if context else None
-                        )
+                        hub.emit((machine.snapshot, machine.transitions[-1], context() if context else None))
                     if not blocked and machine.status is TaskStatus.QUEUED:
                         self._enqueue_locked(run)
             to_start = self._scheduler.take_runnable() if start_here else []
@@ -967,7 +965,7 @@ class Controller(ClosesOnExit):
         if finish is None:
             self._link.on_transition(machine, snapshot, record)
             if self._events.listeners:  # 没有监听器时连事件对象都不造
-                self._events.emit_transition(snapshot, record)
+                self._events.emit((snapshot, record, None))
             self._account(snapshot, record, landed=True)
             return
         try:
@@ -975,7 +973,7 @@ class Controller(ClosesOnExit):
         finally:
             finish()
         if self._events.listeners:
-            self._events.emit_transition(snapshot, record)
+            self._events.emit((snapshot, record, None))
         if handed_over:
             with self._lock:
                 self._landed_locked(snapshot.task_id)

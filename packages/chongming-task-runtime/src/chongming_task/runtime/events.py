@@ -241,28 +241,12 @@ class EventHub:
         self.wants_submit_context = len(raw) < len(listeners)
         self.listeners = listeners
 
-    def emit(self, event: Event) -> None:
-        """入队一个事件对象（``ProgressEvent`` / ``StoreErrorEvent`` / 现成的 ``TransitionEvent``）。"""
-        self._put(event)
-
-    def emit_transition(
-        self, snapshot: TaskSnapshot, record: Transition, submit_context: contextvars.Context | None = None
-    ) -> None:
-        """入队一条迁移（任务锁内，每次迁移一次）：只建一个三元组，事件对象由交付线程拼装（见类说明）。
-
-        与 ``_put`` 逐行相同、只是内联了：这是每次迁移都走的一步，少一层 Python 调用。"""
-        queue = self._queue
-        if self._closed:
-            return
-        if len(queue) + self._in_flight >= MAX_PENDING_EVENTS:
-            self._drop_new()
-            return
-        queue.append((snapshot, record, submit_context))
-        if self._sleep == _IDLE:
-            self._kick(_IDLE)
-
-    def _put(self, item: RawItem) -> None:
+    def emit(self, item: RawItem) -> None:
         """入队（可在任何锁内调用：常数时间，通常不拿任何锁）。
+
+        ``item`` 是一个事件对象（``ProgressEvent`` / ``StoreErrorEvent``），或一条迁移的
+        ``(snapshot, record, submit_context)`` 三元组（任务锁内每次迁移一次）：入队方只建一个元组，
+        ``TransitionEvent`` 由交付线程拼装（见类说明）。
 
         热路径只是一次 ``deque.append``（本身线程安全）加一次标志读：只有交付线程空闲地睡着（``_IDLE``）时
         才拿锁叫醒它。不会漏叫醒：交付线程先置 ``_IDLE`` 再查队列、入队方先 append 再读标志——两边各自
@@ -339,7 +323,7 @@ class EventHub:
         ``timeout`` 秒，flush 或 close 提前叫醒）。"""
         lock = self._lock
         with lock:
-            # 先置标志、再查条件（与 _put 的"先 append、再读标志"配对，见 _put）。
+            # 先置标志、再查条件（与 emit 的"先 append、再读标志"配对，见 emit）。
             if self._closed or (self._queue if level == _IDLE else self._flushers):
                 return
             self._sleep = level
