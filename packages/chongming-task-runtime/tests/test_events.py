@@ -321,3 +321,89 @@ def test_flush_does_not_wait_out_the_coalescing_window(monkeypatch: pytest.Monke
             assert controller.flush_events(timeout=10)
             for run in runs:
                 assert recorder.transitions(run.task_id)[-1].to_status is S.SUCCEEDED
+
+
+def test_close_wakes_a_delivery_thread_that_is_coalescing_and_delivers_everything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 攒批窗口调到 60 秒：close() 必须叫醒正在攒批的交付线程（而不是等满窗口），送完已发生的事件、停掉线程。
+    from chongming_task.runtime import events
+
+    monkeypatch.setattr(events, "COALESCE_SECONDS", 60.0)
+    recorder = Recorder()
+    controller = Controller(max_parallel=2, listeners=[recorder])
+    controller.register("counting", counting)
+    runs = [controller.submit("counting", 1) for _ in range(4)]
+    for run in runs:
+        assert run.wait(timeout=10).ok
+    started = time.monotonic()
+    controller.close()
+    assert time.monotonic() - started < 10
+    for run in runs:
+        assert recorder.transitions(run.task_id)[-1].to_status is S.SUCCEEDED
+    assert not [t for t in threading.enumerate() if t.name.startswith("chongming-events[") and t.is_alive()]
+
+
+def test_flush_and_submit_racing_from_many_threads_never_lose_a_wakeup() -> None:
+    # 叫醒靠"一把被占着的锁放一次"：入队、flush、攒批超时三方同时抢叫醒时，锁既不能被放两次（会抛
+    # RuntimeError，从 submit 或 flush 里冒出来），也不能一次都不放（flush 超时）。
+    # 几个线程一边提交一边 flush。
+    recorder = Recorder()
+    errors: list[BaseException] = []
+    with Controller(max_parallel=4, listeners=[recorder]) as controller:
+        controller.register("counting", counting)
+        runs: list[Any] = []
+        runs_lock = threading.Lock()
+
+        def work(seed: int) -> None:
+            try:
+                for i in range(60):
+                    run = controller.submit("counting", 0)
+                    with runs_lock:
+                        runs.append(run)
+                    if (i + seed) % 7 == 0:
+                        assert controller.flush_events(timeout=10)
+                    if (i + seed) % 11 == 0:
+                        time.sleep(0.004)  # 让交付线程有机会睡下或正在攒批
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors
+        for run in runs:
+            assert run.wait(timeout=10).ok
+        assert controller.flush_events(timeout=10)
+        assert len(recorder.events) == 4 * len(runs) == 4 * 240
+
+
+def test_submit_context_is_still_copied_for_a_plain_listener_next_to_the_metrics() -> None:
+    # 内置指标声明了不读 submit_context（只有它在听时提交不拷贝上下文）；旁边只要还有一个普通监听器，
+    # 第一条迁移就照文档带着提交者那一刻的 contextvars。
+    pytest.importorskip("prometheus_client")
+    import contextvars
+
+    from prometheus_client import CollectorRegistry
+
+    from chongming_task.metrics import instrument
+
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+    recorder = Recorder()
+    with Controller() as controller:
+        metrics = instrument(controller, registry=CollectorRegistry())
+        controller.add_listener(recorder)
+        controller.register("counting", counting)
+        token = request_id.set("req-42")
+        try:
+            assert controller.submit("counting", 1, task_id="t").wait(timeout=10).ok
+        finally:
+            request_id.reset(token)
+        controller.flush_events(timeout=5)
+        metrics.close()
+    first, *rest = recorder.transitions("t")
+    assert (first.from_status, first.to_status) == (S.PENDING, S.QUEUED)
+    assert first.submit_context is not None and first.submit_context.run(request_id.get) == "req-42"
+    assert all(event.submit_context is None for event in rest)

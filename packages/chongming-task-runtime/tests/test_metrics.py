@@ -206,3 +206,43 @@ def test_paused_tasks_hold_a_slot_only_when_paused_in_place() -> None:
         assert value(registry, "chongming_task_slots", kind="used") == 0
         assert value(registry, "chongming_task_resource_slots", resource="db", kind="used") == 0
         assert value(registry, "chongming_task_tasks", status="paused") == 0
+
+
+def test_replaying_recorded_events_through_the_public_batch_entry_gives_the_same_counts() -> None:
+    # 交付线程给指标的是未拼装的迁移（内部入口）；公开的 on_event_batch 收事件对象。两条路记出的账必须一样：
+    # 把一个普通监听器录下的 TransitionEvent 原样喂给另一个控制器上的指标，计数与直方图的样本数逐个相同。
+    from chongming_task.events import TransitionEvent
+
+    recorded: list[Any] = []
+    live_registry, replay_registry = CollectorRegistry(), CollectorRegistry()
+    with Controller(max_parallel=2) as controller:
+        metrics = instrument(controller, registry=live_registry)
+        controller.add_listener(recorded.append)
+        controller.register("counting", counting)
+        controller.register("flaky", flaky, retry=RetryPolicy(max_attempts=2, backoff=FixedBackoff(0.01)))
+        runs = [controller.submit("counting", 2) for _ in range(3)] + [controller.submit("flaky")]
+        for run in runs:
+            run.wait(timeout=10)
+        controller.flush_events(timeout=5)
+        live = samples(live_registry)
+        metrics.close()
+    with Controller() as idle:
+        replay = instrument(idle, registry=replay_registry)
+        replay.on_event_batch([event for event in recorded if isinstance(event, TransitionEvent)])
+        replayed = samples(replay_registry)
+        replay.close()
+    counted = [
+        key
+        for key in live
+        if key[0].endswith(("_total", "_count", "_bucket")) or key[0] == "chongming_task_tasks"
+    ]
+    assert counted and {key: live[key] for key in counted} == {key: replayed.get(key) for key in counted}
+    assert (
+        live[
+            (
+                "chongming_task_transitions_total",
+                (("from_status", "running"), ("task", "flaky"), ("to_status", "retry_wait")),
+            )
+        ]
+        == 1
+    )

@@ -54,7 +54,7 @@ from chongming_task.runtime.durable import (
     recipe_timeout,
     requeue,
 )
-from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent, TransitionEvent
+from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
 from chongming_task.runtime.pipeline_host import NodeSubmit
@@ -695,7 +695,11 @@ class Controller(ClosesOnExit):
                 closed_meanwhile = True
             else:
                 closed_meanwhile = False
-                emit = created and bool(self._events.listeners)
+                hub = self._events
+                emit = created and bool(hub.listeners)
+                # 提交者的上下文只为可能读 submit_context 的监听器拷贝（内置指标声明了不读，
+                # 见 events.RAW_BATCH_ENTRY）：只有指标在听时每个提交省一个被 GC 追踪的 Context。
+                context = contextvars.copy_context if emit and hub.wants_submit_context else None
                 for run in runs:
                     machine = run.machine
                     self._runs[run.task_id] = run
@@ -703,11 +707,7 @@ class Controller(ClosesOnExit):
                     if emit:
                         # 第一次迁移（pending → queued/blocked）发生在控制器挂上监听器之前，在这里补发；
                         # 必须在入队之前：入队后别的线程可能立刻启动它，它的 starting 事件不能抢在前面。
-                        self._events.emit(
-                            TransitionEvent.of(
-                                machine.snapshot, machine.transitions[-1], contextvars.copy_context()
-                            )
-                        )
+                        hub.emit((machine.snapshot, machine.transitions[-1], context() if context else None))
                     if not blocked and machine.status is TaskStatus.QUEUED:
                         self._enqueue_locked(run)
             to_start = self._scheduler.take_runnable() if start_here else []
@@ -965,7 +965,7 @@ class Controller(ClosesOnExit):
         if finish is None:
             self._link.on_transition(machine, snapshot, record)
             if self._events.listeners:  # 没有监听器时连事件对象都不造
-                self._events.emit(TransitionEvent.of(snapshot, record))
+                self._events.emit((snapshot, record, None))
             self._account(snapshot, record, landed=True)
             return
         try:
@@ -973,7 +973,7 @@ class Controller(ClosesOnExit):
         finally:
             finish()
         if self._events.listeners:
-            self._events.emit(TransitionEvent.of(snapshot, record))
+            self._events.emit((snapshot, record, None))
         if handed_over:
             with self._lock:
                 self._landed_locked(snapshot.task_id)

@@ -1,6 +1,7 @@
 """Prometheus 指标：``instrument(controller, registry=...)``（用户指南 §15.2）。
 
-只建立在公开事件钩子（``runtime/events.py``）之上：登记一个监听器，在交付线程里把事件折算成指标；
+只建立在事件钩子（``runtime/events.py``）之上：登记一个监听器，在交付线程里把事件折算成指标（经钩子的内部
+批量入口 ``RAW_BATCH_ENTRY`` 直接读迁移记录，交付线程不必为它拼装事件对象）；
 不碰控制器的任何内部状态，也不在任务的锁里做任何事。额度上限这类**配置**从控制器的公开属性读。
 
 命名遵守 Prometheus 的规矩：基本单位（秒），``_total`` 只给计数器，标签里没有 task_id（任务成千上万，
@@ -29,7 +30,7 @@ from typing import Any
 
 from chongming_task.errors import ConfigurationError
 from chongming_task.runtime.controller import Controller
-from chongming_task.runtime.events import Event, StoreErrorEvent, TransitionEvent
+from chongming_task.runtime.events import Event, RawItem, StoreErrorEvent, TransitionEvent
 from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
 
 S = TaskStatus
@@ -160,20 +161,31 @@ class ControllerMetrics:
         self.on_event_batch((event,))
 
     def on_event_batch(self, events: Sequence[Event]) -> None:
-        """事件钩子的批量入口（``events.BATCH_ENTRY``）：交付线程一次交来整批，这里一批拿一次锁记账。
+        """公开的批量入口（``events.BATCH_ENTRY``）：别人手里的事件对象也能喂进来（测试、回放）。"""
+        self._on_raw_event_batch(
+            [
+                (event.snapshot, event.record, event.submit_context)
+                if isinstance(event, TransitionEvent)
+                else event
+                for event in events
+            ]
+        )
+
+    def _on_raw_event_batch(self, items: Sequence[RawItem]) -> None:
+        """交付线程的内部批量入口（``events.RAW_BATCH_ENTRY``）：迁移是未拼装的 ``(snapshot, record,
+        submit_context)`` 三元组，一批拿一次锁记账——只有指标在听时交付线程一个事件对象都不造。
 
         热路径（每个任务至少四条迁移）：只有 dict / list 算术，没有函数调用（除了落桶的 ``bisect``）。"""
         transitions, live, waits = self._transitions, self._live, self._waits
         with self._lock:
-            for event in events:
-                if event.__class__ is not TransitionEvent and not isinstance(event, TransitionEvent):
-                    if isinstance(event, StoreErrorEvent):
-                        self._store_error(event)
+            for item in items:
+                if item.__class__ is not tuple:
+                    if isinstance(item, StoreErrorEvent):
+                        self._store_error(item)
                     continue
-                # 直接读迁移记录的字段（事件上的同名属性是描述符，每读一次多一层 Python 调用）。
-                record = event.record
+                snapshot, record, _ = item
                 task_id, source, target = record.task_id, record.from_status, record.to_status
-                name = event.snapshot.name
+                name = snapshot.name
                 key = (name, source, target)
                 n = transitions.get(key)
                 if n is None:
@@ -183,7 +195,7 @@ class ControllerMetrics:
                 state = live.get(task_id)
                 if state is None:
                     # instrument 之后才第一次见到的任务（它之前的状态不在账上）。
-                    state = [target, False, event.snapshot.tags, None, None, None]
+                    state = [target, False, snapshot.tags, None, None, None]
                     if target not in _TERMINAL:
                         live[task_id] = state
                 else:
