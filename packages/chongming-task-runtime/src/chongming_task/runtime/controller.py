@@ -856,6 +856,7 @@ class Controller(ClosesOnExit):
         recipe = machine.snapshot.recipe
         if recipe is None:
             raise ConfigurationError(f"任务 {machine.task_id!r} 没有配方，不是持久任务，不能由 worker 接管")
+        self._drop_stale_handle(machine.task_id)
         run = self._make_run(
             machine, definition, tuple(recipe.args), dict(recipe.kwargs), timeout=recipe_timeout(recipe)
         )
@@ -863,6 +864,20 @@ class Controller(ClosesOnExit):
         # 去做，认领线程马上回去认领下一个空位——认领与 starting 两次往返不再排在同一条线程上一前一后。
         self._write_then_admit(run, self._link.track, created=False, start_here=False)
         return run
+
+    def _drop_stale_handle(self, task_id: str) -> None:
+        """接管之前：本节点还留着这个 id 上一轮的终态句柄时（任务落了终态、又在别处被 ``retry`` 重新排队，
+        再被本节点认领回来），丢掉那个旧句柄——存储里的新版本才是真相。不丢的话 ``_reserve`` 会把接管当成
+        重复提交拒掉：认领时已写成 starting 的任务就卡在"被我持有"，直到租约过期被判 lost。
+        只丢已落地的终态句柄；还在跑 / 还没落地的同名任务照旧按重复拒绝（那才是真的重复）。"""
+        with self._lock:
+            existing = self._runs.get(task_id)
+            if existing is None or task_id in self._unfinished or not existing.snapshot.is_terminal:
+                return
+            del self._runs[task_id]
+            with contextlib.suppress(ValueError):  # 已被 prune / keep_finished 清掉的不在表里
+                self._terminal_order.remove(task_id)  # O(n)，只在这种少见的重新认领时发生
+            self._link.forget(task_id)
 
     @property
     def starts_on_claim(self) -> bool:
@@ -921,6 +936,7 @@ class Controller(ClosesOnExit):
         recipe = machine.snapshot.recipe
         if recipe is None:
             raise ConfigurationError(f"任务 {machine.task_id!r} 没有配方，不是持久任务，不能由 worker 接管")
+        self._drop_stale_handle(machine.task_id)
         run = self._make_run(
             machine, definition, tuple(recipe.args), dict(recipe.kwargs), timeout=recipe_timeout(recipe)
         )
