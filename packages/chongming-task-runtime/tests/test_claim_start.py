@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from chongming_task import Controller
 from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim
 from chongming_task.events import TransitionEvent
@@ -125,45 +127,45 @@ def test_slots_held_for_a_claim_are_not_taken_by_a_local_submit() -> None:
         controller.close()
 
 
-def test_a_worker_hosts_again_a_task_it_finished_once_after_it_is_requeued_elsewhere() -> None:
+@pytest.mark.parametrize("with_listener", [False, True], ids=["claim-starts", "local-start"])
+def test_a_worker_hosts_again_a_task_it_finished_once_after_it_is_requeued_elsewhere(
+    with_listener: bool,
+) -> None:
     """worker 跑失败了一个任务（句柄还留在它这里），别处 requeue 后它再认领回来：旧的终态句柄让位，
     任务照常再跑一次（而不是被当成重复提交拒掉、卡在"被我持有"直到租约过期被判 lost）。两条认领路径都测。"""
-    for with_listener in (False, True):
-        store = InMemoryTaskStore()
-        calls: list[int] = []
+    store = InMemoryTaskStore()
+    calls: list[int] = []
 
-        def flaky(ctx: Any) -> str:
-            calls.append(ctx.attempt)
-            if len(calls) == 1:
-                raise RuntimeError("第一次失败")
-            return "好了"
+    def flaky(ctx: Any) -> str:
+        calls.append(ctx.attempt)
+        if len(calls) == 1:
+            raise RuntimeError("第一次失败")
+        return "好了"
 
-        submitter = Controller(store=store, owner="submitter")
-        submitter.register("flaky", flaky, durable=True)
-        task_id = submitter.enqueue("flaky")
-        worker = Controller(2, store=store, owner="w")
-        worker.register("flaky", flaky)
-        if with_listener:
-            worker.add_listener(lambda event: None)
-        assert worker.starts_on_claim is not with_listener
-        stop = threading.Event()
-        serving = threading.Thread(target=worker.serve, args=(stop,), kwargs={"poll_interval": 0.02})
-        serving.start()
-        try:
-            wait_until(lambda: (s := store.get(task_id)) is not None and s.status is S.FAILED)
-            wait_until(
-                lambda: (h := worker.get(task_id)) is not None and h.status is S.FAILED
-            )  # 终态句柄留着
-            submitter.requeue(task_id, reason="修好了，再跑一次")
-            wait_until(lambda: (s := store.get(task_id)) is not None and s.status is S.SUCCEEDED)
-        finally:
-            stop.set()
-            serving.join(30)
-            worker.close()
-            submitter.close()
-        assert not serving.is_alive()
-        final = store.get(task_id)
-        assert final is not None and final.status is S.SUCCEEDED and final.attempt == 2
-        assert calls == [1, 2]
-        again = worker.get(task_id)
-        assert again is not None and again.status is S.SUCCEEDED and again.attempt == 2  # 新句柄取代旧的
+    submitter = Controller(store=store, owner="submitter")
+    submitter.register("flaky", flaky, durable=True)
+    task_id = submitter.enqueue("flaky")
+    worker = Controller(2, store=store, owner="w")
+    worker.register("flaky", flaky)
+    if with_listener:
+        worker.add_listener(lambda event: None)
+    assert worker.starts_on_claim is not with_listener
+    stop = threading.Event()
+    serving = threading.Thread(target=worker.serve, args=(stop,), kwargs={"poll_interval": 0.02})
+    serving.start()
+    try:
+        wait_until(lambda: (s := store.get(task_id)) is not None and s.status is S.FAILED)
+        wait_until(lambda: (h := worker.get(task_id)) is not None and h.status is S.FAILED)  # 终态句柄留着
+        submitter.requeue(task_id, reason="修好了，再跑一次")
+        wait_until(lambda: (s := store.get(task_id)) is not None and s.status is S.SUCCEEDED)
+    finally:
+        stop.set()
+        serving.join(30)
+        worker.close()
+        submitter.close()
+    assert not serving.is_alive()
+    final = store.get(task_id)
+    assert final is not None and final.status is S.SUCCEEDED and final.attempt == 2
+    assert calls == [1, 2]
+    again = worker.get(task_id)
+    assert again is not None and again.status is S.SUCCEEDED and again.attempt == 2  # 新句柄取代旧的
