@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from chongming_task.core.storage.claiming import QueuedClaim
+from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim
 from chongming_task.errors import ConcurrencyConflict, TaskError
 from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
@@ -316,6 +316,43 @@ class ClaimHoards(InMemoryTaskStore):
         return super()._claim_queued(dataclasses.replace(request, limit=10_000))
 
 
+class ClaimStartSkipsHistory(InMemoryTaskStore):
+    """认领并开始时快照写成了 starting，queued → starting 的迁移记录却没写：历史有空洞。"""
+
+    def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
+        result = super()._claim_and_start(request, start)
+        with self._lock:
+            for snapshot in result:
+                self._rows[snapshot.task_id].history.pop(snapshot.status_version, None)
+        return result
+
+
+class ClaimStartInventsItsOwnStart(InMemoryTaskStore):
+    """存储自己拼 starting（只改状态、版本号，补一条记录），不经状态机：attempt、started_at、执行器名
+    都没记。"""
+
+    def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
+        result: list[TaskSnapshot] = []
+        with self._lock:
+            for snapshot in self._claim_locked(request):
+                version = snapshot.status_version + 1
+                started = snapshot.evolve(status=TaskStatus.STARTING, status_version=version)
+                row = self._rows[snapshot.task_id]
+                row.snapshot = started
+                row.history[version] = Transition(
+                    task_id=snapshot.task_id,
+                    from_status=TaskStatus.QUEUED,
+                    to_status=TaskStatus.STARTING,
+                    trigger="claim",
+                    actor=None,
+                    reason=None,
+                    version=version,
+                    at=start.at,
+                )
+                result.append(started)
+        return result
+
+
 MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
     TouchBumpsVersion: {
         "test_touch_updates_side_channel_without_bumping_version",
@@ -369,6 +406,16 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
     ClaimIgnoresHolder: {
         "test_claim_takes_priority_then_fifo_and_only_limit",
         "test_concurrent_claimers_take_every_task_exactly_once",
+    },
+    ClaimStartSkipsHistory: {
+        "test_claim_and_start_writes_starting_exactly_as_the_state_machine_would",
+        "test_claim_and_start_only_claims_a_task_the_state_machine_will_not_start",
+        "test_concurrent_claim_and_start_starts_every_task_exactly_once",
+    },
+    ClaimStartInventsItsOwnStart: {
+        "test_claim_and_start_writes_starting_exactly_as_the_state_machine_would",
+        "test_claim_and_start_only_claims_a_task_the_state_machine_will_not_start",
+        "test_concurrent_claim_and_start_starts_every_task_exactly_once",
     },
     ClaimHoards: {"test_claim_takes_priority_then_fifo_and_only_limit"},
 }

@@ -131,3 +131,27 @@ def test_a_subclass_that_overrides_append_logs_still_sees_the_trusted_log_lines(
     store._append_log_lines([line])
     assert seen == ["经过子类"]
     assert [g.message for g in store.read_logs("sub-logs")] == ["经过子类"]
+
+
+def test_starts_on_claim_only_when_no_subclass_rewrote_a_step_the_combined_write_bypasses() -> None:
+    """worker 只在合并的 claim_queued(start=...) 是一次写、又不会绕过子类加了料的 _claim_queued / save
+    时用它。"""
+
+    class CountsSaves(InMemoryTaskStore):
+        def save(self, snapshot: TaskSnapshot, **kwargs: Any) -> None:
+            super().save(snapshot, **kwargs)
+
+    class CountsClaims(InMemoryTaskStore):
+        def _claim_queued(self, request: Any) -> list[TaskSnapshot]:
+            return super()._claim_queued(request)
+
+    class Combined(CountsSaves):
+        def _claim_and_start(self, request: Any, start: Any) -> list[TaskSnapshot]:
+            return super()._claim_and_start(request, start)
+
+    assert InMemoryTaskStore().starts_on_claim
+    assert Combined().starts_on_claim, "合并实现本身就在加了料的那层之下：它知道自己绕过了什么"
+    assert not CountsSaves().starts_on_claim
+    assert not CountsClaims().starts_on_claim
+    legacy: Any = LegacyStore(InMemoryTaskStore())  # type: ignore[call-arg]
+    assert not legacy.starts_on_claim, "只实现了旧认领的后端：默认实现是两次写，worker 照旧分开写"

@@ -47,7 +47,14 @@ from chongming_task.core.storage.checks import (
     touch_args,
     validate_save,
 )
-from chongming_task.core.storage.claiming import QueuedClaim, claim_order, claimable, claimed
+from chongming_task.core.storage.claiming import (
+    ClaimStart,
+    QueuedClaim,
+    claim_order,
+    claimable,
+    claimed,
+    start_claimed,
+)
 from chongming_task.core.storage.columns import CREATE_ONLY_FIELDS, SIDE_CHANNEL_FIELDS
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.retention import archivable_prefix
@@ -315,6 +322,29 @@ class JsonFileTaskStore(TaskStore):
             if taken:
                 self._flush()
             return taken
+
+    def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
+        """认领并开始（一次落盘）：开始之后的快照与迁移记录由 ``claiming.start_claimed``（状态机）算出，
+        存储不自己拼 starting 的字段。"""
+        with self._lock:
+            self._check_open()
+            if request.empty:
+                return []
+            candidates = [s for s in (_thaw(data) for data in self._tasks.values()) if claimable(s, request)]
+            candidates.sort(key=claim_order)
+            result: list[TaskSnapshot] = []
+            for snapshot in (claimed(found, request) for found in candidates[: request.limit]):
+                begun = start_claimed(snapshot, start)
+                if begun is not None:
+                    snapshot, transitions = begun
+                    history = self._history.setdefault(snapshot.task_id, {})
+                    for record in transitions:
+                        history.setdefault(str(record.version), record.to_dict())
+                self._tasks[snapshot.task_id] = _snapshot_dict(snapshot)
+                result.append(snapshot)
+            if result:
+                self._flush()
+            return result
 
     # -- side channel -------------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ from chongming_task.runtime.durable import (
     requeue,
 )
 from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent
+from chongming_task.runtime.executors.base import Executor
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
 from chongming_task.runtime.pipeline_host import NodeSubmit
@@ -64,7 +65,7 @@ from chongming_task.runtime.scheduler import SlotScheduler
 from chongming_task.runtime.signature import check_task_signature
 from chongming_task.runtime.store_link import NOTIFIED_POLL_INTERVAL, LocalLink, StoreLink
 from chongming_task.runtime.table import render_table
-from chongming_task.runtime.taskrun import TaskRun
+from chongming_task.runtime.taskrun import DEFAULT_EXECUTOR, TaskRun
 from chongming_task.runtime.worker import DEFAULT_DRAIN_TIMEOUT, DEFAULT_POLL_INTERVAL, ServeReport, Worker
 from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
 from chongming_task.storage import CommandAction, QueryOrder, TaskQuery, TaskStats, TaskStore
@@ -855,12 +856,114 @@ class Controller(ClosesOnExit):
         recipe = machine.snapshot.recipe
         if recipe is None:
             raise ConfigurationError(f"任务 {machine.task_id!r} 没有配方，不是持久任务，不能由 worker 接管")
+        self._drop_stale_handle(machine.task_id)
         run = self._make_run(
             machine, definition, tuple(recipe.args), dict(recipe.kwargs), timeout=recipe_timeout(recipe)
         )
         # 不在调用方（worker 的认领线程）上就地启动：starting 那次提交交给后台循环（或正让出额度的任务线程）
         # 去做，认领线程马上回去认领下一个空位——认领与 starting 两次往返不再排在同一条线程上一前一后。
         self._write_then_admit(run, self._link.track, created=False, start_here=False)
+        return run
+
+    def _drop_stale_handle(self, task_id: str) -> None:
+        """接管之前：本节点还留着这个 id 上一轮的终态句柄时（任务落了终态、又在别处被 ``retry`` 重新排队，
+        再被本节点认领回来），丢掉那个旧句柄——存储里的新版本才是真相。不丢的话 ``_reserve`` 会把接管当成
+        重复提交拒掉：认领时已写成 starting 的任务就卡在"被我持有"，直到租约过期被判 lost。
+        只丢已落地的终态句柄；还在跑 / 还没落地的同名任务照旧按重复拒绝（那才是真的重复）。"""
+        with self._lock:
+            existing = self._runs.get(task_id)
+            if existing is None or task_id in self._unfinished or not existing.snapshot.is_terminal:
+                return
+            del self._runs[task_id]
+            with contextlib.suppress(ValueError):  # 已被 prune / keep_finished 清掉的不在表里
+                self._terminal_order.remove(task_id)  # O(n)，只在这种少见的重新认领时发生
+            self._link.forget(task_id)
+
+    @property
+    def starts_on_claim(self) -> bool:
+        """worker 能否用 ``claim_queued(..., start=...)``（认领与 starting 一次提交）：存储的合并写是一次提交
+        （``TaskStore.starts_on_claim``）、执行器不在调用线程上跑任务体（InlineExecutor 会把认领线程占住）、
+        额度只有全局的 max_parallel（有标签 / 每桶额度时认领来的任务可能要排队等额度，而存储里它已是
+        starting，不能回头排队）、没有登记事件监听器（queued → starting 发生在存储里，本进程的状态机没有
+        经历这次迁移，也就没有它的迁移记录可交给监听器；有监听器时照旧由本地状态机开始，事件一个不少）。
+        不能时 worker 照旧：认领、本地排队、由后台循环写 starting。"""
+        store = self._link.store
+        return (
+            store is not None
+            and store.starts_on_claim
+            and not self._run_executor.blocking
+            and self._scheduler.only_global_limit
+            and not self._events.listeners
+        )
+
+    @property
+    def start_executor(self) -> str:
+        """认领并开始时写进 starting 的执行器名（与 TaskRun 的 ``mark_starting(executor=...)`` 同一个值）。"""
+        return self._run_executor.name
+
+    @property
+    def _run_executor(self) -> Executor:
+        """任务真正用的执行器（没给 executor 时是 TaskRun 的默认线程执行器）。"""
+        return self.executor if self.executor is not None else DEFAULT_EXECUTOR
+
+    @contextlib.contextmanager
+    def holding_slots(self) -> Iterator[int]:
+        """worker 的"认领并开始"包在这里面：先在调度账本里预留此刻空闲的执行槽（给出个数），认领到的任务由
+        ``host_started`` 逐个占上，退出时放掉没用上的。
+
+        为什么预留：认领那次往返期间本地可能有人 ``submit()``，不预留的话它会拿走刚算好的空槽，认领来的任务
+        （存储里已是 starting，不能回头排队）就得超出 max_parallel 去跑。关闭中、派发冻结（close / stop_all
+        的扫荡）时一个也不预留。
+        """
+        scheduler = self._scheduler
+        with self._lock:
+            free = 0
+            if not self._closed and not scheduler.frozen and self.max_parallel is not None:
+                free = max(0, self.max_parallel - scheduler.active_count - scheduler.queued_count)
+            scheduler.hold(free)
+        try:
+            yield free
+        finally:
+            with self._lock:
+                scheduler.unhold()
+                # 预留期间本地排进来的任务：交给后台循环启动（不占认领线程，与 host_durable 同理）
+                if scheduler.queued_count:
+                    self._wake.set()
+
+    def host_started(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun:
+        """接管一个认领时已由存储写成 starting 的持久任务：占上 ``holding_slots`` 预留的槽，立刻开始任务体
+        （starting 已随认领落库，不再写它）。"""
+        recipe = machine.snapshot.recipe
+        if recipe is None:
+            raise ConfigurationError(f"任务 {machine.task_id!r} 没有配方，不是持久任务，不能由 worker 接管")
+        self._drop_stale_handle(machine.task_id)
+        run = self._make_run(
+            machine, definition, tuple(recipe.args), dict(recipe.kwargs), timeout=recipe_timeout(recipe)
+        )
+        self._reserve([run])
+        try:
+            self._link.track(machine)
+            # 尝试先在任务锁内准备好，再登记：stop / pause 从登记那一刻起看得到它，看到的已是有尝试的 starting
+            launch = run.begin_started()
+        except BaseException:
+            self._release_reserved([run])
+            raise
+        snapshot = machine.snapshot
+        with self._lock:
+            self._reserved_ids.discard(run.task_id)
+            closed = self._closed
+            if not closed:
+                self._runs[run.task_id] = run
+                self._unfinished.add(run.task_id)
+                self._scheduler.occupy(run.task_id, bucket=snapshot.bucket, tags=snapshot.tags)
+        if closed:
+            # 认领期间控制器被关闭：任务体不开始，如实落 stopped（写穿），而不是留一个没人管的 starting。
+            # 转移表里 starting 没有直达 stopped 的边：与在跑的任务被停止一样经 stopping。
+            machine.mark_stopping(reason="控制器已关闭，任务未执行")
+            machine.mark_stopped(reason="控制器已关闭，任务未执行")
+            raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
+        self._link.start_polling()
+        launch()
         return run
 
     def detach_unstarted_durable(self) -> list[TaskRun]:

@@ -53,6 +53,9 @@ class SlotScheduler:
         # 为什么需要：扫荡中每停掉一个在跑的任务就让出一个槽，不冻结的话让出的槽会立刻交给下一个
         # 排队任务、把它的任务体跑起来——排队中的任务"不会真的执行任务体"（用户指南 §8.3）就不成立了。
         self._frozen = 0
+        # worker 为一次"认领并开始"预留的执行槽数（hold / occupy / unhold）：认领的那次往返期间，本地提交的
+        # 任务不能把这几个槽拿走——认领来的任务在存储里已是 starting，不能再回头排队等槽。
+        self._held = 0
 
     # -- dispatch freeze ----------------------------------------------------------------------------
 
@@ -137,7 +140,32 @@ class SlotScheduler:
         return None
 
     def _global_full(self) -> bool:
-        return self.max_parallel is not None and len(self._active) >= self.max_parallel
+        return self.max_parallel is not None and len(self._active) + self._held >= self.max_parallel
+
+    # -- slots held for a claim-and-start (runtime/worker.py) ---------------------------------------
+
+    @property
+    def only_global_limit(self) -> bool:
+        """额度只有全局的 max_parallel（没有标签额度、每桶额度）：认领来的任务不会因别的额度满了而要排队。"""
+        return not self.tag_limits and self.per_bucket is None
+
+    def hold(self, count: int) -> None:
+        """为认领预留 ``count`` 个执行槽（调用方已按空闲槽数算好）：之后 ``take_runnable`` 不会把它们派给
+        本地排队的任务。"""
+        self._held += count
+
+    def occupy(self, task_id: str, *, bucket: int | None, tags: Iterable[str]) -> None:
+        """一个预留的槽交给认领并开始了的任务：它不经排队，直接记为在跑、占上额度。"""
+        assert self._held > 0 and task_id not in self._active and task_id not in self._queued
+        self._held -= 1
+        resources = self.resources_for(bucket, tags)
+        self._active[task_id] = (*resources, ("bucket_any", bucket)) if bucket is not None else resources
+        for resource in self._active[task_id]:
+            self._usage[resource] = self._usage.get(resource, 0) + 1
+
+    def unhold(self) -> None:
+        """放掉还没交出去的预留槽（认领到的比预留的少）。调用方随后应当 ``take_runnable`` 一次。"""
+        self._held = 0
 
     def _unpark(self) -> bool:
         """把有空余额度的资源的等待条目放回就绪堆；返回是否移动了条目。"""

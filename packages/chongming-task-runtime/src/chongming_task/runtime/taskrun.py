@@ -90,7 +90,7 @@ logger = logging.getLogger("chongming_task.runtime")
 DEFAULT_PAUSE_TIMEOUT = 5.0
 """``pause()`` 等待"任务已在检查点挂起"确认的默认窗口（秒）。"""
 
-_DEFAULT_EXECUTOR = ThreadExecutor()
+DEFAULT_EXECUTOR = ThreadExecutor()
 
 _NOT_STARTED = frozenset({S.PENDING, S.BLOCKED, S.QUEUED, S.RETRY_WAIT})
 
@@ -254,7 +254,7 @@ class TaskRun:
             raise ConfigurationError(f"args 必须是元组（位置参数），收到 {args!r}；单个参数请写成 (x,)")
         if kwargs is not None and not isinstance(kwargs, Mapping):
             raise ConfigurationError(f"kwargs 必须是字典，收到 {kwargs!r}")
-        executor = executor if executor is not None else _DEFAULT_EXECUTOR
+        executor = executor if executor is not None else DEFAULT_EXECUTOR
         if not isinstance(executor, Executor):
             raise ConfigurationError(
                 "executor 必须是 ThreadExecutor() / InlineExecutor() / ProcessExecutor() 之类的实例，"
@@ -446,6 +446,22 @@ class TaskRun:
             attempt = self._begin_attempt_locked()
         self._launch(attempt)
         return self
+
+    def begin_started(self) -> Callable[[], None]:
+        """认领时存储已把它写成 starting 的持久任务（``TaskStore.claim_queued(..., start=...)``）：不再
+        ``mark_starting``（那一步已随认领落库，任务体可以开始），只准备这一次尝试；返回启动载体的函数。
+
+        分两步是为了与 ``start()`` 同一个窗口：尝试在任务锁内准备好，控制器再把任务登记出去（从此 stop /
+        pause 看得到它、看到的已是有尝试的 starting），最后在锁外启动载体。
+        """
+        with self._lock:
+            if self._started or self.machine.status is not S.STARTING:
+                raise ConfigurationError(
+                    f"任务 {self.task_id!r} 不是刚由认领开始的（当前 {self.machine.status.value}）"
+                )
+            self._started = True
+            attempt = self._begin_attempt_locked(started=True)
+        return lambda: self._launch(attempt)
 
     def wait(self, timeout: float | None = None) -> Outcome:
         """等待终态并返回 Outcome。超时抛 TimeoutError，**不**改变任务状态（要停止请显式 stop()）。
@@ -686,12 +702,13 @@ class TaskRun:
 
     # -- attempts -----------------------------------------------------------------------------------
 
-    def _begin_attempt_locked(self) -> _Attempt:
+    def _begin_attempt_locked(self, *, started: bool = False) -> _Attempt:
+        """``started``：状态机已在 starting（认领时由存储写下的），这次尝试就从它开始。"""
         machine = self.machine
         if self._start_timer is not None:  # 拿到了执行槽：排队那一段的 start 超时作废，剩余部分下面另计
             self._start_timer.cancel()
             self._start_timer = None
-        snapshot = machine.mark_starting(executor=self.executor.name)
+        snapshot = machine.snapshot if started else machine.mark_starting(executor=self.executor.name)
         attempt = _Attempt(snapshot.attempt)
         spec = AttemptSpec(
             fn=self.fn,

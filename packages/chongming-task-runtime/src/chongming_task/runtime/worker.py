@@ -5,9 +5,11 @@
 1. **认领**（``TaskStore.claim_queued``）：只认本控制器登记了名字的、落在本节点负责的桶里的、无人持有的 queued
    持久任务；一次只认领空闲槽位那么多个（槽位 = ``max_parallel`` 减去本地在跑与排队的），不囤积。认领是存储里
    的原子操作，多少个 worker 同时来取，每个任务也只被一个取走。认领来的任务按它存储里的版本接着写（写穿、
-   续租、指令都和本地提交的一样）。启动（starting 那次提交）不在认领线程上做，交给控制器的后台循环（或
-   正让出额度的任务线程：它的终态与这个任务的 starting 一个事务）：认领线程马上回去认领别的空位，认领与
-   starting 两次往返不排在同一条线程上。
+   续租、指令都和本地提交的一样）。存储支持时（``TaskStore.starts_on_claim``，见
+   ``Controller.starts_on_claim`` 的其余条件）认领与 starting 是一次提交（``claim_queued(..., start=...)``）：
+   认领来的任务已是落了库的 starting，占上预留的槽立刻开始任务体，每个任务少一次提交与往返。否则启动
+   （starting 那次提交）不在认领线程上做，交给控制器的后台循环（或正让出额度的任务线程：它的终态与这个
+   任务的 starting 一个事务）：认领线程马上回去认领别的空位，认领与 starting 两次往返不排在同一条线程上。
 2. **维护**（每 ``lease_ttl / 2`` 一次）：``reconcile(durable_only=True)`` 本节点的桶里的持久任务——
    * 失联持有者的 queued / paused / retry_wait 持久任务：以 ``cluster:adopted`` 接手（状态不变、换持有者，迁移
      记录写明接手者与原持有者；暂停的仍暂停，重试等待的到点才排队）。queued 的也只接手空闲槽位那么多个；
@@ -42,7 +44,7 @@ from typing import Any, Protocol
 from chongming_task.clock import Clock
 from chongming_task.core.numbers import check_seconds
 from chongming_task.core.state_machine import StateMachine
-from chongming_task.core.storage.claiming import MAX_CLAIM
+from chongming_task.core.storage.claiming import MAX_CLAIM, ClaimStart
 from chongming_task.core.triggers import TRIGGER_RECONCILE
 from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskError
 from chongming_task.models import Failure, FailureKind, TaskSnapshot
@@ -117,6 +119,12 @@ class WorkerHost(Protocol):
     def local_run(self, task_id: str) -> TaskRun | None: ...
     def detach_unstarted_durable(self) -> list[TaskRun]: ...
     def host_durable(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun: ...
+    def host_started(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun: ...
+    @property
+    def starts_on_claim(self) -> bool: ...
+    @property
+    def start_executor(self) -> str: ...
+    def holding_slots(self) -> contextlib.AbstractContextManager[int]: ...
     def claiming(self) -> contextlib.AbstractContextManager[None]: ...
 
 
@@ -216,6 +224,8 @@ class Worker:
 
     def _claim(self) -> bool:
         """认领至多空闲槽位那么多个；返回是否取满了（可能还有更多在等）。"""
+        if self.controller.starts_on_claim:
+            return self._claim_and_start()
         free = self._free_slots()
         if free == 0:
             return False
@@ -239,6 +249,37 @@ class Worker:
                     self.report.claimed += 1
         return len(snapshots) == free
 
+    def _claim_and_start(self) -> bool:
+        """认领并开始（``TaskStore.claim_queued(..., start=...)``）：认领与 starting 一次提交，认领来的任务
+        立刻开始任务体。
+
+        空闲槽先在控制器里预留（``holding_slots``），认领到的逐个占上，所以任何时刻在跑 + 排队的都不超过
+        槽位数，与分开写时"只认领空闲槽位那么多个"同一条规矩。状态机不让开始的（尝试预算已用完）交回时
+        仍是 queued，照旧路径交给控制器（本地排队、后台循环写 starting 时由状态机如实拒绝）。
+        """
+        controller = self.controller
+        owned = controller.owned_buckets
+        with controller.claiming(), controller.holding_slots() as free:
+            if free == 0:
+                return False
+            try:
+                snapshots = self.store.claim_queued(
+                    self.owner,
+                    names=self._names(),
+                    buckets=None if controller.owns_all_buckets else owned,
+                    limit=min(free, MAX_CLAIM),
+                    lease_until=self._lease_until(),
+                    start=ClaimStart(at=controller.clock.now(), executor=controller.start_executor),
+                )
+            except TaskError as exc:
+                logger.warning("认领持久任务失败（下一轮再试）：%s", exc)
+                return False
+            for snapshot in snapshots:
+                machine = StateMachine(snapshot, (), clock=controller.clock, lock=threading.RLock())
+                if self._host(machine):
+                    self.report.claimed += 1
+        return len(snapshots) == free
+
     def _host(self, machine: StateMachine) -> bool:
         """把存储里已是本节点持有的持久任务交给控制器管（接着它存储里的版本写）。"""
         snapshot = machine.snapshot
@@ -247,7 +288,10 @@ class Worker:
         controller = self.controller
         try:
             definition = controller.resolve_task(snapshot.name)
-            controller.host_durable(machine, definition)
+            if snapshot.status is S.STARTING:  # 认领时已开始（claim_queued(start=...)）：占上预留的槽，立刻跑
+                controller.host_started(machine, definition)
+            else:
+                controller.host_durable(machine, definition)
         except ConfigurationError as exc:
             # 配方与本节点登记的定义对不上（参数签名变了之类）：如实落 stopped，不让它永远卡在"被我持有"。
             self._reject(machine, str(exc))
@@ -263,6 +307,10 @@ class Worker:
         snapshot = machine.snapshot
         self.report.rejected.append(snapshot.task_id)
         logger.error("持久任务 %s 的配方无法在本节点执行：%s", snapshot.task_id, why)
+        if machine.status is S.STARTING:
+            # 认领时已开始（claim_queued(start=...)）：starting 没有直达 stopped 的边，
+            # 与在跑的任务被停止一样经 stopping
+            machine.mark_stopping(actor=self.owner, reason="配方与本节点登记的任务定义不符")
         if not machine.can(S.STOPPED):
             return
         failure = Failure(

@@ -6,21 +6,28 @@ priority 大的先，同优先级按创建先后（``created_at``，再按 ``tas
 （``lease_owner`` / ``lease_until``）写成认领者，不改状态、不改版本号：认领者随后以状态机把任务推进
 （queued → starting，带版本条件写回），与它并发的任何写都会被版本条件拦下。
 
+给了 ``start`` 的认领是同一次认领再加一步：认领到的行在同一个事务里由状态机推进到 ``starting``（attempt + 1、
+``started_at``、执行器名与 queued → starting 的迁移记录，与 worker 自己 ``mark_starting`` 写下的一模一样：
+迁移规则只在 ``core/state_machine.py``，存储不另写一份——``start_claimed`` 就是用一台临时状态机算出来的）。
+为什么：worker 认领之后反正要写 starting（任务体开始之前它必须已落库），两次提交并成一次，每个任务少一次提交
+与往返。状态机拒绝开始的行（尝试预算已用完）只认领、不开始，交给 worker 照旧处理。
+
 原子性是契约的核心：同一个任务无论多少认领者同时来取，只被一个取走（SQL 后端：PostgreSQL 用
 ``FOR UPDATE SKIP LOCKED``，SQLite 用 ``BEGIN IMMEDIATE`` 写事务）。
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from chongming_task.core.storage._base_checks import check_aware, check_claimant, id_set
+from chongming_task.core.storage._base_checks import check_aware, check_claimant, check_optional_text, id_set
 from chongming_task.core.storage.values import awaits_claim
-from chongming_task.errors import ConfigurationError
-from chongming_task.models import TaskSnapshot
+from chongming_task.errors import ConfigurationError, TaskError
+from chongming_task.models import TaskSnapshot, Transition
 
 MAX_CLAIM = 1000
 """一次最多认领多少个：worker 按空闲槽位认领（不囤积），一千个槽已是极端配置。"""
@@ -76,4 +83,69 @@ def claimed(snapshot: TaskSnapshot, request: QueuedClaim) -> TaskSnapshot:
     return snapshot.evolve(owner=request.holder, lease_owner=request.holder, lease_until=request.lease_until)
 
 
-__all__ = ["MAX_CLAIM", "QueuedClaim", "awaits_claim", "check_claim", "claim_order", "claimable", "claimed"]
+@dataclass(frozen=True)
+class ClaimStart:
+    """``claim_queued(..., start=...)`` 怎样开始认领到的任务：``at`` 是 starting 的时刻（认领者的时钟，
+    写进 started_at 与迁移记录），``executor`` 是执行器名（与 worker 的 ``mark_starting(executor=...)``
+    同一个值）。"""
+
+    at: datetime
+    executor: str | None = None
+
+
+def check_claim_start(start: object) -> ClaimStart:
+    if not isinstance(start, ClaimStart):
+        raise ConfigurationError(f"start 必须是 ClaimStart(at=..., executor=...)，收到 {start!r}")
+    check_aware("start.at", start.at, required=True)
+    check_optional_text("start.executor", start.executor)
+    return start
+
+
+class _At:
+    """只会报 ``at`` 这一刻的时钟：状态机开始一次尝试时取 ``now()``，这里要的正是认领者给的那一刻。"""
+
+    def __init__(self, at: datetime) -> None:
+        self._at = at
+
+    def now(self) -> datetime:
+        return self._at
+
+    def monotonic(self) -> float:  # pragma: no cover - 状态机开始一次尝试时不看单调时钟、不等
+        return 0.0
+
+    def sleep(self, seconds: float) -> None:  # pragma: no cover
+        return None
+
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:  # pragma: no cover
+        return event.is_set()
+
+
+def start_claimed(
+    snapshot: TaskSnapshot, start: ClaimStart
+) -> tuple[TaskSnapshot, tuple[Transition, ...]] | None:
+    """认领到的快照 → 开始之后的快照与随附的迁移记录（queued → starting 那一条）；状态机不让开始时返回 None。
+
+    用一台临时状态机算：存储不自己拼 starting 的字段（迁移表与 attempt 的记账只有状态机那一份）。
+    """
+    from chongming_task.core.state_machine import StateMachine  # 状态机依赖记录类型，记录类型依赖本包的列定义
+
+    machine = StateMachine(snapshot, (), clock=_At(start.at))
+    try:
+        machine.mark_starting(executor=start.executor)
+    except TaskError:
+        return None
+    return machine.snapshot, machine.transitions_since(snapshot.status_version)
+
+
+__all__ = [
+    "MAX_CLAIM",
+    "ClaimStart",
+    "QueuedClaim",
+    "awaits_claim",
+    "check_claim",
+    "check_claim_start",
+    "claim_order",
+    "claimable",
+    "claimed",
+    "start_claimed",
+]

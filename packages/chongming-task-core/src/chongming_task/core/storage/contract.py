@@ -29,7 +29,13 @@ from typing import Any, ClassVar, TypeVar
 
 from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.storage import checks
-from chongming_task.core.storage.claiming import QueuedClaim, check_claim
+from chongming_task.core.storage.claiming import (
+    ClaimStart,
+    QueuedClaim,
+    check_claim,
+    check_claim_start,
+    start_claimed,
+)
 from chongming_task.core.storage.values import (
     ArchiveDeleted,
     ArchivedTask,
@@ -70,6 +76,17 @@ def _public_override(public: str) -> Any:
 
 ArchiveWrite = Callable[[list[Transition]], None]
 """按分区归档时接收一批迁移记录的回调：返回时这批必须已经持久落盘。"""
+
+
+_CLAIM_START_PARTS = (
+    "claim_queued",
+    "_claim_queued",
+    "save",
+    "_save",
+    "_save_direct",
+    "save_many",
+)
+"""``claim_queued(..., start=...)`` 的一次提交替代的那几环（见 ``TaskStore.starts_on_claim``）。"""
 
 
 class TaskStore(ClosesOnExit, ABC):
@@ -277,6 +294,7 @@ class TaskStore(ClosesOnExit, ABC):
         buckets: Iterable[int] | None = None,
         limit: int,
         lease_until: datetime,
+        start: ClaimStart | None = None,
     ) -> list[TaskSnapshot]:
         """原子地认领至多 ``limit`` 个待执行的持久任务，按认领顺序返回认领之后的快照。
 
@@ -284,8 +302,16 @@ class TaskStore(ClosesOnExit, ABC):
         桶在 ``buckets`` 里（None 不限）；priority 大的先，再按创建先后。认领写 owner / lease_owner /
         lease_until，不改状态与版本号。同一任务无论多少认领者并发来取，只有一个取得到。入参在这里检查一次，
         后端实现 ``_claim_queued``；没实现它的后端（老的第三方后端）抛 ConfigurationError，不能跑 worker。
+
+        给了 ``start``（``ClaimStart``）时，认领到的任务在同一个事务里开始：每个都由状态机推进到 ``starting``
+        （``claiming.start_claimed``：attempt + 1、started_at = ``start.at``、执行器名、queued → starting 的
+        迁移记录），交回开始之后的快照；状态机不让开始的（尝试预算已用完）只认领，照不给 ``start`` 时的样子
+        交回（仍是 queued）。worker 用它把"认领"与"starting"两次提交并成一次。后端实现 ``_claim_and_start``；
+        默认实现是先认领、再逐个 ``save`` starting（结果相同，只是多几次提交），所以只实现了认领的后端也能用。
         """
         request = check_claim(holder, names, buckets, limit, lease_until)
+        if start is not None:
+            return self._claim_and_start(request, check_claim_start(start))
         return self._claim_queued(request)
 
     def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
@@ -294,6 +320,45 @@ class TaskStore(ClosesOnExit, ABC):
             f"{type(self).__name__} 不支持持久任务的认领（没有实现 _claim_queued）：worker 需要一个实现了它的"
             "存储（内置的内存 / SQLite / PostgreSQL 存储都支持）"
         )
+
+    def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
+        """后端实现 ``claim_queued(..., start=...)`` 的地方（入参已检查）。默认：认领一次、starting 逐个再写
+        （见 ``claim_queued``）。"""
+        claimed = self.claim_queued(
+            request.holder,
+            names=request.names,
+            buckets=request.buckets,
+            limit=request.limit,
+            lease_until=request.lease_until,
+        )
+        result: list[TaskSnapshot] = []
+        for snapshot in claimed:
+            begun = start_claimed(snapshot, start)
+            if begun is not None:
+                try:
+                    self.save(begun[0], expect_version=snapshot.status_version, transitions=begun[1])
+                except TaskError:
+                    # 认领已提交、starting 没写成（结果未知或被别的写者抢先）：交回认领到的那份，由 worker 照
+                    # 旧路径开始它（它的 starting 带版本条件，不会把别人的写覆盖掉）。
+                    begun = None
+            result.append(snapshot if begun is None else begun[0])
+        return result
+
+    @property
+    def starts_on_claim(self) -> bool:
+        """这个存储的 ``claim_queued(..., start=...)`` 是不是一次提交（worker 据此决定用它，还是认领、
+        starting 分开写）。
+
+        是：类自己（或某个基类）覆盖了 ``_claim_and_start``，并且比它更下层的子类没有再改写认领或 save 的
+        任何一环。为什么要看后者：合并的实现不经过 ``_claim_queued`` / ``save`` 这些方法，给它们加了料的子类
+        （计数、注入故障、加闸门的测试替身、只覆盖公开方法的旧式后端）就会被绕过——这时 worker 照旧分两步写，
+        子类改写的那一环仍在路径上。
+        """
+        mro = type(self).__mro__
+        combined = next(i for i, cls in enumerate(mro) if "_claim_and_start" in cls.__dict__)
+        if mro[combined] is TaskStore:
+            return False
+        return not any(name in cls.__dict__ for cls in mro[:combined] for name in _CLAIM_START_PARTS)
 
     # -- commands -----------------------------------------------------------------------------------
 

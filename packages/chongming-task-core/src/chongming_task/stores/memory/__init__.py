@@ -32,7 +32,14 @@ from typing import Any, ClassVar
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
-from chongming_task.core.storage.claiming import QueuedClaim, claim_order, claimable, claimed
+from chongming_task.core.storage.claiming import (
+    ClaimStart,
+    QueuedClaim,
+    claim_order,
+    claimable,
+    claimed,
+    start_claimed,
+)
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.retention import archivable_prefix
 from chongming_task.errors import (
@@ -381,19 +388,38 @@ class InMemoryTaskStore(TaskStore):
 
     def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
         with self._lock:
-            self._check_open()
-            if request.empty:
-                return []
-            rows = [row for row in self._rows.values() if claimable(row.snapshot, request)]
-            rows.sort(key=lambda row: claim_order(row.snapshot))
-            taken: list[tuple[TaskSnapshot, str | None]] = []
-            for row in rows[: request.limit]:
-                row.snapshot = claimed(row.snapshot, request)
-                taken.append((row.snapshot, row.outcome_text))
-        return [
-            snapshot if text is None else snapshot.evolve(outcome=json.loads(text))
-            for snapshot, text in taken
-        ]
+            return self._claim_locked(request)
+
+    def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
+        """认领与 starting 在同一次持锁里（判据与开始之后的快照都取自 ``core.storage.claiming``）。"""
+        with self._lock:
+            taken = self._claim_locked(request)
+            result: list[TaskSnapshot] = []
+            for snapshot in taken:
+                begun = start_claimed(snapshot, start)
+                if begun is None:
+                    result.append(snapshot)
+                    continue
+                started, transitions = begun
+                row = self._rows[snapshot.task_id]
+                scalar, text = _encode_json(started.outcome, what="outcome")
+                _put(row, row.snapshot, started, scalar, text, transitions)
+                result.append(started)
+        return result
+
+    def _claim_locked(self, request: QueuedClaim) -> list[TaskSnapshot]:
+        """（持锁调用）认领：写上持有者与租约，按认领顺序交回出库的快照。"""
+        self._check_open()
+        if request.empty:
+            return []
+        rows = [row for row in self._rows.values() if claimable(row.snapshot, request)]
+        rows.sort(key=lambda row: claim_order(row.snapshot))
+        taken: list[TaskSnapshot] = []
+        for row in rows[: request.limit]:
+            row.snapshot = claimed(row.snapshot, request)
+            text = row.outcome_text
+            taken.append(row.snapshot if text is None else row.snapshot.evolve(outcome=json.loads(text)))
+        return taken
 
     # -- side channel -------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """契约用例：持久任务（issue 19）：配方随 create 原样落库、save 从不改写它；``claim_queued`` 的判据、
-顺序、数量与原子性（多线程争抢时每个任务只被取走一次）。"""
+顺序、数量与原子性（多线程争抢时每个任务只被取走一次）；``claim_queued(..., start=...)`` 认领的同时
+写下与状态机 ``mark_starting`` 一模一样的 starting（快照字段与迁移记录），状态机不让开始的只认领。"""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import threading
 from datetime import timedelta
 
 from chongming_task.core.recipes import OnLost, Recipe
+from chongming_task.core.storage.claiming import ClaimStart
+from chongming_task.core.triggers import TRIGGER_STARTING
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import TaskSnapshot
 from chongming_task.storage import TaskQuery
@@ -225,6 +228,92 @@ class DurableCases(ContractBase):
         self.assertEqual(len(taken), total, "有任务没有被任何认领者取走")
         for snapshot in store.query():
             self.assertEqual(snapshot.owner, taken[snapshot.task_id][0])
+
+    # -- claim_queued(start=...) -------------------------------------------------------------------
+
+    def test_claim_and_start_writes_starting_exactly_as_the_state_machine_would(self) -> None:
+        store = self.open_store()
+        store.create(durable("d-s", max_attempts=3))
+        at = (T0 + timedelta(seconds=7)).astimezone(TZ_SHANGHAI)
+        start = ClaimStart(at=at, executor="thread")
+        (got,) = store.claim_queued(
+            "worker-a", names=["contract-task"], limit=5, lease_until=LEASE, start=start
+        )
+        # 状态机的 mark_starting：版本 + 1、attempt + 1、started_at、执行器名；持有者与租约是认领写的
+        self.assertEqual((got.status, got.status_version, got.attempt), (S.STARTING, 2, 1))
+        self.assertEqual((got.started_at, got.executor), (at, "thread"))
+        self.assertEqual((got.owner, got.lease_owner, got.lease_until), ("worker-a", "worker-a", LEASE))
+        self.assertEqual(got.recipe, recipe(), "开始不改配方")
+        self.assertSnapshotEqual(store.get("d-s"), got)
+        (record,) = store.history("d-s")
+        self.assertEqual(
+            (record.from_status, record.to_status, record.version, record.trigger, record.at),
+            (S.QUEUED, S.STARTING, 2, TRIGGER_STARTING, at),
+            "queued → starting 的迁移记录与快照同一次写入：历史没有空洞",
+        )
+        again = store.claim_queued(
+            "worker-b", names=["contract-task"], limit=5, lease_until=LEASE, start=start
+        )
+        self.assertEqual(again, [], "开始了的任务不再可认领")
+
+    def test_claim_and_start_only_claims_a_task_the_state_machine_will_not_start(self) -> None:
+        store = self.open_store()
+        store.create(durable("spent", seconds=0, attempt=2, max_attempts=2))
+        store.create(durable("fresh", seconds=1))
+        start = ClaimStart(at=T0 + timedelta(seconds=3))
+        got = store.claim_queued("w", names=["contract-task"], limit=5, lease_until=LEASE, start=start)
+        self.assertEqual(
+            [(s.task_id, s.status, s.status_version) for s in got],
+            [
+                ("spent", S.QUEUED, 1),
+                ("fresh", S.STARTING, 2),
+            ],
+        )
+        spent = store.get("spent")
+        assert spent is not None
+        self.assertEqual(
+            (spent.status, spent.status_version, spent.owner, spent.attempt), (S.QUEUED, 1, "w", 2)
+        )
+        self.assertVersions(store, "spent", [])
+        self.assertVersions(store, "fresh", [2])
+
+    def test_concurrent_claim_and_start_starts_every_task_exactly_once(self) -> None:
+        store = self.open_store()
+        total = 60
+        for index in range(total):
+            store.create(durable(f"go-{index:03d}", seconds=index % 5))
+        taken: dict[str, list[str]] = {}
+        lock = threading.Lock()
+
+        def worker(holder: str) -> None:
+            start = ClaimStart(at=LEASE, executor=holder)
+            while True:
+                got = store.claim_queued(
+                    holder, names=["contract-task"], limit=2, lease_until=LEASE, start=start
+                )
+                with lock:
+                    for snapshot in got:
+                        taken.setdefault(snapshot.task_id, []).append(holder)
+                    if not got or sum(map(len, taken.values())) > 2 * total:
+                        return
+
+        self.run_threads([functools.partial(worker, f"w{i}") for i in range(4)])
+        doubles = {task_id: holders for task_id, holders in taken.items() if len(holders) != 1}
+        self.assertEqual(doubles, {}, "同一个任务被不止一个认领者开始")
+        self.assertEqual(len(taken), total, "有任务没有被任何认领者开始")
+        for snapshot in store.query():
+            (holder,) = taken[snapshot.task_id]
+            self.assertEqual(
+                (
+                    snapshot.status,
+                    snapshot.status_version,
+                    snapshot.attempt,
+                    snapshot.owner,
+                    snapshot.executor,
+                ),
+                (S.STARTING, 2, 1, holder, holder),
+            )
+            self.assertVersions(store, snapshot.task_id, [2])
 
 
 __all__ = ["DurableCases", "durable", "recipe"]

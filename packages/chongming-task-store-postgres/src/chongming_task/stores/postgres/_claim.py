@@ -43,11 +43,19 @@ def claim_sql(s: str, *, by_bucket: bool) -> str:
 
 
 def claim(conn: Conn, s: str, request: QueuedClaim) -> list[TaskSnapshot]:
+    statement = claim_statement(s, request)
+    if statement is None:
+        return []
+    return claimed_snapshots(conn.execute(*statement).fetchall())
+
+
+def claim_statement(s: str, request: QueuedClaim) -> tuple[str, dict[str, Any]] | None:
+    """认领语句与参数；过滤值不可能匹配任何任务时返回 None（什么也不用发）。"""
     # text 存不下 NUL、integer 存不下 2**31 以上的桶号：这样的过滤值不可能匹配任何任务，直接去掉。
     names = sorted(name for name in request.names if "\x00" not in name)
     buckets = None if request.buckets is None else sorted(b for b in request.buckets if b < 2**31)
     if not names or buckets == []:
-        return []
+        return None
     until, until_off = split_dt(request.lease_until)
     params = {
         "names": names,
@@ -57,7 +65,10 @@ def claim(conn: Conn, s: str, request: QueuedClaim) -> list[TaskSnapshot]:
         "until": until,
         "until_off": until_off,
     }
-    rows = conn.execute(claim_sql(s, by_bucket=buckets is not None), params).fetchall()
+    return claim_sql(s, by_bucket=buckets is not None), params
+
+
+def claimed_snapshots(rows: list[Any]) -> list[TaskSnapshot]:
     snapshots = [snapshot_from_row(row) for row in rows]
     # RETURNING 不保证顺序：按认领时用的同一顺序排好再交出。
     snapshots.sort(key=lambda snapshot: (-snapshot.priority, snapshot.created_at, snapshot.task_id))
@@ -123,7 +134,9 @@ __all__ = [
     "add_later_columns",
     "claim",
     "claim_sql",
+    "claim_statement",
     "claimable",
+    "claimed_snapshots",
     "create_notify_sql",
     "missing_columns",
     "notice_params",

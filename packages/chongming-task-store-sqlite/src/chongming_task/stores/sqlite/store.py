@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
-from chongming_task.core.storage.claiming import QueuedClaim
+from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim, start_claimed
 from chongming_task.core.storage.contract import TaskStore, prepare_batch
 from chongming_task.core.storage.opening import CreateSchema, OpensReadonly, SchemaMissing, check_opening
 from chongming_task.core.storage.retention import RetentionByModule, RetentionModule
@@ -700,6 +700,26 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             self._check_open()
             return []
         return self._run("claim_queued", lambda conn: _claim.claim(conn, request))
+
+    def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
+        """认领与 starting 在同一个 ``BEGIN IMMEDIATE`` 写事务里（starting 那一步与 save 同一份事务体）。"""
+        if request.empty:
+            self._check_open()
+            return []
+
+        def tx(conn: sqlite3.Connection) -> list[TaskSnapshot]:
+            result: list[TaskSnapshot] = []
+            for snapshot in _claim.claim(conn, request):
+                begun = start_claimed(snapshot, start)
+                if begun is None:
+                    result.append(snapshot)
+                    continue
+                started, transitions = begun
+                self._save_tx(v.SaveRequest(started, snapshot.status_version, transitions))(conn)
+                result.append(started)
+            return result
+
+        return self._run("claim_and_start", tx)
 
     def append(self, transitions: Sequence[Transition]) -> None:
         transitions = tuple(transitions)

@@ -1,0 +1,171 @@
+"""worker 认领即开始（issue 19）：``claim_queued(..., start=...)`` 一次写下认领与 starting，任务体看到的
+已是落了库的 starting；认领期间预留的槽不让本地提交拿走；有事件监听器时照旧由本地状态机开始、事件一个不少。"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from chongming_task import Controller
+from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim
+from chongming_task.events import TransitionEvent
+from chongming_task.models import TaskSnapshot
+from chongming_task.states import TaskStatus
+from chongming_task.stores.memory import InMemoryTaskStore
+
+S = TaskStatus
+
+
+class CountsClaimStarts(InMemoryTaskStore):
+    """数一数合并的认领并开始被用了几次（覆盖的正是合并那一环，所以 ``starts_on_claim`` 仍然成立）。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claim_starts = 0
+
+    def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
+        got = super()._claim_and_start(request, start)
+        if got:
+            self.claim_starts += 1
+        return got
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "等待超时"
+        time.sleep(0.01)
+
+
+def serve_all(store: InMemoryTaskStore, controller: Controller, ids: list[str]) -> None:
+    stop = threading.Event()
+    serving = threading.Thread(target=controller.serve, args=(stop,), kwargs={"poll_interval": 0.02})
+    serving.start()
+    try:
+        wait_until(lambda: all((s := store.get(i)) is not None and s.status is S.SUCCEEDED for i in ids))
+    finally:
+        stop.set()
+        serving.join(30)
+        controller.close()
+    assert not serving.is_alive()
+
+
+def test_a_claimed_task_is_started_by_the_claim_write_before_its_body_runs() -> None:
+    store = CountsClaimStarts()
+    seen: dict[str, tuple[TaskStatus, int]] = {}
+
+    def body(ctx: Any, i: int) -> int:
+        stored = store.get(ctx.task_id)
+        assert stored is not None
+        seen[ctx.task_id] = (stored.status, stored.attempt)  # 任务体开始时存储里已有的那一版
+        return i
+
+    submitter = Controller(store=store, owner="submitter")
+    submitter.register("body", body, durable=True)
+    ids = [submitter.enqueue("body", i) for i in range(6)]
+    worker = Controller(2, store=store, owner="w")
+    worker.register("body", body)
+    assert worker.starts_on_claim
+    serve_all(store, worker, ids)
+    submitter.close()
+    assert store.claim_starts >= 3, "6 个任务、2 个槽：至少分三次认领并开始"
+    for task_id in ids:
+        # 任务体开始之前 starting 已落库（running 是推迟写的，可能已捎带写下，也可能还没有）
+        assert seen[task_id][0] in (S.STARTING, S.RUNNING) and seen[task_id][1] == 1
+        history = store.history(task_id)
+        assert [(t.from_status, t.to_status, t.version) for t in history] == [
+            (S.PENDING, S.QUEUED, 1),
+            (S.QUEUED, S.STARTING, 2),
+            (S.STARTING, S.RUNNING, 3),
+            (S.RUNNING, S.SUCCEEDED, 4),
+        ], "历史没有空洞：starting 随认领写下，之后由本地状态机接着写"
+        stored = store.get(task_id)
+        assert stored is not None and stored.owner == "w" and stored.attempt == 1
+
+
+def test_with_a_listener_the_worker_starts_tasks_itself_and_delivers_every_transition() -> None:
+    store = CountsClaimStarts()
+    submitter = Controller(store=store, owner="submitter")
+    submitter.register("noop", lambda ctx: None, durable=True)
+    ids = [submitter.enqueue("noop") for _ in range(3)]
+    worker = Controller(2, store=store, owner="w")
+    worker.register("noop", lambda ctx: None)
+    events: list[TransitionEvent] = []
+    worker.add_listener(lambda event: events.append(event) if isinstance(event, TransitionEvent) else None)
+    # queued → starting 若发生在存储里，本进程的状态机就没有那条迁移记录可交给监听器：有监听器时不合并
+    assert not worker.starts_on_claim
+    serve_all(store, worker, ids)
+    submitter.close()
+    assert store.claim_starts == 0
+    for task_id in ids:
+        got = [(e.from_status, e.to_status) for e in events if e.task_id == task_id]
+        assert (S.QUEUED, S.STARTING) in got and (S.RUNNING, S.SUCCEEDED) in got
+
+
+def test_slots_held_for_a_claim_are_not_taken_by_a_local_submit() -> None:
+    store = InMemoryTaskStore()
+    ran = threading.Event()
+    controller = Controller(2, store=store, owner="w")
+    controller.register("mark", lambda ctx: ran.set())
+    try:
+        with controller.holding_slots() as free:
+            assert free == 2
+            run = controller.submit("mark")
+            time.sleep(0.2)
+            # 两个槽都预留给了认领：本地提交的任务只能排队，否则认领来的（已是 starting 的）任务
+            # 会超出 max_parallel
+            assert run.status is S.QUEUED and not ran.is_set()
+        assert ran.wait(10), "预留放掉之后，排队的任务照常启动"
+        assert run.wait(10).ok
+        with controller.holding_slots() as again:
+            assert again == 2, "预留每次认领之后都放掉"
+    finally:
+        controller.close()
+
+
+@pytest.mark.parametrize("with_listener", [False, True], ids=["claim-starts", "local-start"])
+def test_a_worker_hosts_again_a_task_it_finished_once_after_it_is_requeued_elsewhere(
+    with_listener: bool,
+) -> None:
+    """worker 跑失败了一个任务（句柄还留在它这里），别处 requeue 后它再认领回来：旧的终态句柄让位，
+    任务照常再跑一次（而不是被当成重复提交拒掉、卡在"被我持有"直到租约过期被判 lost）。两条认领路径都测。"""
+    store = InMemoryTaskStore()
+    calls: list[int] = []
+
+    def flaky(ctx: Any) -> str:
+        calls.append(ctx.attempt)
+        if len(calls) == 1:
+            raise RuntimeError("第一次失败")
+        return "好了"
+
+    submitter = Controller(store=store, owner="submitter")
+    submitter.register("flaky", flaky, durable=True)
+    task_id = submitter.enqueue("flaky")
+    worker = Controller(2, store=store, owner="w")
+    worker.register("flaky", flaky)
+    if with_listener:
+        worker.add_listener(lambda event: None)
+    assert worker.starts_on_claim is not with_listener
+    stop = threading.Event()
+    serving = threading.Thread(target=worker.serve, args=(stop,), kwargs={"poll_interval": 0.02})
+    serving.start()
+    try:
+        wait_until(lambda: (s := store.get(task_id)) is not None and s.status is S.FAILED)
+        wait_until(lambda: (h := worker.get(task_id)) is not None and h.status is S.FAILED)  # 终态句柄留着
+        submitter.requeue(task_id, reason="修好了，再跑一次")
+        wait_until(lambda: (s := store.get(task_id)) is not None and s.status is S.SUCCEEDED)
+    finally:
+        stop.set()
+        serving.join(30)
+        worker.close()
+        submitter.close()
+    assert not serving.is_alive()
+    final = store.get(task_id)
+    assert final is not None and final.status is S.SUCCEEDED and final.attempt == 2
+    assert calls == [1, 2]
+    again = worker.get(task_id)
+    assert again is not None and again.status is S.SUCCEEDED and again.attempt == 2  # 新句柄取代旧的
