@@ -55,6 +55,7 @@ from chongming_task.runtime.durable import (
     requeue,
 )
 from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent, TransitionEvent
+from chongming_task.runtime.gc_pause import gc_paused
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
 from chongming_task.runtime.pipeline_host import NodeSubmit
@@ -84,6 +85,9 @@ DEFAULT_SUBMIT_BATCH = 1000
 """submit_many 每个写事务建几个任务。"""
 
 MAX_SUBMIT_BATCH = 10_000
+
+GC_PAUSE_MIN_TASKS = 1000
+"""submit_many 一次至少这么多个任务才在构造与落库期间暂停循环 GC（runtime/gc_pause.py）。"""
 
 
 class Submit:
@@ -741,8 +745,12 @@ class Controller(ClosesOnExit):
                     '请写成 Submit("任务名", *args, task_id=..., **kwargs)'
                 )
         shapes: dict[tuple[Any, ...], TaskSnapshot] = {}
-        runs = [self._prepare_spec(spec, shapes) for spec in specs]
-        return self._submit_batches(runs, batch_size, blocked=False)
+        # 一大批任务的对象全部活着、都不是垃圾：构造与落库期间暂停循环 GC，免得它反复全量扫描它们
+        # （见 runtime/gc_pause.py；退出时含异常恢复原设置）。不到一批的不值得去碰进程级的 GC 开关。
+        pause = gc_paused() if len(specs) >= GC_PAUSE_MIN_TASKS else contextlib.nullcontext()
+        with pause:
+            runs = [self._prepare_spec(spec, shapes) for spec in specs]
+            return self._submit_batches(runs, batch_size, blocked=False)
 
     def _prepare_spec(
         self, spec: Submit, shapes: dict[tuple[Any, ...], TaskSnapshot] | None = None
