@@ -206,6 +206,33 @@ class StateMachine:
         """从存储交回的快照 + 历史重建状态机。"""
         return cls(snapshot, transitions, clock=clock, lock=lock)
 
+    def sibling(self, task_id: str, *, lock: threading.RLock | None = None) -> StateMachine:
+        """批量提交的快路径（``Controller.submit_many`` 的模板）：本机是刚建好、只走过 pending → queued 的
+        任务，复制出一台同样形状的新任务——换上 ``task_id`` 与此刻的时间，其余字段原样。
+
+        等价于 ``create(...)`` 再 ``mark_queued()``，只是不再逐字段校验（字段与本机的相同，已校验过；
+        ``task_id`` 由调用方校验），也不经 ``_apply`` 复制第二份快照：十万个任务的批量提交里每任务省一份
+        快照、一次取时间。新任务的 created_at、queued_at 与那条迁移记录的时间是同一个时刻（提交即入队；
+        逐个提交时两者相差几微秒，没有谁依赖那几微秒）。
+        """
+        with self.lock:
+            current = self._snapshot
+            history = tuple(self._transitions)
+        first = history[0] if len(history) == 1 else None
+        # 只有"刚入队、还没动过"的模板才能照抄：走过更多迁移的快照里带着那些迁移留下的字段（attempt、
+        # started_at……），照抄就把别的任务的经历安到了新任务头上。
+        if first is None or first.from_status is not S.PENDING or current.status is not S.QUEUED:
+            raise ConfigurationError(
+                f"sibling() 只能从刚入队（pending → queued、只有一条迁移）的任务复制，任务 {self.task_id!r} "
+                f"的状态是 {current.status.value}、有 {len(history)} 条迁移"
+            )
+        now = self._clock.now()
+        snapshot = current.evolve(task_id=task_id, created_at=now, queued_at=now)
+        record = Transition._trusted(
+            task_id, first.from_status, first.to_status, first.trigger, first.actor, first.reason, 1, now
+        )
+        return type(self)(snapshot, (record,), clock=self._clock, lock=lock)
+
     # -- reading ------------------------------------------------------------------------------------
 
     @property
