@@ -32,6 +32,7 @@ from chongming_task.core.records import (
     Progress,
     TaskSnapshot,
     Transition,
+    copy_with,
     require_aware,
     sanitize_reason,
 )
@@ -67,7 +68,6 @@ TransitionListener = Callable[[TaskSnapshot, Transition], None]
 # 热路径上直接查普通 dict：它就是 TRANSITIONS 本身的内容（同一批 frozenset 对象），不是另一份表。
 _TABLE: dict[TaskStatus, frozenset[TaskStatus]] = dict(TRANSITIONS)
 _TERMINAL = TERMINAL_STATUSES
-_new_snapshot = object.__new__
 _ADOPTABLE = frozenset({S.QUEUED, S.PAUSED, S.RETRY_WAIT})
 
 
@@ -160,6 +160,16 @@ class StateMachine:
                     f"任务 {task_id!r} 的快照状态 {snapshot.status.value} 与历史末条 "
                     f"{previous.to_status.value} 不一致"
                 )
+        self._fill(snapshot, history, clock, lock)
+
+    def _fill(
+        self,
+        snapshot: TaskSnapshot,
+        history: list[Transition],
+        clock: Clock | None,
+        lock: threading.RLock | None,
+    ) -> None:
+        """填各个槽（``__init__`` 检查完历史之后；``sibling`` 的字段来自已检查的模板，直接填）。"""
         self._snapshot = snapshot
         self._transitions = history
         self._clock: Clock = clock or SYSTEM_CLOCK
@@ -231,7 +241,10 @@ class StateMachine:
         record = Transition._trusted(
             task_id, first.from_status, first.to_status, first.trigger, first.actor, first.reason, 1, now
         )
-        return type(self)(snapshot, (record,), clock=self._clock, lock=lock)
+        # 不经 __init__ 的历史检查：一条 pending → queued、版本 1、属于这个 task_id 的记录，按构造就是一致的。
+        machine = object.__new__(type(self))
+        machine._fill(snapshot, [record], self._clock, lock)
+        return machine
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -359,10 +372,7 @@ class StateMachine:
         changes["status_version"] = version
         # 热路径：快照与迁移记录都直接填实例字典，跳过 frozen dataclass 逐字段 object.__setattr__
         # 的 __init__。字段值来自已校验的快照与上面的检查，不需要再走 __post_init__。
-        snapshot: TaskSnapshot = _new_snapshot(TaskSnapshot)
-        state = snapshot.__dict__
-        state.update(current.__dict__)
-        state.update(changes)
+        snapshot = copy_with(current, changes)
         # actor / reason 可能来自用户（stop(reason=...)）或拼进了异常消息：整理成每个后端都存得下的文本。
         if actor is not None:  # 多数迁移两者都没有：不为 None 调用整理函数（每个任务四次迁移）
             actor = sanitize_reason(actor)
