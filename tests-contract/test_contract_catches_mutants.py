@@ -7,6 +7,7 @@ unittest 的 loader / runner 对一个动态生成的 StoreContract 子类跑完
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import re
@@ -14,9 +15,11 @@ import unittest
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
+from unittest import mock
 
 import pytest
 
+from chongming_task.core.storage import checks as memory_checks
 from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim
 from chongming_task.errors import ConcurrencyConflict, TaskError
 from chongming_task.models import Progress, TaskSnapshot, Transition
@@ -288,6 +291,31 @@ class BatchStopsAtFirstConflict(InMemoryTaskStore):
         return results
 
 
+class BatchChecksOnlyTheFirst(InMemoryTaskStore):
+    """create_many 只检查第一项的可存储性（以为同批都是同一个模板复制的），其余的不查就写：evolve 绕过构造
+    校验塞进来的 NUL、超范围的 priority 混进了存储。"""
+
+    def create_many(
+        self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
+    ) -> list[TaskError | None]:
+        results: list[TaskError | None] = []
+        for index, (snapshot, transitions) in enumerate(items):
+            with contextlib.ExitStack() as stack:
+                if index:
+                    stack.enter_context(mock.patch.object(memory_checks, "check_snapshot", _unchecked))
+                try:
+                    self.create(snapshot, transitions)
+                except TaskError as exc:
+                    results.append(exc)
+                    continue
+            results.append(None)
+        return results
+
+
+def _unchecked(snapshot: TaskSnapshot, like: TaskSnapshot | None = None) -> TaskSnapshot:
+    return snapshot
+
+
 class SaveRewritesRecipe(InMemoryTaskStore):
     """save 把调用方手里的配方原样写回（配方列进了 save 的 UPDATE）：丢了配方的快照一写，持久任务就没了。"""
 
@@ -402,6 +430,7 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
         "test_racing_save_many_one_winner_per_task_and_no_gap",
     },
     BatchStopsAtFirstConflict: {"test_save_many_conflict_writes_nothing_for_that_item_only"},
+    BatchChecksOnlyTheFirst: {"test_create_many_checks_every_item_not_just_the_first_of_a_shape"},
     SaveRewritesRecipe: {"test_save_never_rewrites_the_recipe"},
     ClaimIgnoresHolder: {
         "test_claim_takes_priority_then_fifo_and_only_limit",

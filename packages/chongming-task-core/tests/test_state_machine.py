@@ -1009,3 +1009,44 @@ def test_snapshot_holds_slot_distinguishes_the_two_kinds_of_pause() -> None:
         if status is not S.PAUSED:
             assert drive_to(status).snapshot.holds_slot == status.holds_slot
     assert {s for s in TaskStatus if s.holds_slot} == {S.STARTING, S.RUNNING, S.PAUSING, S.PAUSED, S.STOPPING}
+
+
+# -- sibling（submit_many 的模板复制）------------------------------------------------------------------
+
+
+def test_a_sibling_is_what_create_then_mark_queued_would_have_built() -> None:
+    clock = FakeClock()
+    template = StateMachine.create(
+        "t1", "抽取", max_attempts=3, clock=clock, label="批", tags=frozenset({"a"})
+    )
+    template.mark_queued()
+    clock.advance(2)
+    sibling = template.sibling("t2")
+    # 同一时刻（FakeClock 不自己走）逐个建一台：逐字段相同
+    expected = StateMachine.create(
+        "t2", "抽取", max_attempts=3, clock=clock, label="批", tags=frozenset({"a"}), created_at=clock.now()
+    )
+    expected.mark_queued()
+    assert sibling.snapshot == expected.snapshot
+    assert sibling.snapshot.__dict__ == expected.snapshot.__dict__
+    assert sibling.snapshot.created_at == sibling.snapshot.queued_at == clock.now()
+    assert sibling.transitions == expected.transitions
+    assert template.snapshot.task_id == "t1" and len(template.transitions) == 1, "模板本身不能被改动"
+    assert sibling.lock is not template.lock
+    sibling.mark_starting(executor="thread")  # 复制出来的是一台正常的状态机：接着走迁移
+    assert sibling.snapshot.status_version == 2
+
+
+def test_a_sibling_is_only_copied_from_a_task_that_has_just_been_queued() -> None:
+    pending = fresh()
+    with pytest.raises(ConfigurationError, match="只能从刚入队"):
+        pending.sibling("t2")
+    moved = fresh()
+    moved.mark_queued()
+    moved.mark_starting(executor="thread")
+    with pytest.raises(ConfigurationError, match="只能从刚入队"):
+        moved.sibling("t2")  # 带着第一次尝试留下的 attempt / started_at，不能照抄
+    blocked = fresh()
+    blocked.mark_blocked()
+    with pytest.raises(ConfigurationError, match="只能从刚入队"):
+        blocked.sibling("t2")

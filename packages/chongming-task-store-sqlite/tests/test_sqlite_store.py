@@ -758,3 +758,26 @@ def test_broad_name_prefix_walks_the_time_index_with_the_same_results(
     assert narrow == expected and broad == expected
     assert expected[0] and expected[3]
     store.close()
+
+
+@given(
+    st.datetimes(
+        timezones=st.sampled_from(
+            [UTC, timezone(timedelta(hours=8)), timezone(timedelta(hours=-3, minutes=-30, seconds=-15))]
+        )
+    )
+)
+@settings(max_examples=200, deadline=None)
+def test_stored_time_text_always_has_six_digit_microseconds(value: datetime) -> None:
+    """存下的时间文本与 ``isoformat(timespec="microseconds")`` 逐字相同（编码用更快的无参 isoformat，
+    微秒为零时它会省掉小数部分）。"""
+    from chongming_task.core.storage.columns import COLUMNS_BY_NAME
+    from chongming_task.stores.sqlite._codec import DIALECT, dt_text
+
+    created_at = COLUMNS_BY_NAME["created_at"]
+    expected = value.isoformat(timespec="microseconds")
+    assert dt_text(value) == expected
+    assert dt_text(value.replace(microsecond=0)) == value.replace(microsecond=0).isoformat(
+        timespec="microseconds"
+    )
+    assert DIALECT.encode_time(created_at, value)[0] == expected

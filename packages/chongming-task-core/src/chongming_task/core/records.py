@@ -21,6 +21,22 @@ from chongming_task.core.storage.columns import OPTIONAL_TEXT_FIELDS, TIMESTAMP_
 from chongming_task.errors import ConfigurationError
 
 _new_object = object.__new__
+_set_attribute = object.__setattr__
+
+
+def copy_with(snapshot: TaskSnapshot, changes: dict[str, Any]) -> TaskSnapshot:
+    """``TaskSnapshot.evolve`` 与状态机每次迁移的快照复制：复制实例字典、改几个键、整个换上，不经校验。
+
+    为什么不是"新对象的 ``__dict__`` 上 update 两次"：那样新字典要从空的逐键长大（29 个字段，几次扩容），
+    每份快照约 2.2 µs；``dict.copy()`` 一次按原样的大小复制，约 1.1 µs，占的内存相同。十万个任务的
+    submit_many 每任务一份、每次状态迁移一份。
+    """
+    state = snapshot.__dict__.copy()
+    state.update(changes)
+    clone: TaskSnapshot = _new_object(TaskSnapshot)
+    _set_attribute(clone, "__dict__", state)  # frozen dataclass：绕过它的 __setattr__
+    return clone
+
 
 # ---- 可存储值的上限（用户指南 §13、持久层实现指南 §5.2）-----------------------------------------------
 # 这些上限是**唯一**的一份：快照构造、提交入口、返回值检查与各后端的写入检查都调用下面的函数，
@@ -652,11 +668,7 @@ class TaskSnapshot:
         ``dataclasses.replace`` 要走一遍 ``__init__`` 与 ``__post_init__``；状态机每次迁移都要
         复制快照，这条热路径直接复制实例字典。
         """
-        clone = object.__new__(TaskSnapshot)
-        state = clone.__dict__
-        state.update(self.__dict__)
-        state.update(changes)
-        return clone
+        return copy_with(self, changes)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON 兼容的字典：时间为 ISO-8601（含时区、到微秒），标签为排序列表。"""

@@ -56,6 +56,7 @@ from chongming_task.runtime.durable import (
 )
 from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent
 from chongming_task.runtime.executors.base import Executor
+from chongming_task.runtime.gc_pause import gc_paused
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
 from chongming_task.runtime.pipeline_host import NodeSubmit
@@ -85,6 +86,9 @@ DEFAULT_SUBMIT_BATCH = 1000
 """submit_many 每个写事务建几个任务。"""
 
 MAX_SUBMIT_BATCH = 10_000
+
+GC_PAUSE_MIN_TASKS = 1000
+"""submit_many 一次至少这么多个任务才在构造与落库期间暂停循环 GC（runtime/gc_pause.py）。"""
 
 
 class Submit:
@@ -530,14 +534,15 @@ class Controller(ClosesOnExit):
         upstream: Any = None,
         blocked: bool = False,
         durable: bool | None = None,
-        shapes: dict[tuple[Any, ...], TaskSnapshot] | None = None,
+        shapes: dict[tuple[Any, ...], StateMachine] | None = None,
     ) -> TaskRun:
         """提交的前一半：检查参数、造状态机与句柄（还没有落库、没有登记）。
 
         ``shapes``（``submit_many`` 给的、这一次调用独有的字典）：同一批里除 task_id 与创建时间外字段都相同
-        的任务，新建快照只校验一次——第一个照常经 ``TaskSnapshot`` 的逐字段校验建出，存作模板；其余的从模板
-        不经校验地复制（``evolve``），只校验各自的 task_id。十万个任务的批量提交里，逐字段校验是每任务
-        几微秒的固定开销，而它们查的是同一组值。带配方的持久任务（配方里有各自的参数）不走模板。
+        的任务，新建快照只校验一次——第一个照常经 ``TaskSnapshot`` 的逐字段校验建出、入队，它的状态机存作模板；
+        其余的由 ``StateMachine.sibling`` 从模板不经校验地复制（已是 queued，连第一条迁移一起），只校验各自的
+        task_id。十万个任务的批量提交里，逐字段校验与第二份快照是每任务几微秒的固定开销，而它们查的是同一组值。
+        带配方的持久任务（配方里有各自的参数）与 blocked 的管道节点不走模板。
         """
         with self._lock:
             if self._closed:
@@ -565,7 +570,7 @@ class Controller(ClosesOnExit):
             )
         max_attempts = retry.max_attempts if retry is not None else 1
         shape = None
-        if shapes is not None and recipe is None:
+        if shapes is not None and recipe is None and not blocked:
             shape = (
                 definition.name,
                 definition.description,
@@ -581,36 +586,32 @@ class Controller(ClosesOnExit):
         template = None if shape is None else shapes.get(shape)  # type: ignore[union-attr]
         if template is not None:
             validate_task_id(task_id)
-            machine = StateMachine(
-                template.evolve(task_id=task_id, created_at=self.clock.now()),
-                clock=self.clock,
-                lock=threading.RLock(),
-            )
-        else:
-            machine = StateMachine.create(
-                task_id,
-                definition.name,
-                max_attempts=max_attempts,
-                clock=self.clock,
-                lock=threading.RLock(),
-                label=label,
-                tags=all_tags,
-                priority=priority,
-                bucket=bucket,
-                bucket_key=bucket_key,
-                owner=self.owner,
-                description=definition.description,
-                pipeline_id=pipeline_id,
-                node_id=node_id,
-                recipe=recipe,
-                **self._link.lease_fields(),  # 有存储时快照一开始就带着本节点的租约（create 不必再复制快照）
-            )
-            if shape is not None:
-                shapes[shape] = machine.snapshot  # type: ignore[index]
+            machine = template.sibling(task_id, lock=threading.RLock())  # 已是 queued（见 sibling）
+            return self._make_run(machine, definition, args, kwargs, upstream=upstream)
+        machine = StateMachine.create(
+            task_id,
+            definition.name,
+            max_attempts=max_attempts,
+            clock=self.clock,
+            lock=threading.RLock(),
+            label=label,
+            tags=all_tags,
+            priority=priority,
+            bucket=bucket,
+            bucket_key=bucket_key,
+            owner=self.owner,
+            description=definition.description,
+            pipeline_id=pipeline_id,
+            node_id=node_id,
+            recipe=recipe,
+            **self._link.lease_fields(),  # 有存储时快照一开始就带着本节点的租约（create 不必再复制快照）
+        )
         if blocked:
             machine.mark_blocked()
         else:
             machine.mark_queued()
+            if shape is not None:
+                shapes[shape] = machine  # type: ignore[index]
         return self._make_run(machine, definition, args, kwargs, upstream=upstream)
 
     def _make_run(
@@ -741,12 +742,16 @@ class Controller(ClosesOnExit):
                     f"submit_many() 的第 {index + 1} 项不是 Submit：收到 {spec!r}；"
                     '请写成 Submit("任务名", *args, task_id=..., **kwargs)'
                 )
-        shapes: dict[tuple[Any, ...], TaskSnapshot] = {}
-        runs = [self._prepare_spec(spec, shapes) for spec in specs]
-        return self._submit_batches(runs, batch_size, blocked=False)
+        shapes: dict[tuple[Any, ...], StateMachine] = {}
+        # 一大批任务的对象全部活着、都不是垃圾：构造与落库期间暂停循环 GC，免得它反复全量扫描它们
+        # （见 runtime/gc_pause.py；退出时含异常恢复原设置）。不到一批的不值得去碰进程级的 GC 开关。
+        pause = gc_paused() if len(specs) >= GC_PAUSE_MIN_TASKS else contextlib.nullcontext()
+        with pause:
+            runs = [self._prepare_spec(spec, shapes) for spec in specs]
+            return self._submit_batches(runs, batch_size, blocked=False)
 
     def _prepare_spec(
-        self, spec: Submit, shapes: dict[tuple[Any, ...], TaskSnapshot] | None = None
+        self, spec: Submit, shapes: dict[tuple[Any, ...], StateMachine] | None = None
     ) -> TaskRun:
         return self._prepare(spec.name, spec.args, spec.kwargs, shapes=shapes, **spec.fields)
 

@@ -158,15 +158,22 @@ def check_holder(value: object) -> str | None:
     return value
 
 
-def check_snapshot(snapshot: object) -> TaskSnapshot:
+def check_snapshot(snapshot: object, like: TaskSnapshot | None = None) -> TaskSnapshot:
     """create / save 的快照：类型，以及与快照构造时同一份的可存储性检查（``check_storable_fields``）。
 
     状态机用不经校验的 ``evolve`` 复制快照，第三方代码也可能这样做：写入前再查一次，存不下的值在
     这里得到 ConfigurationError，而不是一个后端存下、另一个后端报驱动错误。
+
+    ``like``：同一批里刚查过（整份查过，或经这里相对于查过的快照查过）的另一个快照。给了就只查与它不是同一个
+    对象的字段（``check_storable_changes``）：create_many 的一批通常是同一个模板复制出来的，文本字段与标签都
+    是同一批对象，十万个任务逐个整份再查一遍结果不会变。
     """
     if not isinstance(snapshot, TaskSnapshot):
         raise ConfigurationError(f"存储只接受 TaskSnapshot，收到 {type(snapshot).__name__}")
-    check_storable_fields(snapshot)
+    if like is None:
+        check_storable_fields(snapshot)
+    else:
+        check_storable_changes(like, snapshot)
     return snapshot
 
 

@@ -136,7 +136,9 @@ class SqlDialect(ABC):
         if kind is Kind.INT:
             return lambda value: (value,)
         if kind in (Kind.STATUS, Kind.ACTION):
-            return lambda value: (value.value,)
+            # ``_value_`` 是枚举成员的实例属性，``.value`` 是走 enum 描述符的属性（每次约 0.4 µs，每写一个
+            # 任务要三次：状态列与迁移记录的两端）。不是枚举成员的值同样抛 AttributeError。
+            return lambda value: (value._value_,)
         if kind is Kind.TIMESTAMP:
             return lambda value: self.encode_time(column, value)
         if kind is Kind.JSON:

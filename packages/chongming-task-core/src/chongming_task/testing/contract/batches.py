@@ -8,7 +8,7 @@ import functools
 import threading
 
 from chongming_task.errors import ConcurrencyConflict, ConfigurationError, DuplicateTaskId, TaskNotFound
-from chongming_task.models import TaskSnapshot
+from chongming_task.models import MAX_PRIORITY, MAX_TAGS, TaskSnapshot
 from chongming_task.storage import SaveRequest
 from chongming_task.testing.contract._base import ContractBase, S, full_snapshot, snap, step, walk
 from chongming_task.testing.contract.durable import recipe
@@ -131,6 +131,30 @@ class BatchCases(ContractBase):
         self.assertEqual(store.history("cm-tagged"), [record])
         self.assertEqual(store.history("cm-plain"), [])
         self.assertEqual(store.history("cm-plain-2"), [])
+
+    def test_create_many_checks_every_item_not_just_the_first_of_a_shape(self) -> None:
+        """同一批里形状相同（同一个模板复制出来）的快照，后端可能只查与上一项不同的字段：绕过构造校验
+        （``evolve``）塞进来的存不下的值照样只让那一项被拒绝（ConfigurationError），前后的项照常写入。"""
+        store = self.open_store()
+        base = snap("cm-shape-0", label="批")
+        bad_fields: list[dict[str, object]] = [
+            {"label": "批\x00"},
+            {"priority": MAX_PRIORITY + 1},
+            {"tags": frozenset(f"t{i}" for i in range(MAX_TAGS + 1))},
+        ]
+        items: list[tuple[TaskSnapshot, tuple[()]]] = [(base, ())]
+        for index, fields in enumerate(bad_fields, start=1):
+            items.append((base.evolve(task_id=f"cm-shape-bad-{index}", **fields), ()))
+            items.append((base.evolve(task_id=f"cm-shape-{index}"), ()))
+        results = store.create_many(items)
+        for (snapshot, _), result in zip(items, results, strict=True):
+            with self.subTest(task_id=snapshot.task_id):
+                if "bad" in snapshot.task_id:
+                    self.assertIsInstance(result, ConfigurationError)
+                    self.assertIsNone(store.get(snapshot.task_id), "存不下的那一项不能写进去")
+                else:
+                    self.assertIsNone(result)
+                    self.assertSnapshotEqual(store.get(snapshot.task_id), snapshot)
 
     def test_racing_save_many_one_winner_per_task_and_no_gap(self) -> None:
         """几个线程同时用同一期望版本批量写同一批任务：每个任务恰好一个赢家，历史是赢家的那一条。"""

@@ -37,8 +37,14 @@ _MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = range(0xD800, 0xE000)
 
 
+def _iso(value: datetime) -> str:
+    # 不带参数的 isoformat() 比带 timespec 的快一倍（每个新时间省约 1 µs：十万个任务的 submit_many 里每任务
+    # 至少一个）。两者只在微秒为零时不同（前者省掉小数部分），那时才指定 timespec：存下的文本总带六位微秒。
+    return value.isoformat() if value.microsecond else value.isoformat(timespec="microseconds")
+
+
 def dt_text(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat(timespec="microseconds")
+    return None if value is None else _iso(value)
 
 
 def dt_parse(value: str | None) -> datetime | None:
@@ -96,7 +102,7 @@ class SqliteDialect(SqlDialect):
         if found is None or found[0] is not value:
             if len(_TIME_MEMO) >= _TIME_MEMO_SIZE:
                 _TIME_MEMO.clear()
-            found = (value, value.isoformat(timespec="microseconds"), (value - _EPOCH) // _MICROSECOND)
+            found = (value, _iso(value), (value - _EPOCH) // _MICROSECOND)
             _TIME_MEMO[id(value)] = found
         return (found[1],) if column.sort_key is None else (found[1], found[2])
 

@@ -469,12 +469,16 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         task_rows: list[tuple[Any, ...]] = []
         tag_rows: list[tuple[Any, ...]] = []
         history: list[tuple[Any, ...]] = []
+        checked: TaskSnapshot | None = (
+            None  # 这一批里上一个通过检查的快照（见 checks.check_snapshot 的 like）
+        )
         for index, (snapshot, transitions) in enumerate(items):
             try:
-                task_id, row, tags, records = self._create_rows(snapshot, transitions)
+                task_id, row, tags, records = self._create_rows(snapshot, transitions, like=checked)
             except TaskError as exc:
                 results[index] = exc
                 continue
+            checked = snapshot
             if task_id in first:
                 results[index] = _duplicate(task_id)
                 continue
@@ -562,9 +566,12 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         return tx
 
     @staticmethod
-    def _create_rows(snapshot: TaskSnapshot, transitions: Sequence[Transition]) -> _CreateRows:
-        """create 的入参检查与行（还不碰数据库）：(task_id, 任务行, 标签行, 迁移记录行)。"""
-        snapshot = checks.check_snapshot(snapshot)
+    def _create_rows(
+        snapshot: TaskSnapshot, transitions: Sequence[Transition], *, like: TaskSnapshot | None = None
+    ) -> _CreateRows:
+        """create 的入参检查与行（还不碰数据库）：(task_id, 任务行, 标签行, 迁移记录行)。``like``：同一批里
+        上一个通过检查的快照（只查与它不同的字段）。"""
+        snapshot = checks.check_snapshot(snapshot, like)
         transitions = tuple(transitions)
         checks.check_transitions(snapshot.task_id, transitions)
         row = codec.snapshot_row(snapshot)
