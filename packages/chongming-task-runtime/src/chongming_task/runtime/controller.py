@@ -855,16 +855,21 @@ class Controller(ClosesOnExit):
             with self._lock:
                 self._claims_in_flight -= 1
 
-    def host_durable(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun:
-        """接管一个存储里已归本节点持有的持久任务（认领或接手来的）：接着存储里的版本写，按状态入队；
-        参数与超时取自快照里的配方。"""
+    def _run_from_recipe(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun:
+        """worker 接管的两条路（``host_durable`` / ``host_started``）共用：参数与超时取自快照里的配方；
+        本节点留着的同一 id 的旧终态句柄先让位（``_drop_stale_handle``）。"""
         recipe = machine.snapshot.recipe
         if recipe is None:
             raise ConfigurationError(f"任务 {machine.task_id!r} 没有配方，不是持久任务，不能由 worker 接管")
         self._drop_stale_handle(machine.task_id)
-        run = self._make_run(
+        return self._make_run(
             machine, definition, tuple(recipe.args), dict(recipe.kwargs), timeout=recipe_timeout(recipe)
         )
+
+    def host_durable(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun:
+        """接管一个存储里已归本节点持有的持久任务（认领或接手来的）：接着存储里的版本写，按状态入队；
+        参数与超时取自快照里的配方。"""
+        run = self._run_from_recipe(machine, definition)
         # 不在调用方（worker 的认领线程）上就地启动：starting 那次提交交给后台循环（或正让出额度的任务线程）
         # 去做，认领线程马上回去认领下一个空位——认领与 starting 两次往返不再排在同一条线程上一前一后。
         self._write_then_admit(run, self._link.track, created=False, start_here=False)
@@ -938,13 +943,7 @@ class Controller(ClosesOnExit):
     def host_started(self, machine: StateMachine, definition: TaskDefinition) -> TaskRun:
         """接管一个认领时已由存储写成 starting 的持久任务：占上 ``holding_slots`` 预留的槽，立刻开始任务体
         （starting 已随认领落库，不再写它）。"""
-        recipe = machine.snapshot.recipe
-        if recipe is None:
-            raise ConfigurationError(f"任务 {machine.task_id!r} 没有配方，不是持久任务，不能由 worker 接管")
-        self._drop_stale_handle(machine.task_id)
-        run = self._make_run(
-            machine, definition, tuple(recipe.args), dict(recipe.kwargs), timeout=recipe_timeout(recipe)
-        )
+        run = self._run_from_recipe(machine, definition)
         self._reserve([run])
         try:
             self._link.track(machine)
