@@ -311,12 +311,7 @@ class JsonFileTaskStore(TaskStore):
     def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
         """认领待执行的持久任务：判据、顺序与认领后的快照都取自 ``core.storage.claiming``，锁内一次完成。"""
         with self._lock:
-            self._check_open()
-            if request.empty:
-                return []
-            candidates = [s for s in (_thaw(data) for data in self._tasks.values()) if claimable(s, request)]
-            candidates.sort(key=claim_order)
-            taken = [claimed(snapshot, request) for snapshot in candidates[: request.limit]]
+            taken = self._claimed_locked(request)
             for snapshot in taken:
                 self._tasks[snapshot.task_id] = _snapshot_dict(snapshot)
             if taken:
@@ -327,13 +322,8 @@ class JsonFileTaskStore(TaskStore):
         """认领并开始（一次落盘）：开始之后的快照与迁移记录由 ``claiming.start_claimed``（状态机）算出，
         存储不自己拼 starting 的字段。"""
         with self._lock:
-            self._check_open()
-            if request.empty:
-                return []
-            candidates = [s for s in (_thaw(data) for data in self._tasks.values()) if claimable(s, request)]
-            candidates.sort(key=claim_order)
             result: list[TaskSnapshot] = []
-            for snapshot in (claimed(found, request) for found in candidates[: request.limit]):
+            for snapshot in self._claimed_locked(request):
                 begun = start_claimed(snapshot, start)
                 if begun is not None:
                     snapshot, transitions = begun
@@ -345,6 +335,16 @@ class JsonFileTaskStore(TaskStore):
             if result:
                 self._flush()
             return result
+
+    def _claimed_locked(self, request: QueuedClaim) -> list[TaskSnapshot]:
+        """（持锁调用）两种认领共用：挑出可认领的任务、按认领顺序取前 limit 个，交回写上持有者与租约之后的
+        快照（还没存进 ``_tasks``，由调用方存）。"""
+        self._check_open()
+        if request.empty:
+            return []
+        candidates = [s for s in (_thaw(data) for data in self._tasks.values()) if claimable(s, request)]
+        candidates.sort(key=claim_order)
+        return [claimed(snapshot, request) for snapshot in candidates[: request.limit]]
 
     # -- side channel -------------------------------------------------------------------------------
 
