@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from chongming_runtime_test_support import wait_until
 
 from chongming_task import Controller
 from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim
@@ -32,13 +32,6 @@ class CountsClaimStarts(InMemoryTaskStore):
         if got:
             self.claim_starts += 1
         return got
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "等待超时"
-        time.sleep(0.01)
 
 
 def serve_all(store: InMemoryTaskStore, controller: Controller, ids: list[str]) -> None:

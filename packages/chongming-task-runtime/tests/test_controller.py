@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from chongming_runtime_test_support import wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wcwidth import wcswidth
@@ -53,14 +54,6 @@ class Gate:
         finally:
             with self.lock:
                 self.running -= 1
-
-
-def wait_until(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("条件在超时内没有成立")
-        time.sleep(0.002)
 
 
 @pytest.fixture

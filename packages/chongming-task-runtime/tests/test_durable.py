@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chongming_runtime_test_support import wait_until
 
 from chongming_task import Controller, task
 from chongming_task.core.recipes import OnLost, Recipe
@@ -85,13 +86,6 @@ def worker(store: TaskStore, owner: str, *, max_parallel: int = 2, **kwargs: Any
     )
     controller.register("record", record, retry=None)
     return controller
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "等待超时"
-        time.sleep(0.02)
 
 
 def settled(store: TaskStore, count: int) -> Callable[[], bool]:

@@ -17,14 +17,6 @@ from chongming_task.stores.memory import InMemoryTaskStore
 S = TaskStatus
 
 
-def wait_until(predicate: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("条件在超时内没有成立")
-        time.sleep(0.005)
-
-
 class Recorder:
     def __init__(self) -> None:
         self.events: list[Any] = []

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from chongming_guide_deviation_tasks import checkpoint_loop
+from chongming_runtime_test_support import wait_until
 
 from chongming_task import (
     ConfigurationError,
@@ -50,14 +51,6 @@ from chongming_task.runtime.executors.thread import ThreadAttempt, ThreadExecuto
 from chongming_task.testing import FakeClock
 
 S = TaskStatus
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("条件在限定时间内没有成立")
-        time.sleep(0.001)
 
 
 def edges(transitions: Any) -> list[tuple[str, str]]:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from chongming_runtime_test_support import wait_until
 
 from chongming_task import (
     AggregationPolicy,
@@ -21,14 +22,6 @@ from chongming_task import (
 )
 
 S = TaskStatus
-
-
-def wait_until(predicate: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("条件在超时内没有成立")
-        time.sleep(0.002)
 
 
 @pytest.fixture

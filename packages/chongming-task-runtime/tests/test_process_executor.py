@@ -11,11 +11,11 @@ import pathlib
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 
 import chongming_runtime_test_tasks as tasks
 import pytest
+from chongming_runtime_test_support import wait_until
 
 from chongming_task import ConfigurationError, FailureKind, TaskContext, TaskStatus, Timeout
 from chongming_task.run import TaskRun, run_task
@@ -29,14 +29,6 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="这些用例按
 @pytest.fixture(scope="module")
 def executor() -> ProcessExecutor:
     return ProcessExecutor()
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("条件在限定时间内没有成立")
-        time.sleep(0.002)
 
 
 def pid_alive(pid: int) -> bool:

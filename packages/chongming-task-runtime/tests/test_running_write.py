@@ -6,13 +6,13 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import chongming_runtime_test_tasks as tasks
 import pytest
+from chongming_runtime_test_support import wait_until
 
 from chongming_task import Controller, SqliteTaskStore, TaskStatus
 from chongming_task.errors import TaskError
@@ -53,13 +53,6 @@ class CountingStore(SqliteTaskStore):
 
 def noop(ctx: Any) -> None:
     return None
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "等待超时"
-        time.sleep(0.01)
 
 
 def test_running_is_written_with_the_terminal_state_not_before_the_body(

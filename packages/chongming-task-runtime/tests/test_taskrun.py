@@ -8,11 +8,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from chongming_runtime_test_support import wait_until
 
 from chongming_task import (
     ConfigurationError,
@@ -39,14 +39,6 @@ def path(run: TaskRun) -> list[tuple[str, str, str]]:
 
 def statuses(run: TaskRun) -> list[str]:
     return [t.to_status.value for t in run.transitions]
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("条件在限定时间内没有成立")
-        time.sleep(0.001)
 
 
 def loop_forever(ctx: TaskContext) -> None:

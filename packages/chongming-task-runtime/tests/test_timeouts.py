@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+
+from chongming_runtime_test_support import wait_until
 
 from chongming_task import (
     FailureKind,
@@ -32,14 +33,6 @@ from chongming_task.runtime.supervisor import Watchdog
 from chongming_task.testing import FakeClock
 
 S = TaskStatus
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("条件在限定时间内没有成立")
-        time.sleep(0.001)
 
 
 def statuses(run: TaskRun) -> list[str]:

@@ -8,10 +8,11 @@ test_split_brain.py；这里用一个"先提交、再报连接中断"的内存�
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
+
+from chongming_runtime_test_support import wait_until
 
 from chongming_task import Controller, InMemoryTaskStore, TaskStatus
 from chongming_task.errors import StoreError
@@ -54,15 +55,6 @@ class LostReplyStore(InMemoryTaskStore):
             lease_expired_before=lease_expired_before,
         )
         self._maybe_lose("save", snapshot.status)
-
-
-def wait_until(predicate: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return bool(predicate())
 
 
 def in_sync(controller: Controller, store: InMemoryTaskStore, task_id: str) -> bool:
