@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import statistics
 import subprocess
 import sys
 import uuid
@@ -32,6 +34,7 @@ class Peer:
     label: str
     rate: float | None
     note: str = ""
+    samples: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,61 @@ def measure(label: str, fn: Callable[[], float | None]) -> Peer:
     if rate is None:
         return Peer(label, None, "未安装，已跳过（pip install -r requirements-bench.txt）")
     return Peer(label, rate)
+
+
+# 我们与主要对照组交替跑几轮：这台 2 核机器的速度几小时里能差一倍（bench/README.md），单次测量的比值会跟着
+# 机器漂；交替、每轮对调先后、各取中位数，比值才是同一时段里的比较。
+ROUNDS = 3
+
+
+def measure_alternating(
+    rounds: int,
+    ours: Callable[[int], float],
+    peers: list[tuple[str, Callable[[int], float | None], bool]],
+) -> tuple[float, tuple[float, ...], list[Peer]]:
+    """我们与对照组交替跑 rounds 轮，返回（我们的中位数，我们每轮的速率，对照组列表）。
+
+    peers 的每项是（名称，fn(round)，是否每轮都跑）：每轮都跑的与我们交替，偶数轮我们先跑、奇数轮对照先跑，
+    抵消"先跑的吃到更凉的机器"；只跑一轮的（领先幅度大、又慢的对照，如 DBOS）只在第 0 轮跑。某个对照第一次
+    就没装或失败，之后不再重试。Peer.rate 是它各轮速率的中位数，samples 是各轮读数。
+    """
+    ours_samples: list[float] = []
+    samples: dict[str, list[float]] = {label: [] for label, _, _ in peers}
+    failed: dict[str, Peer] = {}
+
+    def run_peers(round_index: int) -> None:
+        for label, fn, every_round in peers:
+            if label in failed or (round_index > 0 and not every_round):
+                continue
+            peer = measure(label, functools.partial(fn, round_index))
+            if peer.rate is None:
+                failed[label] = peer
+            else:
+                samples[label].append(peer.rate)
+
+    for round_index in range(rounds):
+        if round_index % 2 == 0:
+            ours_samples.append(ours(round_index))
+            run_peers(round_index)
+        else:
+            run_peers(round_index)
+            ours_samples.append(ours(round_index))
+    results = [
+        failed.get(label) or Peer(label, statistics.median(samples[label]), samples=tuple(samples[label]))
+        for label, _, _ in peers
+    ]
+    return statistics.median(ours_samples), tuple(ours_samples), results
+
+
+def print_rounds(ours_label: str, ours_samples: tuple[float, ...], peers: list[Peer]) -> None:
+    """每轮读数一行：看得出比值是稳定的，还是被某一轮的机器快慢带偏。"""
+
+    def fmt(values: tuple[float, ...]) -> str:
+        return " / ".join(f"{v:,.0f}" for v in values)
+
+    parts = [f"{ours_label} {fmt(ours_samples)}"]
+    parts += [f"{peer.label} {fmt(peer.samples)}" for peer in peers if len(peer.samples) > 1]
+    print(f"  每轮读数（交替 {len(ours_samples)} 轮，取中位数）：" + "；".join(parts))
 
 
 def run_script(name: str, args: list[str], *, timeout: float = 900, what: str) -> float:

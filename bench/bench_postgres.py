@@ -235,16 +235,23 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
-            our_rate = ours(url, n)
-            peers = [
-                _peers.measure(
-                    PROCRASTINATE, lambda: procrastinate_rate(dsn, f"{schema}_procrastinate", n, workdir)
-                ),
-                _peers.measure(DBOS, lambda: dbos_rate(dsn, min(n, _peers.DBOS_TASKS))),
-                _peers.measure(PGQUEUER, lambda: pgqueuer_rate(dsn, n)),
-            ]
+            # 每轮我们用一个新 schema（不在上一轮留下的行上跑），Procrastinate 每轮也建新 schema 并删掉。
+            our_rate, our_samples, peers = _peers.measure_alternating(
+                _peers.ROUNDS,
+                lambda r: ours(f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}_r{r}", n),
+                [
+                    (
+                        PROCRASTINATE,
+                        lambda r: procrastinate_rate(dsn, f"{schema}_procrastinate", n, workdir),
+                        True,
+                    ),
+                    (PGQUEUER, lambda r: pgqueuer_rate(dsn, n), True),
+                    (DBOS, lambda r: dbos_rate(dsn, min(n, _peers.DBOS_TASKS)), False),
+                ],
+            )
             print(f"吞吐（{n:,} 个空任务，2 个并行，完整历史）")
             print(f"  Controller + PostgresTaskStore：{our_rate:,.0f} 任务/秒")
+            _peers.print_rounds("我们", our_samples, peers)
             for peer in peers:
                 _peers.print_peer_line(peer.label, peer, our_rate, GOALS[peer.label])
             many_rate = ours(url, n, many=True)
@@ -276,7 +283,8 @@ def main() -> int:
             _peers.print_summary("Postgres", "Controller + PostgresTaskStore", our_rate, peers, GOALS, extra)
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            for name in (schema, f"{schema}_reconcile"):
+            rounds = [f"{schema}_r{r}" for r in range(_peers.ROUNDS)]
+            for name in (schema, f"{schema}_reconcile", *rounds):
                 conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
     return 0
 

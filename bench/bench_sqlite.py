@@ -43,8 +43,8 @@ def noop(ctx: Any) -> None:
     return None
 
 
-def ours(n: int, workdir: Path, *, many: bool = False) -> float:
-    store = SqliteTaskStore(str(workdir / ("ours_many.db" if many else "ours.db")))
+def ours(n: int, workdir: Path, *, many: bool = False, tag: str = "") -> float:
+    store = SqliteTaskStore(str(workdir / (f"ours_many{tag}.db" if many else f"ours{tag}.db")))
     c = Controller(max_parallel=2, store=store)
     c.register("noop", noop)
     started = time.perf_counter()
@@ -93,7 +93,7 @@ HUEY_SCRIPT = textwrap.dedent(
 )
 
 
-def huey_rate(n: int, workdir: Path) -> float | None:
+def huey_rate(n: int, workdir: Path, tag: str = "") -> float | None:
     try:
         import huey  # type: ignore[import-untyped]  # noqa: F401
     except ImportError:
@@ -101,7 +101,7 @@ def huey_rate(n: int, workdir: Path) -> float | None:
     script = workdir / "huey_bench.py"
     script.write_text(HUEY_SCRIPT, encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, str(script), str(workdir / "huey.db"), str(n)],
+        [sys.executable, str(script), str(workdir / f"huey{tag}.db"), str(n)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -219,13 +219,17 @@ def main() -> int:
     n = 1_000 if quick else 5_000
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        our_rate = ours(n, workdir)
-        peers = [
-            _peers.measure(HUEY, lambda: huey_rate(n, workdir)),
-            _peers.measure(DBOS, lambda: dbos_rate(min(n, _peers.DBOS_TASKS), workdir)),
-        ]
+        our_rate, our_samples, peers = _peers.measure_alternating(
+            _peers.ROUNDS,
+            lambda r: ours(n, workdir, tag=f"_{r}"),
+            [
+                (HUEY, lambda r: huey_rate(n, workdir, tag=f"_{r}"), True),
+                (DBOS, lambda r: dbos_rate(min(n, _peers.DBOS_TASKS), workdir), False),
+            ],
+        )
         print(f"吞吐（{n:,} 个空任务，2 个并行，完整历史）")
         print(f"  Controller + SqliteTaskStore：{our_rate:,.0f} 任务/秒")
+        _peers.print_rounds("我们", our_samples, peers)
         for peer in peers:
             _peers.print_peer_line(peer.label, peer, our_rate, GOALS[peer.label])
         many_rate = ours(n, workdir, many=True)
