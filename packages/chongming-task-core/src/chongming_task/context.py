@@ -164,7 +164,9 @@ class TaskContext:
             validate_task_id(name, what="name")
         if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
             raise ConfigurationError(f"attempt 必须是 >= 1 的整数，收到 {attempt!r}")
-        if upstream is not None and not isinstance(upstream, Mapping):
+        # 先认普通字典（执行器每次尝试都传一个）：对 Mapping 这个 ABC 的 isinstance
+        # 要走一层 Python 写的 __instancecheck__。
+        if upstream is not None and upstream.__class__ is not dict and not isinstance(upstream, Mapping):
             raise ConfigurationError(f"upstream 必须是 {{节点 id: 返回值}} 字典，收到 {upstream!r}")
         self._task_id = task_id
         self._task_name = name or task_id

@@ -786,7 +786,8 @@ class TaskRun:
             elif pid is not None:
                 machine.update_side(pid=pid)
             attempt.running = True
-            attempt.cancel_timer(FailureKind.TIMEOUT_START.value)
+            if attempt.timers:  # 绝大多数尝试没登记任何定时器：不为查一个空字典去读枚举值、调方法
+                attempt.cancel_timer(FailureKind.TIMEOUT_START.value)
             if attempt.stop_requested:
                 return
             per_attempt = self.timeout.per_attempt
@@ -878,7 +879,8 @@ class TaskRun:
         """这次尝试到此为止（结果到了，或优雅窗口用尽放弃了它）：之后迟到的报告一律忽略。
         先把最后一次心跳记进快照，再叫醒等暂停确认的一方让它重新判定。"""
         attempt.settled = True
-        attempt.cancel_timers()
+        if attempt.timers:  # 同上：没有定时器就没有要撤的（不为空字典拷一份键列表）
+            attempt.cancel_timers()
         if attempt.running:
             self._sync_heartbeat_locked(attempt)
         attempt.wake_pauser()

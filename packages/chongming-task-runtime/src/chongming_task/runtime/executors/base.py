@@ -170,6 +170,10 @@ def execute_body(
         return AttemptResult(ResultKind.CANCELLED, failure=_cancelled_failure(ctx.stop_reason))
     try:
         value = fn(ctx, *args, **kwargs)
+        if value is None:
+            # 最常见的结局（没有返回值）：None 不是协程、总能存，不必再走协程判断、两道结果检查与一次
+            # frozen dataclass 构造——共用同一个不可变的结果对象（空任务的吞吐里每任务都省这一段）。
+            return _RETURNED_NONE
         if inspect.iscoroutine(value):
             value = asyncio.run(value)
     except TaskCancelled as exc:
@@ -192,6 +196,10 @@ def execute_body(
         )
         return AttemptResult(ResultKind.INVALID, failure=failure)
     return AttemptResult(ResultKind.RETURNED, value=value)
+
+
+_RETURNED_NONE = AttemptResult(ResultKind.RETURNED)
+"""任务体返回 None 时的结果（frozen，所以可以共用）。"""
 
 
 def _cancelled_failure(reason: str | None) -> Failure:
