@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 
 from chongming_task.core.readonly import Read
 from chongming_task.errors import ConfigurationError
@@ -142,11 +143,14 @@ Event = TransitionEvent | ProgressEvent | StoreErrorEvent
 Listener = Callable[[Event], object]
 RawItem = (
     tuple[TaskSnapshot, Transition, contextvars.Context | None]
+    | tuple[str, Transition, frozenset[str]]
     | ProgressEvent
     | StoreErrorEvent
     | TransitionEvent
 )
-"""交付队列里的一条（见 ``RAW_BATCH_ENTRY``）：迁移是未拼装的三元组，其余事件是事件对象。"""
+"""交付队列里的一条（见 ``RAW_BATCH_ENTRY``）：迁移是未拼装的三元组——完整的 ``(snapshot, record,
+submit_context)``，或只有内部监听器在听时的精简 ``(name, record, tags)``（见 ``EventHub.emit_transition``）——
+其余事件是事件对象。两种三元组按第一项区分：精简的第一项是任务名（``str``）。"""
 
 
 RAW_BATCH_ENTRY = "_on_raw_event_batch"
@@ -154,7 +158,8 @@ RAW_BATCH_ENTRY = "_on_raw_event_batch"
 的条目——迁移是 ``(snapshot, record, submit_context)`` 三元组，其余事件是事件对象本身，顺序与入队顺序相同。
 为什么有它：只有指标在听时，交付线程不必为每条迁移造一个 ``TransitionEvent``（每个任务四个对象），指标直接读
 迁移记录。声明了它的监听器也就声明了自己不读 ``submit_context``：只有它们在听时，``submit()`` 不拷贝
-上下文。"""
+上下文；也声明了自己只读快照的 ``name`` 与 ``tags``：只有它们在听时迁移以精简的 ``(name, record, tags)``
+入队（见 ``EventHub.emit_transition``），它们必须认得两种三元组。"""
 
 # 交付线程睡在哪一种觉里（``EventHub._sleep``）：醒着 / 攒批小睡（只有 flush、close 叫醒）/
 # 空闲（入队也叫醒）。
@@ -204,6 +209,8 @@ class EventHub:
         return bool(self.listeners)
 
     def add(self, listener: Listener) -> None:
+        """挂上一个监听器：``add`` 返回之后入队的事件它都会收到；此前已入队、还没送出的事件不保证（只有内部
+        监听器在听时迁移是精简入队的，拼不出公开事件，见 ``emit_transition``）。"""
         if not callable(listener):
             raise ConfigurationError(f"监听器必须是可调用对象 fn(event)，收到 {listener!r}")
         with self._lock:
@@ -240,6 +247,27 @@ class EventHub:
         self._singles = tuple(item for item in listeners if item not in raw and item not in batched)
         self.wants_submit_context = len(raw) < len(listeners)
         self.listeners = listeners
+
+    def emit_transition(
+        self, snapshot: TaskSnapshot, record: Transition, submit_context: contextvars.Context | None = None
+    ) -> None:
+        """一条迁移入队（任务锁内每次迁移一次；调用方已确认有监听器）。
+
+        有公开监听器时入队完整的 ``(snapshot, record, submit_context)``（交付线程据此拼
+        ``TransitionEvent``）；只有内部监听器（内置指标，``RAW_BATCH_ENTRY``）在听时只入队
+        ``(snapshot.name, record, snapshot.tags)``。
+        为什么（issue 18）：交付线程攒批、又要和工作线程抢 GIL，一条迁移在队列里常常待过两次循环 GC 而被晋升到
+        最老一代；完整三元组让这一刻的中间快照（连同它的实例字典）跟着活下来——每条迁移三个、每个任务约三个对象
+        被晋升，于是每一万个任务多一次全量回收。精简三元组里只有一个新对象（元组本身），名字、标签集合与迁移记录
+        本来就被存储留着。
+
+        代价：精简入队的迁移拼不出 ``TransitionEvent``，交付时不送给公开监听器——它们是在这条迁移入队之后才
+        挂上的，从挂上之后入队的迁移开始收（``add`` 只保证这些；挂上之前已入队的完整三元组照旧也送）。
+        """
+        if self.wants_submit_context:
+            self.emit((snapshot, record, submit_context))
+        else:
+            self.emit((snapshot.name, record, snapshot.tags))
 
     def emit(self, item: RawItem) -> None:
         """入队（可在任何锁内调用：常数时间，通常不拿任何锁）。
@@ -384,7 +412,15 @@ class EventHub:
         if not (self._batched or self._singles):
             return  # 只有内部监听器在听：一个事件对象都不造
         of = TransitionEvent.of
-        events: list[Event] = [of(*item) if isinstance(item, tuple) else item for item in batch]
+        events: list[Event] = []
+        for item in batch:
+            if item.__class__ is tuple:
+                head, record, third = item
+                if isinstance(head, str):
+                    continue  # 精简入队的迁移（入队时还没有公开监听器，见 emit_transition）：拼不出事件
+                events.append(of(head, record, cast("contextvars.Context | None", third)))
+            else:
+                events.append(item)  # type: ignore[arg-type]
         for listener in self._batched:
             try:
                 getattr(listener, BATCH_ENTRY)(events)
