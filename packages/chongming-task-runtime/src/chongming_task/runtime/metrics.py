@@ -219,8 +219,9 @@ class ControllerMetrics:
                         self._lost += 1
                     at = record.at
                     started = started_at.pop(task_id, None)
-                    if started is not None:
-                        self._observe(self._durations, (name, _ATTEMPT_OUTCOME[target]), at, started)
+                    outcome = _ATTEMPT_OUTCOME.get(target)  # skipped 不结束任何尝试
+                    if started is not None and outcome is not None:
+                        self._observe(self._durations, (name, outcome), at, started)
                     since = stopping_at.pop(task_id, None)
                     if since is None:
                         continue
