@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import cast
 
 from chongming_task.core.readonly import Read
 from chongming_task.errors import ConfigurationError
@@ -418,7 +417,7 @@ class EventHub:
                 head, record, third = item
                 if isinstance(head, str):
                     continue  # 精简入队的迁移（入队时还没有公开监听器，见 emit_transition）：拼不出事件
-                events.append(of(head, record, cast("contextvars.Context | None", third)))
+                events.append(of(head, record, third))  # type: ignore[arg-type]  # 完整三元组：第三项是上下文
             else:
                 events.append(item)  # type: ignore[arg-type]
         for listener in self._batched:

@@ -26,7 +26,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from chongming_task.errors import ConfigurationError
 from chongming_task.runtime.controller import Controller
@@ -195,8 +195,10 @@ class ControllerMetrics:
                         self._store_error(item)
                     continue
                 head, record, third = item
+                tags: frozenset[str]
                 if isinstance(head, str):
-                    name, tags = head, cast("frozenset[str]", third)
+                    # 精简三元组的第三项是标签集合（不用 typing.cast：那是每条迁移一次 Python 函数调用）
+                    name, tags = head, third  # type: ignore[assignment]
                 else:
                     name, tags = head.name, head.tags
                 task_id, source, target = record.task_id, record.from_status, record.to_status
