@@ -18,7 +18,7 @@
 * **批量入口（可选）**：类上有 ``on_event_batch(events)`` 的监听器一次收到整批（见 ``BATCH_ENTRY``）。
 * **没有监听器时不花任何代价**：控制器连事件对象都不构造，交付线程也不启动。有监听器时任务的锁里也只把
   ``(快照, 迁移记录, 上下文)`` 放进队列，事件对象由交付线程在锁外拼装；只有内置指标在听时一个都不造
-  （``RAW_BATCH_ENTRY``）。
+  （``RAW_BATCH_ENTRY``），入队的也只是 ``(任务名, 迁移记录, 标签)``（``EventHub.emit_transition``）。
 * **有界**：积压超过 ``MAX_PENDING_EVENTS`` 条（监听器太慢）时丢弃新事件并计数（``dropped``），记一次
   警告——内存不能因为一个慢的看板而无限增长。
 """
@@ -169,8 +169,9 @@ class EventHub:
     """一个控制器的监听器表与交付队列（交付线程按需启动）。
 
     ``listeners`` 是不可变元组，整体替换（写时复制）：热路径上读它不需要锁，``active`` 只是一次属性读。
-    队列里的迁移是 ``(snapshot, record, submit_context)`` 三元组（入队方只建一个元组），``TransitionEvent``
-    由交付线程在任何锁之外拼装，每条迁移一个、所有公开监听器共用。
+    队列里的迁移是 ``(snapshot, record, submit_context)`` 三元组（入队方只建一个元组；只有内部监听器在听时
+    是精简的 ``(name, record, tags)``，见 ``emit_transition``），``TransitionEvent`` 由交付线程在任何锁之外
+    拼装，每条迁移一个、所有公开监听器共用。
 
     叫醒用一把"被占着的锁"（``_wake``）而不是条件变量：交付线程 ``acquire`` 它睡觉，叫醒者 ``release`` 一次；
     都是 C 里的一次调用，而 ``threading.Condition`` 的 wait / notify 各是好几层 Python 调用加一把临时锁。
