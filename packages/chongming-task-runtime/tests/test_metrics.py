@@ -263,8 +263,8 @@ def test_only_metrics_listening_queues_lean_transitions_and_keeps_no_per_task_st
     with Controller(max_parallel=1, concurrency=ConcurrencyPolicy(limits={"db": 2})) as controller:
         metrics = instrument(controller, registry=registry)
         hub = controller._events
-        real_emit = hub.emit
-        hub.emit = lambda item: (queued_items.append(item), real_emit(item))[1]  # type: ignore[method-assign]
+        real_deliver = hub._deliver
+        hub._deliver = lambda batch: (queued_items.extend(batch), real_deliver(batch))[1]  # type: ignore[method-assign]
         controller.register("gated", gated, tags={"db"})
         controller.register("flaky", flaky, retry=RetryPolicy(max_attempts=2, backoff=FixedBackoff(0.01)))
         running = controller.submit("gated")
