@@ -246,3 +246,82 @@ def test_replaying_recorded_events_through_the_public_batch_entry_gives_the_same
         ]
         == 1
     )
+
+
+def test_only_metrics_listening_queues_lean_transitions_and_keeps_no_per_task_state_after_landing() -> None:
+    # 只有指标在听时迁移以精简的 (name, record, tags) 入队（快照不跟着在队列里活着），指标照样按任务名与
+    # 具名资源记账；任务落了终态，每任务的记账（状态、三个时刻、unheld、标签）一项不留——失败重试、
+    # 排队中停止、在跑时停止都一样。
+    registry = CollectorRegistry()
+    gate = threading.Event()
+    queued_items: list[Any] = []
+
+    def gated(ctx: Any) -> None:
+        while not gate.wait(0.002):
+            ctx.checkpoint()
+
+    with Controller(max_parallel=1, concurrency=ConcurrencyPolicy(limits={"db": 2})) as controller:
+        metrics = instrument(controller, registry=registry)
+        hub = controller._events
+        real_deliver = hub._deliver
+        hub._deliver = lambda batch: (queued_items.extend(batch), real_deliver(batch))[1]  # type: ignore[method-assign]
+        controller.register("gated", gated, tags={"db"})
+        controller.register("flaky", flaky, retry=RetryPolicy(max_attempts=2, backoff=FixedBackoff(0.01)))
+        running = controller.submit("gated")
+        waiting = controller.submit("gated")
+        for _ in range(500):
+            controller.flush_events(timeout=5)
+            if value(registry, "chongming_task_tasks", status="running") == 1:
+                break
+            threading.Event().wait(0.01)
+        assert value(registry, "chongming_task_resource_slots", resource="db", kind="used") == 1
+        controller.stop(waiting.task_id)
+        controller.stop(running.task_id)
+        gate.set()
+        failing = controller.submit("flaky")
+        for run in (running, waiting, failing):
+            run.wait(timeout=10)
+        assert controller.flush_events(timeout=5)
+        transitions = [item for item in queued_items if isinstance(item, tuple)]
+        assert transitions and all(isinstance(item[0], str) for item in transitions)
+        assert waiting.status is TaskStatus.STOPPED  # 排队中被停止：从未占槽，直接落 stopped
+        assert value(registry, "chongming_task_tasks", status="stopped") == 2
+        assert value(registry, "chongming_task_tasks", status="failed") == 1
+        assert value(registry, "chongming_task_resource_slots", resource="db", kind="used") == 0
+        assert value(registry, "chongming_task_stop_latency_seconds_count") == 1
+        assert (
+            value(registry, "chongming_task_attempt_duration_seconds_count", task="flaky", outcome="failed")
+            == 2
+        )
+        tables = (
+            metrics._live,
+            metrics._unheld,
+            metrics._tags,
+            metrics._queued_at,
+            metrics._started_at,
+            metrics._stopping_at,
+        )
+        assert [len(table) for table in tables] == [0] * len(tables)
+        metrics.close()
+
+
+def test_a_listener_added_while_only_metrics_listen_gets_every_later_transition_in_full() -> None:
+    # 只有指标在听时迁移是精简入队的；挂上一个普通监听器之后提交的任务，它收到完整的、按版本排好的事件
+    # （带快照），指标的计数也不重不漏。
+    registry = CollectorRegistry()
+    events: list[Any] = []
+    with Controller(max_parallel=2) as controller:
+        metrics = instrument(controller, registry=registry)
+        controller.register("counting", counting)
+        before = [controller.submit("counting", 1) for _ in range(20)]
+        controller.add_listener(events.append)
+        after = [controller.submit("counting", 1) for _ in range(5)]
+        for run in before + after:
+            assert run.wait(timeout=10).ok
+        assert controller.flush_events(timeout=5)
+        for run in after:
+            got = [e for e in events if getattr(e, "task_id", None) == run.task_id and hasattr(e, "snapshot")]
+            assert [e.record for e in got] == list(run.transitions)
+            assert all(e.snapshot.status is e.to_status and e.name == "counting" for e in got)
+        assert value(registry, "chongming_task_tasks", status="succeeded") == 25
+        metrics.close()

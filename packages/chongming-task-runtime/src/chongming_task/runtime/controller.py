@@ -709,7 +709,9 @@ class Controller(ClosesOnExit):
                     if emit:
                         # 第一次迁移（pending → queued/blocked）发生在控制器挂上监听器之前，在这里补发；
                         # 必须在入队之前：入队后别的线程可能立刻启动它，它的 starting 事件不能抢在前面。
-                        hub.emit((machine.snapshot, machine.transitions[-1], context() if context else None))
+                        hub.emit_transition(
+                            machine.snapshot, machine.transitions[-1], context() if context else None
+                        )
                     if not blocked and machine.status is TaskStatus.QUEUED:
                         self._enqueue_locked(run)
             to_start = self._scheduler.take_runnable() if start_here else []
@@ -1072,7 +1074,7 @@ class Controller(ClosesOnExit):
         if finish is None:
             self._link.on_transition(machine, snapshot, record)
             if self._events.listeners:  # 没有监听器时连事件对象都不造
-                self._events.emit((snapshot, record, None))
+                self._events.emit_transition(snapshot, record)
             self._account(snapshot, record, landed=True)
             return
         try:
@@ -1080,7 +1082,7 @@ class Controller(ClosesOnExit):
         finally:
             finish()
         if self._events.listeners:
-            self._events.emit((snapshot, record, None))
+            self._events.emit_transition(snapshot, record)
         if handed_over:
             with self._lock:
                 self._landed_locked(snapshot.task_id)

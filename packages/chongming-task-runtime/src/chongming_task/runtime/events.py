@@ -18,7 +18,7 @@
 * **批量入口（可选）**：类上有 ``on_event_batch(events)`` 的监听器一次收到整批（见 ``BATCH_ENTRY``）。
 * **没有监听器时不花任何代价**：控制器连事件对象都不构造，交付线程也不启动。有监听器时任务的锁里也只把
   ``(快照, 迁移记录, 上下文)`` 放进队列，事件对象由交付线程在锁外拼装；只有内置指标在听时一个都不造
-  （``RAW_BATCH_ENTRY``）。
+  （``RAW_BATCH_ENTRY``），入队的也只是 ``(任务名, 迁移记录, 标签)``（``EventHub.emit_transition``）。
 * **有界**：积压超过 ``MAX_PENDING_EVENTS`` 条（监听器太慢）时丢弃新事件并计数（``dropped``），记一次
   警告——内存不能因为一个慢的看板而无限增长。
 """
@@ -142,11 +142,14 @@ Event = TransitionEvent | ProgressEvent | StoreErrorEvent
 Listener = Callable[[Event], object]
 RawItem = (
     tuple[TaskSnapshot, Transition, contextvars.Context | None]
+    | tuple[str, Transition, frozenset[str]]
     | ProgressEvent
     | StoreErrorEvent
     | TransitionEvent
 )
-"""交付队列里的一条（见 ``RAW_BATCH_ENTRY``）：迁移是未拼装的三元组，其余事件是事件对象。"""
+"""交付队列里的一条（见 ``RAW_BATCH_ENTRY``）：迁移是未拼装的三元组——完整的 ``(snapshot, record,
+submit_context)``，或只有内部监听器在听时的精简 ``(name, record, tags)``（见 ``EventHub.emit_transition``）——
+其余事件是事件对象。两种三元组按第一项区分：精简的第一项是任务名（``str``）。"""
 
 
 RAW_BATCH_ENTRY = "_on_raw_event_batch"
@@ -154,7 +157,8 @@ RAW_BATCH_ENTRY = "_on_raw_event_batch"
 的条目——迁移是 ``(snapshot, record, submit_context)`` 三元组，其余事件是事件对象本身，顺序与入队顺序相同。
 为什么有它：只有指标在听时，交付线程不必为每条迁移造一个 ``TransitionEvent``（每个任务四个对象），指标直接读
 迁移记录。声明了它的监听器也就声明了自己不读 ``submit_context``：只有它们在听时，``submit()`` 不拷贝
-上下文。"""
+上下文；也声明了自己只读快照的 ``name`` 与 ``tags``：只有它们在听时迁移以精简的 ``(name, record, tags)``
+入队（见 ``EventHub.emit_transition``），它们必须认得两种三元组。"""
 
 # 交付线程睡在哪一种觉里（``EventHub._sleep``）：醒着 / 攒批小睡（只有 flush、close 叫醒）/
 # 空闲（入队也叫醒）。
@@ -165,8 +169,9 @@ class EventHub:
     """一个控制器的监听器表与交付队列（交付线程按需启动）。
 
     ``listeners`` 是不可变元组，整体替换（写时复制）：热路径上读它不需要锁，``active`` 只是一次属性读。
-    队列里的迁移是 ``(snapshot, record, submit_context)`` 三元组（入队方只建一个元组），``TransitionEvent``
-    由交付线程在任何锁之外拼装，每条迁移一个、所有公开监听器共用。
+    队列里的迁移是 ``(snapshot, record, submit_context)`` 三元组（入队方只建一个元组；只有内部监听器在听时
+    是精简的 ``(name, record, tags)``，见 ``emit_transition``），``TransitionEvent`` 由交付线程在任何锁之外
+    拼装，每条迁移一个、所有公开监听器共用。
 
     叫醒用一把"被占着的锁"（``_wake``）而不是条件变量：交付线程 ``acquire`` 它睡觉，叫醒者 ``release`` 一次；
     都是 C 里的一次调用，而 ``threading.Condition`` 的 wait / notify 各是好几层 Python 调用加一把临时锁。
@@ -204,6 +209,8 @@ class EventHub:
         return bool(self.listeners)
 
     def add(self, listener: Listener) -> None:
+        """挂上一个监听器：``add`` 返回之后入队的事件它都会收到；此前已入队、还没送出的事件不保证（只有内部
+        监听器在听时迁移是精简入队的，拼不出公开事件，见 ``emit_transition``）。"""
         if not callable(listener):
             raise ConfigurationError(f"监听器必须是可调用对象 fn(event)，收到 {listener!r}")
         with self._lock:
@@ -240,6 +247,37 @@ class EventHub:
         self._singles = tuple(item for item in listeners if item not in raw and item not in batched)
         self.wants_submit_context = len(raw) < len(listeners)
         self.listeners = listeners
+
+    def emit_transition(
+        self, snapshot: TaskSnapshot, record: Transition, submit_context: contextvars.Context | None = None
+    ) -> None:
+        """一条迁移入队（任务锁内每次迁移一次；调用方已确认有监听器）。
+
+        有公开监听器时入队完整的 ``(snapshot, record, submit_context)``（交付线程据此拼
+        ``TransitionEvent``）；只有内部监听器（内置指标，``RAW_BATCH_ENTRY``）在听时只入队
+        ``(snapshot.name, record, snapshot.tags)``。
+        为什么（issue 18）：交付线程攒批、又要和工作线程抢 GIL，一条迁移在队列里常常待过两次循环 GC 而被晋升到
+        最老一代；完整三元组让这一刻的中间快照（连同它的实例字典）跟着活下来——每条迁移三个、每个任务约三个对象
+        被晋升，于是每一万个任务多一次全量回收。精简三元组里只有一个新对象（元组本身），名字、标签集合与迁移记录
+        本来就被存储留着。
+
+        代价：精简入队的迁移拼不出 ``TransitionEvent``，交付时不送给公开监听器——它们是在这条迁移入队之后才
+        挂上的，从挂上之后入队的迁移开始收（``add`` 只保证这些；挂上之前已入队的完整三元组照旧也送）。
+        """
+        # 与 emit 同一段入队逻辑（为什么不拿锁、为什么不会漏叫醒，见 emit），就地写一遍而不是调用 emit：
+        # 每个任务四条迁移，多一层 Python 调用就是每任务约半微秒。
+        queue = self._queue
+        if self._closed:
+            return
+        if len(queue) + self._in_flight >= MAX_PENDING_EVENTS:
+            self._drop_new()
+            return
+        if self.wants_submit_context:
+            queue.append((snapshot, record, submit_context))
+        else:
+            queue.append((snapshot.name, record, snapshot.tags))
+        if self._sleep == _IDLE:
+            self._kick(_IDLE)
 
     def emit(self, item: RawItem) -> None:
         """入队（可在任何锁内调用：常数时间，通常不拿任何锁）。
@@ -384,7 +422,15 @@ class EventHub:
         if not (self._batched or self._singles):
             return  # 只有内部监听器在听：一个事件对象都不造
         of = TransitionEvent.of
-        events: list[Event] = [of(*item) if isinstance(item, tuple) else item for item in batch]
+        events: list[Event] = []
+        for item in batch:
+            if item.__class__ is tuple:
+                head, record, third = item
+                if isinstance(head, str):
+                    continue  # 精简入队的迁移（入队时还没有公开监听器，见 emit_transition）：拼不出事件
+                events.append(of(head, record, third))  # type: ignore[arg-type]  # 完整三元组：第三项是上下文
+            else:
+                events.append(item)  # type: ignore[arg-type]
         for listener in self._batched:
             try:
                 getattr(listener, BATCH_ENTRY)(events)

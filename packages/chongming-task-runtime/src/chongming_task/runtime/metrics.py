@@ -102,9 +102,9 @@ _NEVER_STARTED = frozenset({S.QUEUED, S.RETRY_WAIT})  # 从这里暂停的任务
 _SUM = len(DURATION_BUCKETS) + 1
 _CREATED = _SUM + 1
 
-# 每个在管任务的记账（一个小 list，一次 dict 查找拿到全部）：槽位的下标。``_UNHELD``：最近一次迁移是从
-# queued / retry_wait 直接暂停（这种 paused 不占槽）；``_TAGS``：快照的标签（算具名资源的占用）。
-_STATUS, _UNHELD, _TAGS, _QUEUED_AT, _STARTED_AT, _STOPPING_AT = range(6)
+# 每个在管任务的记账不用每任务一个容器，而是几张以 task_id 为键、值是原子（枚举成员、datetime、共享的标签
+# 集合）的表：每个任务一个 list 会从 queued 一直活到终态，积压时几乎都被晋升到循环 GC 的最老一代（issue 18：
+# 每一万个任务因此多一次全量回收）；表项本身不是对象，表里的值也都不是新造的被追踪对象。终态时各表一并删掉。
 
 
 def _prometheus() -> Any:
@@ -152,8 +152,16 @@ class ControllerMetrics:
         self._landed: dict[TaskStatus, int] = dict.fromkeys(_TERMINAL, 0)
         self._max_parallel = controller.max_parallel
         self._limits: dict[str, int] = dict(controller.concurrency.limits)
-        # task_id → [status, unheld, tags, queued_at, started_at, stopping_at]（下标见上）；终态即删。
-        self._live: dict[str, list[Any]] = {}
+        # 在管任务（见模块里"每个在管任务的记账"）：task_id → 最近的状态；终态即删，连同下面几张表里的项。
+        self._live: dict[str, TaskStatus] = {}
+        # 最近一次是从 queued / retry_wait 直接暂停的任务（这种 paused 不占槽）；只在状态是 paused 时才读。
+        self._unheld: set[str] = set()
+        # 标签（算具名资源的占用）：只在配置了具名资源、且任务带标签时记。
+        self._tags: dict[str, frozenset[str]] = {}
+        # 三个时刻：进入 queued / starting / stopping 的时间，各自用掉即删。
+        self._queued_at: dict[str, datetime] = {}
+        self._started_at: dict[str, datetime] = {}
+        self._stopping_at: dict[str, datetime] = {}
         registry.register(self)  # 撞名时抛 ValueError（DuplicateTimeseries），什么都没登记
         controller.add_listener(self)
 
@@ -172,73 +180,88 @@ class ControllerMetrics:
         )
 
     def _on_raw_event_batch(self, items: Sequence[RawItem]) -> None:
-        """交付线程的内部批量入口（``events.RAW_BATCH_ENTRY``）：迁移是未拼装的 ``(snapshot, record,
-        submit_context)`` 三元组，一批拿一次锁记账——只有指标在听时交付线程一个事件对象都不造。
+        """交付线程的内部批量入口（``events.RAW_BATCH_ENTRY``）：迁移是未拼装的三元组——完整的 ``(snapshot,
+        record, submit_context)`` 或精简的 ``(name, record, tags)``（只有内部监听器在听时，见
+        ``EventHub.emit_transition``）——一批拿一次锁记账，只有指标在听时交付线程一个事件对象都不造。
 
-        热路径（每个任务至少四条迁移）：只有 dict / list 算术，没有函数调用（除了落桶的 ``bisect``）。"""
+        热路径（每个任务至少四条迁移）：只有 dict / set 操作与算术，没有函数调用（除了落桶的 ``bisect``）。"""
         transitions, live, waits = self._transitions, self._live, self._waits
+        queued_at, started_at, stopping_at = self._queued_at, self._started_at, self._stopping_at
+        limits = self._limits
         with self._lock:
             for item in items:
                 if item.__class__ is not tuple:
                     if isinstance(item, StoreErrorEvent):
                         self._store_error(item)
                     continue
-                snapshot, record, _ = item
+                head, record, third = item
+                tags: frozenset[str]
+                if isinstance(head, str):
+                    # 精简三元组的第三项是标签集合（不用 typing.cast：那是每条迁移一次 Python 函数调用）
+                    name, tags = head, third  # type: ignore[assignment]
+                else:
+                    name, tags = head.name, head.tags
                 task_id, source, target = record.task_id, record.from_status, record.to_status
-                name = snapshot.name
                 key = (name, source, target)
                 n = transitions.get(key)
                 if n is None:
                     self._transitions_created[key] = time.time()
                     n = 0
                 transitions[key] = n + 1
-                state = live.get(task_id)
-                if state is None:
-                    # instrument 之后才第一次见到的任务（它之前的状态不在账上）。
-                    state = [target, False, snapshot.tags, None, None, None]
-                    if target not in _TERMINAL:
-                        live[task_id] = state
-                else:
-                    state[_STATUS] = target
-                if target is _PAUSED:
-                    # 与控制器的记账同一条规则：排队中 / 重试等待中被暂停的任务从未占槽。
-                    state[_UNHELD] = source in _NEVER_STARTED
-                if target is _QUEUED:
-                    state[_QUEUED_AT] = record.at
-                    continue
-                at = record.at
-                if target is _STARTING:
-                    since = state[_QUEUED_AT]
-                    state[_STARTED_AT] = at
-                    if since is None:
-                        continue
-                    state[_QUEUED_AT] = None
-                    buckets = waits.get(name)
-                    if buckets is None:
-                        buckets = waits[name] = _new_histogram()
-                elif target is _RUNNING:
-                    continue  # 最常见的中间一步：只有计数与仪表
-                else:
-                    buckets = None
-                    outcome = _ATTEMPT_OUTCOME.get(target)
-                    if outcome is not None:
-                        started = state[_STARTED_AT]
-                        if started is not None:
-                            state[_STARTED_AT] = None
-                            self._observe(self._durations, (name, outcome), at, started)
-                    if target is _STOPPING:
-                        state[_STOPPING_AT] = at
-                        continue
-                    if target not in _TERMINAL:
-                        continue
-                    live.pop(task_id, None)  # 终态只计数，不再记账（内存不随历史增长）
+                if target in _TERMINAL:
+                    # 终态只计数，不再记账（内存不随历史增长）：各表一并删掉。instrument 之前就已在管的任务
+                    # 本来就不在表里，pop 的默认值照顾它们。
+                    live.pop(task_id, None)
+                    queued_at.pop(task_id, None)
+                    self._unheld.discard(task_id)
+                    if limits:
+                        self._tags.pop(task_id, None)
                     self._landed[target] += 1
                     if target is _LOST:
                         self._lost += 1
-                    since = state[_STOPPING_AT]
+                    at = record.at
+                    started = started_at.pop(task_id, None)
+                    outcome = _ATTEMPT_OUTCOME.get(target)  # skipped 不结束任何尝试
+                    if started is not None and outcome is not None:
+                        self._observe(self._durations, (name, outcome), at, started)
+                    since = stopping_at.pop(task_id, None)
                     if since is None:
                         continue
                     buckets = self._stop_latency
+                else:
+                    live[task_id] = target
+                    if limits and tags:
+                        self._tags[task_id] = tags
+                    if target is _QUEUED:
+                        queued_at[task_id] = record.at
+                        continue
+                    if target is _RUNNING:
+                        continue  # 最常见的中间一步：只有计数与仪表
+                    at = record.at
+                    if target is _STARTING:
+                        started_at[task_id] = at
+                        since = queued_at.pop(task_id, None)
+                        if since is None:
+                            continue
+                        wait_buckets = waits.get(name)
+                        if wait_buckets is None:
+                            wait_buckets = waits[name] = _new_histogram()
+                        buckets = wait_buckets
+                    else:
+                        if target is _PAUSED:
+                            # 与控制器的记账同一条规则：排队中 / 重试等待中被暂停的任务从未占槽。
+                            if source in _NEVER_STARTED:
+                                self._unheld.add(task_id)
+                            else:
+                                self._unheld.discard(task_id)
+                        outcome = _ATTEMPT_OUTCOME.get(target)  # 非终态里只有 retry_wait 结束一次尝试
+                        if outcome is not None:
+                            started = started_at.pop(task_id, None)
+                            if started is not None:
+                                self._observe(self._durations, (name, outcome), at, started)
+                        if target is _STOPPING:
+                            stopping_at[task_id] = at
+                        continue
                 # 直方图的一次观测（排队等待 / 停止时延；尝试时长见 _observe）：落桶计数加一、和加上秒数。
                 seconds = (at - since).total_seconds()
                 if seconds < 0.0:
@@ -289,13 +312,13 @@ class ControllerMetrics:
             used = dict.fromkeys(self._limits, 0)
             used[""] = 0
             limits = self._limits
-            for state in self._live.values():
-                status = state[_STATUS]
+            unheld, tags_of = self._unheld, self._tags
+            for task_id, status in self._live.items():
                 counts[status] += 1
-                if status in _HOLDING and not (status is _PAUSED and state[_UNHELD]):
+                if status in _HOLDING and not (status is _PAUSED and task_id in unheld):
                     used[""] += 1
                     if limits:
-                        for tag in state[_TAGS]:
+                        for tag in tags_of.get(task_id, ()):
                             if tag in limits:
                                 used[tag] += 1
             lost = self._lost
