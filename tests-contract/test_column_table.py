@@ -174,3 +174,59 @@ def test_compiled_row_params_match_the_plan_for_every_codec() -> None:
                 compiled, reference = codec.params(value), codec.params_by_plan(value)
                 assert list(compiled.items()) == list(reference.items()), (module.__name__, value)
                 assert tuple(compiled) == codec.names, "键序即列序：SQLite 的 INSERT 按位置绑定 values()"
+
+
+def test_values_like_matches_params_whatever_the_previous_record() -> None:
+    """``RowCodec.values_like``（create_many 照抄上一行里同一对象字段的编码）与
+    ``tuple(params(记录).values())`` 逐项相同：上一条与这一条共用一部分字段对象、全不共用、互为 None 与有值，
+    时间戳的两列各自照抄或重算——每个后端的快照表与迁移表都对照。"""
+    from datetime import UTC, datetime, timedelta
+
+    from chongming_task.models import Failure, Progress, Transition
+    from chongming_task.states import TaskStatus
+    from chongming_task.stores.postgres import _codec as pg_codec
+
+    at = datetime(2026, 12, 1, 8, 30, 15, 123456, tzinfo=UTC)
+    plain = TaskSnapshot(task_id="p-1", name="plain", created_at=at)
+    sibling = dataclasses.replace(plain, task_id="p-3", created_at=at + timedelta(seconds=1))
+    rich = dataclasses.replace(
+        plain,
+        task_id="p-2",
+        status=TaskStatus.FAILED,
+        status_version=3,
+        tags=frozenset({"b", "a"}),
+        bucket=7,
+        owner="node-a",
+        lease_owner="node-a",
+        lease_until=at + timedelta(seconds=30),
+        finished_at=at + timedelta(seconds=5),
+        progress=Progress(done=3, total=10, unit="行"),
+        failure=Failure.from_exception(ValueError("坏了")),
+        outcome={"n": [1, 2]},
+    )
+    rich_sibling = dataclasses.replace(rich, task_id="p-4", lease_until=None, outcome=None)
+    first = Transition(
+        task_id="p-2",
+        from_status=TaskStatus.RUNNING,
+        to_status=TaskStatus.FAILED,
+        trigger="t",
+        actor=None,
+        reason="r",
+        version=3,
+        at=at,
+    )
+    second = dataclasses.replace(first, task_id="p-4", actor="node-b", at=at + timedelta(seconds=2))
+    for module in (sqlite_codec, pg_codec):
+        for codec, values in (
+            (module.SNAPSHOTS, (plain, sibling, rich, rich_sibling, plain)),
+            (module.TRANSITIONS, (first, second, first)),
+        ):
+            for previous in values:
+                previous_row = tuple(codec.params(previous).values())
+                for value in values:
+                    expected = tuple(codec.params(value).values())
+                    assert codec.values_like(value, previous, previous_row) == expected, (
+                        module.__name__,
+                        previous,
+                        value,
+                    )

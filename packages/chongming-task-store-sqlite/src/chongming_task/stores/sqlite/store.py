@@ -182,6 +182,10 @@ class _WriterTurn:
 
 # create 的一项准备好的行：(task_id, 任务行, 标签行, 迁移记录行)。
 _CreateRows = tuple[str, tuple[Any, ...], list[tuple[Any, ...]], list[tuple[Any, ...]]]
+# 一条迁移记录与它编码出的行（create_many 里下一条记录照抄同一对象字段的编码，见 RowCodec.values_like）。
+_EncodedTransition = tuple[Transition, tuple[Any, ...]]
+# 任务行（TASK_COLUMNS 顺序的元组）里 created_key 的位置：标签行带着它（task_tags 按创建先后排序）。
+_CREATED_KEY_AT = schema.TASK_COLUMNS.index("created_key")
 
 
 def _duplicate(task_id: str) -> DuplicateTaskId:
@@ -469,16 +473,20 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         task_rows: list[tuple[Any, ...]] = []
         tag_rows: list[tuple[Any, ...]] = []
         history: list[tuple[Any, ...]] = []
-        checked: TaskSnapshot | None = (
-            None  # 这一批里上一个通过检查的快照（见 checks.check_snapshot 的 like）
-        )
+        # 这一批里上一个通过检查的快照与它的任务行（见 checks.check_snapshot 的 like、RowCodec.values_like）。
+        # 迁移记录同理：这一批里上一条编码过的记录与它的行（新任务通常只有 pending → queued 一条）。
+        checked: TaskSnapshot | None = None
+        checked_row: tuple[Any, ...] = ()
+        encoded: list[_EncodedTransition] = []
         for index, (snapshot, transitions) in enumerate(items):
             try:
-                task_id, row, tags, records = self._create_rows(snapshot, transitions, like=checked)
+                task_id, row, tags, records = self._create_rows(
+                    snapshot, transitions, like=checked, like_row=checked_row, encoded=encoded
+                )
             except TaskError as exc:
                 results[index] = exc
                 continue
-            checked = snapshot
+            checked, checked_row = snapshot, row
             if task_id in first:
                 results[index] = _duplicate(task_id)
                 continue
@@ -567,19 +575,41 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
 
     @staticmethod
     def _create_rows(
-        snapshot: TaskSnapshot, transitions: Sequence[Transition], *, like: TaskSnapshot | None = None
+        snapshot: TaskSnapshot,
+        transitions: Sequence[Transition],
+        *,
+        like: TaskSnapshot | None = None,
+        like_row: tuple[Any, ...] = (),
+        encoded: list[_EncodedTransition] | None = None,
     ) -> _CreateRows:
         """create 的入参检查与行（还不碰数据库）：(task_id, 任务行, 标签行, 迁移记录行)。``like``：同一批里
-        上一个通过检查的快照（只查与它不同的字段）。"""
+        上一个通过检查的快照（只查与它不同的字段），``like_row`` 是它的任务行（与它相同的字段照抄编码）。
+        ``encoded``：最多一项，这一批里上一条编码过的迁移记录与它的行（照抄同理；这里换成本项的最后一条）。"""
         snapshot = checks.check_snapshot(snapshot, like)
         transitions = tuple(transitions)
         checks.check_transitions(snapshot.task_id, transitions)
-        row = codec.snapshot_row(snapshot)
-        history = [codec.transition_row(t) for t in transitions]
-        tags = [(tag, row["created_key"], snapshot.task_id) for tag in snapshot.tags]
         # 按位置绑定（``INSERT_TASK_HEAD`` 的列与 ``TASK_COLUMNS`` 同序，params 的键也是这个顺序）：45 个命名
-        # 参数逐个按名字查字典，每行要多 3–4 µs——十万个任务的 submit_many 里是 0.3–0.4 s。
-        return snapshot.task_id, tuple(row.values()), tags, history
+        # 参数逐个按名字查字典，每行要多 3–4 µs——十万个任务的 submit_many 里是 0.3–0.4 s。同一批里由同一个
+        # 模板复制出的快照只有 task_id 与时间不同：其余字段的编码从上一行照抄（见 RowCodec.values_like）。
+        if like is None:
+            row = tuple(codec.snapshot_row(snapshot).values())
+        else:
+            row = codec.SNAPSHOTS.values_like(snapshot, like, like_row)
+        if encoded is None:
+            history = [codec.transition_row(t) for t in transitions]
+        else:
+            history = []
+            values_like = codec.TRANSITIONS.values_like
+            for record in transitions:
+                if encoded:
+                    previous, previous_row = encoded[0]
+                    record_row = values_like(record, previous, previous_row)
+                else:
+                    record_row = codec.transition_row(record)
+                history.append(record_row)
+                encoded[:] = [(record, record_row)]
+        tags = [(tag, row[_CREATED_KEY_AT], snapshot.task_id) for tag in snapshot.tags]
+        return snapshot.task_id, row, tags, history
 
     def _save(self, request: v.SaveRequest) -> None:
         self._run("save", self._save_tx(request))
