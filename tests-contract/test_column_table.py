@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from chongming_task.core.storage.columns import SIDE_CHANNEL_FIELDS, TASK_COLUMNS, Kind
-from chongming_task.models import TaskSnapshot
+from chongming_task.models import Failure, Progress, TaskSnapshot, Transition
+from chongming_task.states import TaskStatus
 from chongming_task.storage import SIDE_CHANNEL_FIELDS as LEGACY_SIDE_CHANNEL_FIELDS
 from chongming_task.stores.sqlite import _codec as sqlite_codec
 from chongming_task.stores.sqlite import _schema as sqlite_schema
@@ -132,15 +134,8 @@ def test_postgres_table_has_exactly_the_derived_columns(tmp_path: object) -> Non
         store.close()
 
 
-def test_compiled_row_params_match_the_plan_for_every_codec() -> None:
-    """``RowCodec.params`` 是由编码计划编译出的函数：对每个后端的每张表，它与逐列解释执行的参照版逐键、
-    按序相同——无论列值是 None（走预先算好的常量）、有值、还是多物理列（时间戳的两列）。"""
-    from datetime import UTC, datetime, timedelta
-
-    from chongming_task.models import Failure, Progress, Transition
-    from chongming_task.states import TaskStatus
-    from chongming_task.stores.postgres import _codec as pg_codec
-
+def _sample_records() -> tuple[datetime, TaskSnapshot, TaskSnapshot, Transition]:
+    """两个用例共用的样本：一个全默认的快照、一个每个可选字段都有值的快照、一条迁移记录。"""
     at = datetime(2026, 12, 1, 8, 30, 15, 123456, tzinfo=UTC)
     plain = TaskSnapshot(task_id="p-1", name="plain", created_at=at)
     rich = dataclasses.replace(
@@ -168,6 +163,15 @@ def test_compiled_row_params_match_the_plan_for_every_codec() -> None:
         version=3,
         at=at,
     )
+    return at, plain, rich, record
+
+
+def test_compiled_row_params_match_the_plan_for_every_codec() -> None:
+    """``RowCodec.params`` 是由编码计划编译出的函数：对每个后端的每张表，它与逐列解释执行的参照版逐键、
+    按序相同——无论列值是 None（走预先算好的常量）、有值、还是多物理列（时间戳的两列）。"""
+    from chongming_task.stores.postgres import _codec as pg_codec
+
+    _, plain, rich, record = _sample_records()
     for module in (sqlite_codec, pg_codec):
         for codec, values in ((module.SNAPSHOTS, (plain, rich)), (module.TRANSITIONS, (record,))):
             for value in values:
@@ -180,41 +184,11 @@ def test_values_like_matches_params_whatever_the_previous_record() -> None:
     """``RowCodec.values_like``（create_many 照抄上一行里同一对象字段的编码）与
     ``tuple(params(记录).values())`` 逐项相同：上一条与这一条共用一部分字段对象、全不共用、互为 None 与有值，
     时间戳的两列各自照抄或重算——每个后端的快照表与迁移表都对照。"""
-    from datetime import UTC, datetime, timedelta
-
-    from chongming_task.models import Failure, Progress, Transition
-    from chongming_task.states import TaskStatus
     from chongming_task.stores.postgres import _codec as pg_codec
 
-    at = datetime(2026, 12, 1, 8, 30, 15, 123456, tzinfo=UTC)
-    plain = TaskSnapshot(task_id="p-1", name="plain", created_at=at)
+    at, plain, rich, first = _sample_records()
     sibling = dataclasses.replace(plain, task_id="p-3", created_at=at + timedelta(seconds=1))
-    rich = dataclasses.replace(
-        plain,
-        task_id="p-2",
-        status=TaskStatus.FAILED,
-        status_version=3,
-        tags=frozenset({"b", "a"}),
-        bucket=7,
-        owner="node-a",
-        lease_owner="node-a",
-        lease_until=at + timedelta(seconds=30),
-        finished_at=at + timedelta(seconds=5),
-        progress=Progress(done=3, total=10, unit="行"),
-        failure=Failure.from_exception(ValueError("坏了")),
-        outcome={"n": [1, 2]},
-    )
     rich_sibling = dataclasses.replace(rich, task_id="p-4", lease_until=None, outcome=None)
-    first = Transition(
-        task_id="p-2",
-        from_status=TaskStatus.RUNNING,
-        to_status=TaskStatus.FAILED,
-        trigger="t",
-        actor=None,
-        reason="r",
-        version=3,
-        at=at,
-    )
     second = dataclasses.replace(first, task_id="p-4", actor="node-b", at=at + timedelta(seconds=2))
     for module in (sqlite_codec, pg_codec):
         for codec, values in (
