@@ -583,3 +583,18 @@ def test_two_workers_recovering_the_same_lost_tasks_revive_each_once() -> None:
     assert [_retries(store, i) for i in ids] == [1] * len(ids), "每个只被复活一次"
     assert sorted(v for _, v in RAN) == ids, "每个只重跑一次"
     assert sum(r.revived for r in reports) == len(ids)
+
+
+def test_recipe_dict_without_copy_encodes_the_same_and_the_default_copy_is_independent() -> None:
+    """存储编码配方时用 ``to_dict(copy=False)`` 省掉参数的深拷；文本必须与默认的深拷版本一样，
+    默认版本改了也碰不到配方本身。"""
+    import json
+
+    recipe = Recipe(name="sync", args=([1, {"a": [2.5, None]}], "x"), kwargs={"day": {"k": [True]}})
+    shared = recipe.to_dict(copy=False)
+    copied = recipe.to_dict()
+    assert json.dumps(shared, sort_keys=True) == json.dumps(copied, sort_keys=True)
+    copied["args"][0].append(3)
+    copied["kwargs"]["day"]["k"].append(False)
+    assert recipe.args[0] == [1, {"a": [2.5, None]}] and recipe.kwargs == {"day": {"k": [True]}}
+    assert Recipe.from_dict(json.loads(json.dumps(shared))) == recipe

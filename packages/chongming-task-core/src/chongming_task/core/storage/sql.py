@@ -143,7 +143,12 @@ class SqlDialect(ABC):
             return lambda value: self.encode_time(column, value)
         if kind is Kind.JSON:
             return lambda value: (self.encode_json(value, json_what),)
-        if kind in (Kind.PROGRESS, Kind.FAILURE, Kind.RECIPE):
+        if kind is Kind.RECIPE:
+            # 只编码、不改字典：不必深拷参数（Recipe.to_dict 的 copy 参数说明了为什么文本不变）。
+            return lambda value: (
+                None if value is None else self.encode_json(value.to_dict(copy=False), json_what),
+            )
+        if kind in (Kind.PROGRESS, Kind.FAILURE):
             return lambda value: (None if value is None else self.encode_json(value.to_dict(), json_what),)
         if kind is Kind.TAGS:
             # 绝大多数任务没有标签：空集合的编码每次都一样，不必每次排序、再走一遍 JSON 编码器。

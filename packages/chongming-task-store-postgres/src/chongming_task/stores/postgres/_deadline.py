@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import socket
 import threading
@@ -58,20 +59,24 @@ class Deadlines:
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._closed = False
+        # 看门线程最迟什么时候醒（单调时钟；无限期地等时是 inf）。只在持锁时读写。
+        self._wake_at = math.inf
 
     def arm(self, fd: int, seconds: float) -> tuple[int, _Call]:
         call = _Call(time.monotonic() + seconds, fd)
         with self._cond:
             key = next(self._ids)
-            was_idle = not self._calls
             self._calls[key] = call
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
                     target=self._watch, name=f"{self._name}:deadline", daemon=True
                 )
                 self._thread.start()
-            elif was_idle:
-                self._cond.notify()  # 看门线程在无限期地等；告诉它有期限了
+            elif call.deadline < self._wake_at:
+                # 看门线程在等（除了 wait 它一直持锁，所以此刻不在扫描），而且它醒得比这个期限晚（无限期地等
+                # 时是 inf）：叫醒它重算。醒得更早时不叫——它醒来重扫会看到这一条；每次调用都叫醒它曾让每个
+                # 存储调用多一次线程切换。
+                self._cond.notify()
         return key, call
 
     def disarm(self, key: int) -> None:
@@ -87,12 +92,14 @@ class Deadlines:
         with self._cond:
             while not self._closed:
                 if not self._calls:
+                    self._wake_at = math.inf
                     self._cond.wait()
                     continue
                 now = time.monotonic()
                 # 期限都一样长，最早登记的最先到期；调用不多（≤ 连接池大小），直接扫一遍。
                 earliest = min(call.deadline for call in self._calls.values())
                 if earliest > now:
+                    self._wake_at = earliest
                     self._cond.wait(earliest - now)
                     continue
                 for key, call in list(self._calls.items()):
