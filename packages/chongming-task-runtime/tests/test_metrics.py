@@ -277,6 +277,10 @@ def test_only_metrics_listening_queues_lean_transitions_and_keeps_no_per_task_st
         assert value(registry, "chongming_task_resource_slots", resource="db", kind="used") == 1
         controller.stop(waiting.task_id)
         controller.stop(running.task_id)
+        # 开闸在停止生效之后：先开闸的话，任务体可能在下一次 checkpoint 之前就看到闸门开了、正常返回
+        # （落 succeeded 而不是 stopped）——这一条在干净克隆的全量运行里碰到过一次。
+        running.wait(timeout=10)
+        assert running.status is TaskStatus.STOPPED
         gate.set()
         failing = controller.submit("flaky")
         for run in (running, waiting, failing):
