@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -588,8 +589,6 @@ def test_two_workers_recovering_the_same_lost_tasks_revive_each_once() -> None:
 def test_recipe_dict_without_copy_encodes_the_same_and_the_default_copy_is_independent() -> None:
     """存储编码配方时用 ``to_dict(copy=False)`` 省掉参数的深拷；文本必须与默认的深拷版本一样，
     默认版本改了也碰不到配方本身。"""
-    import json
-
     recipe = Recipe(name="sync", args=([1, {"a": [2.5, None]}], "x"), kwargs={"day": {"k": [True]}})
     shared = recipe.to_dict(copy=False)
     copied = recipe.to_dict()

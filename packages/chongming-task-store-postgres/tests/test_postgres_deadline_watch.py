@@ -24,16 +24,28 @@ def watch() -> Iterator[tuple[Deadlines, list[tuple[socket.socket, socket.socket
         b.close()
 
 
-def _cut_within(sock: socket.socket, seconds: float) -> float | None:
-    """等到套接字被对端视角切断（recv 读到 EOF），返回用时；超时返回 None。"""
+def _cut_within(sock: socket.socket, seconds: float) -> bool:
+    """``seconds`` 秒内套接字是否被切断（对端 recv 读到 EOF）。"""
     sock.settimeout(seconds)
-    started = time.monotonic()
     try:
         data = sock.recv(1)
     except TimeoutError:
-        return None
+        return False
     assert data == b""
-    return time.monotonic() - started
+    return True
+
+
+def _counting_notifies(deadlines: Deadlines) -> list[int]:
+    """把看门线程的条件变量的 notify 换成计数的版本，返回计数器（一项的列表）。"""
+    count = [0]
+    real = deadlines._cond.notify
+
+    def notify(n: int = 1) -> None:
+        count[0] += 1
+        real(n)
+
+    deadlines._cond.notify = notify  # type: ignore[method-assign]
+    return count
 
 
 def test_earlier_deadline_wakes_a_watcher_waiting_on_a_later_one(
@@ -43,8 +55,7 @@ def test_earlier_deadline_wakes_a_watcher_waiting_on_a_later_one(
     late_key, late = deadlines.arm(late_a.fileno(), 30.0)
     time.sleep(0.05)  # 看门线程已起来、在等 30 秒的那个期限
     _, soon = deadlines.arm(soon_a.fileno(), 0.2)
-    took = _cut_within(soon_b, 5.0)
-    assert took is not None, "更早的期限没有叫醒看门线程：5 秒内没有切断"
+    assert _cut_within(soon_b, 5.0), "更早的期限没有叫醒看门线程：5 秒内没有切断"
     assert soon.fired and not late.fired
     deadlines.disarm(late_key)
 
@@ -56,6 +67,25 @@ def test_later_deadline_is_still_cut_after_the_watcher_wakes(
     _, first = deadlines.arm(first_a.fileno(), 0.2)
     time.sleep(0.05)
     _, second = deadlines.arm(second_a.fileno(), 0.4)  # 比看门线程醒得晚：不叫醒，醒来重扫时看到
-    assert _cut_within(first_b, 5.0) is not None
-    assert _cut_within(second_b, 5.0) is not None
+    assert _cut_within(first_b, 5.0)
+    assert _cut_within(second_b, 5.0)
     assert first.fired and second.fired
+
+
+def test_back_to_back_calls_do_not_wake_a_watcher_already_on_a_timed_wait(
+    watch: tuple[Deadlines, list[tuple[socket.socket, socket.socket]]],
+) -> None:
+    # 存储调用一个接一个（调用表在两次之间是空的）：看门线程还在等第一次的期限，后来的期限都比它晚，
+    # 一次也不必叫醒它——原来每次从空表登记都叫醒一次，每个存储调用多一次线程切换。
+    deadlines, [(a, _), _] = watch
+    key, _ = deadlines.arm(a.fileno(), 30.0)
+    for _ in range(500):
+        if deadlines._wake_at != float("inf"):
+            break
+        time.sleep(0.01)
+    assert deadlines._wake_at != float("inf"), "看门线程没有进入按期限的等待"
+    deadlines.disarm(key)
+    notifies = _counting_notifies(deadlines)
+    for _ in range(100):
+        deadlines.disarm(deadlines.arm(a.fileno(), 30.0)[0])
+    assert notifies[0] == 0
