@@ -531,8 +531,8 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         """一次写事务执行多项：某项抛 TaskError（版本冲突、重复 id、任务不存在）只是它自己的结果，同批其余
         照常提交；入参检查不过的项根本不进事务。不必每项一个 SAVEPOINT：``_create_tx`` / ``_save_tx`` 只在
         这一项写下任何东西之前抛 TaskError（create 的重复 id 由第一条 INSERT 报出，SQLite 只撤销那一条语句；
-        save 先查版本再写）。事务本身失败（写锁超时、磁盘满）照常抛出：整批都没写进去，调用方逐项按
-        "这次写失败"处理。撞锁重试整个事务时逐项结果重新算。"""
+        save 的快速路径改到 0 行时什么也没写，慢路径先查版本再写）。事务本身失败（写锁超时、磁盘满）照常
+        抛出：整批都没写进去，调用方逐项按"这次写失败"处理。撞锁重试整个事务时逐项结果重新算。"""
         results, work = prepare_batch(prepare)
         if not work:
             return results
