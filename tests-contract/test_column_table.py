@@ -180,6 +180,20 @@ def test_compiled_row_params_match_the_plan_for_every_codec() -> None:
                 assert tuple(compiled) == codec.names, "键序即列序：SQLite 的 INSERT 按位置绑定 values()"
 
 
+def test_compiled_save_params_match_the_plan_for_every_backend() -> None:
+    """``SnapshotCodec.save_params``（save 写的那些列）同样由计划编译：与解释执行的参照版逐键、按序相同，
+    键正好是 ``save_columns``（旁路列与配方不在里面）。"""
+    from chongming_task.stores.postgres import _codec as pg_codec
+
+    _, plain, rich, _ = _sample_records()
+    for module in (sqlite_codec, pg_codec):
+        codec = module.SNAPSHOTS
+        for value in (plain, rich):
+            compiled, reference = codec.save_params(value), codec.save_params_by_plan(value)
+            assert list(compiled.items()) == list(reference.items()), (module.__name__, value)
+            assert tuple(compiled) == codec.save_columns, module.__name__
+
+
 def test_values_like_matches_params_whatever_the_previous_record() -> None:
     """``RowCodec.values_like``（create_many 照抄上一行里同一对象字段的编码）与
     ``tuple(params(记录).values())`` 逐项相同：上一条与这一条共用一部分字段对象、全不共用、互为 None 与有值，

@@ -5,11 +5,15 @@
 
 from __future__ import annotations
 
+import io
 import sqlite3
 import threading
 import time
+import unittest
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -20,6 +24,7 @@ from chongming_task.models import Failure, FailureKind, Progress, TaskSnapshot, 
 from chongming_task.states import TaskStatus
 from chongming_task.storage import TaskQuery
 from chongming_task.stores.sqlite import SqliteTaskStore, parse_url
+from chongming_task.stores.sqlite import _schema as _schema_module
 from chongming_task.stores.sqlite.codec import prefix_upper_bound
 from chongming_task.stores.sqlite.schema import SCHEMA_VERSION
 from chongming_task.testing import FakeClock
@@ -651,6 +656,101 @@ def test_tag_rows_follow_saves_that_change_tags_or_created_at() -> None:
         assert [s.task_id for s in store.query(TaskQuery(tag="cpu"))] == ["a"]
         assert store.stats(TaskQuery(tag="cpu"))[TaskStatus.PAUSED] == 1
         assert store.bucket_counts(TaskQuery(tag="cpu")) == {}
+
+
+# -- save 的快速路径：一条带前提的 UPDATE，改到 0 行才先读再写 -------------------------------------------
+
+
+def _statements_of(store: SqliteTaskStore, action: Callable[[], object]) -> list[str]:
+    """``action`` 期间（内存库只有一条连接）执行的语句的第一个词。"""
+    seen: list[str] = []
+    with store._pool.connection() as conn:
+        conn.set_trace_callback(lambda sql: seen.append(sql.split()[0].upper()))
+    try:
+        action()
+    finally:
+        with store._pool.connection() as conn:
+            conn.set_trace_callback(None)
+    return seen
+
+
+def test_a_plain_transition_save_does_not_read_first() -> None:
+    """常见的 save（状态随一条迁移记录前进，被索引的列与标签都没变）是 BEGIN、一条 UPDATE、迁移记录、
+    COMMIT——不先 SELECT；改了被索引的列时才多读一次（慢路径），结果照样正确。"""
+    with SqliteTaskStore(":memory:") as store:
+        base = snap("fast", tags=frozenset({"io"}), owner="node-a")
+        store.create(base)
+        queued = base.evolve(status=TaskStatus.QUEUED, status_version=1)
+        record = Transition("fast", TaskStatus.PENDING, TaskStatus.QUEUED, "submit", None, None, 1, T0)
+        seen = _statements_of(store, lambda: store.save(queued, expect_version=0, transitions=[record]))
+        assert seen == ["BEGIN", "UPDATE", "INSERT", "COMMIT"]
+        moved = queued.evolve(status=TaskStatus.STARTING, status_version=2, owner="node-b")
+        record = Transition("fast", TaskStatus.QUEUED, TaskStatus.STARTING, "start", None, None, 2, T0)
+        seen = _statements_of(store, lambda: store.save(moved, expect_version=1, transitions=[record]))
+        assert seen == ["BEGIN", "UPDATE", "SELECT", "UPDATE", "INSERT", "COMMIT"]
+        assert [s.task_id for s in store.query(TaskQuery(owner="node-b"))] == ["fast"]
+
+
+@pytest.fixture
+def fresh_save_sql() -> Iterator[None]:
+    """快速路径的语句文本有缓存：变种改了生成它的东西，前后都要清掉缓存。"""
+    from chongming_task.stores.sqlite import _sql
+
+    cached = _sql._guarded_update_sql  # 拆除时变种可能还挂在模块上：清的是真的那一个
+    cached.cache_clear()
+    yield
+    cached.cache_clear()
+
+
+def _failing_contract_cases(*names: str) -> set[str]:
+    """对内存 SQLite 库跑指定的几条契约用例，返回失败或出错的用例名。"""
+    from chongming_task.testing.store_contract import StoreContract
+
+    def make_store(self: StoreContract) -> SqliteTaskStore:
+        return SqliteTaskStore(":memory:")
+
+    # 动态子类只活在这个函数里，pytest 的收集看不到它。
+    case_cls = type("SqliteContractCases", (StoreContract,), {"make_store": make_store})
+    suite = unittest.TestSuite(case_cls(name) for name in names)
+    result = unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(suite)
+    return {case.id().rsplit(".", 1)[-1] for case, _ in [*result.failures, *result.errors]}
+
+
+_REWRITES = "test_save_rewrites_indexed_fields_and_tags_that_changed"
+_CONFLICT = "test_save_version_mismatch_writes_nothing"
+
+
+def test_fast_save_path_cases_pass_unbroken(fresh_save_sql: None) -> None:
+    assert _failing_contract_cases(_REWRITES, _CONFLICT) == set()
+
+
+@pytest.mark.parametrize("dropped", [*_schema_module.INDEXED_SAVE_COLUMNS, "tags"])
+def test_contract_catches_a_fast_save_path_missing_a_guard(
+    dropped: str, monkeypatch: pytest.MonkeyPatch, fresh_save_sql: None
+) -> None:
+    """变种：快速路径的前提漏了一列（假定它没变却不核对）——那一列变了的 save 会留下旧值或旧标签行。"""
+    from chongming_task.stores.sqlite import _sql
+
+    guarded = {
+        key: tuple(c for c in columns if c != dropped) for key, columns in _sql._GUARDED_COLUMNS.items()
+    }
+    monkeypatch.setattr(_sql, "_GUARDED_COLUMNS", guarded)
+    assert _failing_contract_cases(_REWRITES) == {_REWRITES}
+
+
+def test_contract_catches_a_fast_save_path_without_the_version_check(
+    monkeypatch: pytest.MonkeyPatch, fresh_save_sql: None
+) -> None:
+    """变种：快速路径的 WHERE 不核对版本（参数个数不变）——过时的写者会覆盖别人的写。"""
+    from chongming_task.stores.sqlite import _sql
+
+    unguarded = _sql._guarded_update_sql.__wrapped__
+
+    def without_version(*args: Any) -> str:
+        return unguarded(*args).replace(" AND status_version = ?", " AND ? IS NOT NULL")
+
+    monkeypatch.setattr(_sql, "_guarded_update_sql", without_version)
+    assert _failing_contract_cases(_CONFLICT) == {_CONFLICT}
 
 
 # -- differential: SQL == TaskQuery.apply ---------------------------------------------------------

@@ -134,6 +134,78 @@ class SaveCases(ContractBase):
         self.assertEqual((got.status_version, got.description), (1, "只改描述，不改状态"))
         self.assertVersions(store, "s-same", [1])
 
+    def test_save_rewrites_indexed_fields_and_tags_that_changed(self) -> None:
+        """save 改了被查询用到的字段（名字、优先级、桶、持有者、管道、标签、创建时间、状态）：读回与按新值
+        的查询都看得到新值，按旧值的查询不再命中。SQL 后端为了省写常常"只 SET 真变了的列"，又为了省读
+        常常"假定这些列没变、写进 UPDATE 的前提"——哪一列判错了，都会留下旧值（或旧的标签旁表）。所以
+        每次只改一个字段，三种写法轮流：带一条改变状态的迁移记录；不带迁移记录、不加版本号；迁移记录
+        兜一圈回到原状态（running → pausing → running）。"""
+        store = self.open_store()
+        base = snap(
+            "s-index", tags=frozenset({"tag-0"}), priority=0, bucket=0, owner="node-0", pipeline_id="p-0"
+        )
+        store.create(base)
+        current, r1 = step(base, S.QUEUED)
+        store.save(current, expect_version=0, transitions=[r1])
+        current, records = walk(current, S.STARTING, S.RUNNING)
+        store.save(current, expect_version=1, transitions=records)
+        later = T0 + timedelta(hours=1)
+
+        def found(query: TaskQuery) -> list[str]:
+            return [s.task_id for s in store.query(query)]
+
+        # (字段的新值, 按新值应命中的查询, 按旧值不应再命中的查询；优先级没有查询条件，只看读回)
+        changes: list[tuple[dict[str, object], TaskQuery | None, TaskQuery | None]] = [
+            ({"name": "renamed-1"}, TaskQuery(name_prefix="renamed-1"), TaskQuery(name_prefix="contract")),
+            ({"priority": 7}, None, None),
+            ({"bucket": 5}, TaskQuery(bucket=5), TaskQuery(bucket=0)),
+            ({"owner": "node-1"}, TaskQuery(owner="node-1"), TaskQuery(owner="node-0")),
+            ({"pipeline_id": "p-1"}, TaskQuery(pipeline_id="p-1"), TaskQuery(pipeline_id="p-0")),
+            ({"tags": frozenset({"tag-1"})}, TaskQuery(tag="tag-1"), TaskQuery(tag="tag-0")),
+            (
+                {"created_at": later},
+                TaskQuery(tag="tag-1", created_after=later - timedelta(seconds=1)),
+                TaskQuery(tag="tag-1", created_before=later - timedelta(seconds=1)),
+            ),
+            ({"name": "renamed-2"}, TaskQuery(name_prefix="renamed-2"), TaskQuery(name_prefix="renamed-1")),
+            ({"priority": -3}, None, None),
+            ({"bucket": None}, None, TaskQuery(bucket=5)),
+            ({"owner": None}, None, TaskQuery(owner="node-1")),
+            ({"pipeline_id": None}, None, TaskQuery(pipeline_id="p-1")),
+            ({"tags": frozenset()}, None, TaskQuery(tag="tag-1")),
+            ({"owner": "node-2"}, TaskQuery(owner="node-2"), None),
+        ]
+        for index, (fields, hit, miss) in enumerate(changes):
+            style = index % 3
+            version = current.status_version
+            if style == 0:  # 一条改变状态的迁移记录
+                target = S.PAUSING if current.status is S.RUNNING else S.RUNNING
+                current, record = step(current, target)
+                current = dataclasses.replace(current, **fields)  # type: ignore[arg-type]
+                store.save(current, expect_version=version, transitions=[record])
+            elif style == 1:  # 不带迁移记录、不加版本号
+                current = dataclasses.replace(current, **fields)  # type: ignore[arg-type]
+                store.save(current, expect_version=version)
+            else:  # 兜一圈回到原状态
+                there = S.PAUSING if current.status is S.RUNNING else S.RUNNING
+                current, loop = walk(current, there, current.status)
+                current = dataclasses.replace(current, **fields)  # type: ignore[arg-type]
+                store.save(current, expect_version=version, transitions=loop)
+            self.assertSnapshotEqual(store.get("s-index"), current)
+            if hit is not None:
+                self.assertEqual(found(hit), ["s-index"], f"{fields} 之后按新值查询 {hit} 应命中")
+            if miss is not None:
+                self.assertEqual(found(miss), [], f"{fields} 之后按旧值查询 {miss} 不应再命中")
+            self.assertEqual(found(TaskQuery(statuses=frozenset({current.status}))), ["s-index"])
+
+        # 不带迁移记录、不加版本号地只改状态（存储不查转移表）：状态照样改写。
+        stopping = dataclasses.replace(current, status=S.STOPPING)
+        store.save(stopping, expect_version=stopping.status_version)
+        self.assertSnapshotEqual(store.get("s-index"), stopping)
+        self.assertEqual(found(TaskQuery(statuses=frozenset({S.STOPPING}))), ["s-index"])
+        self.assertEqual(found(TaskQuery(statuses=frozenset({S.RUNNING, S.PAUSING}))), [])
+        self.assertVersions(store, "s-index", list(range(1, stopping.status_version + 1)))
+
     def test_save_does_not_clobber_side_channel_fields(self) -> None:
         store = self.open_store()
         base = snap("s-side", progress=Progress(done=0, total=10))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable, Sequence
-from itertools import compress
+from itertools import compress, repeat
 from operator import is_not
 from typing import Any
 
@@ -44,16 +44,23 @@ INSERT_TRANSITION_HEAD = f"INSERT OR IGNORE INTO transitions ({', '.join(schema.
 
 # 热路径上的 NULL 写成字面量，不作为参数绑定：Python 的 sqlite3 给 None 参数找适配器时要走两次失败的属性
 # 查找（int / float / str 有捷径，None 没有），每个约 3,000 条指令；一个空任务的 create 与三次 save 带
-# 约 50 个 None 参数，占了存储一侧指令数的一成（callgrind）。语句文本按"哪些列是 NULL"缓存，种类很少。
+# 约 50 个 None 参数，占了存储一侧指令数的一成（callgrind）。语句文本按"哪些列不是 NULL"（``keep``）缓存，
+# 种类很少。``keep`` 由 ``map(is_not, ...)`` 算、参数由 ``compress`` 取（都是 C 实现）：逐列跑 Python 的
+# 生成器表达式，一行 32 列要几微秒，每个任务好几行。
 @functools.lru_cache(maxsize=1024)
-def _values_sql(head: str, nulls: tuple[bool, ...]) -> str:
-    return f"{head} VALUES ({', '.join('NULL' if null else '?' for null in nulls)})"
+def _values_sql(head: str, keep: tuple[bool, ...]) -> str:
+    return f"{head} VALUES ({', '.join('?' if kept else 'NULL' for kept in keep)})"
+
+
+def _kept(values: Sequence[Any]) -> tuple[bool, ...]:
+    """每个值是不是"不是 None"（``keep`` 掩码）。"""
+    return tuple(map(is_not, values, repeat(None)))
 
 
 def insert_without_nulls(head: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
     """``head``（``INSERT ... (列...)``）+ 一行值 → (语句, 参数)：值为 None 的列写成字面量 NULL。"""
-    nulls = tuple(value is None for value in values)
-    return _values_sql(head, nulls), [value for value in values if value is not None]
+    keep = _kept(values)
+    return _values_sql(head, keep), list(compress(values, keep))
 
 
 def grouped_without_nulls(
@@ -73,31 +80,79 @@ def grouped_without_nulls(
         if group is None:
             groups[keep] = group = []
         group.append(tuple(compress(row, keep)))
-    return [(_values_sql(head, tuple(not k for k in keep)), group) for keep, group in groups.items()]
+    return [(_values_sql(head, keep), group) for keep, group in groups.items()]
 
 
 @functools.lru_cache(maxsize=1024)
-def _save_update_sql(nulls: tuple[bool, ...]) -> str:
-    assignments = ", ".join(
-        f"{column} = NULL" if null else f"{column} = ?"
-        for column, null in zip(schema.PLAIN_SAVE_COLUMNS, nulls, strict=True)
-    )
-    return f"UPDATE tasks SET {assignments}"
+def _save_update_sql(keep: tuple[bool, ...], changed: tuple[str, ...]) -> str:
+    assignments = [
+        f"{column} = ?" if kept else f"{column} = NULL"
+        for column, kept in zip(schema.PLAIN_SAVE_COLUMNS, keep, strict=True)
+    ]
+    assignments.extend(f"{column} = ?" for column in changed)
+    return f"UPDATE tasks SET {', '.join(assignments)} WHERE task_id = ?"
 
 
 def save_update(
     plain: Sequence[Any], changed: Sequence[tuple[str, Any]], task_id: str
 ) -> tuple[str, list[Any]]:
     """save 的 UPDATE：没有索引的列（``PLAIN_SAVE_COLUMNS`` 顺序的 ``plain``）每次都写，None 写成字面量；
-    再加上真的变了的被索引列。"""
-    nulls = tuple(value is None for value in plain)
-    sql = _save_update_sql(nulls)
-    params = [value for value in plain if value is not None]
-    if changed:
-        sql += "".join(f", {column} = ?" for column, _ in changed)
-        params.extend(value for _, value in changed)
+    再加上真的变了的被索引列。语句文本按"哪些列是 NULL、哪些被索引的列变了"缓存。"""
+    keep = _kept(plain)
+    params = list(compress(plain, keep))
+    params.extend(value for _, value in changed)
     params.append(task_id)
-    return f"{sql} WHERE task_id = ?", params
+    return _save_update_sql(keep, tuple(column for column, _ in changed)), params
+
+
+# save 的快速路径（见 store._save_tx）：不先 SELECT，直接一条带前提的 UPDATE，看它改了几行。前提是
+# "版本是期望的版本，且被索引的列（status 变了时除外）与 tags 都已经是新快照里的值"——满足时只 SET 没有
+# 索引的列（与 status），与先读再比较、只 SET 变了的被索引列的结果逐列相同，标签旁表也不必重写；不满足
+# （0 行：任务不存在、版本冲突，或者被索引的列 / 标签真的变了）时什么也没写，回到先读再写的慢路径。
+_GUARDED_COLUMNS = {
+    set_status: (*(c for c in schema.INDEXED_SAVE_COLUMNS if not (set_status and c == "status")), "tags")
+    for set_status in (False, True)
+}
+
+
+@functools.lru_cache(maxsize=1024)
+def _guarded_update_sql(plain_keep: tuple[bool, ...], set_status: bool, guard_keep: tuple[bool, ...]) -> str:
+    assignments = [
+        f"{column} = ?" if kept else f"{column} = NULL"
+        for column, kept in zip(schema.PLAIN_SAVE_COLUMNS, plain_keep, strict=True)
+    ]
+    if set_status:
+        assignments.append("status = ?")
+    # 前提列前面加一元 ``+``：不许规划器拿这些列的索引去找行（tasks_by_owner 的 (owner, created_key,
+    # task_id) 三列都是等值条件，统计信息一变规划器就可能挑它）；找行永远走 task_id 主键。
+    guards = [
+        f"+{column} IS ?" if kept else f"+{column} IS NULL"
+        for column, kept in zip(_GUARDED_COLUMNS[set_status], guard_keep, strict=True)
+    ]
+    return (
+        f"UPDATE tasks SET {', '.join(assignments)} "
+        f"WHERE task_id = ? AND status_version = ? AND {' AND '.join(guards)}"
+    )
+
+
+def guarded_save_update(
+    row: dict[str, Any], plain: Sequence[Any], old_status: str, task_id: str, expect_version: int
+) -> tuple[str, list[Any]]:
+    """快速路径的 UPDATE（见上）。``row`` 是新快照 save 写的列（``codec.save_row``），``plain`` 是其中没有
+    索引的列（``PLAIN_SAVE_COLUMNS`` 顺序）；``old_status`` 是调用方认为存储里此刻的状态（随附迁移记录的
+    第一条的起点；没有迁移记录就是新状态）：与新状态不同才 SET status，相同则 status 也是前提。"""
+    status = row["status"]
+    set_status = old_status != status
+    guard_values = [row[column] for column in _GUARDED_COLUMNS[set_status]]
+    plain_keep = _kept(plain)
+    guard_keep = _kept(guard_values)
+    params = list(compress(plain, plain_keep))
+    if set_status:
+        params.append(status)
+    params.append(task_id)
+    params.append(expect_version)
+    params.extend(compress(guard_values, guard_keep))
+    return _guarded_update_sql(plain_keep, set_status, guard_keep), params
 
 
 # save(lease_expired_before=...)：租约仍有效（lease_key 不早于给定时刻）就返回一行（与查询的判据相同）。
@@ -216,6 +271,7 @@ __all__ = [
     "TERMINAL_VALUES",
     "UPSERT_NODE",
     "grouped_without_nulls",
+    "guarded_save_update",
     "in_clause",
     "insert_without_nulls",
     "save_update",

@@ -531,8 +531,8 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         """一次写事务执行多项：某项抛 TaskError（版本冲突、重复 id、任务不存在）只是它自己的结果，同批其余
         照常提交；入参检查不过的项根本不进事务。不必每项一个 SAVEPOINT：``_create_tx`` / ``_save_tx`` 只在
         这一项写下任何东西之前抛 TaskError（create 的重复 id 由第一条 INSERT 报出，SQLite 只撤销那一条语句；
-        save 先查版本再写）。事务本身失败（写锁超时、磁盘满）照常抛出：整批都没写进去，调用方逐项按
-        "这次写失败"处理。撞锁重试整个事务时逐项结果重新算。"""
+        save 的快速路径改到 0 行时什么也没写，慢路径先查版本再写）。事务本身失败（写锁超时、磁盘满）照常
+        抛出：整批都没写进去，调用方逐项按"这次写失败"处理。撞锁重试整个事务时逐项结果重新算。"""
         results, work = prepare_batch(prepare)
         if not work:
             return results
@@ -615,17 +615,40 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         self._run("save", self._save_tx(request))
 
     def _save_tx(self, request: v.SaveRequest) -> Callable[[sqlite3.Connection], None]:
-        """一次 save 的事务体（入参已检查：``_save`` 由基类检查，``save_many`` 逐项检查）。"""
+        """一次 save 的事务体（入参已检查：``_save`` 由基类检查，``save_many`` 逐项检查）。
+
+        先走快速路径：一条带前提的 UPDATE（``_sql.guarded_save_update``：版本是期望的版本，被索引的列与
+        标签都没变），改到一行就只剩插迁移记录——每次 save 少一条 SELECT。改到 0 行时它什么也没写，再走
+        先读再写的慢路径：由读到的行分清任务不存在与版本冲突（报错与以前一字不差），并按读到的旧值决定
+        SET 哪些被索引的列、要不要重写标签。带租约条件的 save（reconcile 判 LOST）直接走慢路径：租约检查
+        与版本检查在同一个写事务里，快速路径不管租约。"""
         snapshot, expect_version, transitions = request.snapshot, request.expect_version, request.transitions
         lease_expired_before = request.lease_expired_before
         lease_key = None if lease_expired_before is None else codec.dt_key(lease_expired_before)
         row = codec.save_row(snapshot)
         plain_values = [row[column] for column in schema.PLAIN_SAVE_COLUMNS]
         indexed_values = [row[column] for column in schema.INDEXED_SAVE_COLUMNS]
-        history = [codec.transition_row(t) for t in transitions]
+        inserts = [
+            _sql.insert_without_nulls(_sql.INSERT_TRANSITION_HEAD, codec.transition_row(t))
+            for t in transitions
+        ]
         task_id = snapshot.task_id
+        # 存储里此刻的状态按调用方的说法猜：随附迁移记录的第一条从哪个状态出发（入参检查保证记录首尾相接、
+        # 版本接着 expect_version）；没有迁移记录的 save 不改状态。猜错了只是快速路径改到 0 行、走慢路径。
+        old_status = transitions[0].from_status._value_ if transitions else row["status"]
+        fast = (
+            None
+            if lease_key is not None
+            else _sql.guarded_save_update(row, plain_values, old_status, task_id, expect_version)
+        )
 
         def tx(conn: sqlite3.Connection) -> None:
+            if fast is None or conn.execute(*fast).rowcount != 1:
+                slow(conn)
+            for insert in inserts:
+                conn.execute(*insert)
+
+        def slow(conn: sqlite3.Connection) -> None:
             current = conn.execute(_sql.SAVE_SELECT, (task_id,)).fetchone()
             if current is None:
                 raise TaskNotFound(f"存储里没有任务 {task_id!r}")
@@ -662,8 +685,6 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 conn.executemany(
                     _sql.INSERT_TAG, [(tag, row["created_key"], task_id) for tag in snapshot.tags]
                 )
-            for record in history:
-                conn.execute(*_sql.insert_without_nulls(_sql.INSERT_TRANSITION_HEAD, record))
 
         return tx
 
