@@ -14,6 +14,7 @@ starting 并插入 queued → starting 的迁移记录。
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,9 @@ QUEUED_NOTICE = "queued"
 """NOTIFY 载荷里 ``kind`` 的值：有新的待认领持久任务（指令通知没有 kind）。"""
 
 
+@functools.lru_cache(maxsize=64)
 def claim_sql(s: str, *, by_bucket: bool) -> str:
+    """认领语句的文本（按 schema 与有无桶过滤缓存：worker 每认领一次都要它，不每次重新拼）。"""
     bucket = " AND bucket = ANY(%(buckets)s::integer[])" if by_bucket else ""
     returning = ", ".join(f"t.{c}" for c in TASK_COLUMNS)
     return (
@@ -95,6 +98,7 @@ _HISTORY = {
 assert set(_HISTORY) == set(TRANSITION_COLUMNS), "迁移记录表的列变了：认领并开始的语句要跟着改"
 
 
+@functools.lru_cache(maxsize=64)
 def claim_start_sql(s: str, *, by_bucket: bool) -> str:
     """认领并开始（``claim_queued(..., start=...)``）的一条语句：挑行、写持有者与租约、推进到 starting、
     插入 queued → starting 的迁移记录，全在一条语句的隐式事务里（一次往返、一次提交）。
