@@ -42,6 +42,7 @@ from chongming_task.core.numbers import check_int, check_seconds
 from chongming_task.core.recipes import OnLost
 from chongming_task.core.records import MAX_PRIORITY, MIN_PRIORITY, check_tag_count, validate_task_id
 from chongming_task.core.state_machine import StateMachine
+from chongming_task.core.storage.claiming import start_record
 from chongming_task.errors import ConfigurationError, DuplicateTaskId, TaskError
 from chongming_task.models import Outcome, TaskSnapshot, Transition, normalize_tags
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy, ConcurrencyPolicy, RetryPolicy, Timeout
@@ -896,8 +897,8 @@ class Controller(ClosesOnExit):
         """worker 能否用 ``claim_queued(..., start=...)``（认领与 starting 一次提交）：存储的合并写是一次提交
         （``TaskStore.starts_on_claim``）、执行器不在调用线程上跑任务体（InlineExecutor 会把认领线程占住）、
         额度只有全局的 max_parallel（有标签 / 每桶额度时认领来的任务可能要排队等额度，而存储里它已是
-        starting，不能回头排队）、没有登记事件监听器（queued → starting 发生在存储里，本进程的状态机没有
-        经历这次迁移，也就没有它的迁移记录可交给监听器；有监听器时照旧由本地状态机开始，事件一个不少）。
+        starting，不能回头排队）。有事件监听器也用它：queued → starting 发生在存储里，本进程的状态机没有经历
+        这次迁移，``host_started`` 照存储写下的那条迁移记录（``claiming.start_record``）补发给监听器。
         不能时 worker 照旧：认领、本地排队、由后台循环写 starting。"""
         store = self._link.store
         return (
@@ -905,7 +906,6 @@ class Controller(ClosesOnExit):
             and store.starts_on_claim
             and not self._run_executor.blocking
             and self._scheduler.only_global_limit
-            and not self._events.listeners
         )
 
     @property
@@ -946,6 +946,7 @@ class Controller(ClosesOnExit):
         """接管一个认领时已由存储写成 starting 的持久任务：占上 ``holding_slots`` 预留的槽，立刻开始任务体
         （starting 已随认领落库，不再写它）。"""
         run = self._run_from_recipe(machine, definition)
+        snapshot = machine.snapshot
         self._reserve([run])
         try:
             self._link.track(machine)
@@ -954,7 +955,11 @@ class Controller(ClosesOnExit):
         except BaseException:
             self._release_reserved([run])
             raise
-        snapshot = machine.snapshot
+        if self._events.listeners:
+            # queued → starting 发生在存储里（认领那条写），本地状态机没有这条迁移：照存储写下的那条补发给
+            # 监听器。在登记之前发：之后的 stop / pause 与任务线程上的 running 都排在它后面，
+            # 事件顺序与本地开始时一样。
+            self._events.emit_transition(snapshot, start_record(snapshot))
         with self._lock:
             self._reserved_ids.discard(run.task_id)
             closed = self._closed

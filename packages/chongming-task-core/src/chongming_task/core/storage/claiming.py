@@ -8,7 +8,9 @@ priority 大的先，同优先级按创建先后（``created_at``，再按 ``tas
 
 给了 ``start`` 的认领是同一次认领再加一步：认领到的行在同一个事务里由状态机推进到 ``starting``（attempt + 1、
 ``started_at``、执行器名与 queued → starting 的迁移记录，与 worker 自己 ``mark_starting`` 写下的一模一样：
-迁移规则只在 ``core/state_machine.py``，存储不另写一份——``start_claimed`` 就是用一台临时状态机算出来的）。
+迁移规则只在 ``core/state_machine.py``，存储不另写一份——``start_claimed`` 就是用一台临时状态机算出来的；
+唯一的例外是 PostgreSQL：为了一条语句、一次往返，它把 ``mark_starting`` 的改动逐列写进了 SQL，由它的专门用例
+逐字段对照 ``start_claimed`` 的结果守着两边一致）。
 为什么：worker 认领之后反正要写 starting（任务体开始之前它必须已落库），两次提交并成一次，每个任务少一次提交
 与往返。状态机拒绝开始的行（尝试预算已用完）只认领、不开始，交给 worker 照旧处理。
 
@@ -137,6 +139,28 @@ def start_claimed(
     return machine.snapshot, machine.transitions_since(snapshot.status_version)
 
 
+def start_record(started: TaskSnapshot) -> Transition:
+    """认领时已开始的快照（``claim_queued(..., start=...)`` 交回的 starting）→ 那次开始的迁移记录，与存储随它
+    写下的那一条相同。worker 有事件监听器时把它交给监听器：queued → starting 发生在存储里，本进程的状态机
+    没有经历这次迁移。
+
+    同样用临时状态机算（不另拼记录的字段）：记录只取决于 task_id、开始之后的版本与时刻（= started_at），
+    所以在"开始之前"的样子（版本、attempt 各减一，queued）上重放一次 ``mark_starting`` 就得到它。
+    """
+    from chongming_task.states import TaskStatus
+
+    assert started.started_at is not None, started
+    before = started.evolve(
+        status=TaskStatus.QUEUED,
+        status_version=started.status_version - 1,
+        attempt=started.attempt - 1,
+        started_at=None,
+    )
+    begun = start_claimed(before, ClaimStart(at=started.started_at, executor=started.executor))
+    assert begun is not None, started
+    return begun[1][-1]
+
+
 __all__ = [
     "MAX_CLAIM",
     "ClaimStart",
@@ -148,4 +172,5 @@ __all__ = [
     "claimable",
     "claimed",
     "start_claimed",
+    "start_record",
 ]

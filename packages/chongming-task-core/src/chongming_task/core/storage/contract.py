@@ -21,6 +21,7 @@ docs/store-guide.md（持久层实现指南）。
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -77,6 +78,9 @@ def _public_override(public: str) -> Any:
 ArchiveWrite = Callable[[list[Transition]], None]
 """按分区归档时接收一批迁移记录的回调：返回时这批必须已经持久落盘。"""
 
+
+_STARTS_ON_CLAIM: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+"""``TaskStore.starts_on_claim`` 按类的结果（弱引用：测试里临时定义的子类用完即可回收）。"""
 
 _CLAIM_START_PARTS = (
     "claim_queued",
@@ -354,11 +358,18 @@ class TaskStore(ClosesOnExit, ABC):
         （计数、注入故障、加闸门的测试替身、只覆盖公开方法的旧式后端）就会被绕过——这时 worker 照旧分两步写，
         子类改写的那一环仍在路径上。
         """
-        mro = type(self).__mro__
-        combined = next(i for i, cls in enumerate(mro) if "_claim_and_start" in cls.__dict__)
-        if mro[combined] is TaskStore:
-            return False
-        return not any(name in cls.__dict__ for cls in mro[:combined] for name in _CLAIM_START_PARTS)
+        kind = type(self)
+        known = _STARTS_ON_CLAIM.get(kind)
+        if known is None:
+            # 按类记下（worker 每认领一次都问一遍，不每次把 MRO 扫一遍）。只看类字典，实例上的属性不影响它；
+            # 第一次问过之后再改类字典（给类打补丁）不会被看见——与 __init_subclass__ 里的入口选择同一个前提。
+            mro = kind.__mro__
+            combined = next(i for i, cls in enumerate(mro) if "_claim_and_start" in cls.__dict__)
+            known = mro[combined] is not TaskStore and not any(
+                name in cls.__dict__ for cls in mro[:combined] for name in _CLAIM_START_PARTS
+            )
+            _STARTS_ON_CLAIM[kind] = known
+        return known
 
     # -- commands -----------------------------------------------------------------------------------
 

@@ -131,7 +131,15 @@ class DurableCases(ContractBase):
     # -- claim_queued -------------------------------------------------------------------------------
 
     def test_claim_takes_priority_then_fifo_and_only_limit(self) -> None:
+        self._check_priority_then_fifo(None)
+
+    def test_claim_and_start_takes_priority_then_fifo_and_only_limit(self) -> None:
+        """认领并开始是另一条写法（PostgreSQL 上是另一条语句）：顺序与数量的规矩一条不少。"""
+        self._check_priority_then_fifo(ClaimStart(at=LEASE, executor="thread"))
+
+    def _check_priority_then_fifo(self, start: ClaimStart | None) -> None:
         store = self.open_store()
+        claim = functools.partial(store.claim_queued, names=["contract-task"], lease_until=LEASE, start=start)
         store.create(durable("low-old", seconds=0, priority=0))
         store.create(durable("high-new", seconds=9, priority=5))
         store.create(durable("low-new", seconds=5, priority=0))
@@ -139,11 +147,13 @@ class DurableCases(ContractBase):
         # 同一时刻、不同时区写法：按时刻排，再按 task_id
         store.create(durable("tie-b", priority=-1, created_at=T0.astimezone(TZ_SHANGHAI)))
         store.create(durable("tie-a", priority=-1))
-        first = store.claim_queued("w1", names=["contract-task"], limit=3, lease_until=LEASE)
+        first = claim("w1", limit=3)
         self.assertEqual([s.task_id for s in first], ["high-old", "high-new", "low-old"])
-        rest = store.claim_queued("w2", names=["contract-task"], limit=10, lease_until=LEASE)
+        rest = claim("w2", limit=10)
         self.assertEqual([s.task_id for s in rest], ["low-new", "tie-a", "tie-b"])
-        self.assertEqual(store.claim_queued("w3", names=["contract-task"], limit=10, lease_until=LEASE), [])
+        self.assertEqual(claim("w3", limit=10), [])
+        want = S.QUEUED if start is None else S.STARTING
+        self.assertEqual({s.status for s in first + rest}, {want})
 
     def test_claim_sets_holder_and_lease_without_bumping_version(self) -> None:
         store = self.open_store()
@@ -161,7 +171,17 @@ class DurableCases(ContractBase):
         self.assertVersions(store, "d-h", [])
 
     def test_claim_only_unheld_queued_durable_tasks_of_the_given_names_and_buckets(self) -> None:
+        self._check_claim_criteria(None)
+
+    def test_claim_and_start_only_unheld_queued_durable_tasks_of_the_given_names_and_buckets(
+        self,
+    ) -> None:
+        """认领并开始同样只取登记了名字的、本节点的桶里的、无人持有的 queued 持久任务。"""
+        self._check_claim_criteria(ClaimStart(at=LEASE))
+
+    def _check_claim_criteria(self, start: ClaimStart | None) -> None:
         store = self.open_store()
+        claim = functools.partial(store.claim_queued, lease_until=LEASE, start=start)
         store.create(durable("ok", bucket=3))
         store.create(durable("ok-no-bucket"))
         store.create(snap("plain", status=S.QUEUED, status_version=1))  # 没有配方
@@ -170,16 +190,26 @@ class DurableCases(ContractBase):
         store.create(durable("paused", bucket=3, status=S.PAUSED, status_version=2))
         store.create(durable("other-name", bucket=3, name="other"))
         store.create(durable("other-bucket", bucket=4))
-        got = store.claim_queued("w", names=["contract-task"], buckets=[3], limit=100, lease_until=LEASE)
+        got = claim("w", names=["contract-task"], buckets=[3], limit=100)
         self.assertEqual([s.task_id for s in got], ["ok"], "给了桶集合时，没有桶的任务与别的桶的任务都不取")
-        got = store.claim_queued("w", names=["contract-task"], limit=100, lease_until=LEASE)
+        got = claim("w", names=["contract-task"], limit=100)
         self.assertEqual(sorted(s.task_id for s in got), ["ok-no-bucket", "other-bucket"])
-        self.assertEqual(store.claim_queued("w", names=[], limit=5, lease_until=LEASE), [])
-        self.assertEqual(store.claim_queued("w", names=["other"], buckets=[], limit=5, lease_until=LEASE), [])
-        self.assertEqual(store.claim_queued("w", names=["other"], limit=0, lease_until=LEASE), [])
+        self.assertEqual(claim("w", names=[], limit=5), [])
+        self.assertEqual(claim("w", names=["other"], buckets=[], limit=5), [])
+        self.assertEqual(claim("w", names=["other"], limit=0), [])
         untouched = store.get("other-name")
         assert untouched is not None
-        self.assertIsNone(untouched.owner)
+        self.assertEqual((untouched.owner, untouched.status, untouched.status_version), (None, S.QUEUED, 1))
+        for task_id, status, version in (
+            ("held", S.QUEUED, 1),
+            ("running", S.RUNNING, 3),
+            ("paused", S.PAUSED, 2),
+            ("plain", S.QUEUED, 1),
+        ):
+            kept = store.get(task_id)
+            assert kept is not None
+            self.assertEqual((kept.status, kept.status_version), (status, version), task_id)
+            self.assertVersions(store, task_id, [])
 
     def test_claim_rejects_bad_arguments(self) -> None:
         store = self.open_store()

@@ -2,7 +2,9 @@
 
 认领是一条语句：``FOR UPDATE SKIP LOCKED`` 挑出前 N 个可认领的行（别的认领者正锁着的行直接跳过，不排队
 等它），同一语句里写上持有者与租约并 RETURNING 整行。UPDATE 再核对一次 ``owner IS NULL``：READ COMMITTED 下
-被别人先提交认领的行不会被第二次取走。判据与顺序见 ``core/storage/claiming.py``。
+被别人先提交认领的行不会被第二次取走。判据与顺序见 ``core/storage/claiming.py``。认领并开始
+（``claim_queued(..., start=...)``）也是一条语句（``claim_start_sql``）：同样挑行、写持有者，同时推进到
+starting 并插入 queued → starting 的迁移记录。
 
 新建的无人持有的持久任务在同一事务里 ``pg_notify`` 到指令频道（载荷带 ``"queued"``）：worker 用
 ``listen`` 等通知，通知只是"快来看"的提示，丢了由轮询兜底。单个 create（``enqueue()``）把通知并进建任务的
@@ -12,13 +14,21 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import TYPE_CHECKING, Any
 
-from chongming_task.core.storage.claiming import QueuedClaim
+from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim
+from chongming_task.core.triggers import TRIGGER_STARTING
 from chongming_task.models import TaskSnapshot
+from chongming_task.states import TaskStatus
 from chongming_task.stores.postgres import _schema
-from chongming_task.stores.postgres._codec import TASK_COLUMNS, snapshot_from_row, split_dt
+from chongming_task.stores.postgres._codec import (
+    TASK_COLUMNS,
+    TRANSITION_COLUMNS,
+    snapshot_from_row,
+    split_dt,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -29,7 +39,9 @@ QUEUED_NOTICE = "queued"
 """NOTIFY 载荷里 ``kind`` 的值：有新的待认领持久任务（指令通知没有 kind）。"""
 
 
+@functools.lru_cache(maxsize=64)
 def claim_sql(s: str, *, by_bucket: bool) -> str:
+    """认领语句的文本（按 schema 与有无桶过滤缓存：worker 每认领一次都要它，不每次重新拼）。"""
     bucket = " AND bucket = ANY(%(buckets)s::integer[])" if by_bucket else ""
     returning = ", ".join(f"t.{c}" for c in TASK_COLUMNS)
     return (
@@ -40,6 +52,98 @@ def claim_sql(s: str, *, by_bucket: bool) -> str:
         "lease_until = %(until)s, lease_until_off = %(until_off)s "
         f"FROM picked WHERE t.task_id = picked.task_id AND t.owner IS NULL RETURNING {returning}"
     )
+
+
+_STARTS = "t.attempt < t.max_attempts"
+"""状态机 ``mark_starting`` 肯开始的行（``attempt + 1 > max_attempts`` 时它抛 AttemptsExhausted）。"""
+
+
+def _on_start(value: str, column: str) -> str:
+    return f"{column} = CASE WHEN {_STARTS} THEN {value} ELSE t.{column} END"
+
+
+_START_SETS = ", ".join(
+    _on_start(value, column)
+    for column, value in (
+        ("status", f"'{TaskStatus.STARTING.value}'"),
+        ("status_version", "t.status_version + 1"),
+        ("attempt", "t.attempt + 1"),
+        ("started_at", "%(at)s"),
+        ("started_at_off", "%(at_off)s"),
+        ("retry_at", "NULL"),
+        ("retry_at_off", "NULL"),
+        ("failure", "NULL"),
+        ("pid", "NULL"),
+        ("executor", "COALESCE(%(executor)s, t.executor)"),
+    )
+)
+"""queued → starting 在行上的改动，逐列照搬 ``StateMachine.mark_starting``（attempt + 1、started_at、清掉
+retry_at / failure / pid、给了执行器名才写它）与 ``_apply``（版本 + 1）。状态机不肯开始的行（尝试预算已用完）
+每列保持原值：只认领。"""
+
+
+_HISTORY = {
+    "task_id": "task_id",
+    "version": "status_version",
+    "from_status": f"'{TaskStatus.QUEUED.value}'",
+    "to_status": f"'{TaskStatus.STARTING.value}'",
+    "trigger": "%(trigger)s",
+    "actor": "NULL",
+    "reason": "NULL",
+    "at": "%(at)s",
+    "at_off": "%(at_off)s",
+}
+"""queued → starting 的迁移记录：列 → 取值（读 upd 的新值：version 是开始之后的版本）。与
+``Transition._trusted(task_id, queued, starting, TRIGGER_STARTING, None, None, version, at)`` 逐项相同。"""
+assert set(_HISTORY) == set(TRANSITION_COLUMNS), "迁移记录表的列变了：认领并开始的语句要跟着改"
+
+
+@functools.lru_cache(maxsize=64)
+def claim_start_sql(s: str, *, by_bucket: bool) -> str:
+    """认领并开始（``claim_queued(..., start=...)``）的一条语句：挑行、写持有者与租约、推进到 starting、
+    插入 queued → starting 的迁移记录，全在一条语句的隐式事务里（一次往返、一次提交）。
+
+    为什么不照认领 + save 的样子分开发（旧实现：``BEGIN``、认领、每行一条 save、``COMMIT``，四次往返）：
+    每次认领多三次往返与三次 execute 的客户端开销，worker 一侧每任务的客户端 CPU 大半花在这里；同一行
+    还要被更新两次（两个新元组、两遍索引维护）。迁移规则仍只有状态机那一份：这里的改动逐列对应
+    ``mark_starting``（见 ``_START_SETS``），契约用例（``test_claim_and_start_writes_starting_exactly_as_the_
+    state_machine_would``）与 PostgreSQL 的专门用例（逐字段对照 ``claiming.start_claimed`` 的结果）盯着两边
+    一致——状态机那边改了，它们会失败。
+
+    判据、顺序与并发语义与 ``claim_sql`` 相同（``FOR UPDATE SKIP LOCKED``，UPDATE 再核对 ``owner IS NULL``
+    与 queued）：同一任务无论多少认领者同时来取，只有一个开始它。迁移记录只为真的开始了的行写（hist 读 upd
+    的新值：版本即开始之后的版本），与任务行同一语句提交：历史没有空洞，任务体开始之前 starting 已落库。
+    """
+    bucket = " AND bucket = ANY(%(buckets)s::integer[])" if by_bucket else ""
+    returning = ", ".join(f"t.{c}" for c in TASK_COLUMNS)
+    queued, starting = TaskStatus.QUEUED.value, TaskStatus.STARTING.value
+    return (
+        f"WITH picked AS (SELECT task_id FROM {s}.tasks "
+        f"WHERE status = '{queued}' AND owner IS NULL AND recipe IS NOT NULL "
+        f"AND name = ANY(%(names)s::text[]){bucket} "
+        "ORDER BY priority DESC, created_at, task_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
+        f"upd AS (UPDATE {s}.tasks AS t SET owner = %(holder)s, lease_owner = %(holder)s, "
+        f"lease_until = %(until)s, lease_until_off = %(until_off)s, {_START_SETS} "
+        f"FROM picked WHERE t.task_id = picked.task_id AND t.owner IS NULL AND t.status = '{queued}' "
+        f"RETURNING {returning}), "
+        f"hist AS (INSERT INTO {s}.transitions ({', '.join(_HISTORY)}) "
+        f"SELECT {', '.join(_HISTORY.values())} FROM upd WHERE status = '{starting}') "
+        f"SELECT {', '.join(TASK_COLUMNS)} FROM upd"
+    )
+
+
+def claim_start_statement(
+    s: str, request: QueuedClaim, start: ClaimStart
+) -> tuple[str, dict[str, Any]] | None:
+    """``claim_start_sql`` 的语句与参数；过滤值不可能匹配任何任务时返回 None。"""
+    statement = claim_statement(s, request)
+    if statement is None:
+        return None
+    params = statement[1]
+    params["at"], params["at_off"] = split_dt(start.at)
+    params["executor"] = start.executor
+    params["trigger"] = TRIGGER_STARTING
+    return claim_start_sql(s, by_bucket=params["buckets"] is not None), params
 
 
 def claim(conn: Conn, s: str, request: QueuedClaim) -> list[TaskSnapshot]:
@@ -134,6 +238,8 @@ __all__ = [
     "add_later_columns",
     "claim",
     "claim_sql",
+    "claim_start_sql",
+    "claim_start_statement",
     "claim_statement",
     "claimable",
     "claimed_snapshots",

@@ -26,7 +26,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
-from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim, start_claimed
+from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim
 from chongming_task.core.storage.contract import ArchiveWrite, TaskStore, prepare_batch
 from chongming_task.core.storage.opening import (
     CreateSchema,
@@ -1333,49 +1333,20 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             return _claim.claim(conn, self._sql.s, request)
 
     def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
-        """认领与 starting 一个事务：``BEGIN``、认领（要读回行才知道开始谁）、各行 starting 的 save
-        （与 ``save`` 同一条语句）、``COMMIT``，一次提交。
+        """认领与 starting 一条语句（``_claim.claim_start_sql``）：挑行、写持有者、推进到 starting、写迁移
+        记录，一次往返、一次提交。状态机不让开始的行（尝试预算已用完）只认领，交回的仍是 queued。
 
-        为什么不用管道 + ``conn.transaction()``（把 save 与 COMMIT 并成一次往返）：实测（本机、psycopg 3.3）
-        那样每次认领多一两百微秒的客户端 CPU，与省下的那次提交相当甚至更多，而机器只有两个核，多出的 CPU
-        抢的正是服务器与任务线程的；连接是 autocommit 的，手写的 BEGIN / COMMIT 少一层事务对象。也不用
-        客户端绑定参数的多语句：那样服务器每次都要重新解析、规划这条几十个参数的 save（预备语句省掉的
-        正是这个）。认领语句锁住了这些行直到提交，save 的版本条件不会
-        落空；万一落空（那一行什么也没写），交回的就是认领到的那份（仍是 queued、归认领者），与不给
-        ``start`` 时的结果一样，worker 照旧路径开始它。
+        为什么不再是 ``BEGIN``、认领、各行 starting 的 save、``COMMIT``（上一版）：四次往返、四次 execute，
+        worker 每任务客户端 CPU 的大半花在这里，同一行还要更新两次。为什么当初没写成一条：那时认为要先读回
+        行才知道怎样开始它——其实 queued → starting 的改动只依赖行自己的 attempt / max_attempts，一条
+        UPDATE 的 CASE 就能照状态机的规矩写出来（逐列对应关系与守着它的用例见 ``_claim.claim_start_sql``）。
         """
-        statement = None if request.empty else _claim.claim_statement(self._sql.s, request)
+        statement = None if request.empty else _claim.claim_start_statement(self._sql.s, request, start)
         if statement is None:
             self._check_open()
             return []
-        outcomes: dict[str, TaskSnapshot] = {}
         with self._connection() as conn:
-            try:
-                conn.execute("BEGIN")
-                claimed = _claim.claimed_snapshots(conn.execute(*statement).fetchall())
-                for snapshot in claimed:
-                    begun = start_claimed(snapshot, start)
-                    if begun is None:
-                        continue
-                    started, transitions = begun
-                    text, params, judge = self._save_statement(
-                        v.SaveRequest(started, snapshot.status_version, transitions)
-                    )
-                    error = judge(conn, conn.execute(text, params).fetchone())
-                    if error is not None:
-                        logger.warning(
-                            "认领的任务 %s 没能在同一事务里开始（交回认领到的那份）：%s",
-                            snapshot.task_id,
-                            error,
-                        )
-                    outcomes[snapshot.task_id] = snapshot if error is not None else started
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")  # 手写的事务手动收：不把半截事务还给连接池
-                raise
-        return [outcomes.get(snapshot.task_id, snapshot) for snapshot in claimed]
+            return _claim.claimed_snapshots(conn.execute(*statement).fetchall())
 
     def complete_command(self, command_id: str, claimant: str) -> bool:
         checks.check_key("command_id", command_id)

@@ -1,0 +1,152 @@
+"""PostgresTaskStore 的"认领并开始"（``claim_queued(..., start=...)``）：一条语句里照状态机的规矩写 starting。
+
+那条语句（``_claim.claim_start_sql``）把 ``mark_starting`` 的改动逐列写成了 SQL，所以这里逐字段（连时区偏移）
+对照 ``claiming.start_claimed`` 算出的快照与迁移记录：状态机那边多改一个字段、这边漏写一列，都会在这里失败。
+另一个用例让几个各自一个连接池的存储（等同于几台机器）同时抢同一批任务：每个任务只被一个开始，且每个开始了的
+任务都有它那一条 queued → starting 的迁移记录（历史没有空洞）。
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim, claimed, start_claimed
+from chongming_task.models import Failure, FailureKind, TaskSnapshot, Transition
+from chongming_task.states import TaskStatus
+from chongming_task.stores.postgres import PostgresTaskStore
+from chongming_task.testing.contract.durable import durable
+
+pytestmark = pytest.mark.postgres
+
+S = TaskStatus
+LEASE = datetime(2026, 3, 1, 9, 0, 0, tzinfo=timezone(timedelta(hours=-5)))
+NAMES = ["contract-task"]
+
+
+@pytest.fixture
+def store(postgres_dsn: str, schema: str) -> Iterator[PostgresTaskStore]:
+    opened = PostgresTaskStore(postgres_dsn, schema=schema)
+    yield opened
+    opened.close()
+
+
+def _exact(value: object) -> object:
+    """相等之外还要同一个时区偏移（datetime 的 == 只比时刻）。"""
+    return (value, value.utcoffset()) if isinstance(value, datetime) else value
+
+
+def _fields(snapshot: TaskSnapshot) -> dict[str, object]:
+    return {name: _exact(getattr(snapshot, name)) for name in TaskSnapshot.FIELD_NAMES}
+
+
+def _record(transition: Transition) -> tuple[object, ...]:
+    return (
+        transition.task_id,
+        transition.version,
+        transition.from_status,
+        transition.to_status,
+        transition.trigger,
+        transition.actor,
+        transition.reason,
+        _exact(transition.at),
+    )
+
+
+@pytest.mark.parametrize("executor", ["thread", None])
+def test_claim_and_start_writes_what_the_state_machine_computes(
+    store: PostgresTaskStore, executor: str | None
+) -> None:
+    retried = Failure(FailureKind.EXCEPTION, "上一次尝试失败", retryable=True)
+    before = [
+        durable("fresh", seconds=0),
+        # 重试之后回到 queued 的样子：上一次尝试留下的 failure / retry_at / pid / 执行器名都要照状态机处理
+        durable(
+            "again",
+            seconds=1,
+            attempt=1,
+            max_attempts=3,
+            failure=retried,
+            retry_at=datetime(2026, 3, 1, 8, 0, 30, tzinfo=timezone(timedelta(hours=3))),
+            pid=4242,
+            executor="process",
+            status_version=5,
+        ),
+        durable("spent", seconds=2, attempt=3, max_attempts=3),  # 状态机不让开始：只认领
+    ]
+    for snapshot in before:
+        store.create(snapshot)
+    at = datetime(2026, 3, 1, 16, 0, 7, 123456, tzinfo=timezone(timedelta(hours=8)))
+    start = ClaimStart(at=at, executor=executor)
+    request = QueuedClaim("worker-a", frozenset(NAMES), None, 5, LEASE)
+    got = store.claim_queued("worker-a", names=NAMES, limit=5, lease_until=LEASE, start=start)
+
+    assert [snapshot.task_id for snapshot in got] == ["fresh", "again", "spent"]
+    for snapshot, original in zip(got, before, strict=True):
+        held = claimed(original, request)
+        begun = start_claimed(held, start)
+        want, history = (held, ()) if begun is None else begun
+        assert _fields(snapshot) == _fields(want), snapshot.task_id
+        stored = store.get(snapshot.task_id)
+        assert stored is not None
+        assert _fields(stored) == _fields(want), snapshot.task_id
+        assert [_record(t) for t in store.history(snapshot.task_id)] == [_record(t) for t in history]
+    assert [s.status for s in got] == [S.STARTING, S.STARTING, S.QUEUED]
+
+
+def test_racing_stores_start_every_task_once_each_with_its_transition_record(
+    postgres_dsn: str, schema: str
+) -> None:
+    total = 120
+    stores = [PostgresTaskStore(postgres_dsn, schema=schema, min_size=2, max_size=2) for _ in range(3)]
+    try:
+        for index in range(total):
+            stores[0].create(durable(f"race-{index:03d}", seconds=index % 7))
+        taken: dict[str, list[str]] = {}
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+        barrier = threading.Barrier(6)
+
+        def worker(store: PostgresTaskStore, holder: str) -> None:
+            start = ClaimStart(at=LEASE, executor=holder)
+            barrier.wait()
+            try:
+                while True:
+                    got = store.claim_queued(holder, names=NAMES, limit=2, lease_until=LEASE, start=start)
+                    with lock:
+                        for snapshot in got:
+                            taken.setdefault(snapshot.task_id, []).append(holder)
+                        if not got or sum(map(len, taken.values())) > 2 * total:
+                            return
+            except BaseException as exc:  # 交给主线程断言（线程里的异常不会让用例失败）
+                with lock:
+                    errors.append(exc)
+
+        threads = [
+            threading.Thread(target=worker, args=(store, f"m{machine}-t{thread}"))
+            for machine, store in enumerate(stores)
+            for thread in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == []
+        doubles = {task_id: holders for task_id, holders in taken.items() if len(holders) != 1}
+        assert doubles == {}, "同一个任务被不止一个认领者开始"
+        assert len(taken) == total, "有任务没有被任何认领者开始"
+        probe = stores[0]
+        for snapshot in probe.query():
+            (holder,) = taken[snapshot.task_id]
+            assert (snapshot.status, snapshot.status_version, snapshot.attempt) == (S.STARTING, 2, 1)
+            assert (snapshot.owner, snapshot.lease_owner, snapshot.executor) == (holder, holder, holder)
+            history = probe.history(snapshot.task_id)
+            assert [(t.from_status, t.to_status, t.version) for t in history] == [
+                (S.QUEUED, S.STARTING, 2)
+            ], f"{snapshot.task_id} 开始了，却没有（或不止一条）queued → starting 的迁移记录"
+    finally:
+        for opened in stores:
+            opened.close()
