@@ -902,6 +902,60 @@ def test_listeners_keep_registration_order_through_add_and_remove() -> None:
     assert calls[8:] == ["c", "late", "a"]
 
 
+class _Owner:
+    def __init__(self, calls: list[str], name: str) -> None:
+        self.calls, self.name = calls, name
+
+    def on_transition(self, snapshot: TaskSnapshot, record: Transition) -> None:
+        assert snapshot.status is record.to_status
+        self.calls.append(self.name)
+
+
+def test_owner_listener_is_the_bound_method_in_order_and_removal() -> None:
+    # add_owner_listener(o, f) 与 add_listener(o.f) 一样：同样的顺序、同样能用 o.f 摘掉——只是不常驻绑定方法
+    machine = fresh()
+    calls: list[str] = []
+    first, late = _Owner(calls, "first"), _Owner(calls, "late")
+
+    def plain(snapshot: TaskSnapshot, record: Transition) -> None:
+        calls.append("plain")
+
+    machine.add_owner_listener(first, _Owner.on_transition)
+    machine.add_listener(plain)
+    machine.add_owner_listener(late, _Owner.on_transition)  # 不是第一个：退回普通登记，仍排在最后
+    machine.mark_queued()
+    assert calls == ["first", "plain", "late"]
+    with pytest.raises(ValueError):
+        machine.remove_listener(_Owner(calls, "other").on_transition)  # 别的 owner 的同名方法不相等
+    machine.remove_listener(first.on_transition)
+    machine.mark_starting()
+    assert calls[3:] == ["plain", "late"]
+    machine.remove_listener(late.on_transition)
+    machine.remove_listener(plain)
+    machine.add_owner_listener(late, _Owner.on_transition)  # 摘空之后又能占第一个
+    machine.mark_running()
+    assert calls[5:] == ["late"]
+    with pytest.raises(ConfigurationError, match="owner 不能是 None"):
+        machine.add_owner_listener(None, _Owner.on_transition)
+
+
+def test_owner_listener_error_does_not_starve_others() -> None:
+    machine = fresh()
+    calls: list[str] = []
+
+    class Broken(_Owner):
+        def on_transition(self, snapshot: TaskSnapshot, record: Transition) -> None:
+            super().on_transition(snapshot, record)
+            raise RuntimeError("store down")
+
+    machine.add_owner_listener(Broken(calls, "broken"), Broken.on_transition)
+    machine.add_listener(_Owner(calls, "healthy").on_transition)
+    with pytest.raises(RuntimeError, match="store down"):
+        machine.mark_queued()
+    assert calls == ["broken", "healthy"]
+    assert machine.status is S.QUEUED
+
+
 def test_snapshots_are_immutable_and_old_ones_unchanged() -> None:
     machine = fresh()
     first = machine.snapshot

@@ -23,7 +23,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any
+from types import MethodType
+from typing import Any, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.records import (
@@ -64,6 +65,8 @@ from chongming_task.errors import AttemptsExhausted, ConfigurationError, Invalid
 S = TaskStatus
 
 TransitionListener = Callable[[TaskSnapshot, Transition], None]
+
+_Owner = TypeVar("_Owner")
 
 # 热路径上直接查普通 dict：它就是 TRANSITIONS 本身的内容（同一批 frozenset 对象），不是另一份表。
 _TABLE: dict[TaskStatus, frozenset[TaskStatus]] = dict(TRANSITIONS)
@@ -114,7 +117,7 @@ _ENDINGS: dict[TaskStatus, tuple[FailureKind, str, bool, bool]] = {
 class StateMachine:
     """一个任务的状态机：当前快照 + 只追加的迁移历史。"""
 
-    __slots__ = ("_clock", "_listener", "_listeners", "_snapshot", "_transitions", "lock")
+    __slots__ = ("_clock", "_listener", "_listeners", "_owner", "_snapshot", "_transitions", "lock")
 
     def __init__(
         self,
@@ -176,8 +179,11 @@ class StateMachine:
         # 监听器按登记顺序是 (_listener, *_listeners)。第一个单独放一个槽、其余的放不可变元组（增删时
         # 整体换掉）：受监督的任务几乎都只有一个监听器（TaskRun 的），这样每个任务不必再带一个列表——
         # 在管任务成千上万时，每个少一个被循环 GC 追踪的容器（issue 17）；通知时也不必先复制一份。
-        self._listener: TransitionListener | None = None
+        self._listener: Callable[..., None] | None = None
         self._listeners: tuple[TransitionListener, ...] = ()
+        # 不为 None 时，第一个监听器是一个普通函数、以 ``_listener(_owner, 快照, 记录)`` 调用（见
+        # add_owner_listener）：等价于登记 ``owner.method``，只是不为每台状态机常驻一个绑定方法对象。
+        self._owner: Any = None
         self.lock = lock or threading.RLock()
 
     # -- construction -------------------------------------------------------------------------------
@@ -328,12 +334,35 @@ class StateMachine:
             else:
                 self._listeners = (*self._listeners, listener)
 
+    def add_owner_listener(
+        self, owner: _Owner, handler: Callable[[_Owner, TaskSnapshot, Transition], None]
+    ) -> None:
+        """同 ``add_listener(MethodType(handler, owner))``（顺序、异常与摘除的规矩都一样）：每次迁移之后以
+        ``handler(owner, 新快照, 迁移记录)`` 调用。
+
+        为什么单有这个入口：TaskRun 给自己的状态机登记的监听器是它自己的方法；绑定方法是一个常驻的、被
+        循环 GC 追踪的对象，积压上万个任务时每个任务多一个要扫的对象（issue 17）。这里只存函数与 owner 两个
+        引用（槽位），调用时再传 owner。只有它是第一个监听器时才这样存；之前已有别的监听器时退回普通登记。
+        ``remove_listener(owner.method)`` 照样能摘掉它（绑定方法按 ``__self__`` 与 ``__func__`` 比较相等）。
+        """
+        if owner is None:
+            raise ConfigurationError("add_owner_listener() 的 owner 不能是 None")
+        with self.lock:
+            if self._listener is None:
+                self._listener, self._owner = handler, owner
+            else:
+                self.add_listener(MethodType(handler, owner))
+
     def remove_listener(self, listener: TransitionListener) -> None:
         """摘掉最早登记的那一个（没登记过时抛 ValueError，同 ``list.remove``）。"""
         with self.lock:
-            if self._listener is not None and self._listener == listener:
+            first = self._listener
+            if first is not None and self._owner is not None:
+                first = MethodType(first, self._owner)
+            if first is not None and first == listener:
                 rest = self._listeners
                 self._listener, self._listeners = (rest[0], rest[1:]) if rest else (None, ())
+                self._owner = None
                 return
             rest_list = list(self._listeners)
             rest_list.remove(listener)
@@ -388,9 +417,11 @@ class StateMachine:
     def _notify(self, snapshot: TaskSnapshot, record: Transition) -> None:
         first_error: BaseException | None = None
         # 先取下这一刻的登记（监听器里增删监听器只影响下一次迁移，同原来"先复制一份列表"的语义）。
-        first, rest = self._listener, self._listeners
+        first, owner, rest = self._listener, self._owner, self._listeners
         try:
-            if first is not None:
+            if owner is not None:
+                first(owner, snapshot, record)  # type: ignore[misc]
+            elif first is not None:
                 first(snapshot, record)
         except BaseException as exc:  # 记下来，先让其余监听器看到这次迁移，再抛给调用方
             first_error = exc
