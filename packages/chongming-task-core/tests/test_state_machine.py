@@ -1104,3 +1104,25 @@ def test_a_sibling_is_only_copied_from_a_task_that_has_just_been_queued() -> Non
     blocked.mark_blocked()
     with pytest.raises(ConfigurationError, match="只能从刚入队"):
         blocked.sibling("t2")
+
+
+def test_history_is_kept_packed_and_read_back_as_equal_transitions() -> None:
+    # 状态机把历史存成紧凑元组（records.PackedTransition），读 transitions 时现造：按值与当初交给监听器的
+    # 记录相等，装历史的元组在一次回收之后不再被 GC 追踪（这正是紧凑存放的用意，issue 17）。
+    import gc
+
+    machine = fresh()
+    seen: list[Transition] = []
+    machine.add_listener(lambda snapshot, record: seen.append(record))
+    machine.mark_queued()
+    machine.mark_starting(executor="thread")
+    machine.mark_running()
+    machine.mark_stopping(reason="人工停止：维护窗口")
+    machine.mark_stopped(reason="人工停止：维护窗口", actor="ops")
+    assert list(machine.transitions) == seen
+    assert machine.transitions_since(3) == tuple(seen[3:])
+    assert all(isinstance(r.from_status, TaskStatus) and r.task_id == "t1" for r in machine.transitions)
+    gc.collect()
+    assert not any(gc.is_tracked(packed) for packed in machine._transitions)
+    rebuilt = StateMachine.from_snapshot(machine.snapshot, machine.transitions)
+    assert rebuilt.transitions == machine.transitions

@@ -30,12 +30,15 @@ from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.records import (
     Failure,
     FailureKind,
+    PackedTransition,
     Progress,
     TaskSnapshot,
     Transition,
     copy_with,
+    pack_transition,
     require_aware,
     sanitize_reason,
+    unpack_transition,
 )
 from chongming_task.core.statuses import RETRYABLE_FROM, TERMINAL_STATUSES, TRANSITIONS, TaskStatus
 from chongming_task.core.triggers import (
@@ -72,6 +75,8 @@ _Owner = TypeVar("_Owner")
 _TABLE: dict[TaskStatus, frozenset[TaskStatus]] = dict(TRANSITIONS)
 _TERMINAL = TERMINAL_STATUSES
 _ADOPTABLE = frozenset({S.QUEUED, S.PAUSED, S.RETRY_WAIT})
+_VALUE: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
+_PENDING_VALUE = S.PENDING.value
 
 
 # force_transition 落到非成功终态、又没有任何失败记录时补记的失败类型（与对应 mark_* 的默认一致）。
@@ -163,17 +168,19 @@ class StateMachine:
                     f"任务 {task_id!r} 的快照状态 {snapshot.status.value} 与历史末条 "
                     f"{previous.to_status.value} 不一致"
                 )
-        self._fill(snapshot, history, clock, lock)
+        self._fill(snapshot, [pack_transition(record) for record in history], clock, lock)
 
     def _fill(
         self,
         snapshot: TaskSnapshot,
-        history: list[Transition],
+        history: list[PackedTransition],
         clock: Clock | None,
         lock: threading.RLock | None,
     ) -> None:
         """填各个槽（``__init__`` 检查完历史之后；``sibling`` 的字段来自已检查的模板，直接填）。"""
         self._snapshot = snapshot
+        # 历史按紧凑形式存（records.PackedTransition：GC 不追踪的元组），
+        # 读 ``transitions`` 时才现造 Transition。
         self._transitions = history
         self._clock: Clock = clock or SYSTEM_CLOCK
         # 监听器按登记顺序是 (_listener, *_listeners)。第一个单独放一个槽、其余的放不可变元组（增删时
@@ -237,19 +244,17 @@ class StateMachine:
         first = history[0] if len(history) == 1 else None
         # 只有"刚入队、还没动过"的模板才能照抄：走过更多迁移的快照里带着那些迁移留下的字段（attempt、
         # started_at……），照抄就把别的任务的经历安到了新任务头上。
-        if first is None or first.from_status is not S.PENDING or current.status is not S.QUEUED:
+        if first is None or first[0] != _PENDING_VALUE or current.status is not S.QUEUED:
             raise ConfigurationError(
                 f"sibling() 只能从刚入队（pending → queued、只有一条迁移）的任务复制，任务 {self.task_id!r} "
                 f"的状态是 {current.status.value}、有 {len(history)} 条迁移"
             )
         now = self._clock.now()
         snapshot = current.evolve(task_id=task_id, created_at=now, queued_at=now)
-        record = Transition._trusted(
-            task_id, first.from_status, first.to_status, first.trigger, first.actor, first.reason, 1, now
-        )
+        from_value, to_value, trigger, actor, reason = first[:5]
         # 不经 __init__ 的历史检查：一条 pending → queued、版本 1、属于这个 task_id 的记录，按构造就是一致的。
         machine = object.__new__(type(self))
-        machine._fill(snapshot, [record], self._clock, lock)
+        machine._fill(snapshot, [(from_value, to_value, trigger, actor, reason, 1, now)], self._clock, lock)
         return machine
 
     # -- reading ------------------------------------------------------------------------------------
@@ -269,7 +274,9 @@ class StateMachine:
     @property
     def transitions(self) -> tuple[Transition, ...]:
         with self.lock:
-            return tuple(self._transitions)
+            packed = list(self._transitions)
+        task_id = self._snapshot.task_id
+        return tuple([unpack_transition(task_id, record) for record in packed])
 
     @property
     def clock(self) -> Clock:
@@ -284,8 +291,10 @@ class StateMachine:
             history = self._transitions
             if not history:
                 return ()
-            start = max(0, version - history[0].version + 1)
-            return tuple(history[start:])
+            start = max(0, version - history[0][5] + 1)
+            packed = history[start:]
+        task_id = self._snapshot.task_id
+        return tuple([unpack_transition(task_id, record) for record in packed])
 
     def can(self, target: TaskStatus) -> bool:
         """预检：对应的动作现在会不会被接受（转移表 + §11.3 的状态守卫 + 尝试预算）。
@@ -409,7 +418,7 @@ class StateMachine:
             reason = sanitize_reason(reason)
         record = Transition._trusted(current.task_id, source, target, trigger, actor, reason, version, now)
         self._snapshot = snapshot
-        self._transitions.append(record)
+        self._transitions.append((_VALUE[source], _VALUE[target], trigger, actor, reason, version, now))
         if self._listener is not None:
             self._notify(snapshot, record)
         return snapshot
