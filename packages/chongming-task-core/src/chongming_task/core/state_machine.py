@@ -78,6 +78,9 @@ _ADOPTABLE = frozenset({S.QUEUED, S.PAUSED, S.RETRY_WAIT})
 _VALUE: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
 _PENDING_VALUE = S.PENDING.value
 
+_TUPLE_HISTORY = 32
+"""历史不超过这么多条时存成一个元组（每次迁移换一个新元组），更长时换成列表原地追加（见 ``_apply``）。"""
+
 
 # force_transition 落到非成功终态、又没有任何失败记录时补记的失败类型（与对应 mark_* 的默认一致）。
 _FORCED_FAILURE: dict[TaskStatus, tuple[FailureKind, bool]] = {
@@ -173,15 +176,18 @@ class StateMachine:
     def _fill(
         self,
         snapshot: TaskSnapshot,
-        history: list[PackedTransition],
+        history: tuple[PackedTransition, ...] | list[PackedTransition],
         clock: Clock | None,
         lock: threading.RLock | None,
     ) -> None:
         """填各个槽（``__init__`` 检查完历史之后；``sibling`` 的字段来自已检查的模板，直接填）。"""
         self._snapshot = snapshot
-        # 历史按紧凑形式存（records.PackedTransition：GC 不追踪的元组），
-        # 读 ``transitions`` 时才现造 Transition。
-        self._transitions = history
+        # 历史按紧凑形式存（records.PackedTransition：GC 不追踪的元组），读 transitions 时才现造 Transition。
+        # 装它们的容器在不长时也是元组：只装不被追踪的元组的元组，GC 同样不再追踪；列表总被追踪（issue 17）。
+        # 每次迁移换一个长一条的新元组，复制的代价随条数增长，所以超过 _TUPLE_HISTORY 条后换成列表原地追加。
+        self._transitions: tuple[PackedTransition, ...] | list[PackedTransition] = (
+            tuple(history) if len(history) <= _TUPLE_HISTORY else list(history)
+        )
         self._clock: Clock = clock or SYSTEM_CLOCK
         # 监听器按登记顺序是 (_listener, *_listeners)。第一个单独放一个槽、其余的放不可变元组（增删时
         # 整体换掉）：受监督的任务几乎都只有一个监听器（TaskRun 的），这样每个任务不必再带一个列表——
@@ -254,7 +260,7 @@ class StateMachine:
         from_value, to_value, trigger, actor, reason = first[:5]
         # 不经 __init__ 的历史检查：一条 pending → queued、版本 1、属于这个 task_id 的记录，按构造就是一致的。
         machine = object.__new__(type(self))
-        machine._fill(snapshot, [(from_value, to_value, trigger, actor, reason, 1, now)], self._clock, lock)
+        machine._fill(snapshot, ((from_value, to_value, trigger, actor, reason, 1, now),), self._clock, lock)
         return machine
 
     # -- reading ------------------------------------------------------------------------------------
@@ -418,7 +424,14 @@ class StateMachine:
             reason = sanitize_reason(reason)
         record = Transition._trusted(current.task_id, source, target, trigger, actor, reason, version, now)
         self._snapshot = snapshot
-        self._transitions.append((_VALUE[source], _VALUE[target], trigger, actor, reason, version, now))
+        packed = (_VALUE[source], _VALUE[target], trigger, actor, reason, version, now)
+        history = self._transitions
+        if history.__class__ is tuple and len(history) < _TUPLE_HISTORY:
+            self._transitions = (*history, packed)
+        elif isinstance(history, list):
+            history.append(packed)
+        else:
+            self._transitions = [*history, packed]
         if self._listener is not None:
             self._notify(snapshot, record)
         return snapshot
