@@ -902,6 +902,60 @@ def test_listeners_keep_registration_order_through_add_and_remove() -> None:
     assert calls[8:] == ["c", "late", "a"]
 
 
+class _Owner:
+    def __init__(self, calls: list[str], name: str) -> None:
+        self.calls, self.name = calls, name
+
+    def on_transition(self, snapshot: TaskSnapshot, record: Transition) -> None:
+        assert snapshot.status is record.to_status
+        self.calls.append(self.name)
+
+
+def test_owner_listener_is_the_bound_method_in_order_and_removal() -> None:
+    # add_owner_listener(o, f) 与 add_listener(o.f) 一样：同样的顺序、同样能用 o.f 摘掉——只是不常驻绑定方法
+    machine = fresh()
+    calls: list[str] = []
+    first, late = _Owner(calls, "first"), _Owner(calls, "late")
+
+    def plain(snapshot: TaskSnapshot, record: Transition) -> None:
+        calls.append("plain")
+
+    machine.add_owner_listener(first, _Owner.on_transition)
+    machine.add_listener(plain)
+    machine.add_owner_listener(late, _Owner.on_transition)  # 不是第一个：退回普通登记，仍排在最后
+    machine.mark_queued()
+    assert calls == ["first", "plain", "late"]
+    with pytest.raises(ValueError):
+        machine.remove_listener(_Owner(calls, "other").on_transition)  # 别的 owner 的同名方法不相等
+    machine.remove_listener(first.on_transition)
+    machine.mark_starting()
+    assert calls[3:] == ["plain", "late"]
+    machine.remove_listener(late.on_transition)
+    machine.remove_listener(plain)
+    machine.add_owner_listener(late, _Owner.on_transition)  # 摘空之后又能占第一个
+    machine.mark_running()
+    assert calls[5:] == ["late"]
+    with pytest.raises(ConfigurationError, match="owner 不能是 None"):
+        machine.add_owner_listener(None, _Owner.on_transition)
+
+
+def test_owner_listener_error_does_not_starve_others() -> None:
+    machine = fresh()
+    calls: list[str] = []
+
+    class Broken(_Owner):
+        def on_transition(self, snapshot: TaskSnapshot, record: Transition) -> None:
+            super().on_transition(snapshot, record)
+            raise RuntimeError("store down")
+
+    machine.add_owner_listener(Broken(calls, "broken"), Broken.on_transition)
+    machine.add_listener(_Owner(calls, "healthy").on_transition)
+    with pytest.raises(RuntimeError, match="store down"):
+        machine.mark_queued()
+    assert calls == ["broken", "healthy"]
+    assert machine.status is S.QUEUED
+
+
 def test_snapshots_are_immutable_and_old_ones_unchanged() -> None:
     machine = fresh()
     first = machine.snapshot
@@ -1050,3 +1104,50 @@ def test_a_sibling_is_only_copied_from_a_task_that_has_just_been_queued() -> Non
     blocked.mark_blocked()
     with pytest.raises(ConfigurationError, match="只能从刚入队"):
         blocked.sibling("t2")
+
+
+def test_history_is_kept_packed_and_read_back_as_equal_transitions() -> None:
+    # 状态机把历史存成紧凑元组（records.PackedTransition），读 transitions 时现造：按值与当初交给监听器的
+    # 记录相等，装历史的元组在一次回收之后不再被 GC 追踪（这正是紧凑存放的用意，issue 17）。
+    import gc
+
+    machine = fresh()
+    seen: list[Transition] = []
+    machine.add_listener(lambda snapshot, record: seen.append(record))
+    machine.mark_queued()
+    machine.mark_starting(executor="thread")
+    machine.mark_running()
+    machine.mark_stopping(reason="人工停止：维护窗口")
+    machine.mark_stopped(reason="人工停止：维护窗口", actor="ops")
+    assert list(machine.transitions) == seen
+    assert machine.transitions_since(3) == tuple(seen[3:])
+    assert all(isinstance(r.from_status, TaskStatus) and r.task_id == "t1" for r in machine.transitions)
+    gc.collect()
+    assert not any(gc.is_tracked(packed) for packed in machine._transitions)
+    rebuilt = StateMachine.from_snapshot(machine.snapshot, machine.transitions)
+    assert rebuilt.transitions == machine.transitions
+
+
+def test_long_history_past_the_tuple_limit_keeps_every_record_in_order() -> None:
+    # 历史短时存成元组、超过 _TUPLE_HISTORY 条后换成列表原地追加：换的那一刻前后都不能丢、不能乱。
+    import itertools
+
+    from chongming_task.core import state_machine
+
+    machine = fresh()
+    machine.mark_queued()
+    machine.mark_starting()
+    machine.mark_running()
+    cycles = state_machine._TUPLE_HISTORY // 3 + 5
+    for _ in range(cycles):
+        machine.mark_pausing()
+        machine.mark_paused()
+        machine.mark_running()
+    machine.mark_succeeded()
+    history = machine.transitions
+    assert len(history) == 3 + 3 * cycles + 1 > state_machine._TUPLE_HISTORY
+    assert [r.version for r in history] == list(range(1, len(history) + 1))
+    assert all(a.to_status is b.from_status for a, b in itertools.pairwise(history))
+    assert history[-1].to_status is S.SUCCEEDED
+    assert machine.transitions_since(len(history) - 2) == history[-2:]
+    assert isinstance(machine._transitions, list)

@@ -434,6 +434,40 @@ _TRANSITION_SETTERS = tuple(
 )
 
 
+PackedTransition = tuple[str, str, str, "str | None", "str | None", int, datetime]
+"""一条迁移记录的紧凑形式：(起点状态值, 终点状态值, trigger, actor, reason, version, at)，不带 task_id。
+
+为什么有它：状态机与内存存储给每个在管任务常驻整段历史（每个任务至少四条）。Transition 是被循环 GC 追踪的
+对象，每条都要在每次全量回收时扫一遍；只含 str / int / None / datetime 的精确元组在第一次回收时就被 GC
+不再追踪（状态存成值字符串而不是枚举成员，正为此）。于是常驻的只剩一个装它们的容器，读历史时才现造
+Transition（``unpack_transition``；读历史远比写少）。issue 17。
+"""
+
+_STATUS_VALUE: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
+_STATUS_OF: dict[str, TaskStatus] = {status.value: status for status in TaskStatus}
+
+
+def pack_transition(record: Transition) -> PackedTransition:
+    """Transition → 紧凑形式（见 ``PackedTransition``）。"""
+    return (
+        _STATUS_VALUE[record.from_status],
+        _STATUS_VALUE[record.to_status],
+        record.trigger,
+        record.actor,
+        record.reason,
+        record.version,
+        record.at,
+    )
+
+
+def unpack_transition(task_id: str, packed: PackedTransition) -> Transition:
+    """紧凑形式 → Transition（字段来自一条已校验过的记录，不再校验）。"""
+    from_value, to_value, trigger, actor, reason, version, at = packed
+    return Transition._trusted(
+        task_id, _STATUS_OF[from_value], _STATUS_OF[to_value], trigger, actor, reason, version, at
+    )
+
+
 def validate_task_id(task_id: object, *, what: str = "task_id") -> str:
     """task_id / name 的统一校验：非空字符串、无 NUL、长度有上限。"""
     if not isinstance(task_id, str) or not task_id:
@@ -769,6 +803,7 @@ __all__ = [
     "Failure",
     "FailureKind",
     "Outcome",
+    "PackedTransition",
     "Progress",
     "TaskSnapshot",
     "Transition",
@@ -778,9 +813,11 @@ __all__ = [
     "check_storable_text",
     "check_tag_count",
     "normalize_tags",
+    "pack_transition",
     "require_aware",
     "sanitize_reason",
     "storable_failure_text",
     "storable_text_problem",
+    "unpack_transition",
     "validate_task_id",
 ]

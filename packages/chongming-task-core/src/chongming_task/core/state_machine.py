@@ -23,18 +23,22 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any
+from types import MethodType
+from typing import Any, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.records import (
     Failure,
     FailureKind,
+    PackedTransition,
     Progress,
     TaskSnapshot,
     Transition,
     copy_with,
+    pack_transition,
     require_aware,
     sanitize_reason,
+    unpack_transition,
 )
 from chongming_task.core.statuses import RETRYABLE_FROM, TERMINAL_STATUSES, TRANSITIONS, TaskStatus
 from chongming_task.core.triggers import (
@@ -65,10 +69,17 @@ S = TaskStatus
 
 TransitionListener = Callable[[TaskSnapshot, Transition], None]
 
+_Owner = TypeVar("_Owner")
+
 # 热路径上直接查普通 dict：它就是 TRANSITIONS 本身的内容（同一批 frozenset 对象），不是另一份表。
 _TABLE: dict[TaskStatus, frozenset[TaskStatus]] = dict(TRANSITIONS)
 _TERMINAL = TERMINAL_STATUSES
 _ADOPTABLE = frozenset({S.QUEUED, S.PAUSED, S.RETRY_WAIT})
+_VALUE: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
+_PENDING_VALUE = S.PENDING.value
+
+_TUPLE_HISTORY = 32
+"""历史不超过这么多条时存成一个元组（每次迁移换一个新元组），更长时换成列表原地追加（见 ``_apply``）。"""
 
 
 # force_transition 落到非成功终态、又没有任何失败记录时补记的失败类型（与对应 mark_* 的默认一致）。
@@ -114,7 +125,7 @@ _ENDINGS: dict[TaskStatus, tuple[FailureKind, str, bool, bool]] = {
 class StateMachine:
     """一个任务的状态机：当前快照 + 只追加的迁移历史。"""
 
-    __slots__ = ("_clock", "_listener", "_listeners", "_snapshot", "_transitions", "lock")
+    __slots__ = ("_clock", "_listener", "_listeners", "_owner", "_snapshot", "_transitions", "lock")
 
     def __init__(
         self,
@@ -160,24 +171,32 @@ class StateMachine:
                     f"任务 {task_id!r} 的快照状态 {snapshot.status.value} 与历史末条 "
                     f"{previous.to_status.value} 不一致"
                 )
-        self._fill(snapshot, history, clock, lock)
+        self._fill(snapshot, [pack_transition(record) for record in history], clock, lock)
 
     def _fill(
         self,
         snapshot: TaskSnapshot,
-        history: list[Transition],
+        history: tuple[PackedTransition, ...] | list[PackedTransition],
         clock: Clock | None,
         lock: threading.RLock | None,
     ) -> None:
         """填各个槽（``__init__`` 检查完历史之后；``sibling`` 的字段来自已检查的模板，直接填）。"""
         self._snapshot = snapshot
-        self._transitions = history
+        # 历史按紧凑形式存（records.PackedTransition：GC 不追踪的元组），读 transitions 时才现造 Transition。
+        # 装它们的容器在不长时也是元组：只装不被追踪的元组的元组，GC 同样不再追踪；列表总被追踪（issue 17）。
+        # 每次迁移换一个长一条的新元组，复制的代价随条数增长，所以超过 _TUPLE_HISTORY 条后换成列表原地追加。
+        self._transitions: tuple[PackedTransition, ...] | list[PackedTransition] = (
+            tuple(history) if len(history) <= _TUPLE_HISTORY else list(history)
+        )
         self._clock: Clock = clock or SYSTEM_CLOCK
         # 监听器按登记顺序是 (_listener, *_listeners)。第一个单独放一个槽、其余的放不可变元组（增删时
         # 整体换掉）：受监督的任务几乎都只有一个监听器（TaskRun 的），这样每个任务不必再带一个列表——
         # 在管任务成千上万时，每个少一个被循环 GC 追踪的容器（issue 17）；通知时也不必先复制一份。
-        self._listener: TransitionListener | None = None
+        self._listener: Callable[..., None] | None = None
         self._listeners: tuple[TransitionListener, ...] = ()
+        # 不为 None 时，第一个监听器是一个普通函数、以 ``_listener(_owner, 快照, 记录)`` 调用（见
+        # add_owner_listener）：等价于登记 ``owner.method``，只是不为每台状态机常驻一个绑定方法对象。
+        self._owner: Any = None
         self.lock = lock or threading.RLock()
 
     # -- construction -------------------------------------------------------------------------------
@@ -231,19 +250,17 @@ class StateMachine:
         first = history[0] if len(history) == 1 else None
         # 只有"刚入队、还没动过"的模板才能照抄：走过更多迁移的快照里带着那些迁移留下的字段（attempt、
         # started_at……），照抄就把别的任务的经历安到了新任务头上。
-        if first is None or first.from_status is not S.PENDING or current.status is not S.QUEUED:
+        if first is None or first[0] != _PENDING_VALUE or current.status is not S.QUEUED:
             raise ConfigurationError(
                 f"sibling() 只能从刚入队（pending → queued、只有一条迁移）的任务复制，任务 {self.task_id!r} "
                 f"的状态是 {current.status.value}、有 {len(history)} 条迁移"
             )
         now = self._clock.now()
         snapshot = current.evolve(task_id=task_id, created_at=now, queued_at=now)
-        record = Transition._trusted(
-            task_id, first.from_status, first.to_status, first.trigger, first.actor, first.reason, 1, now
-        )
+        from_value, to_value, trigger, actor, reason = first[:5]
         # 不经 __init__ 的历史检查：一条 pending → queued、版本 1、属于这个 task_id 的记录，按构造就是一致的。
         machine = object.__new__(type(self))
-        machine._fill(snapshot, [record], self._clock, lock)
+        machine._fill(snapshot, ((from_value, to_value, trigger, actor, reason, 1, now),), self._clock, lock)
         return machine
 
     # -- reading ------------------------------------------------------------------------------------
@@ -263,7 +280,9 @@ class StateMachine:
     @property
     def transitions(self) -> tuple[Transition, ...]:
         with self.lock:
-            return tuple(self._transitions)
+            packed = list(self._transitions)
+        task_id = self._snapshot.task_id
+        return tuple([unpack_transition(task_id, record) for record in packed])
 
     @property
     def clock(self) -> Clock:
@@ -278,8 +297,10 @@ class StateMachine:
             history = self._transitions
             if not history:
                 return ()
-            start = max(0, version - history[0].version + 1)
-            return tuple(history[start:])
+            start = max(0, version - history[0][5] + 1)
+            packed = history[start:]
+        task_id = self._snapshot.task_id
+        return tuple([unpack_transition(task_id, record) for record in packed])
 
     def can(self, target: TaskStatus) -> bool:
         """预检：对应的动作现在会不会被接受（转移表 + §11.3 的状态守卫 + 尝试预算）。
@@ -328,12 +349,35 @@ class StateMachine:
             else:
                 self._listeners = (*self._listeners, listener)
 
+    def add_owner_listener(
+        self, owner: _Owner, handler: Callable[[_Owner, TaskSnapshot, Transition], None]
+    ) -> None:
+        """同 ``add_listener(MethodType(handler, owner))``（顺序、异常与摘除的规矩都一样）：每次迁移之后以
+        ``handler(owner, 新快照, 迁移记录)`` 调用。
+
+        为什么单有这个入口：TaskRun 给自己的状态机登记的监听器是它自己的方法；绑定方法是一个常驻的、被
+        循环 GC 追踪的对象，积压上万个任务时每个任务多一个要扫的对象（issue 17）。这里只存函数与 owner 两个
+        引用（槽位），调用时再传 owner。只有它是第一个监听器时才这样存；之前已有别的监听器时退回普通登记。
+        ``remove_listener(owner.method)`` 照样能摘掉它（绑定方法按 ``__self__`` 与 ``__func__`` 比较相等）。
+        """
+        if owner is None:
+            raise ConfigurationError("add_owner_listener() 的 owner 不能是 None")
+        with self.lock:
+            if self._listener is None:
+                self._listener, self._owner = handler, owner
+            else:
+                self.add_listener(MethodType(handler, owner))
+
     def remove_listener(self, listener: TransitionListener) -> None:
         """摘掉最早登记的那一个（没登记过时抛 ValueError，同 ``list.remove``）。"""
         with self.lock:
-            if self._listener is not None and self._listener == listener:
+            first = self._listener
+            if first is not None and self._owner is not None:
+                first = MethodType(first, self._owner)
+            if first is not None and first == listener:
                 rest = self._listeners
                 self._listener, self._listeners = (rest[0], rest[1:]) if rest else (None, ())
+                self._owner = None
                 return
             rest_list = list(self._listeners)
             rest_list.remove(listener)
@@ -380,7 +424,14 @@ class StateMachine:
             reason = sanitize_reason(reason)
         record = Transition._trusted(current.task_id, source, target, trigger, actor, reason, version, now)
         self._snapshot = snapshot
-        self._transitions.append(record)
+        packed = (_VALUE[source], _VALUE[target], trigger, actor, reason, version, now)
+        history = self._transitions
+        if history.__class__ is tuple and len(history) < _TUPLE_HISTORY:
+            self._transitions = (*history, packed)
+        elif isinstance(history, list):
+            history.append(packed)
+        else:
+            self._transitions = [*history, packed]
         if self._listener is not None:
             self._notify(snapshot, record)
         return snapshot
@@ -388,9 +439,11 @@ class StateMachine:
     def _notify(self, snapshot: TaskSnapshot, record: Transition) -> None:
         first_error: BaseException | None = None
         # 先取下这一刻的登记（监听器里增删监听器只影响下一次迁移，同原来"先复制一份列表"的语义）。
-        first, rest = self._listener, self._listeners
+        first, owner, rest = self._listener, self._owner, self._listeners
         try:
-            if first is not None:
+            if owner is not None:
+                first(owner, snapshot, record)  # type: ignore[misc]
+            elif first is not None:
                 first(snapshot, record)
         except BaseException as exc:  # 记下来，先让其余监听器看到这次迁移，再抛给调用方
             first_error = exc

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -42,6 +42,8 @@ logger = logging.getLogger("chongming_task.controller")
 
 MAX_PERSIST_FAILURES = 20
 
+_NOTHING_WRITTEN: tuple[None, None] = (None, None)
+
 
 @dataclass(frozen=True)
 class PersistFailure:
@@ -53,11 +55,21 @@ class PersistFailure:
     error: str
 
 
+def _plain_version(entry: int | _TaskState | None) -> int | None:
+    """记账里"平常"的版本：已落库、结果确定、没被隔离、没有推迟写的 running；否则 None。"""
+    if entry is None or entry.__class__ is int:
+        return entry
+    assert isinstance(entry, _TaskState)
+    if entry.fenced or entry.uncertain or entry.lazy is not None:
+        return None
+    return entry.persisted_version
+
+
 @dataclass(slots=True)
 class _TaskState:
+    """一个任务写穿的记账里"不平常"的那一份（``WriteThrough._tasks`` 的值；平常的只是一个 int，见那里）。"""
+
     persisted_version: int | None  # None：存储里还没有这个任务（create 失败过）
-    last_progress: Progress | None = None
-    last_heartbeat: datetime | None = None
     # 上一次写的结果未知（连接中途断了、或撞了冲突/重复 id——可能是自己那次丢了回执的写）：下次先读回再写。
     uncertain: bool = False
     # 被隔离：存储里这个任务已被别人改写。此后不再写它，对外报告以存储为准。
@@ -132,7 +144,15 @@ class WriteThrough:
         self.lease_ttl = lease_ttl
         self.clock = clock
         self.failures: deque[PersistFailure] = deque(maxlen=MAX_PERSIST_FAILURES)
-        self._tasks: dict[str, _TaskState] = {}
+        # task_id → 存储里的版本。平常（已落库、结果确定、没被隔离、没有推迟写的 running）只是那个 int；有了
+        # 这几样标记之一时才换成一个 _TaskState（``_promote``，只由持有该任务锁的线程做），写成功、标记都清掉
+        # 之后换回 int（``_written``）。为什么：积压上万个任务时每个任务一个常驻的 _TaskState 就是一个被循环
+        # GC 追踪、每次全量回收都要扫的对象；int 不被追踪（issue 17）。
+        self._tasks: dict[str, int | _TaskState] = {}
+        # task_id → 上次写进存储的 (进度, 心跳)：只为写过进度 / 心跳的任务记
+        # （有变化才写，见 flush_side_channel）。
+        # 读写都在 _lock 下（后台循环的旁路回写与任务线程的终态补写都会写它；forget 在同一把锁下删）。
+        self._side_written: dict[str, tuple[Progress | None, datetime | None]] = {}
         self._behind: dict[str, StateMachine] = {}
         self._lock = threading.Lock()
         self._failure_seq = 0  # 写失败的累计次数（catch_up 据此判断"存储此刻不可用"）
@@ -221,14 +241,14 @@ class WriteThrough:
             except TaskError as exc:
                 last = exc
             else:
-                self._tasks[task_id] = _TaskState(persisted_version=snapshot.status_version)
+                self._tasks[task_id] = snapshot.status_version
                 return
             verdict = self._read_back_create(machine)
             if verdict is Verdict.PREFIX:
                 # 写进去了，只是回执丢了：照常提交，但这次失败如实记下（persist_failures），不静默。
                 if last is not None:
                     self.record(task_id, "create", last)
-                self._tasks[task_id] = _TaskState(persisted_version=snapshot.status_version)
+                self._tasks[task_id] = snapshot.status_version
                 return
             if verdict is not Verdict.ABSENT or attempt == CREATE_ATTEMPTS - 1:
                 break
@@ -268,7 +288,7 @@ class WriteThrough:
             return results
         for snapshot, error in zip(snapshots, results, strict=True):
             if error is None:
-                self._tasks[snapshot.task_id] = _TaskState(persisted_version=snapshot.status_version)
+                self._tasks[snapshot.task_id] = snapshot.status_version
         return results
 
     def _create_after_unknown(self, machine: StateMachine, exc: TaskError) -> TaskError | None:
@@ -276,7 +296,7 @@ class WriteThrough:
         task_id = machine.task_id
         if verdict is Verdict.PREFIX:
             self.record(task_id, "create", exc)  # 写进去了，只是回执丢了：如实记下
-            self._tasks[task_id] = _TaskState(persisted_version=machine.snapshot.status_version)
+            self._tasks[task_id] = machine.snapshot.status_version
             return None
         if verdict is Verdict.ABSENT:
             try:
@@ -293,7 +313,7 @@ class WriteThrough:
 
     def track(self, machine: StateMachine) -> None:
         """接着存储里已有的版本写（认领 / 接手来的持久任务：存储里就是 ``machine.snapshot`` 这一版）。"""
-        self._tasks[machine.task_id] = _TaskState(persisted_version=machine.snapshot.status_version)
+        self._tasks[machine.task_id] = machine.snapshot.status_version
 
     def _read_back_create(self, machine: StateMachine) -> Verdict | None:
         """create 结果未知之后读回：PREFIX = 存储里正是这一份；ABSENT = 确定没写进去；None = 读不到。"""
@@ -331,19 +351,12 @@ class WriteThrough:
 
     def _write_lazily(self, machine: StateMachine) -> bool:
         snapshot = machine.snapshot
-        state = self._tasks.get(snapshot.task_id)
         commits = self.commits
-        if (
-            commits is None
-            or state is None
-            or state.fenced
-            or state.uncertain
-            or state.lazy is not None
-            or state.persisted_version is None
-            or state.persisted_version == snapshot.status_version
-        ):
+        expected = _plain_version(self._tasks.get(snapshot.task_id))
+        if commits is None or expected is None or expected == snapshot.status_version:
             return False
-        expected = state.persisted_version
+        state = self._promote(snapshot.task_id)
+        assert state is not None  # 上面刚读到它（任务锁在我们手里，别人不会改它）
         state.lazy = commits.enqueue(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
         with self._lock:
             first = not self._lazy
@@ -394,7 +407,7 @@ class WriteThrough:
         for machine in due:
             with machine.lock:
                 state = self._tasks.get(machine.task_id)
-                if state is not None and state.lazy is not None:
+                if isinstance(state, _TaskState) and state.lazy is not None:
                     self.sync(machine)
 
     def sync_later(self, machine: StateMachine) -> Callable[[], bool] | None:
@@ -407,36 +420,31 @@ class WriteThrough:
         的唤醒都在它之后（runtime/controller.py）。
         """
         snapshot = machine.snapshot
-        state = self._tasks.get(snapshot.task_id)
+        task_id = snapshot.task_id
+        state = self._tasks.get(task_id)
         commits = self.commits
-        if state is not None and state.lazy is not None:
+        if isinstance(state, _TaskState) and state.lazy is not None:
             if commits is None or not commits.withdraw(state.lazy):
                 return None  # 推迟写的 running 已被某个写者捎走：照常 sync（先等它的结果）
-            self._drop_lazy(snapshot.task_id, state)  # 撤回了：下面这一项连同 running 的记录一起写
-        if (
-            commits is None  # 存储不做组提交（内存存储）：没有可以捎带的提交，照常 sync
-            or state is None
-            or state.fenced
-            or state.uncertain
-            or state.persisted_version is None
-            or state.persisted_version == snapshot.status_version
-        ):
+            self._drop_lazy(task_id, state)  # 撤回了：下面这一项连同 running 的记录一起写
+        expected = _plain_version(state)
+        # 存储不做组提交（内存存储）：没有可以捎带的提交，照常 sync
+        if commits is None or expected is None or expected == snapshot.status_version:
             return None
-        expected = state.persisted_version
         item = commits.enqueue(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
 
         def finish() -> bool:
             try:
                 commits.finish(item)
             except (ConcurrencyConflict, DuplicateTaskId):
-                state.uncertain = True  # 与 sync 里同一判定：读回再说（下面的 sync 去做）
+                self._mark_uncertain(task_id)  # 与 sync 里同一判定：读回再说（下面的 sync 去做）
             except TaskError as exc:
-                state.uncertain = True
-                self.record(snapshot.task_id, "save", exc)
+                self._mark_uncertain(task_id)
+                self.record(task_id, "save", exc)
                 self._mark_behind(machine)
                 return False
             else:
-                state.persisted_version = snapshot.status_version
+                self._written(task_id, snapshot.status_version)
             # 已追平时 sync 只做收尾（清"落后"记账、终态补写进度）；冲突时它读回对照、再写或隔离。
             return self.sync(machine)
 
@@ -450,15 +458,21 @@ class WriteThrough:
         """
         snapshot = machine.snapshot
         task_id = snapshot.task_id
-        state = self._tasks.get(task_id)
-        if state is None or state.fenced:
+        entry = self._tasks.get(task_id)
+        if entry is None:
             return True
-        if state.lazy is not None and not self._resolve_lazy(machine, state):
-            self._mark_behind(machine)
-            return False
+        # 平常的任务（int）没有标记：不必看隔离 / 推迟写 / 结果未知，直接按它的版本写（每次迁移都走这里）。
+        state = None if entry.__class__ is int else entry
+        if state is not None:
+            assert isinstance(state, _TaskState)
+            if state.fenced:
+                return True
+            if state.lazy is not None and not self._resolve_lazy(machine, state):
+                self._mark_behind(machine)
+                return False
         # 至多两轮：一次写撞了冲突 / 重复 id，可能是自己那次丢了回执的写——读回对照之后再写一次。
         for _ in range(2):
-            if state.uncertain:
+            if state is not None and state.uncertain:
                 try:
                     if not self._converge(machine, state):
                         return True  # 被隔离：如实记下了，不再追写
@@ -466,8 +480,11 @@ class WriteThrough:
                     self.record(task_id, "read_back", exc)
                     self._mark_behind(machine)
                     return False
-            persisted = state.persisted_version
+            persisted = entry if state is None else state.persisted_version
+            assert persisted is None or isinstance(persisted, int)
             if persisted == snapshot.status_version:
+                if state is not None:  # 推迟写的 running 刚了结 / 读回确认已追平：标记都清了就换回 int
+                    self._written(task_id, persisted)
                 break
             try:
                 if persisted is None:
@@ -485,15 +502,17 @@ class WriteThrough:
                         # 组提交：与同一时刻别的任务的迁移合进一个写事务；只在这一项提交之后返回。
                         self.commits.save(SaveRequest(snapshot, persisted, transitions))
             except (ConcurrencyConflict, DuplicateTaskId):
-                state.uncertain = True  # 读回再判：是自己先前那次写成功了，还是别人改写了
+                state = self._mark_uncertain(task_id)  # 读回再判：是自己先前那次写成功了，还是别人改写了
+                if state is None:  # 写的同时被 forget 了（不再归本进程管）：不再追
+                    return True
                 continue
             except TaskError as exc:
                 # 结果未知（也可能根本没写进去）：下次先读回，不拿旧版本盲目重放。
-                state.uncertain = True
+                self._mark_uncertain(task_id)
                 self.record(task_id, "create" if persisted is None else "save", exc)
                 self._mark_behind(machine)
                 return False
-            state.persisted_version = snapshot.status_version
+            self._written(task_id, snapshot.status_version)
             break
         else:
             # 读回说"是自己的前缀"、再写又冲突：有别的写者正在同时改它。按隔离处理，不再争。
@@ -504,6 +523,7 @@ class WriteThrough:
                 self.record(task_id, "read_back", exc)
                 self._mark_behind(machine)
                 return False
+            assert state is not None  # 走到这里说明两轮都撞了冲突：_mark_uncertain 已换成 _TaskState
             self._fence(machine, state, stored, history)
             return True
         self.outage.recovered()
@@ -513,8 +533,37 @@ class WriteThrough:
             with self._lock:
                 self._behind.pop(task_id, None)
         if snapshot.status in TERMINAL_STATUSES:
-            self._flush_one(snapshot, state)
+            self._flush_one(snapshot)
         return True
+
+    def _promote(self, task_id: str) -> _TaskState | None:
+        """（持有该任务锁）这个任务的记账换成可以挂标记的 _TaskState（已是的原样返回）；不在管的返回 None。"""
+        entry = self._tasks.get(task_id)
+        if entry is None or isinstance(entry, _TaskState):
+            return entry
+        state = _TaskState(persisted_version=entry)
+        self._tasks[task_id] = state
+        return state
+
+    def _mark_uncertain(self, task_id: str) -> _TaskState | None:
+        """（持有该任务锁）上一次写结果未知：下次先读回再写。返回它的 _TaskState（不在管的返回 None）。"""
+        state = self._promote(task_id)
+        if state is not None:
+            state.uncertain = True
+        return state
+
+    def _written(self, task_id: str, version: int) -> None:
+        """（持有该任务锁）存储已确认到 ``version``。没有别的标记时换回 int（见 ``_tasks``）。
+
+        只改还在管的任务：与 forget 擦肩而过时不把它的记账加回来。（"在不在"与写入之间没有锁：同一任务的
+        forget 恰好落在这两步之间时会留下一个 int——不被 GC 追踪、没有任何读者，代价只是一个字典项。）"""
+        entry = self._tasks.get(task_id)
+        if entry is None:
+            return
+        if isinstance(entry, _TaskState) and (entry.uncertain or entry.fenced or entry.lazy is not None):
+            entry.persisted_version = version
+        else:
+            self._tasks[task_id] = version
 
     def _mark_behind(self, machine: StateMachine) -> None:
         with self._lock:
@@ -552,7 +601,7 @@ class WriteThrough:
 
     def is_fenced(self, task_id: str) -> bool:
         state = self._tasks.get(task_id)
-        return state is not None and state.fenced
+        return isinstance(state, _TaskState) and state.fenced
 
     def catch_up(self) -> int:
         """后台循环调用：重试所有落后于内存的任务。返回仍落后的数量。"""
@@ -578,24 +627,35 @@ class WriteThrough:
         with self._lock:
             return len(self._behind)
 
-    def _flush_one(self, snapshot: TaskSnapshot, state: _TaskState) -> None:
+    def _flush_one(self, snapshot: TaskSnapshot) -> None:
         """终态时补写最后的进度（看板上"最终推进到哪了"）。
 
         只有进度变了才写：已结束任务的心跳没有用途（idle 判定与 reconcile 都不看终态任务），为它单独多一次
         写事务不值得——这条路径每个任务都要走一次。进度要写时顺带写上心跳，不多花一次往返。
         """
-        if snapshot.progress is None or snapshot.progress == state.last_progress:
+        if snapshot.progress is None:
+            return
+        task_id = snapshot.task_id
+        with self._lock:
+            last_progress, last_heartbeat = self._side_written.get(task_id, _NOTHING_WRITTEN)
+        if snapshot.progress == last_progress:
             return
         fields: dict[str, object] = {"progress": snapshot.progress}
-        if snapshot.last_heartbeat_at is not None and snapshot.last_heartbeat_at != state.last_heartbeat:
+        if snapshot.last_heartbeat_at is not None and snapshot.last_heartbeat_at != last_heartbeat:
             fields["heartbeat_at"] = snapshot.last_heartbeat_at
         try:
-            self.store.touch(snapshot.task_id, **fields)  # type: ignore[arg-type]
+            self.store.touch(task_id, **fields)  # type: ignore[arg-type]
         except TaskError as exc:
-            self.record(snapshot.task_id, "touch", exc)
+            self.record(task_id, "touch", exc)
             return
-        state.last_progress = snapshot.progress
-        state.last_heartbeat = snapshot.last_heartbeat_at
+        self._note_side_written([snapshot])
+
+    def _note_side_written(self, snapshots: Iterable[TaskSnapshot]) -> None:
+        """这些快照的进度与心跳已写进存储（下次没变就不再写）。只记还在管的任务：与 forget 同在 _lock 下。"""
+        with self._lock:
+            for snapshot in snapshots:
+                if snapshot.task_id in self._tasks:
+                    self._side_written[snapshot.task_id] = (snapshot.progress, snapshot.last_heartbeat_at)
 
     def flush_side_channel(self, snapshots: list[TaskSnapshot], *, renew_lease: bool) -> None:
         """批量回写进度、心跳（有变化才写）与租约（renew_lease 时为全部在管任务续租）。"""
@@ -605,16 +665,22 @@ class WriteThrough:
         # 按存储里的值判它过期。
         started = self.clock.monotonic()
         lease_until = self.lease_until() if renew_lease else None
-        touched: list[tuple[_TaskState, TaskSnapshot]] = []
+        touched: list[TaskSnapshot] = []
         lease_only: list[str] = []  # 只需续租的（排队中的任务都是）：一批一条语句，见下
+        tasks = self._tasks
+        with self._lock:
+            side_written = dict(self._side_written) if self._side_written else {}
         for snapshot in snapshots:
-            state = self._tasks.get(snapshot.task_id)
-            if state is None or state.persisted_version is None or state.fenced:
+            state = tasks.get(snapshot.task_id)
+            if state is None or (
+                isinstance(state, _TaskState) and (state.persisted_version is None or state.fenced)
+            ):
                 continue  # 被隔离的任务在存储里归别人了：不再替它续租、写进度
             fields: dict[str, object] = {}
-            if snapshot.progress is not None and snapshot.progress != state.last_progress:
+            last_progress, last_heartbeat = side_written.get(snapshot.task_id, _NOTHING_WRITTEN)
+            if snapshot.progress is not None and snapshot.progress != last_progress:
                 fields["progress"] = snapshot.progress
-            if snapshot.last_heartbeat_at is not None and snapshot.last_heartbeat_at != state.last_heartbeat:
+            if snapshot.last_heartbeat_at is not None and snapshot.last_heartbeat_at != last_heartbeat:
                 fields["heartbeat_at"] = snapshot.last_heartbeat_at
             renew = lease_until is not None and not snapshot.is_terminal
             if fields:
@@ -622,7 +688,7 @@ class WriteThrough:
                     fields["lease_owner"] = self.owner
                     fields["lease_until"] = lease_until
                 updates.append((snapshot.task_id, fields))
-                touched.append((state, snapshot))
+                touched.append(snapshot)
             elif renew:
                 lease_only.append(snapshot.task_id)
         if not updates and not lease_only:
@@ -638,9 +704,7 @@ class WriteThrough:
             except TaskError as exc:
                 self.record(chunk[0][0], f"touch×{len(chunk)}", exc)
                 return
-            for state, snapshot in touched[start : start + TOUCH_BATCH]:
-                state.last_progress = snapshot.progress
-                state.last_heartbeat = snapshot.last_heartbeat_at
+            self._note_side_written(touched[start : start + TOUCH_BATCH])
         # 只需续租的任务写的是同一组值：``renew_leases`` 一批一条语句（内置后端），而不是每个任务一个字段
         # 字典、一次检查、一行编码——积压十万个排队任务时，那是每 lease_ttl/3 一轮、每轮几秒的 CPU。
         until = lease_until if lease_until is not None else self.lease_until()  # lease_only 非空 ⇒ 已算过
@@ -668,8 +732,10 @@ class WriteThrough:
             )
 
     def forget(self, task_id: str) -> None:
-        state = self._tasks.pop(task_id, None)
-        item = None if state is None else self._drop_lazy(task_id, state)
+        with self._lock:
+            state = self._tasks.pop(task_id, None)
+            self._side_written.pop(task_id, None)
+        item = self._drop_lazy(task_id, state) if isinstance(state, _TaskState) else None
         if item is not None and self.commits is not None:
             self.commits.withdraw(item)  # 已被捎走的就让它写完：写的是本进程真实经过的迁移
         with self._lock:

@@ -335,7 +335,9 @@ class TaskRun:
         self._retry_deadline: float | None = None
         self._retry_wake: threading.Event | None = None  # 只有 InlineExecutor 的重试等待用得到
         self._start_timer: Timer | None = None  # start 超时的排队那一段（见 watch_start_timeout）
-        machine.add_listener(self._on_transition)
+        # 经 add_owner_listener 而不是 add_listener(self._on_transition)：
+        # 不为每个任务常驻一个绑定方法（issue 17）
+        machine.add_owner_listener(self, TaskRun._on_transition)
         if machine.snapshot.is_terminal:
             self._is_done = True
 

@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.records import PackedTransition, pack_transition, unpack_transition
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
 from chongming_task.core.storage.claiming import (
@@ -113,7 +114,8 @@ class _Row:
         self._snapshot = snapshot
         self._sides: tuple[Any, ...] | None = None
         self.outcome_text = outcome_text
-        self.history: dict[int, Transition] = {}
+        # version → 迁移记录的紧凑形式（records.PackedTransition：GC 不追踪的元组，读历史时才现造 Transition）
+        self.history: dict[int, PackedTransition] = {}
         # 日志挂在任务行上：删掉任务（prune / delete_archived）就连同日志一起删掉，不会留下孤儿。
         # 多数任务一行日志也不写：行与水位线在第一次 append_logs 时才建；行少时是元组（见 _SMALL_LOG），
         # 水位线是 str → int 的 dict（只含原子值，GC 不追踪）。
@@ -149,6 +151,7 @@ _SAVE_KEEPS = ("progress", "last_heartbeat_at", "lease_owner", "lease_until", "r
 """save 从不改写、沿用存储里的值的字段：旁路字段（只归 create / touch）与配方（只归 create）。"""
 
 _kept = operator.itemgetter(*_SAVE_KEEPS)
+_VERSION = operator.itemgetter(5)  # PackedTransition 的 version
 _SIDE_FIELDS = ("outcome", *_SAVE_KEEPS)
 """``_Row._sides`` 的各项：存下的 outcome（容器型的只存文本，这里是 None）与沿用的那几个字段。"""
 
@@ -184,7 +187,8 @@ def _put(
     row.outcome_text = text
     history = row.history
     for record in transitions:
-        history.setdefault(record.version, record)
+        if record.version not in history:
+            history[record.version] = pack_transition(record)
 
 
 class _CommandRow:
@@ -282,7 +286,8 @@ class InMemoryTaskStore(TaskStore):
             row = _Row(stored, text)
             history = row.history
             for record in transitions:
-                history.setdefault(record.version, record)
+                if record.version not in history:
+                    history[record.version] = pack_transition(record)
             self._rows[task_id] = row
 
     def _save(self, request: v.SaveRequest) -> None:
@@ -371,7 +376,8 @@ class InMemoryTaskStore(TaskStore):
             # 先全部检查再写：一批里有未知任务时整批不写，避免留下半截历史。
             rows = [self._row(record.task_id) for record in transitions]
             for row, record in zip(rows, transitions, strict=True):
-                row.history.setdefault(record.version, record)
+                if record.version not in row.history:
+                    row.history[record.version] = pack_transition(record)
 
     def history(self, task_id: str) -> list[Transition]:
         checks.check_key("task_id", task_id)
@@ -380,9 +386,9 @@ class InMemoryTaskStore(TaskStore):
             row = self._rows.get(task_id)
             if row is None:
                 return []
-            records = list(row.history.values())
-        records.sort(key=lambda record: record.version)
-        return records
+            packed = list(row.history.values())
+        packed.sort(key=_VERSION)
+        return [unpack_transition(task_id, record) for record in packed]
 
     # -- durable tasks ------------------------------------------------------------------------------
 
@@ -673,7 +679,10 @@ class InMemoryTaskStore(TaskStore):
                     for version in row.history
                 )
                 picked = [key for key in keys if key > cursor][:n]
-                return [self._rows[task_id].history[version] for task_id, version in picked]
+                return [
+                    unpack_transition(task_id, self._rows[task_id].history[version])
+                    for task_id, version in picked
+                ]
 
         return archivable_prefix(fetch, before, after, limit)
 
@@ -693,7 +702,7 @@ class InMemoryTaskStore(TaskStore):
             picked = []
             for task_id in chosen:
                 row = self._rows[task_id]
-                history = tuple(row.history[v] for v in sorted(row.history))
+                history = tuple(unpack_transition(task_id, row.history[v]) for v in sorted(row.history))
                 commands = tuple(c.export() for c in self._commands.values() if c.command.task_id == task_id)
                 picked.append((row.snapshot, row.outcome_text, history, commands))
         return [
