@@ -114,9 +114,11 @@ def _terminal(store: TaskStore) -> int:
     return sum(count for status, count in store.stats().counts.items() if status.is_terminal)
 
 
-def _started(store: TaskStore) -> int:
-    counts = store.stats().counts
-    return sum(counts[s] for s in (S.STARTING, S.RUNNING, S.SUCCEEDED, S.LOST))
+W0_BUCKETS = frozenset(range(4))  # PARTITIONS[0]
+
+
+def _queued_in(store: TaskStore, buckets: frozenset[int]) -> int:
+    return len(store.query(TaskQuery(statuses=frozenset({S.QUEUED}), buckets=buckets, limit=16)))
 
 
 def _running_on(store: TaskStore, owner: str) -> bool:
@@ -133,12 +135,14 @@ def kill_scenario(
     for index, buckets in enumerate(PARTITIONS):
         workers.start(f"w{index}", buckets)
     try:
-        # 等跑到两成、且 w0 手上此刻有在跑的任务再杀。只看总数不够：负载重的机器上 w0 起得慢，w1 / w2
-        # 可能先把两成跑完，w0 那一刻手上空着，就没有可判 lost 的任务（全尺寸 PostgreSQL 上见过一次）。
+        # 等 w0 手上此刻有在跑的任务、且它的桶里还排着至少 16 个（4 个槽的四轮）再杀。只看总数不够：负载重
+        # 的机器上 w0 起得慢，w1 / w2 可能先把两成跑完，w0 那一刻手上空着（全尺寸 PostgreSQL 上见过一次）；
+        # 只看"此刻在跑"也不够：w0 若起得早，到检查时它的桶可能只剩最后几个，检查与 kill 之间它们跑完，
+        # w0 被杀时手上空着，就没有可判 lost 的任务（负载 5–8 时见过）。桶里还有排队的，w0 就一直在认领。
         _wait(
-            lambda: _started(store) >= KILL_TASKS // 5 and _running_on(store, "w0"),
+            lambda: _queued_in(store, W0_BUCKETS) >= 16 and _running_on(store, "w0"),
             120,
-            "任务没有开始执行，或 w0 手上一直没有在跑的任务",
+            "w0 手上一直没有在跑的任务（或它的桶在它开始前就被跑空了）",
             workers.logs,
         )
         workers.kill("w0")
