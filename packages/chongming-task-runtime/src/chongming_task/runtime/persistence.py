@@ -537,12 +537,20 @@ class WriteThrough:
         return True
 
     def _promote(self, task_id: str) -> _TaskState | None:
-        """（持有该任务锁）这个任务的记账换成可以挂标记的 _TaskState（已是的原样返回）；不在管的返回 None。"""
+        """（持有该任务锁）这个任务的记账换成可以挂标记的 _TaskState（已是的原样返回）；不在管的返回 None。
+
+        "在不在"与换入在 ``_lock`` 下一起做：forget 不拿任务锁（它在同一把 ``_lock`` 下 pop），
+        两步之间没有锁的话，恰好落在中间的 forget 之后这里会把记账加回来——一个再也没人删的
+        _TaskState（长跑的守护进程里慢慢漏）。"""
         entry = self._tasks.get(task_id)
         if entry is None or isinstance(entry, _TaskState):
             return entry
-        state = _TaskState(persisted_version=entry)
-        self._tasks[task_id] = state
+        with self._lock:
+            entry = self._tasks.get(task_id)
+            if entry is None or isinstance(entry, _TaskState):
+                return entry
+            state = _TaskState(persisted_version=entry)
+            self._tasks[task_id] = state
         return state
 
     def _mark_uncertain(self, task_id: str) -> _TaskState | None:
@@ -555,15 +563,18 @@ class WriteThrough:
     def _written(self, task_id: str, version: int) -> None:
         """（持有该任务锁）存储已确认到 ``version``。没有别的标记时换回 int（见 ``_tasks``）。
 
-        只改还在管的任务：与 forget 擦肩而过时不把它的记账加回来。（"在不在"与写入之间没有锁：同一任务的
-        forget 恰好落在这两步之间时会留下一个 int——不被 GC 追踪、没有任何读者，代价只是一个字典项。）"""
+        只改还在管的任务：与 forget 擦肩而过时不把它的记账加回来——换成 int 时"在不在"与写入在
+        ``_lock`` 下一起做（forget 在同一把锁下 pop；没有锁的话，落在两步之间的 forget 会留下一个
+        再也没人删的字典项）。"""
         entry = self._tasks.get(task_id)
         if entry is None:
             return
         if isinstance(entry, _TaskState) and (entry.uncertain or entry.fenced or entry.lazy is not None):
             entry.persisted_version = version
-        else:
-            self._tasks[task_id] = version
+            return
+        with self._lock:
+            if task_id in self._tasks:
+                self._tasks[task_id] = version
 
     def _mark_behind(self, machine: StateMachine) -> None:
         with self._lock:
