@@ -11,9 +11,10 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from chongming_task import Controller, InMemoryTaskStore, Submit
+from chongming_task import Controller, InMemoryTaskStore, Submit, TaskRun
 
 N = 2000
 
@@ -34,33 +35,8 @@ def _tracked() -> int:
     return len(gc.get_objects())
 
 
-def test_a_queued_task_keeps_at_most_five_tracked_objects() -> None:
-    # TaskRun、状态机、它的锁、快照与快照的实例字典。历史里的记录是紧凑的元组（records.PackedTransition），
-    # 装它们的也是元组，GC 都不追踪；读 transitions 时才现造 Transition。状态机上的监听器是
-    # (TaskRun, 函数) 两个槽位（add_owner_listener），不再是每个任务一个绑定方法。调度器的堆条目是只含
-    # int / str 的元组，GC 不追踪。
-    controller = Controller(max_parallel=1)
-    controller.register("noop", noop)
-    controller.register("blocker", blocker)
-    gate = threading.Event()
-    try:
-        controller.submit("blocker", gate)
-        before = _tracked()
-        runs = controller.submit_many([Submit("noop") for _ in range(N)])
-        after = _tracked()
-        assert all(run.status.value == "queued" for run in runs)
-        del runs
-        per_task = (after - before) / N
-        assert per_task <= 5.5, f"每个排队任务常驻 {per_task:.2f} 个被追踪的对象"
-    finally:
-        gate.set()
-        controller.close()
-
-
-def test_a_queued_task_with_the_memory_store_keeps_at_most_six_tracked_objects() -> None:
-    # bench_controller 的积压那一行：上面的五个，加上存储里的行。行的历史字典只装 int → 紧凑元组，GC 不追踪；
-    # 写穿的每任务记账平常只是一个 int，只有结果未知 / 被隔离 / 推迟写 running 时才是一个 _TaskState。
-    controller = Controller(max_parallel=1, store=InMemoryTaskStore())
+def _per_queued_task(controller: Controller, submit: Callable[[], Sequence[TaskRun]]) -> float:
+    """一个闸门任务占住唯一的槽，``submit()`` 交上来的 N 个任务全在排队：每个常驻多少个被追踪的对象。"""
     controller.register("noop", noop)
     controller.register("blocker", blocker)
     gate = threading.Event()
@@ -68,15 +44,34 @@ def test_a_queued_task_with_the_memory_store_keeps_at_most_six_tracked_objects()
         controller.submit("blocker", gate)
         controller.submit("noop")  # 先把惰性建起来的共用对象建好
         before = _tracked()
-        runs = [controller.submit("noop") for _ in range(N)]
+        runs = submit()
         after = _tracked()
-        assert all(run.status.value == "queued" for run in runs)
+        assert len(runs) == N and all(run.status.value == "queued" for run in runs)
         del runs
-        per_task = (after - before) / N
-        assert per_task <= 6.5, f"每个排队任务常驻 {per_task:.2f} 个被追踪的对象"
+        return (after - before) / N
     finally:
         gate.set()
         controller.close(close_store=True)
+
+
+def test_a_queued_task_keeps_at_most_five_tracked_objects() -> None:
+    # TaskRun、状态机、它的锁、快照与快照的实例字典。历史里的记录是紧凑的元组（records.PackedTransition），
+    # 装它们的也是元组，GC 都不追踪；读 transitions 时才现造 Transition。状态机上的监听器是
+    # (TaskRun, 函数) 两个槽位（add_owner_listener），不再是每个任务一个绑定方法。调度器的堆条目是只含
+    # int / str 的元组，GC 不追踪。
+    controller = Controller(max_parallel=1)
+    per_task = _per_queued_task(
+        controller, lambda: controller.submit_many([Submit("noop") for _ in range(N)])
+    )
+    assert per_task <= 5.5, f"每个排队任务常驻 {per_task:.2f} 个被追踪的对象"
+
+
+def test_a_queued_task_with_the_memory_store_keeps_at_most_six_tracked_objects() -> None:
+    # bench_controller 的积压那一行：上面的五个，加上存储里的行。行的历史字典只装 int → 紧凑元组，GC 不追踪；
+    # 写穿的每任务记账平常只是一个 int，只有结果未知 / 被隔离 / 推迟写 running 时才是一个 _TaskState。
+    controller = Controller(max_parallel=1, store=InMemoryTaskStore())
+    per_task = _per_queued_task(controller, lambda: [controller.submit("noop") for _ in range(N)])
+    assert per_task <= 6.5, f"每个排队任务常驻 {per_task:.2f} 个被追踪的对象"
 
 
 def test_a_finished_task_in_the_memory_store_keeps_at_most_six_tracked_objects() -> None:
