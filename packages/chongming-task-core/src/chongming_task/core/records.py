@@ -781,8 +781,14 @@ class Outcome:
 
     @classmethod
     def from_snapshot(cls, snapshot: TaskSnapshot) -> Outcome:
-        value = snapshot.outcome if snapshot.status is TaskStatus.SUCCEEDED else None
-        return cls(status=snapshot.status, value=value, failure=snapshot.failure, snapshot=snapshot)
+        status = snapshot.status
+        value = snapshot.outcome if status is TaskStatus.SUCCEEDED else None
+        # 热路径（wait_all 给每个在管任务造一个，issue 17）：字段全部取自一份已校验的快照，直接填实例字典，
+        # 跳过 frozen dataclass 逐字段 object.__setattr__ 的 __init__（同 copy_with 的做法；Outcome 没有
+        # __post_init__，结果与 cls(...) 按值相等）。
+        outcome: Outcome = _new_object(cls)
+        outcome.__dict__.update(status=status, value=value, failure=snapshot.failure, snapshot=snapshot)
+        return outcome
 
 
 __all__ = [
