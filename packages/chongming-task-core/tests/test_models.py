@@ -474,3 +474,12 @@ def test_outcome_from_snapshot_is_an_ordinary_frozen_outcome() -> None:
         with pytest.raises(dataclasses.FrozenInstanceError):
             fast.value = 1  # type: ignore[misc]
         assert dataclasses.replace(fast, value=5).value == 5
+    # 与 cls(...) 一样每个结果只有一个被循环 GC 追踪的对象（没有被物化出来的实例字典）。
+    import gc
+
+    gc.collect()
+    before = len(gc.get_objects())
+    kept = [Outcome.from_snapshot(snapshot) for _ in range(1000)]
+    gc.collect()
+    per_outcome = (len(gc.get_objects()) - before) / len(kept)
+    assert per_outcome < 1.5, f"每个 Outcome 有 {per_outcome:.2f} 个被追踪的对象"

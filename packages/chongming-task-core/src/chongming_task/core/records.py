@@ -783,11 +783,15 @@ class Outcome:
     def from_snapshot(cls, snapshot: TaskSnapshot) -> Outcome:
         status = snapshot.status
         value = snapshot.outcome if status is TaskStatus.SUCCEEDED else None
-        # 热路径（wait_all 给每个在管任务造一个，issue 17）：字段全部取自一份已校验的快照，直接填实例字典，
-        # 跳过 frozen dataclass 逐字段 object.__setattr__ 的 __init__（同 copy_with 的做法；Outcome 没有
-        # __post_init__，结果与 cls(...) 按值相等）。
+        # 热路径（wait_all 给每个在管任务造一个，issue 17）：字段全部取自一份已校验的快照，
+        # 跳过 frozen dataclass 的 __init__（它经 __setattr__ 重载逐字段 object.__setattr__）。
+        # Outcome 没有 __post_init__，结果与 cls(...) 按值相等。不用 ``__dict__.update``：读 __dict__
+        # 会把实例的内联属性值物化成一个被循环 GC 追踪的字典，每个结果多一个对象（3.11 起）。
         outcome: Outcome = _new_object(cls)
-        outcome.__dict__.update(status=status, value=value, failure=snapshot.failure, snapshot=snapshot)
+        _set_attribute(outcome, "status", status)
+        _set_attribute(outcome, "value", value)
+        _set_attribute(outcome, "failure", snapshot.failure)
+        _set_attribute(outcome, "snapshot", snapshot)
         return outcome
 
 
