@@ -449,3 +449,37 @@ def test_outcome_from_snapshot() -> None:
     outcome = Outcome.from_snapshot(lost)
     assert not outcome.ok and outcome.value is None and outcome.failure is lost_failure
     assert outcome.snapshot is lost
+
+
+def test_outcome_from_snapshot_is_an_ordinary_frozen_outcome() -> None:
+    # from_snapshot 不走 __init__（热路径直接填实例字典）：造出来的必须与 cls(...) 造的毫无二致——按值相等、
+    # 同一个 repr 与 hash 行为、仍是 frozen（不能改字段）、dataclasses.replace 照常可用。
+    import dataclasses
+
+    lost_failure = Failure(FailureKind.LOST, "未知")
+    for snapshot, value in (
+        (
+            TaskSnapshot("t", "n", created_at=T0, status=TaskStatus.SUCCEEDED, outcome={"rows": 3}),
+            {"rows": 3},
+        ),
+        (
+            TaskSnapshot("t", "n", created_at=T0, status=TaskStatus.LOST, outcome=7, failure=lost_failure),
+            None,
+        ),
+    ):
+        fast = Outcome.from_snapshot(snapshot)
+        built = Outcome(status=snapshot.status, value=value, failure=snapshot.failure, snapshot=snapshot)
+        assert fast == built and repr(fast) == repr(built)
+        assert dataclasses.asdict(fast) == dataclasses.asdict(built)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            fast.value = 1  # type: ignore[misc]
+        assert dataclasses.replace(fast, value=5).value == 5
+    # 与 cls(...) 一样每个结果只有一个被循环 GC 追踪的对象（没有被物化出来的实例字典）。
+    import gc
+
+    gc.collect()
+    before = len(gc.get_objects())
+    kept = [Outcome.from_snapshot(snapshot) for _ in range(1000)]
+    gc.collect()
+    per_outcome = (len(gc.get_objects()) - before) / len(kept)
+    assert per_outcome < 1.5, f"每个 Outcome 有 {per_outcome:.2f} 个被追踪的对象"

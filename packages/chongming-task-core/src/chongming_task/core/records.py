@@ -781,8 +781,18 @@ class Outcome:
 
     @classmethod
     def from_snapshot(cls, snapshot: TaskSnapshot) -> Outcome:
-        value = snapshot.outcome if snapshot.status is TaskStatus.SUCCEEDED else None
-        return cls(status=snapshot.status, value=value, failure=snapshot.failure, snapshot=snapshot)
+        status = snapshot.status
+        value = snapshot.outcome if status is TaskStatus.SUCCEEDED else None
+        # 热路径（wait_all 给每个在管任务造一个，issue 17）：字段全部取自一份已校验的快照，
+        # 跳过 frozen dataclass 的 __init__（它经 __setattr__ 重载逐字段 object.__setattr__）。
+        # Outcome 没有 __post_init__，结果与 cls(...) 按值相等。不用 ``__dict__.update``：读 __dict__
+        # 会把实例的内联属性值物化成一个被循环 GC 追踪的字典，每个结果多一个对象（3.11 起）。
+        outcome: Outcome = _new_object(cls)
+        _set_attribute(outcome, "status", status)
+        _set_attribute(outcome, "value", value)
+        _set_attribute(outcome, "failure", snapshot.failure)
+        _set_attribute(outcome, "snapshot", snapshot)
+        return outcome
 
 
 __all__ = [
