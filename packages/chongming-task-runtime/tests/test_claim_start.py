@@ -245,3 +245,23 @@ def test_a_slot_freed_during_an_in_flight_claim_is_claimed_at_once_by_the_second
     submitter.close()
     assert store.peak == 2, "a 空出的槽在认领 c 的那次往返进行时就被另一条认领线程认领"
     assert peak_running <= 2, "同时在跑的任务体不超过槽位数"
+
+
+def test_a_claim_that_ends_releases_only_its_own_held_slots_not_another_claims() -> None:
+    """两次认领同时预留（worker 的两条认领线程）：后一次只拿得到前一次没预留的槽；它结束时只放掉自己剩下的，
+    前一次预留的槽仍不让本地排队的任务拿走（否则前一次认领来的任务就得超出 max_parallel 去跑）。"""
+    ran = threading.Event()
+    controller = Controller(1, store=InMemoryTaskStore(), owner="w")
+    controller.register("mark", lambda ctx: ran.set())
+    try:
+        with controller.holding_slots() as first:
+            assert first == 1
+            with controller.holding_slots() as second:
+                assert second == 0, "另一次认领已预留了唯一的空槽"
+            run = controller.submit("mark")
+            time.sleep(0.3)  # 后台循环有足够的时间去启动它——如果那个槽被错误地放掉了
+            assert run.status is S.QUEUED, "前一次认领预留的槽不能被本地提交拿走"
+            assert not ran.is_set()
+        assert run.wait(timeout=10).status is S.SUCCEEDED
+    finally:
+        controller.close()
