@@ -483,3 +483,44 @@ def test_outcome_from_snapshot_is_an_ordinary_frozen_outcome() -> None:
     gc.collect()
     per_outcome = (len(gc.get_objects()) - before) / len(kept)
     assert per_outcome < 1.5, f"每个 Outcome 有 {per_outcome:.2f} 个被追踪的对象"
+
+
+def test_recipe_trusted_from_dict_equals_from_dict_and_still_refuses_unknown_fields() -> None:
+    """``Recipe.trusted_from_dict``（认领时解码存储里的配方）与 ``from_dict`` 逐项、连类型相同，只是不再逐个
+    检查参数；未知字段、缺 name、坏的 on_lost / timeout 仍然报错。"""
+    from chongming_task.core.recipes import OnLost, Recipe
+
+    samples = [
+        Recipe("r", args=(1, 2.0, "三", [True, None], {"k": [1.5, 2**63 + 1]}), kwargs={"a": {}, "b": []}),
+        Recipe(
+            "r",
+            max_attempts=4,
+            timeout={"start": 1, "per_attempt": None, "idle": 2.5},
+            tags=("z", "a", "z"),
+            priority=-3,
+            bucket_key="租户",
+            on_lost=OnLost.RETRY,
+        ),
+        Recipe("r"),
+    ]
+    for sample in samples:
+        data = json.loads(json.dumps(sample.to_dict()))
+        want = Recipe.from_dict(data)
+        got = Recipe.trusted_from_dict(json.loads(json.dumps(sample.to_dict())))
+        assert got == want
+        for name in Recipe.__dataclass_fields__:
+            assert type(getattr(got, name)) is type(getattr(want, name)), name
+            assert getattr(got, name) == getattr(want, name), name
+        assert got.timeout == want.timeout and (
+            got.timeout is None or all(type(v) is type(want.timeout[k]) for k, v in got.timeout.items())  # type: ignore[index]
+        )
+    minimal = Recipe.trusted_from_dict({"name": "r"})
+    assert minimal == Recipe("r") and minimal.on_lost is OnLost.FAIL and minimal.tags == ()
+    for bad in (
+        {"name": "r", "future": 1},
+        {"args": []},
+        {"name": "r", "on_lost": "maybe"},
+        {"name": "r", "timeout": {"x": 1}},
+    ):
+        with pytest.raises(ConfigurationError):
+            Recipe.trusted_from_dict(bad)

@@ -182,3 +182,86 @@ def test_a_worker_hosts_again_a_task_it_finished_once_after_it_is_requeued_elsew
     assert calls == [1, 2]
     again = worker.get(task_id)
     assert again is not None and again.status is S.SUCCEEDED and again.attempt == 2  # 新句柄取代旧的
+
+
+class HoldsClaimOfC(InMemoryTaskStore):
+    """认领到 ``c`` 的那次认领先放行 ``a`` 的任务体，再停在这里等另一次认领同时进来（最多 3 秒）：只有一条
+    认领线程时，``a`` 结束空出的槽要等这次认领回来才有人认领，同时在进行的认领始终只有一次。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release_a = threading.Event()
+        self._cond = threading.Condition()
+        self.in_flight = 0
+        self.peak = 0
+
+    def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
+        with self._cond:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            self._cond.notify_all()
+        try:
+            got = super()._claim_and_start(request, start)
+            if any(snapshot.task_id == "c" for snapshot in got):
+                self.release_a.set()
+                with self._cond:
+                    self._cond.wait_for(lambda: self.in_flight >= 2, timeout=3)
+            return got
+        finally:
+            with self._cond:
+                self.in_flight -= 1
+
+
+def test_a_slot_freed_during_an_in_flight_claim_is_claimed_at_once_by_the_second_claimer() -> None:
+    """两个槽先后空出时，第二个槽不等第一个槽的认领往返回来：worker 有第二条认领线程，两次认领同时进行
+    （issue 19 的吞吐）；同时在跑的任务体仍不超过槽位数。"""
+    store = HoldsClaimOfC()
+    running = 0
+    peak_running = 0
+    lock = threading.Lock()
+
+    def body(ctx: Any, which: str) -> str:
+        nonlocal running, peak_running
+        with lock:
+            running += 1
+            peak_running = max(peak_running, running)
+        try:
+            if which == "a":
+                assert store.release_a.wait(10)
+            return which
+        finally:
+            with lock:
+                running -= 1
+
+    submitter = Controller(store=store, owner="submitter")
+    submitter.register("body", body, durable=True)
+    ids = []
+    for which in "abcd":
+        ids.append(submitter.enqueue("body", which, task_id=which))
+    worker = Controller(2, store=store, owner="w")
+    worker.register("body", body)
+    assert worker.starts_on_claim
+    serve_all(store, worker, ids)
+    submitter.close()
+    assert store.peak == 2, "a 空出的槽在认领 c 的那次往返进行时就被另一条认领线程认领"
+    assert peak_running <= 2, "同时在跑的任务体不超过槽位数"
+
+
+def test_a_claim_that_ends_releases_only_its_own_held_slots_not_another_claims() -> None:
+    """两次认领同时预留（worker 的两条认领线程）：后一次只拿得到前一次没预留的槽；它结束时只放掉自己剩下的，
+    前一次预留的槽仍不让本地排队的任务拿走（否则前一次认领来的任务就得超出 max_parallel 去跑）。"""
+    ran = threading.Event()
+    controller = Controller(1, store=InMemoryTaskStore(), owner="w")
+    controller.register("mark", lambda ctx: ran.set())
+    try:
+        with controller.holding_slots() as first:
+            assert first == 1
+            with controller.holding_slots() as second:
+                assert second == 0, "另一次认领已预留了唯一的空槽"
+            run = controller.submit("mark")
+            time.sleep(0.3)  # 后台循环有足够的时间去启动它——如果那个槽被错误地放掉了
+            assert run.status is S.QUEUED, "前一次认领预留的槽不能被本地提交拿走"
+            assert not ran.is_set()
+        assert run.wait(timeout=10).status is S.SUCCEEDED
+    finally:
+        controller.close()

@@ -150,3 +150,67 @@ def test_racing_stores_start_every_task_once_each_with_its_transition_record(
     finally:
         for opened in stores:
             opened.close()
+
+
+def _typed_fields(snapshot: TaskSnapshot) -> dict[str, object]:
+    """逐字段、连类型：配方再展开成它的字段与各自的类型（Recipe 的 == 比值与类型，这里连容器类型也比）。"""
+    out: dict[str, object] = {name: (type(value), value) for name, value in _fields(snapshot).items()}
+    recipe = snapshot.recipe
+    if recipe is not None:
+        out["recipe"] = {
+            name: (type(getattr(recipe, name)), getattr(recipe, name)) for name in recipe.__dataclass_fields__
+        }
+        out["recipe.timeout"] = (
+            None if recipe.timeout is None else {k: type(v) for k, v in recipe.timeout.items()}
+        )
+    return out
+
+
+@pytest.mark.parametrize("starting", [False, True])
+def test_claimed_rows_decode_exactly_like_a_read_of_the_same_row(
+    store: PostgresTaskStore, starting: bool
+) -> None:
+    """认领交回的快照走的是不再校验的解码（``SnapshotCodec.trusted_from_row``）：逐字段、连类型与时区偏移，
+    与 ``get()`` 经完整校验读回的同一行相同——哪一列解码错了、配方哪一项没有照 ``from_dict`` 规整，
+    都在这里失败。"""
+    from chongming_task.core.recipes import OnLost, Recipe
+    from chongming_task.models import Progress
+    from chongming_task.testing.contract.durable import recipe
+
+    shanghai = timezone(timedelta(hours=8))
+    before = [
+        durable("rich", seconds=0),  # 契约里那份配方：嵌套参数、浮点与大整数、超时、标签、on_lost=retry
+        durable(
+            "fields",
+            seconds=1,
+            tags=frozenset({"io", "夜间"}),
+            label="标签",
+            description="说明",
+            priority=3,
+            bucket=7,
+            bucket_key="tenant-乙",
+            pipeline_id="p-1",
+            node_id="n-1",
+            progress=Progress(3, 10, "件"),
+            queued_at=datetime(2026, 3, 1, 8, 0, 1, 5, tzinfo=shanghai),
+            recipe=recipe(tags=("b", "a", "b"), timeout={"start": 1, "per_attempt": None, "idle": None}),
+        ),
+        durable(
+            "bare",
+            seconds=2,
+            recipe=Recipe("contract-task", args=(), kwargs={}, on_lost=OnLost.FAIL),
+        ),
+    ]
+    for snapshot in before:
+        store.create(snapshot)
+    start = ClaimStart(at=LEASE, executor="thread") if starting else None
+    got = store.claim_queued("worker-a", names=NAMES, limit=5, lease_until=LEASE, start=start)
+    assert sorted(snapshot.task_id for snapshot in got) == ["bare", "fields", "rich"]
+    for snapshot in got:
+        stored = store.get(snapshot.task_id)
+        assert stored is not None
+        assert _typed_fields(snapshot) == _typed_fields(stored), snapshot.task_id
+        assert snapshot == stored
+    fields = next(snapshot for snapshot in got if snapshot.task_id == "fields")
+    assert fields.recipe is not None and fields.recipe.tags == ("a", "b"), "配方标签照 from_dict 排序去重"
+    assert fields.recipe.timeout == {"start": 1.0, "per_attempt": None, "idle": None}

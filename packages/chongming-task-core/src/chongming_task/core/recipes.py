@@ -195,6 +195,36 @@ class Recipe:
             on_lost=data.get("on_lost", OnLost.FAIL.value),
         )
 
+    @classmethod
+    def trusted_from_dict(cls, data: Mapping[str, Any]) -> Recipe:
+        """存储读回的配方（存储自己表里的那一列，写入时已经 ``__post_init__`` 逐项查过）：与 ``from_dict``
+        得到的配方逐项相同（字段的类型与规整——参数元组、标签排序去重、超时秒数转成浮点、``on_lost`` 转成枚举
+        ——照做），只是不再逐个参数走 ``check_durable_value``。
+
+        为什么：worker 每认领一个持久任务都要解码一次配方，参数的递归检查是其中最贵的一步（issue 19 的吞吐），
+        而存储里的参数正是当初提交时查过、经 JSON 原样存下的那些值。未知字段、缺 name 仍照 ``from_dict``
+        报错（那多半是更新版本的包写出的配方，不能当作认得）。
+        """
+        if not isinstance(data, Mapping) or "name" not in data:
+            raise ConfigurationError(f"配方字典缺少 name：{data!r}")
+        if not _RECIPE_KEYS.issuperset(data):
+            unknown = set(data) - _RECIPE_KEYS
+            raise ConfigurationError(f"配方字典里有未知字段：{sorted(unknown)}（它可能由更新版本的包写出）")
+        tags = data.get("tags")
+        recipe: Recipe = object.__new__(cls)
+        recipe.__dict__.update(
+            name=data["name"],
+            args=tuple(data.get("args") or ()),
+            kwargs=dict(data.get("kwargs") or {}),
+            max_attempts=data.get("max_attempts", 1),
+            timeout=_timeout_dict(data.get("timeout")),
+            tags=tuple(sorted(set(tags))) if tags else (),
+            priority=data.get("priority", 0),
+            bucket_key=data.get("bucket_key"),
+            on_lost=check_on_lost(data.get("on_lost", OnLost.FAIL.value)),
+        )
+        return recipe
+
     def __eq__(self, other: object) -> bool:
         # 逐值且逐类型相等：1 与 1.0、True 与 1 在 Python 里相等，但配方往返必须连类型一起保住。
         if not isinstance(other, Recipe):
@@ -203,6 +233,9 @@ class Recipe:
 
     def __hash__(self) -> int:
         return hash((self.name, self.max_attempts, self.priority))
+
+
+_RECIPE_KEYS = frozenset(Recipe.__dataclass_fields__)
 
 
 def _typed(value: Any) -> Any:

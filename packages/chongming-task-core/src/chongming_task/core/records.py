@@ -487,6 +487,8 @@ def validate_task_id(task_id: object, *, what: str = "task_id") -> str:
 
 
 _NO_TAGS: frozenset[str] = frozenset()
+NO_TAGS = _NO_TAGS
+"""共用的空标签集合（解码没有标签的行时用它，不为每个快照新建一个）。"""
 _PLAIN_COLLECTIONS = (frozenset, set, tuple, list)
 
 
@@ -809,6 +811,7 @@ __all__ = [
     "MAX_TEXT_LENGTH",
     "MAX_TRACEBACK_LENGTH",
     "MIN_PRIORITY",
+    "NO_TAGS",
     "TIMEOUT_KINDS",
     "Failure",
     "FailureKind",

@@ -142,6 +142,15 @@ ARTIFACT_HINT = "请给 Controller(artifact_dir=...) 传产物根目录（它管
 _STILL_RUNNING = frozenset(SLOT_HOLDING_STATUSES - {TaskStatus.PAUSED})
 
 
+class _Hold:
+    """一次 ``holding_slots`` 预留的槽还剩几个没交出去（``host_started`` 每占一个减一；退出时放掉剩下的）。"""
+
+    __slots__ = ("remaining",)
+
+    def __init__(self, count: int) -> None:
+        self.remaining = count
+
+
 def default_owner() -> str:
     """默认的发起者/持有者标识：主机名:pid，便于事后追溯是谁按的停止。"""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -297,6 +306,7 @@ class Controller(ClosesOnExit):
         self._start_on_submit = store is None or not store.group_commit or store.group_commit_writers <= 1
         # worker（runtime/worker.py）等空槽用的事件：任务让出执行槽的那一刻就置位（见 watch_slots）。
         self._slot_watchers: tuple[threading.Event, ...] = ()
+        self._claim_holds = threading.local()  # 每个认领线程当前那一次 holding_slots 的预留（_Hold）
         self._stop_loop = threading.Event()
         # 监听器在任务锁内运行，不能回调别的任务；需要碰别的任务的后续工作（管道放行/连坐）放到这里，
         # 由后台循环在任何锁之外按顺序执行。
@@ -931,13 +941,23 @@ class Controller(ClosesOnExit):
         with self._lock:
             free = 0
             if not self._closed and not scheduler.frozen and self.max_parallel is not None:
-                free = max(0, self.max_parallel - scheduler.active_count - scheduler.queued_count)
+                free = max(
+                    0,
+                    self.max_parallel
+                    - scheduler.active_count
+                    - scheduler.queued_count
+                    - scheduler.held_count,  # 另一次正在进行的认领预留的槽（worker 的几个认领线程）
+                )
             scheduler.hold(free)
+        hold = _Hold(free)
+        outer = getattr(self._claim_holds, "current", None)
+        self._claim_holds.current = hold  # 本线程接下来的 host_started 占的是这一次预留的槽
         try:
             yield free
         finally:
+            self._claim_holds.current = outer
             with self._lock:
-                scheduler.unhold()
+                scheduler.unhold(hold.remaining)
                 # 预留期间本地排进来的任务：交给后台循环启动（不占认领线程，与 host_durable 同理）
                 if scheduler.queued_count:
                     self._wake.set()
@@ -967,6 +987,9 @@ class Controller(ClosesOnExit):
                 self._runs[run.task_id] = run
                 self._unfinished.add(run.task_id)
                 self._scheduler.occupy(run.task_id, bucket=snapshot.bucket, tags=snapshot.tags)
+                hold = getattr(self._claim_holds, "current", None)
+                if hold is not None:
+                    hold.remaining -= 1
         if closed:
             # 认领期间控制器被关闭：任务体不开始，如实落 stopped（写穿），而不是留一个没人管的 starting。
             # 转移表里 starting 没有直达 stopped 的边：与在跑的任务被停止一样经 stopping。

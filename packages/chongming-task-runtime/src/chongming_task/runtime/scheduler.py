@@ -163,9 +163,16 @@ class SlotScheduler:
         for resource in self._active[task_id]:
             self._usage[resource] = self._usage.get(resource, 0) + 1
 
-    def unhold(self) -> None:
-        """放掉还没交出去的预留槽（认领到的比预留的少）。调用方随后应当 ``take_runnable`` 一次。"""
-        self._held = 0
+    @property
+    def held_count(self) -> int:
+        """此刻为认领预留、还没交出去的执行槽数（几次认领可以同时在进行，各自预留各自的）。"""
+        return self._held
+
+    def unhold(self, count: int) -> None:
+        """放掉一次认领还没交出去的 ``count`` 个预留槽（认领到的比预留的少）。调用方随后应当
+        ``take_runnable`` 一次。只放这一次认领自己剩下的：别的认领可能正同时预留着它们的槽。"""
+        assert 0 <= count <= self._held
+        self._held -= count
 
     def _unpark(self) -> bool:
         """把有空余额度的资源的等待条目放回就绪堆；返回是否移动了条目。"""

@@ -7,7 +7,9 @@
    的原子操作，多少个 worker 同时来取，每个任务也只被一个取走。认领来的任务按它存储里的版本接着写（写穿、
    续租、指令都和本地提交的一样）。存储支持时（``TaskStore.starts_on_claim``，见
    ``Controller.starts_on_claim`` 的其余条件）认领与 starting 是一次提交（``claim_queued(..., start=...)``）：
-   认领来的任务已是落了库的 starting，占上预留的槽立刻开始任务体，每个任务少一次提交与往返。否则启动
+   认领来的任务已是落了库的 starting，占上预留的槽立刻开始任务体，每个任务少一次提交与往返；这时槽位
+   至少 2 个的 worker 有两条认领线程（``Worker._start_claimer``），一个槽在另一个槽的认领往返进行时空出，
+   马上就有线程去认领它，两条线程各自只预留此刻真正空着的槽。否则启动
    （starting 那次提交）不在认领线程上做，交给控制器的后台循环（或正让出额度的任务线程：它的终态与这个
    任务的 starting 一个事务）：认领线程马上回去认领别的空位，认领与 starting 两次往返不排在同一条线程上。
 2. **维护**（每 ``lease_ttl / 2`` 一次）：``reconcile(durable_only=True)`` 本节点的桶里的持久任务——
@@ -160,6 +162,7 @@ class Worker:
         self.lease_ttl = lease_ttl
         self.maintenance_interval = max(0.2, lease_ttl / 2)
         self.report = ServeReport()
+        self._report_lock = threading.Lock()  # 两条认领线程都记账
         self._wake = threading.Event()
         self._retry_due: dict[str, datetime] = {}
 
@@ -171,6 +174,8 @@ class Worker:
         unwatch = controller.watch_slots(self._wake)
         unlisten = self._listen()
         next_maintenance = 0.0
+        halt = threading.Event()  # 主循环退出（停止或出错）时叫第二条认领线程停
+        helper = self._start_claimer(stop, halt)
         try:
             while not stop.is_set():
                 now = time.monotonic()
@@ -183,17 +188,46 @@ class Worker:
                     continue  # 取满了空槽：队列里多半还有，马上再看一轮（有空槽时）
                 self._idle(stop)
         finally:
+            halt.set()
+            if helper is not None:
+                helper.join()  # 它至多 _STOP_CHECK 秒就看到 halt（或还在一次认领往返里）
             if unlisten is not None:
                 unlisten()
             unwatch()
             self._drain()
         return self.report
 
-    def _idle(self, stop: threading.Event) -> None:
+    def _start_claimer(self, stop: threading.Event, halt: threading.Event) -> threading.Thread | None:
+        """认领并开始时，再起一条认领线程（槽位至少 2 个时；共两条）。
+
+        为什么：认领是一次往返（语句里还有选行、加锁、写 starting 与迁移记录），一次只取得到刚空出的那一个槽；
+        只有一条认领线程时，两个槽先后空出，第二个槽要等第一个槽的认领往返回来才轮得到——量下来 worker 线程
+        大半时间都在这条往返上，成了吞吐的瓶颈（issue 19）。两条线程各自预留此刻的空槽（``holding_slots``
+        扣掉另一次认领已预留的），所以同时在跑 + 排队 + 预留的仍不超过槽位数（不囤积），存储里的认领照旧原子、
+        每个任务只被取走一次。维护（reconcile、接手、复活）仍只在主循环里做。
+        """
+        if self.capacity < 2 or not self.controller.starts_on_claim:
+            return None
+        helper = threading.Thread(
+            target=self._claim_loop, args=(stop, halt), name=f"chongming-claim-{self.owner}", daemon=True
+        )
+        helper.start()
+        return helper
+
+    def _claim_loop(self, stop: threading.Event, halt: threading.Event) -> None:
+        try:
+            while not (stop.is_set() or halt.is_set()):
+                if self._claim_and_start():
+                    continue  # 取满了空槽：马上再看一轮（同主循环）
+                self._idle(stop, halt)
+        except Exception:
+            logger.exception("worker 的第二条认领线程出错退出（主循环照常认领）")
+
+    def _idle(self, stop: threading.Event, halt: threading.Event | None = None) -> None:
         """等到有新任务的通知、本地让出执行槽、或满一个 ``poll_interval``；停止请求最多晚 ``_STOP_CHECK`` 秒
         被看到（轮询间隔可以设得很长，SIGTERM 不该等它一整段才开始交还与收尾）。"""
         deadline = time.monotonic() + self.poll_interval
-        while not stop.is_set():
+        while not stop.is_set() and not (halt is not None and halt.is_set()):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._wake.wait(min(remaining, _STOP_CHECK)):
                 break
@@ -274,10 +308,13 @@ class Worker:
             except TaskError as exc:
                 logger.warning("认领持久任务失败（下一轮再试）：%s", exc)
                 return False
+            hosted = 0
             for snapshot in snapshots:
                 machine = StateMachine(snapshot, (), clock=controller.clock, lock=threading.RLock())
                 if self._host(machine):
-                    self.report.claimed += 1
+                    hosted += 1
+        with self._report_lock:
+            self.report.claimed += hosted
         return len(snapshots) == free
 
     def _host(self, machine: StateMachine) -> bool:

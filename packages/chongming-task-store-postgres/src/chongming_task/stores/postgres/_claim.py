@@ -26,8 +26,8 @@ from chongming_task.stores.postgres import _schema
 from chongming_task.stores.postgres._codec import (
     TASK_COLUMNS,
     TRANSITION_COLUMNS,
-    snapshot_from_row,
     split_dt,
+    trusted_snapshot_from_row,
 )
 
 if TYPE_CHECKING:
@@ -173,7 +173,8 @@ def claim_statement(s: str, request: QueuedClaim) -> tuple[str, dict[str, Any]] 
 
 
 def claimed_snapshots(rows: list[Any]) -> list[TaskSnapshot]:
-    snapshots = [snapshot_from_row(row) for row in rows]
+    # 行出自本库的快照表（写入时已逐字段校验）：不再走快照构造与配方参数的校验（见 trusted_from_row）。
+    snapshots = [trusted_snapshot_from_row(row) for row in rows]
     # RETURNING 不保证顺序：按认领时用的同一顺序排好再交出。
     snapshots.sort(key=lambda snapshot: (-snapshot.priority, snapshot.created_at, snapshot.task_id))
     return snapshots

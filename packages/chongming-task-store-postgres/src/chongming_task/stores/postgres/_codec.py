@@ -255,6 +255,7 @@ def task_params(snapshot: TaskSnapshot) -> dict[str, Any]:
 
 
 snapshot_from_row = SNAPSHOTS.from_row
+trusted_snapshot_from_row = SNAPSHOTS.trusted_from_row
 
 
 def transition_rows(transitions: Sequence[Transition]) -> list[dict[str, Any]]:
@@ -303,5 +304,6 @@ __all__ = [
     "task_params",
     "transition_from_row",
     "transition_rows",
+    "trusted_snapshot_from_row",
     "unnest_element",
 ]
