@@ -443,15 +443,16 @@ PackedTransition = tuple[str, str, str, "str | None", "str | None", int, datetim
 Transition（``unpack_transition``；读历史远比写少）。issue 17。
 """
 
-_STATUS_VALUE: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
+STATUS_VALUE: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
+"""状态 → 它的值字符串（紧凑形式里存的是值；状态机的 ``_apply`` 内联打包时也查这张表）。"""
 _STATUS_OF: dict[str, TaskStatus] = {status.value: status for status in TaskStatus}
 
 
 def pack_transition(record: Transition) -> PackedTransition:
     """Transition → 紧凑形式（见 ``PackedTransition``）。"""
     return (
-        _STATUS_VALUE[record.from_status],
-        _STATUS_VALUE[record.to_status],
+        STATUS_VALUE[record.from_status],
+        STATUS_VALUE[record.to_status],
         record.trigger,
         record.actor,
         record.reason,
@@ -812,6 +813,7 @@ __all__ = [
     "MAX_TRACEBACK_LENGTH",
     "MIN_PRIORITY",
     "NO_TAGS",
+    "STATUS_VALUE",
     "TIMEOUT_KINDS",
     "Failure",
     "FailureKind",

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.records import (
+    STATUS_VALUE,
     Failure,
     FailureKind,
     PackedTransition,
@@ -75,7 +76,6 @@ _Owner = TypeVar("_Owner")
 _TABLE: dict[TaskStatus, frozenset[TaskStatus]] = dict(TRANSITIONS)
 _TERMINAL = TERMINAL_STATUSES
 _ADOPTABLE = frozenset({S.QUEUED, S.PAUSED, S.RETRY_WAIT})
-_VALUE: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
 _PENDING_VALUE = S.PENDING.value
 
 _TUPLE_HISTORY = 32
@@ -424,7 +424,7 @@ class StateMachine:
             reason = sanitize_reason(reason)
         record = Transition._trusted(current.task_id, source, target, trigger, actor, reason, version, now)
         self._snapshot = snapshot
-        packed = (_VALUE[source], _VALUE[target], trigger, actor, reason, version, now)
+        packed = (STATUS_VALUE[source], STATUS_VALUE[target], trigger, actor, reason, version, now)
         history = self._transitions
         if history.__class__ is tuple and len(history) < _TUPLE_HISTORY:
             self._transitions = (*history, packed)

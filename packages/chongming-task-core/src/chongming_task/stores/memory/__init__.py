@@ -25,7 +25,7 @@ import math
 import operator
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
@@ -185,7 +185,12 @@ def _put(
         row._snapshot = snapshot
         row._sides = (scalar, *_kept(old))  # 配方只由 create 写入，同样沿用
     row.outcome_text = text
-    history = row.history
+    _add_history(row.history, transitions)
+
+
+def _add_history(history: dict[int, PackedTransition], transitions: Iterable[Transition]) -> None:
+    """把迁移记录按紧凑形式记进一行的历史；已有的版本保留先到的那条（同 ``setdefault``，只是不为已有的
+    版本白打包一次）。"""
     for record in transitions:
         if record.version not in history:
             history[record.version] = pack_transition(record)
@@ -284,10 +289,7 @@ class InMemoryTaskStore(TaskStore):
                     f"task_id {task_id!r} 已存在：存储拒绝重复创建（想重跑请换一个 task_id 提交）"
                 )
             row = _Row(stored, text)
-            history = row.history
-            for record in transitions:
-                if record.version not in history:
-                    history[record.version] = pack_transition(record)
+            _add_history(row.history, transitions)
             self._rows[task_id] = row
 
     def _save(self, request: v.SaveRequest) -> None:
@@ -376,8 +378,7 @@ class InMemoryTaskStore(TaskStore):
             # 先全部检查再写：一批里有未知任务时整批不写，避免留下半截历史。
             rows = [self._row(record.task_id) for record in transitions]
             for row, record in zip(rows, transitions, strict=True):
-                if record.version not in row.history:
-                    row.history[record.version] = pack_transition(record)
+                _add_history(row.history, (record,))
 
     def history(self, task_id: str) -> list[Transition]:
         checks.check_key("task_id", task_id)

@@ -83,12 +83,17 @@ def grouped_without_nulls(
     return [(_values_sql(head, keep), group) for keep, group in groups.items()]
 
 
-@functools.lru_cache(maxsize=1024)
-def _save_update_sql(keep: tuple[bool, ...], changed: tuple[str, ...]) -> str:
-    assignments = [
+def _plain_assignments(keep: tuple[bool, ...]) -> list[str]:
+    """save 每次都写的无索引列（``PLAIN_SAVE_COLUMNS`` 顺序）的 SET 子句：是 None 的写成字面量 NULL。"""
+    return [
         f"{column} = ?" if kept else f"{column} = NULL"
         for column, kept in zip(schema.PLAIN_SAVE_COLUMNS, keep, strict=True)
     ]
+
+
+@functools.lru_cache(maxsize=1024)
+def _save_update_sql(keep: tuple[bool, ...], changed: tuple[str, ...]) -> str:
+    assignments = _plain_assignments(keep)
     assignments.extend(f"{column} = ?" for column in changed)
     return f"UPDATE tasks SET {', '.join(assignments)} WHERE task_id = ?"
 
@@ -117,10 +122,7 @@ _GUARDED_COLUMNS = {
 
 @functools.lru_cache(maxsize=1024)
 def _guarded_update_sql(plain_keep: tuple[bool, ...], set_status: bool, guard_keep: tuple[bool, ...]) -> str:
-    assignments = [
-        f"{column} = ?" if kept else f"{column} = NULL"
-        for column, kept in zip(schema.PLAIN_SAVE_COLUMNS, plain_keep, strict=True)
-    ]
+    assignments = _plain_assignments(plain_keep)
     if set_status:
         assignments.append("status = ?")
     # 前提列前面加一元 ``+``：不许规划器拿这些列的索引去找行（tasks_by_owner 的 (owner, created_key,
