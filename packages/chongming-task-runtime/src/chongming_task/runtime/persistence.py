@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -167,7 +168,11 @@ class WriteThrough:
         # 推迟写的 running：task_id → (最晚何时由后台循环补写, 状态机)。守护锁是 _lock。
         self._lazy: dict[str, tuple[float, StateMachine]] = {}
         self.on_lazy: Callable[[], None] | None = None
-        """第一项推迟写的 running 排进来时调用（叫醒后台循环，让它按 ``lazy_deadline`` 重新算等待时长）。"""
+        """一项推迟写的 running 排进来、而后台循环不会在它到点之前醒来时调用（叫醒后台循环，让它按
+        ``loop_deadline`` 重新算等待时长）。"""
+        # 后台循环上一次算出的醒来时刻（monotonic，见 loop_deadline）。初值 inf：还没算过，排进来就叫醒它。
+        self._loop_due = math.inf
+        self._lazy_since_plan = False  # 上次算醒来时刻之后又有推迟写的 running 排进来过
 
     def record(self, task_id: str, operation: str, exc: BaseException) -> None:
         """记一次写存储失败（最多保留最新 20 条）；日志交给限流的 OutageLog（故障期间按间隔汇总）。"""
@@ -356,13 +361,20 @@ class WriteThrough:
         expected = _plain_version(self._tasks.get(snapshot.task_id))
         if commits is None or expected is None or expected == snapshot.status_version:
             return False
-        state = self._promote(snapshot.task_id)
+        task_id = snapshot.task_id
+        state = self._promote(task_id)
         assert state is not None  # 上面刚读到它（任务锁在我们手里，别人不会改它）
         state.lazy = commits.enqueue(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
+        due = self.clock.monotonic() + LAZY_RUNNING_DELAY
         with self._lock:
-            first = not self._lazy
-            self._lazy[snapshot.task_id] = (self.clock.monotonic() + LAZY_RUNNING_DELAY, machine)
-        if first and self.on_lazy is not None:
+            self._lazy[task_id] = (due, machine)
+        self._lazy_since_plan = True
+        # 后台循环本来就会在到点之前醒来（旁路回写、续租、轮询的期限，或更早排进来的另一项）时不叫醒它：
+        # 两个执行槽跑短任务时几乎每个任务都有一项推迟写的 running，而它几乎总是被本任务的终态那次写撤回——
+        # 每任务叫醒一次后台循环是两次上下文切换加一轮循环的 Python 代码，比省下的那次提交还贵。
+        # 为什么不会漏：本项先登记、后读 _loop_due；后台循环先发布 _loop_due、后读登记（loop_deadline）。
+        # 这里读到的若是旧值，说明循环此刻还没发布新值，它之后读登记时必然看得到本项。
+        if self._loop_due > due and self.on_lazy is not None:
             self.on_lazy()
         return True
 
@@ -397,6 +409,26 @@ class WriteThrough:
             return None
         with self._lock:
             return min((due for due, _ in self._lazy.values()), default=None)
+
+    def loop_deadline(self, other: float) -> float:
+        """后台循环算它下一次醒来的时刻：别的期限 ``other`` 与最早一项推迟写的 running 取早者。
+
+        先发布 ``other``、再读推迟写的登记（顺序不能反，见 ``_write_lazily``）：之后排进来、比它更早到点的
+        项会叫醒循环；此刻已登记的项算进返回值里。
+
+        上次算过之后又有项排进来过、而它们都已被撤回（短任务的终态捎上了它们）时，也至多睡
+        ``LAZY_RUNNING_DELAY``：任务一个接一个地跑时，循环每 50 毫秒醒一次，而不是每个任务被叫醒一次。
+        这只是省唤醒的估计，不影响"到点必补写"：那由上面的发布 / 登记顺序保证。"""
+        self._loop_due = other
+        lazy = self.lazy_deadline()
+        if self._lazy_since_plan:
+            self._lazy_since_plan = False
+            soon = self.clock.monotonic() + LAZY_RUNNING_DELAY
+            lazy = soon if lazy is None else min(lazy, soon)
+        if lazy is None or lazy >= other:
+            return other
+        self._loop_due = lazy
+        return lazy
 
     def flush_lazy(self) -> None:
         """后台循环调用：把到点还没落库的推迟写的 running 写掉（长任务在存储里不会一直显示 starting）。"""
