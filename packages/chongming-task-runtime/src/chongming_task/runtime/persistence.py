@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from chongming_task.clock import Clock
+from chongming_task.core.locks import YieldingLock
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.errors import (
     ConcurrencyConflict,
@@ -154,7 +154,8 @@ class WriteThrough:
         # 读写都在 _lock 下（后台循环的旁路回写与任务线程的终态补写都会写它；forget 在同一把锁下删）。
         self._side_written: dict[str, tuple[Progress | None, datetime | None]] = {}
         self._behind: dict[str, StateMachine] = {}
-        self._lock = threading.Lock()
+        # 每次迁移都拿、临界区只有字典操作：用不排车队的锁（见 core/locks.py）。
+        self._lock = YieldingLock()
         self._failure_seq = 0  # 写失败的累计次数（catch_up 据此判断"存储此刻不可用"）
         self.outage = OutageLog(logger, monotonic=clock.monotonic)
         self.lease = LeaseWatch(lease_ttl, clock.monotonic())
