@@ -223,7 +223,9 @@ def _count_executes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.mark.postgres
-def test_group_commit_batch_is_one_statement(store: PostgresTaskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_group_commit_batch_is_one_statement(
+    store: PostgresTaskStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """组提交的一批 save（互不相同的任务）是一条语句、一次往返，而不是 BEGIN、每项一条、COMMIT；逐项结果照旧：
     冲突与不存在的项什么也不写，没有迁移记录的项、一步与多步的项都写对。"""
     from chongming_task.storage import SaveRequest
@@ -273,8 +275,10 @@ def test_batch_and_single_step_writes_round_trip_every_field(store: PostgresTask
     odd = timezone(timedelta(hours=-9, minutes=-30))
     created = datetime(2026, 7, 1, 1, 2, 3, 4, tzinfo=odd)
     first = full.evolve(task_id="rt-full-a", status=TaskStatus.PENDING, status_version=0, created_at=created)
-    second = full.evolve(task_id="rt-full-b", status=TaskStatus.PENDING, status_version=0, pid=None, label=None)
-    queued_a, record_a = step(first, TaskStatus.QUEUED, actor="演员 \"甲\"", reason="原因\\含反斜杠")
+    second = full.evolve(
+        task_id="rt-full-b", status=TaskStatus.PENDING, status_version=0, pid=None, label=None
+    )
+    queued_a, record_a = step(first, TaskStatus.QUEUED, actor='演员 "甲"', reason="原因\\含反斜杠")
     queued_b, record_b = step(second, TaskStatus.QUEUED)
     store.create(queued_a, [record_a])  # 一条迁移记录：标量参数
     store.create(queued_b, [record_b])

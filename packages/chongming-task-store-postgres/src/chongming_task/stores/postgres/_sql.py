@@ -72,13 +72,16 @@ ONE_TRANSITION_PARAMS = tuple(f"t_{name}" for name in TRANSITION_COLUMNS)
 
 def one_transition_insert(s: str, guard: str) -> str:
     """只写一条迁移记录时的插入（建任务的 queued、一次 save 只前进一步——最常见的两种写）：每列一个标量
-    参数 ``%(t_<列>)s``，不必先 json.dumps 成一段文本（时间戳逐个经回调格式化）、服务器再 ``jsonb_to_recordset``
-    展开。写下的行与 :func:`transitions_insert` 相同（同样 ``ON CONFLICT DO NOTHING``）。"""
+    参数 ``%(t_<列>)s``，不必先 json.dumps 成一段文本（时间戳逐个经回调格式化）、服务器再
+    ``jsonb_to_recordset`` 展开。写下的行与 :func:`transitions_insert` 相同（同样
+    ``ON CONFLICT DO NOTHING``）。"""
     types = dict(item.split(" ", 1) for item in _ROW_TYPES.split(", "))
-    values = ", ".join(f"%({param})s::{types[name]}" for param, name in zip(ONE_TRANSITION_PARAMS, TRANSITION_COLUMNS))
-    return (
-        f"INSERT INTO {s}.transitions ({_cols(TRANSITION_COLUMNS)}) SELECT {values} {guard} ON CONFLICT DO NOTHING"
+    values = ", ".join(
+        f"%({param})s::{types[name]}"
+        for param, name in zip(ONE_TRANSITION_PARAMS, TRANSITION_COLUMNS, strict=True)
     )
+    columns = _cols(TRANSITION_COLUMNS)
+    return f"INSERT INTO {s}.transitions ({columns}) SELECT {values} {guard} ON CONFLICT DO NOTHING"
 
 
 def one_transition_params(record: Transition) -> dict[str, Any]:

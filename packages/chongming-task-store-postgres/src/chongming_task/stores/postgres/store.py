@@ -272,7 +272,8 @@ _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 def _rollback_quietly(conn: Conn) -> None:
-    """调用途中出错：连接若停在事务里就回滚（与 ``with conn:`` 相同）；回滚本身出错只记日志，不掩盖原来的异常。"""
+    """调用途中出错：连接若停在事务里就回滚（与 ``with conn:`` 相同）；回滚本身出错只记日志，
+    不掩盖原来的异常。"""
     if conn.closed or conn.pgconn.transaction_status == _IDLE:
         return
     try:
