@@ -1045,7 +1045,8 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         return {row[0] for row in conn.execute(self._sql.create_many, params).fetchall()}
 
     def save_many(self, requests: Sequence[v.SaveRequest]) -> list[TaskError | None]:
-        """组提交：一次事务、一次管道发送写一批 save（语义见 ``TaskStore.save_many``）。"""
+        """组提交：一次事务写一批 save（语义见 ``TaskStore.save_many``）。互不相同的任务、都不带租约条件
+        （平常的组提交）时是一条语句（``Sql.save_batch``）；否则一个事务、一次管道发送，逐项一条语句。"""
         return self._run_many([partial(self._checked_save_statement, r) for r in requests])
 
     def _checked_save_statement(self, request: v.SaveRequest) -> _Prepared:
