@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from chongming_task.errors import ConcurrencyConflict, ConfigurationError, StoreError
+from chongming_task.errors import ConcurrencyConflict, ConfigurationError, StoreError, TaskNotFound
 from chongming_task.models import Failure, FailureKind, Progress
 from chongming_task.states import TaskStatus
 from chongming_task.storage import TaskQuery
@@ -206,6 +206,99 @@ def test_save_is_a_single_round_trip(store: PostgresTaskStore, monkeypatch: pyte
         store.save(current, expect_version=0, transitions=records)
     monkeypatch.undo()
     assert store.history("rt") == records
+
+
+def _count_executes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """数经 ``Connection.execute`` 发出的语句（Cursor.execute 另数：管道里逐条执行走的也是它）。"""
+    executed: list[str] = []
+    for cls in (psycopg.Connection, psycopg.Cursor):
+        original = cls.execute
+
+        def counting(self: Any, query: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            executed.append(str(query)[:40])
+            return _original(self, query, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "execute", counting)
+    return executed
+
+
+@pytest.mark.postgres
+def test_group_commit_batch_is_one_statement(
+    store: PostgresTaskStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """组提交的一批 save（互不相同的任务）是一条语句、一次往返，而不是 BEGIN、每项一条、COMMIT；逐项结果照旧：
+    冲突与不存在的项什么也不写，没有迁移记录的项、一步与多步的项都写对。"""
+    from chongming_task.storage import SaveRequest
+
+    bases = [snap(f"gb-{i}") for i in range(4)]
+    for base in bases:
+        store.create(base)
+    stale, stale_record = step(bases[3], TaskStatus.QUEUED)
+    store.save(stale, expect_version=0, transitions=[stale_record])
+    one, one_records = walk(bases[0], TaskStatus.QUEUED)
+    many, many_records = walk(bases[1], TaskStatus.QUEUED, TaskStatus.STARTING, TaskStatus.RUNNING)
+    quiet = bases[2].evolve(label="只改字段")  # 没有迁移记录
+    late, late_record = step(bases[3], TaskStatus.CANCELLED)  # 以为版本还是 0
+    ghost, ghost_record = step(snap("gb-ghost"), TaskStatus.QUEUED)
+    executed = _count_executes(monkeypatch)
+    results = store.save_many(
+        [
+            SaveRequest(many, 0, many_records),
+            SaveRequest(late, 0, [late_record]),
+            SaveRequest(one, 0, one_records),
+            SaveRequest(ghost, 0, [ghost_record]),
+            SaveRequest(quiet, 0, ()),
+        ]
+    )
+    # Connection.execute 转给 Cursor.execute：同一条语句数两次；冲突的那项另有一次读（报错里说清楚当前版本）。
+    writes = [text for text in executed if not text.startswith("SELECT status_version")]
+    assert len(writes) == 2 and writes[0].startswith("WITH u "), executed
+    monkeypatch.undo()
+    assert results[0] is None and results[2] is None and results[4] is None
+    assert isinstance(results[1], ConcurrencyConflict) and "存储中为 1" in str(results[1])
+    assert isinstance(results[3], TaskNotFound)
+    assert store.get("gb-0") == one and store.history("gb-0") == one_records
+    assert store.get("gb-1") == many and store.history("gb-1") == many_records
+    assert store.get("gb-2") == quiet and store.history("gb-2") == []
+    assert store.get("gb-3") == stale and store.history("gb-3") == [stale_record]
+    assert store.get("gb-ghost") is None and store.history("gb-ghost") == []
+
+
+@pytest.mark.postgres
+def test_batch_and_single_step_writes_round_trip_every_field(store: PostgresTaskStore) -> None:
+    """批量合成的一条 save（按位置绑定、VALUES 里逐列转换类型）与只带一条迁移记录的 create / save（迁移记录按
+    标量参数绑定）写下的每个字段都与快照逐字相同：JSON 列、标签、带任意偏移的时间、None 的列。"""
+    from chongming_task.storage import SaveRequest
+    from chongming_task.testing.contract._base import full_snapshot
+
+    full = full_snapshot()
+    odd = timezone(timedelta(hours=-9, minutes=-30))
+    created = datetime(2026, 7, 1, 1, 2, 3, 4, tzinfo=odd)
+    first = full.evolve(task_id="rt-full-a", status=TaskStatus.PENDING, status_version=0, created_at=created)
+    second = full.evolve(
+        task_id="rt-full-b", status=TaskStatus.PENDING, status_version=0, pid=None, label=None
+    )
+    queued_a, record_a = step(first, TaskStatus.QUEUED, actor='演员 "甲"', reason="原因\\含反斜杠")
+    queued_b, record_b = step(second, TaskStatus.QUEUED)
+    store.create(queued_a, [record_a])  # 一条迁移记录：标量参数
+    store.create(queued_b, [record_b])
+    assert store.get("rt-full-a") == queued_a and store.history("rt-full-a") == [record_a]
+    done_a, records_a = walk(queued_a, TaskStatus.STARTING, TaskStatus.RUNNING, TaskStatus.FAILED)
+    done_a = done_a.evolve(outcome={"嵌套": [1, 2.5, None, "x"]}, tags=frozenset({'a"b', "c\\d", "x,y"}))
+    starting_b, record_b2 = step(queued_b, TaskStatus.STARTING)
+    assert store.save_many(
+        [SaveRequest(done_a, queued_a.status_version, records_a), SaveRequest(starting_b, 1, [record_b2])]
+    ) == [None, None]
+    assert store.get("rt-full-a") == done_a
+    assert store.get("rt-full-b") == starting_b
+    assert store.history("rt-full-a") == [record_a, *records_a]
+    assert store.history("rt-full-b") == [record_b, record_b2]
+    running_b, record_b3 = step(starting_b, TaskStatus.RUNNING)
+    store.save(running_b, expect_version=2, transitions=[record_b3])  # 一步的 save：标量参数
+    assert store.get("rt-full-b") == running_b
+    assert store.history("rt-full-b") == [record_b, record_b2, record_b3]
+    stored = store.get("rt-full-b")
+    assert stored is not None and stored.created_at.utcoffset() == full.created_at.utcoffset()
 
 
 @pytest.mark.postgres

@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+from chongming_task.core.locks import YieldingLock
 from chongming_task.errors import StoreError
 from chongming_task.storage import SaveRequest, TaskStore
 
@@ -50,7 +51,9 @@ class GroupCommit:
         self._store = store
         self._writers = max(1, store.group_commit_writers if writers is None else writers)
         self._max_batch = max_batch
-        self._cond = threading.Condition(threading.Lock())
+        # 这把锁下只有内存里的几步（排队、取批、记数），提交本身在锁外：用让出 GIL 的锁，免得三个线程（提交者
+        # 与两个执行槽）在它上面排成车队（core/locks.py）。等"这一项写完"仍是条件变量的 wait，照常在内核里睡。
+        self._cond = threading.Condition(YieldingLock())  # type: ignore[arg-type]
         self._pending: list[Pending] = []
         self._active = 0  # 正在写的写者数
         self.batches = 0  # 写了几个事务（测试与基准看合并得怎样）

@@ -21,6 +21,8 @@ import socket
 import threading
 import time
 
+from chongming_task.core.locks import YieldingLock
+
 
 class _Call:
     __slots__ = ("deadline", "fd", "fired", "inode")
@@ -54,7 +56,9 @@ class Deadlines:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._cond = threading.Condition()
+        # 每次存储调用登记、注销各拿一次这把锁，锁下只有字典操作（看门线程扫描也只是几步比较）：用让出 GIL
+        # 的锁，几个写线程同时登记时不排成车队（core/locks.py）。
+        self._cond = threading.Condition(YieldingLock())  # type: ignore[arg-type]
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None

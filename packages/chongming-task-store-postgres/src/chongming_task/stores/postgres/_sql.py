@@ -66,6 +66,29 @@ def transitions_insert(s: str, guard: str) -> str:
     )
 
 
+ONE_TRANSITION_PARAMS = tuple(f"t_{name}" for name in TRANSITION_COLUMNS)
+"""只写一条迁移记录时它的每个物理列的参数名（``one_transition_insert``）。"""
+
+
+def one_transition_insert(s: str, guard: str) -> str:
+    """只写一条迁移记录时的插入（建任务的 queued、一次 save 只前进一步——最常见的两种写）：每列一个标量
+    参数 ``%(t_<列>)s``，不必先 json.dumps 成一段文本（时间戳逐个经回调格式化）、服务器再
+    ``jsonb_to_recordset`` 展开。写下的行与 :func:`transitions_insert` 相同（同样
+    ``ON CONFLICT DO NOTHING``）。"""
+    types = dict(item.split(" ", 1) for item in _ROW_TYPES.split(", "))
+    values = ", ".join(
+        f"%({param})s::{types[name]}"
+        for param, name in zip(ONE_TRANSITION_PARAMS, TRANSITION_COLUMNS, strict=True)
+    )
+    columns = _cols(TRANSITION_COLUMNS)
+    return f"INSERT INTO {s}.transitions ({columns}) SELECT {values} {guard} ON CONFLICT DO NOTHING"
+
+
+def one_transition_params(record: Transition) -> dict[str, Any]:
+    """一条迁移记录 → ``one_transition_insert`` 的参数（记录已经过检查）。"""
+    return dict(zip(ONE_TRANSITION_PARAMS, TRANSITIONS.params(record).values(), strict=True))
+
+
 def _json_value(value: object) -> str:
     if isinstance(value, datetime):
         return value.isoformat()
@@ -177,6 +200,11 @@ class Sql:
             f"hist AS ({transitions_insert(s, 'WHERE EXISTS (SELECT 1 FROM ins)')}) "
             "SELECT count(*) FROM ins"
         )
+        # 最常见的建任务（只带 queued 那一条迁移记录）：迁移记录按标量参数写（见 one_transition_insert）。
+        self.create_one = self.create.replace(
+            transitions_insert(s, "WHERE EXISTS (SELECT 1 FROM ins)"),
+            one_transition_insert(s, "WHERE EXISTS (SELECT 1 FROM ins)"),
+        )
         # 待认领的持久任务：同一条语句里插入成功才 pg_notify（见 _claim.create_notify_sql）。
         self.create_notify = create_notify_sql(self.create)
         # create_many：一批任务一条语句（一次往返、一次事务）。任务行按列数组 unnest，已存在的 id 被
@@ -209,6 +237,11 @@ class Sql:
         )
         self.save = f"WITH upd AS ({update(guard)}), {hist}{result}"
         self.save_no_history = f"WITH upd AS ({update(guard)}) {result}"
+        # 只前进一步的 save（一条迁移记录）：同上，迁移记录按标量参数写。
+        self.save_one = (
+            f"WITH upd AS ({update(guard)}), "
+            f"hist AS ({one_transition_insert(s, 'WHERE EXISTS (SELECT 1 FROM upd)')}) {result}"
+        )
         # save(lease_expired_before=...)：版本之外还要求租约此刻仍已过期（与查询条件同一判据）。
         # 行先以 SKIP LOCKED 锁住：别的会话正锁着它（写到一半，或是一个失联节点留在服务器上的事务）时
         # 不排队等锁，这一次什么也不写、当作冲突报告（reconcile 记为 skipped，下一轮再判）。接管别人的
@@ -312,6 +345,39 @@ class Sql:
         )
         self._claim: dict[tuple[bool, bool, bool], str] = {}
         self._touch: dict[tuple[bool, bool, bool, bool], str] = {}
+        self._save_batch: dict[int, str] = {}
+
+    def save_batch(self, count: int) -> str:
+        """组提交的 ``count`` 项 save（互不相同的任务、都不带租约条件）合成的一条语句（按项数渲染一次）。
+
+        为什么：管道里逐条执行是 BEGIN、每项一条语句、COMMIT（服务器上执行四条语句，客户端为每条语句
+        各走一遍游标与结果处理）；合成一条之后是一条自成事务的语句、一次往返。语义与逐条 ``save`` 相同：
+        每一项按自己的 ``expect_version`` 校验，不符的那项什么也不写（它的迁移记录也不写，与单项
+        ``save`` 的 ``WHERE EXISTS (SELECT 1 FROM upd)`` 同一规则），不连累别的项。行锁先按 task_id
+        顺序拿（``locked``，ORDER BY 之后才加锁），与管道里按 task_id 排序执行、``touch_many``、
+        ``renew_leases`` 同一顺序，并发的批量写不互相死锁。
+
+        参数按位置：``SAVE_BATCH_COLUMNS`` 的值逐项排开，最后是全部迁移记录合成的一个 JSON 数组。
+        返回每项一行：(task_id, 是否写入, 任务是否存在)。"""
+        text = self._save_batch.get(count)
+        if text is None:
+            row = "(" + ", ".join(f"%s::{kind}" for _, kind in SAVE_BATCH_COLUMNS) + ")"
+            names = _cols(name for name, _ in SAVE_BATCH_COLUMNS)
+            sets = ", ".join(f"{name} = u.{name}" for name, _ in SAVE_BATCH_COLUMNS[2:])
+            s = self.s
+            text = (
+                f"WITH u ({names}) AS (VALUES {', '.join([row] * count)}), "
+                f"locked AS (SELECT t.task_id FROM {s}.tasks t WHERE t.task_id IN (SELECT task_id FROM u) "
+                "ORDER BY t.task_id FOR NO KEY UPDATE), "
+                f"upd AS (UPDATE {s}.tasks AS t SET {sets} FROM u WHERE t.task_id = u.task_id "
+                "AND t.status_version = u.expect_version AND t.task_id IN (SELECT task_id FROM locked) "
+                "RETURNING t.task_id), "
+                f"hist AS ({transitions_insert(s, 'WHERE x.task_id IN (SELECT task_id FROM upd)')}) "
+                "SELECT u.task_id, EXISTS (SELECT 1 FROM upd WHERE upd.task_id = u.task_id), "
+                f"EXISTS (SELECT 1 FROM {s}.tasks e WHERE e.task_id = u.task_id) FROM u"
+            ).replace("%(t_rows)s", "%s")
+            self._save_batch[count] = text
+        return text
 
     def claim(self, by_task: bool, by_bucket: bool, by_holder: bool) -> str:
         key = (by_task, by_bucket, by_holder)
@@ -363,6 +429,20 @@ class Sql:
             text = f"UPDATE {self.s}.tasks SET {', '.join(sets)} WHERE task_id = %(task_id)s RETURNING 1"
             self._touch[key] = text
         return text
+
+
+def _save_batch_columns() -> tuple[tuple[str, str], ...]:
+    saved = frozenset(SAVE_COLUMNS)
+    columns = [("task_id", "text"), ("expect_version", "bigint")]
+    for column in SNAPSHOTS.logical:
+        for name in DIALECT.physical(column):
+            if name in saved:
+                columns.append((name, DIALECT.array_type(column, name).removesuffix("[]")))
+    return tuple(columns)
+
+
+SAVE_BATCH_COLUMNS = _save_batch_columns()
+"""``Sql.save_batch`` 每一项的 (参数名, 类型)：task_id、expect_version，然后是 save 改写的每个物理列。"""
 
 
 def _as_is(value: Any) -> Any:
@@ -418,6 +498,8 @@ def where_clause(query: TaskQuery) -> tuple[str, dict[str, Any]]:
 
 
 __all__ = [
+    "ONE_TRANSITION_PARAMS",
+    "SAVE_BATCH_COLUMNS",
     "TASK_COPY_JSONB",
     "TASK_COPY_TYPES",
     "TOUCH_MANY_COLUMNS",
@@ -426,6 +508,8 @@ __all__ = [
     "Sql",
     "copy_row",
     "copy_types",
+    "one_transition_insert",
+    "one_transition_params",
     "transition_params",
     "transitions_insert",
     "where_clause",

@@ -268,6 +268,20 @@ def _session_options(statement_ms: int | None, network_timeout: float | None) ->
     return " ".join(options)
 
 
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+def _rollback_quietly(conn: Conn) -> None:
+    """调用途中出错：连接若停在事务里就回滚（与 ``with conn:`` 相同）；回滚本身出错只记日志，
+    不掩盖原来的异常。"""
+    if conn.closed or conn.pgconn.transaction_status == _IDLE:
+        return
+    try:
+        conn.rollback()
+    except Exception as exc:
+        logger.warning("调用出错后回滚连接失败（已忽略）：%s", exc)
+
+
 def _data_error(exc: BaseException) -> ConfigurationError:
     if isinstance(exc, pg_errors.NumericValueOutOfRange):
         return ConfigurationError(f"数值超出 PostgreSQL 列的范围（整数列为 64 位，桶号为 32 位）：{exc}")
@@ -825,8 +839,15 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             conn = self._acquire()
             armed = self._arm(conn)
             try:
-                with conn:  # 出错回滚；连接属于池，退出时不会被关闭
+                try:
                     yield conn
+                except BaseException:
+                    _rollback_quietly(conn)
+                    raise
+                # 池里的连接是 autocommit：多语句事务都由 conn.transaction() 自己提交或回滚，平常退出时连接
+                # 已是 IDLE，不必像 ``with conn:`` 那样每次调用都走一遍 commit()（加锁、造生成器，没有往返）。
+                if conn.pgconn.transaction_status != _IDLE:
+                    conn.commit()
             except psycopg.Error as exc:
                 if armed is not None and armed[1].fired:
                     raise StoreNoReply(
@@ -1024,11 +1045,13 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         return {row[0] for row in conn.execute(self._sql.create_many, params).fetchall()}
 
     def save_many(self, requests: Sequence[v.SaveRequest]) -> list[TaskError | None]:
-        """组提交：一次事务、一次管道发送写一批 save（语义见 ``TaskStore.save_many``）。"""
+        """组提交：一次事务写一批 save（语义见 ``TaskStore.save_many``）。互不相同的任务、都不带租约条件
+        （平常的组提交）时是一条语句（``Sql.save_batch``）；否则一个事务、一次管道发送，逐项一条语句。"""
         return self._run_many([partial(self._checked_save_statement, r) for r in requests])
 
     def _checked_save_statement(self, request: v.SaveRequest) -> _Prepared:
-        return self._save_statement(checks.check_save_request(request))
+        # 迁移记录一律编成 JSON（t_rows）：一批能合成一条语句时，各项的记录拼成一个数组（见 _run_batch）。
+        return self._save_statement(checks.check_save_request(request), scalar=False)
 
     def _run_one(self, prepared: _Prepared) -> None:
         text, params, judge = prepared
@@ -1044,6 +1067,14 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         results, work = prepare_batch(prepare)
         if not work:
             return results
+        if len(work) == 1:
+            # 只剩一项：一条自成事务的语句（不必 BEGIN / COMMIT 与管道）。
+            index, (text, params, judge) = work[0]
+            with self._connection() as conn:
+                results[index] = judge(conn, conn.execute(text, params).fetchone())
+            return results
+        if self._batchable(work):
+            return self._run_batch(results, work)
         # 按 task_id 排序执行（稳定排序：同一任务的几项仍按给出的顺序）：所有批量写都按同一顺序拿行锁，
         # 两个同时进行的批次不会互相死锁。
         work.sort(key=lambda item: item[1][1]["task_id"])
@@ -1054,6 +1085,38 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 results[index] = judge(conn, cursor.fetchone())
         return results
 
+    def _batchable(self, work: list[tuple[int, _Prepared]]) -> bool:
+        """这一批能合成一条语句（``Sql.save_batch``）：都是不带租约条件的 save，且任务互不相同（同一任务的
+        几项要按先后链式写，一条 UPDATE 里一行只能改一次）。"""
+        plain = (self._sql.save, self._sql.save_no_history)
+        task_ids = set()
+        for _, (text, params, _) in work:
+            if text not in plain:
+                return False
+            task_ids.add(params["task_id"])
+        return len(task_ids) == len(work)
+
+    def _run_batch(
+        self, results: list[TaskError | None], work: list[tuple[int, _Prepared]]
+    ) -> list[TaskError | None]:
+        """组提交的一批 save 合成一条语句执行（见 ``Sql.save_batch``），逐项判定与单项 save 相同。"""
+        values: list[Any] = []
+        history: list[str] = []
+        for _, (_, params, _) in work:
+            values.extend(params[name] for name, _ in _sql.SAVE_BATCH_COLUMNS)
+            rows = params.get("t_rows")
+            if rows is not None and rows != "[]":
+                history.append(rows[1:-1])  # 每项的迁移记录是一个 JSON 数组：去掉方括号再拼成一个
+        values.append("[" + ",".join(history) + "]")
+        with self._connection() as conn:
+            outcome = {
+                task_id: (1 if written else 0, exists)
+                for task_id, written, exists in conn.execute(self._sql.save_batch(len(work)), values)
+            }
+            for index, (_, params, judge) in work:
+                results[index] = judge(conn, outcome.get(params["task_id"]))
+        return results
+
     def _create_statement(
         self, snapshot: TaskSnapshot, transitions: Sequence[Transition], *, notify: bool = True
     ) -> _Prepared:
@@ -1062,12 +1125,17 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         snapshot = checks.check_snapshot(snapshot)
         checks.check_transitions(snapshot.task_id, transitions)
         params = task_params(snapshot)
-        params.update(_transition_params(transitions))
         task_id = snapshot.task_id
-        statement = self._sql.create
         if notify and _claim.claimable(snapshot):
             statement = self._sql.create_notify
+            params.update(_transition_params(transitions))
             params.update(_claim.notice_params(self._channel, snapshot))
+        elif len(transitions) == 1:
+            statement = self._sql.create_one
+            params.update(_sql.one_transition_params(transitions[0]))
+        else:
+            statement = self._sql.create
+            params.update(_transition_params(transitions))
 
         def judge(conn: Conn, row: Any) -> TaskError | None:
             if row is None or row[0] == 0:
@@ -1076,8 +1144,10 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
 
         return statement, params, judge
 
-    def _save_statement(self, request: v.SaveRequest) -> _Prepared:
-        """一次 save 的语句与判定（入参已检查：``_save`` 由基类检查，``save_many`` 逐项检查）。"""
+    def _save_statement(self, request: v.SaveRequest, *, scalar: bool = True) -> _Prepared:
+        """一次 save 的语句与判定（入参已检查：``_save`` 由基类检查，``save_many`` 逐项检查）。
+
+        ``scalar``：只有一条迁移记录时按标量参数写它（``Sql.save_one``）。"""
         snapshot, transitions = request.snapshot, request.transitions
         expect_version, lease_expired_before = request.expect_version, request.lease_expired_before
         params = task_params(snapshot)
@@ -1085,7 +1155,10 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         leased = lease_expired_before is not None
         if leased:
             params["lease_expired_before"] = lease_expired_before
-        if transitions:
+        if scalar and not leased and len(transitions) == 1:
+            params.update(_sql.one_transition_params(transitions[0]))
+            statement = self._sql.save_one
+        elif transitions:
             params.update(_transition_params(transitions))
             statement = self._sql.save_leased if leased else self._sql.save
         else:
