@@ -293,6 +293,31 @@ class InMemoryTaskStore(TaskStore):
             _add_history(row.history, transitions)
             self._rows[task_id] = row
 
+    def _create_direct(self, snapshot: TaskSnapshot, packed: tuple[PackedTransition, ...]) -> None:
+        """写穿落库新任务（见 ``TaskStore._create_direct``）：快照照样整份检查，迁移记录按调用方担保的紧凑形式
+        直接记进历史（与 create 记下的同一种元组），不再逐条查类型、打包。不是常见形状的快照（子类）交给
+        完整的 create。"""
+        if snapshot.__class__ is not TaskSnapshot:
+            super()._create_direct(snapshot, packed)
+            return
+        checks.check_snapshot(snapshot)
+        outcome = snapshot.outcome
+        scalar, text = (None, None) if outcome is None else _encode_json(outcome, what="outcome")
+        stored = snapshot if scalar is outcome else snapshot.evolve(outcome=scalar)
+        task_id = snapshot.task_id
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            if task_id in self._rows:
+                raise DuplicateTaskId(
+                    f"task_id {task_id!r} 已存在：存储拒绝重复创建（想重跑请换一个 task_id 提交）"
+                )
+            row = _Row(stored, text)
+            history = row.history
+            for record in packed:
+                history.setdefault(record[5], record)  # 同 _add_history：已有的版本保留先到的那条
+            self._rows[task_id] = row
+
     def _save(self, request: v.SaveRequest) -> None:
         snapshot, expect_version = request.snapshot, request.expect_version
         scalar, text = _encode_json(snapshot.outcome, what="outcome")
