@@ -395,7 +395,8 @@ class WriteThrough:
             self.record(task_id, "save", exc)
             self._mark_behind(machine)
             return
-        # 同 _written 的 int 分支：只改还在管的任务（与 forget 在同一把锁下）。热路径的加锁写法见 core/locks.py。
+        # 同 _written 的 int 分支：只改还在管的任务（与 forget 在同一把锁下）。
+        # 热路径的加锁写法见 core/locks.py。
         lock = self._lock
         if not lock.try_acquire():
             lock.acquire()
