@@ -191,7 +191,10 @@ class WriteThrough:
     def lease_fields(self) -> dict[str, object]:
         """新任务的快照一开始就带上本节点的租约（``StateMachine.create`` 的字段）：create 时不必再为它复制一份
         快照（``update_side``），每个提交省一次整份快照的拷贝。"""
-        return {"lease_owner": self.owner, "lease_until": self.lease_until()}
+        return {
+            "lease_owner": self.owner,
+            "lease_until": self.clock.now() + self._lease_span,
+        }  # = lease_until()
 
     def _lease_floor(self) -> datetime:
         """快照里已有的租约（提交时 ``lease_fields`` 给的）不早于这个时刻，create 就原样用它、不复制快照。
