@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
+from chongming_task import Controller
+from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.storage.contract import TaskStore
-from chongming_task.models import TaskSnapshot
+from chongming_task.errors import ConfigurationError, DuplicateTaskId
+from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
 from chongming_task.storage import LogLine, SaveRequest
 from chongming_task.stores.memory import InMemoryTaskStore
@@ -155,3 +158,47 @@ def test_starts_on_claim_only_when_no_subclass_rewrote_a_step_the_combined_write
     assert not CountsClaims().starts_on_claim
     legacy: Any = LegacyStore(InMemoryTaskStore())  # type: ignore[call-arg]
     assert not legacy.starts_on_claim, "只实现了旧认领的后端：默认实现是两次写，worker 照旧分开写"
+
+
+def test_a_subclass_that_overrides_create_still_sees_every_write_through_create() -> None:
+    """写穿落库新任务走 ``_create_direct``（内存存储直接收下状态机的紧凑历史，不经公开的 create）：子类改了
+    create 却没改这个入口时，基类退回默认实现——提交照样经过子类的 create，收到的是 Transition。"""
+    seen: list[tuple[str, list[Transition]]] = []
+
+    class CountingCreate(InMemoryTaskStore):
+        def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
+            seen.append((snapshot.task_id, list(transitions)))
+            super().create(snapshot, transitions)
+
+    assert InMemoryTaskStore._create_direct is not TaskStore._create_direct  # 内存存储有自己的快路径
+    assert CountingCreate._create_direct is TaskStore._create_direct
+    store = CountingCreate()
+    controller = Controller(store=store, owner="a")
+    controller.register("work", lambda ctx: "ok")
+    try:
+        run = controller.submit("work", task_id="sub-create")
+        assert run.wait(timeout=5).status is TaskStatus.SUCCEEDED
+    finally:
+        controller.close()
+    assert [
+        (task_id, [(t.from_status, t.to_status, t.version) for t in records]) for task_id, records in seen
+    ] == [("sub-create", [(TaskStatus.PENDING, TaskStatus.QUEUED, 1)])]
+
+
+def test_the_memory_stores_direct_create_stores_what_create_stores_and_refuses_what_it_refuses() -> None:
+    """``_create_direct`` 与 ``create(snapshot, 解包的历史)`` 存下同样的快照与历史；重复 id、存不下的快照
+    （绕过构造校验的 evolve）照样被拒、什么也不写。"""
+    base = snap("direct")
+    queued, records = walk(base, TaskStatus.QUEUED)
+    machine = StateMachine.from_snapshot(queued, records)
+    direct, public = InMemoryTaskStore(), InMemoryTaskStore()
+    direct._create_direct(queued, machine.packed_transitions())
+    public.create(queued, records)
+    assert direct.get("direct") == public.get("direct") == queued
+    assert direct.history("direct") == public.history("direct") == list(records)
+    with pytest.raises(DuplicateTaskId):
+        direct._create_direct(queued, machine.packed_transitions())
+    bad = queued.evolve(task_id="bad", label="含\x00的标签")
+    with pytest.raises(ConfigurationError):
+        direct._create_direct(bad, ())
+    assert direct.get("bad") is None

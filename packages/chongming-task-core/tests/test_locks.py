@@ -141,3 +141,20 @@ def test_works_under_a_condition() -> None:
     assert not lock.locked()
     with pytest.raises(RuntimeError):
         cond.notify()  # 没拿锁就 notify：Condition 用 acquire(False) 看出锁不在手里
+
+
+def test_try_acquire_takes_a_free_lock_and_never_waits_for_a_held_one() -> None:
+    """热路径的写法（``if not lock.try_acquire(): lock.acquire()``）：空闲时一次拿到；被别的线程占着时立即
+    返回 False，不让出、不等。"""
+    lock = YieldingLock()
+    assert lock.try_acquire()
+    assert lock.locked()
+    result: list[bool] = []
+    other = threading.Thread(target=lambda: result.append(lock.try_acquire()))
+    other.start()
+    other.join(timeout=5)
+    assert result == [False]
+    lock.release()
+    assert not lock.locked()
+    assert lock.try_acquire()
+    lock.release()

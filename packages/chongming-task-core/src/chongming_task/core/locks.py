@@ -24,6 +24,10 @@ CPython 里两个线程抢同一把 ``threading.Lock``、而临界区只是一�
 只用于**临界区只有内存里的几步操作**的锁。持锁期间会做阻塞 I/O 的锁（比如跨一次数据库提交）不要换：
 那时持有者本来就放了 GIL，让出 GIL 换不来什么，白白多转几圈。
 
+每个任务都走好几次的热路径（写穿的每次迁移）可以不经 ``with``：``__enter__`` / ``__exit__`` 是 Python 方法，
+一进一出两层调用；写成 ``if not lock.try_acquire(): lock.acquire()`` + ``try`` / ``finally: lock.release()``
+时，没人抢的情形只有两次 C 调用（``try_acquire`` 就是底层锁的 ``acquire(False)``）。
+
 接口与 ``threading.Lock`` 相同（``acquire(blocking, timeout)`` / ``release`` / ``locked`` / ``with``），
 可以交给 ``threading.Condition`` 当底层锁。不可重入：同一线程第二次加锁会死等，和 ``Lock`` 一样。
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 from types import TracebackType
 
 __all__ = ["SPINS", "YieldingLock"]
@@ -50,11 +55,13 @@ class YieldingLock:
     """拿不到时先让出 GIL、再试，最后才阻塞的互斥锁（为什么见模块文档）。"""
 
     # acquire 的快路径、release 与 locked 直接是底层 C 锁的绑定方法：放锁、查锁不多一层 Python 调用。
-    __slots__ = ("_try", "_wait", "locked", "release")
+    __slots__ = ("_try", "_wait", "locked", "release", "try_acquire")
 
     def __init__(self) -> None:
         lock = threading.Lock()
         self._try = lock.acquire
+        # 只试一次、不等（C 层的 partial，不进 Python 帧）：热路径用它（见模块文档）
+        self.try_acquire = partial(lock.acquire, False)
         self._wait = lock.acquire
         self.release = lock.release
         self.locked = lock.locked

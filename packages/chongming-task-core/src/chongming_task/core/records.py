@@ -581,17 +581,26 @@ def check_storable_changes(previous: TaskSnapshot, snapshot: TaskSnapshot) -> No
     # 最常见：文本字段与标签全都原样沿用——两个元组在 C 里逐项比较（同一个对象直接算相等），一次就判定完。
     # 与查过的文本相等的文本、与查过的标签集合相等的集合，可存储性也一样。priority 单独按"同一个对象"判定：
     # 5.0 与 True 都"等于"一个整数，却不是合法的 priority。
-    if _STORABLE_FIELDS(new) == _STORABLE_FIELDS(old):
+    new_values, old_values = _STORABLE_FIELDS(new), _STORABLE_FIELDS(old)
+    if new_values == old_values:
         if new["priority"] is not old["priority"]:
             check_priority(new["priority"])
         return
-    for name, limit in _TEXT_FIELD_LIMITS:
-        value = new[name]
-        if value is not old[name] and value is not None:
-            check_storable_text(name, value, limit=limit)  # 少见（通常只有 executor 变一次）：不必抠
+    # 有变的（写穿时每个任务一次：starting 记下执行器名）：逐项对照已取出的两个元组（zip 到文本字段为止，
+    # 末项是标签），短的纯 ASCII 文本就地判定——与 check_storable_fields 同一个判据，其余交给
+    # check_storable_text。
+    for (name, limit), value, was in zip(_TEXT_FIELD_LIMITS, new_values, old_values, strict=False):
+        if (
+            value is not was
+            and value is not None
+            and not (
+                value.__class__ is str and len(value) <= limit and value.isascii() and "\x00" not in value
+            )
+        ):
+            check_storable_text(name, value, limit=limit)
     if new["priority"] is not old["priority"]:
         check_priority(new["priority"])
-    if new["tags"] is not old["tags"]:
+    if new_values[-1] is not old_values[-1]:
         check_tag_count(new["tags"])
 
 

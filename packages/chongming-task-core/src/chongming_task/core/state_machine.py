@@ -288,6 +288,15 @@ class StateMachine:
     def clock(self) -> Clock:
         return self._clock
 
+    def packed_transitions(self) -> tuple[PackedTransition, ...]:
+        """全部迁移记录的紧凑形式（``records.PackedTransition``），按版本升序；与 ``transitions`` 逐条对应。
+
+        写穿落库新任务时交给存储（``TaskStore._create_direct``）：内存存储的历史本来就存这种元组，不必先现造
+        Transition 再拆回去（每个提交省一次加锁之外的解包与打包，issue 17）。元组本身不可变，直接交出去。"""
+        with self.lock:
+            history = self._transitions
+            return history if history.__class__ is tuple else tuple(history)
+
     def transitions_since(self, version: int) -> tuple[Transition, ...]:
         """版本号大于 ``version`` 的迁移记录（写穿存储时只送新增的那几条）。
 

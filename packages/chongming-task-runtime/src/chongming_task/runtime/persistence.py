@@ -196,7 +196,10 @@ class WriteThrough:
     def lease_fields(self) -> dict[str, object]:
         """新任务的快照一开始就带上本节点的租约（``StateMachine.create`` 的字段）：create 时不必再为它复制一份
         快照（``update_side``），每个提交省一次整份快照的拷贝。"""
-        return {"lease_owner": self.owner, "lease_until": self.lease_until()}
+        return {
+            "lease_owner": self.owner,
+            "lease_until": self.clock.now() + self._lease_span,
+        }  # = lease_until()
 
     def _lease_floor(self) -> datetime:
         """快照里已有的租约（提交时 ``lease_fields`` 给的）不早于这个时刻，create 就原样用它、不复制快照。
@@ -217,6 +220,22 @@ class WriteThrough:
         lease = snapshot.lease_until
         return snapshot.lease_owner == self.owner and lease is not None and lease >= floor
 
+    def _lease_fresh(self, snapshot: TaskSnapshot) -> bool:
+        """单个 create 的 ``_lease_usable(snapshot, self._lease_floor())``，结果相同，只是常见情形更省。
+
+        ``floor = now + min(_fresh_lease, 本节点租约余下的时间)``，所以"不早于 floor"就是"不早于
+        ``now + _fresh_lease``，或不早于 ``now + 余下的时间``"。提交时刚算的租约（``lease_fields``，
+        几微秒前的 ``now + lease_ttl``）总满足前一条：一次取时间、一次比较就够，不必再读单调时钟、问
+        LeaseWatch、造 timedelta（每个提交约 1 µs，issue 17）。不满足时才照原样算后一条。"""
+        lease = snapshot.lease_until
+        if snapshot.lease_owner != self.owner or lease is None:
+            return False
+        now = self.clock.now()
+        if lease >= now + self._fresh_lease:
+            return True
+        left = self.lease.valid_for(self.clock.monotonic())
+        return left > 0 and lease >= now + timedelta(seconds=left)
+
     def create(self, machine: StateMachine) -> None:
         """提交时落库：必须成功，任务才会执行（issue 16.6）。
 
@@ -228,7 +247,7 @@ class WriteThrough:
         # 先在状态机上记下租约，再把这同一个快照对象交给存储（不另造一份副本）。提交时已经带上了
         # （lease_fields）且是刚算的：原样用它，不再复制一份快照。
         snapshot = machine.snapshot
-        if not self._lease_usable(snapshot, self._lease_floor()):
+        if not self._lease_fresh(snapshot):
             snapshot = machine.update_side(lease_owner=self.owner, lease_until=self.lease_until())
         task_id = snapshot.task_id
         last: TaskError | None = None
@@ -237,7 +256,9 @@ class WriteThrough:
         # 只有存储确认了，任务体才会执行（issue 16.6）。
         for attempt in range(CREATE_ATTEMPTS):
             try:
-                self.store.create(snapshot, machine.transitions)
+                # 存储的写穿入口（与 create 同一语义；内存存储直接收下状态机的紧凑历史，
+                # 见 TaskStore._create_direct）
+                self.store._create_direct(snapshot, machine.packed_transitions())
             except ConfigurationError:
                 raise
             except DuplicateTaskId:
@@ -346,7 +367,15 @@ class WriteThrough:
         后台循环补写。存储里的历史始终没有空洞：running 的记录总在终态之前、同一事务或更早落库。进程执行器的
         running 带着子进程 pid（父进程死后据此找孤儿进程），照常同步写。
         """
-        if (
+        if self.commits is None:
+            # 不经组提交（内存存储）：没有可推迟的写。最常见的情形——记账是平常的 int、存储正好落后这一条——
+            # 直接写这一条（_write_next），不走 sync 的通用路径（每个任务三次迁移都走这里，issue 17）。
+            current = machine.snapshot
+            entry = self._tasks.get(current.task_id)
+            if isinstance(entry, int) and record.version == entry + 1 == current.status_version:
+                self._write_next(machine, current, record, entry)
+                return
+        elif (
             record.from_status is _STARTING
             and record.to_status is _RUNNING
             and snapshot.pid is None  # 子进程的 pid 要尽快落库（父进程死后据此找孤儿进程），照常写
@@ -354,6 +383,37 @@ class WriteThrough:
         ):
             return
         self.sync(machine, record)
+
+    def _write_next(
+        self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition, persisted: int
+    ) -> None:
+        """（持有 machine.lock）``sync`` 的第一轮，只为最常见的情形：不经组提交、记账是平常的 int（没被隔离、
+        结果确定）、存储正好落后 ``record`` 这一条。写法、报错处理与 ``sync`` 逐项相同；写不成时交给
+        ``_rounds`` 接着走 sync 剩下的那一轮（冲突之后读回对照），或像 sync 一样记下、留待追平。"""
+        task_id = snapshot.task_id
+        try:
+            self.store._save_direct(snapshot, persisted, (record,))
+        except (ConcurrencyConflict, DuplicateTaskId):
+            state = self._mark_uncertain(task_id)
+            if state is not None:  # 写的同时被 forget 了（不再归本进程管）：不再追
+                self._rounds(machine, record, persisted, state, 1)
+            return
+        except TaskError as exc:
+            self._mark_uncertain(task_id)
+            self.record(task_id, "save", exc)
+            self._mark_behind(machine)
+            return
+        # 同 _written 的 int 分支：只改还在管的任务（与 forget 在同一把锁下）。
+        # 热路径的加锁写法见 core/locks.py。
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
+            if task_id in self._tasks:
+                self._tasks[task_id] = snapshot.status_version
+        finally:
+            lock.release()
+        self._caught_up(task_id, snapshot)
 
     def _write_lazily(self, machine: StateMachine) -> bool:
         snapshot = machine.snapshot
@@ -504,7 +564,21 @@ class WriteThrough:
                 self._mark_behind(machine)
                 return False
         # 至多两轮：一次写撞了冲突 / 重复 id，可能是自己那次丢了回执的写——读回对照之后再写一次。
-        for _ in range(2):
+        return self._rounds(machine, record, entry, state, 2)
+
+    def _rounds(
+        self,
+        machine: StateMachine,
+        record: Transition | None,
+        entry: int | _TaskState,
+        state: _TaskState | None,
+        rounds: int,
+    ) -> bool:
+        """``sync`` 的写循环（至多 ``rounds`` 轮）与收尾；``_write_next`` 的第一轮撞了冲突之后从这里
+        走剩下的一轮。"""
+        snapshot = machine.snapshot
+        task_id = snapshot.task_id
+        for _ in range(rounds):
             if state is not None and state.uncertain:
                 try:
                     if not self._converge(machine, state):
@@ -559,6 +633,11 @@ class WriteThrough:
             assert state is not None  # 走到这里说明两轮都撞了冲突：_mark_uncertain 已换成 _TaskState
             self._fence(machine, state, stored, history)
             return True
+        self._caught_up(task_id, snapshot)
+        return True
+
+    def _caught_up(self, task_id: str, snapshot: TaskSnapshot) -> None:
+        """（持有该任务锁）存储已追到 ``snapshot``：结束故障汇总、清"落后"记账、终态补写进度。"""
         self.outage.recovered()
         # 不拿锁先看一眼（每次迁移都走这里）：本任务只会由持有它的任务锁的线程（也就是此刻的我们）放进
         # _behind，所以"不在"的读数不会因别的线程而过时；在的时候才拿锁移除。
@@ -567,7 +646,6 @@ class WriteThrough:
                 self._behind.pop(task_id, None)
         if snapshot.status in TERMINAL_STATUSES:
             self._flush_one(snapshot)
-        return True
 
     def _promote(self, task_id: str) -> _TaskState | None:
         """（持有该任务锁）这个任务的记账换成可以挂标记的 _TaskState（已是的原样返回）；不在管的返回 None。

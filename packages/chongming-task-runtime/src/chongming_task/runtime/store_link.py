@@ -57,6 +57,11 @@ def _no_write(machine: StateMachine, snapshot: TaskSnapshot, record: Transition)
     """没有要写穿的地方。"""
 
 
+def _no_lease_fields() -> Mapping[str, object]:
+    """没有存储：新任务不带租约。"""
+    return _NO_FIELDS
+
+
 def _never_later(machine: StateMachine) -> Callable[[], bool] | None:
     """没有可以捎带的提交（没有存储，或存储不做组提交）：不必推迟，调用方照常 on_transition。"""
     return None
@@ -76,13 +81,14 @@ class LocalLink:
     """这次迁移的写先排进组提交、不等（见 ``WriteThrough.sync_later``）；返回"等它提交"的函数，None 表示
     不能推迟（调用方照常 on_transition）。"""
 
+    lease_fields: Callable[[], Mapping[str, object]]
+    """新任务快照的初始租约字段（``StateMachine.create`` 的关键字参数）：没有存储就没有租约。
+    同 on_transition，是实例属性：有存储时它就是写穿对象的 ``lease_fields`` 本身（每个提交少一层转手）。"""
+
     def __init__(self) -> None:
         self.on_transition = _no_write
         self.write_later = _never_later
-
-    def lease_fields(self) -> Mapping[str, object]:
-        """新任务快照的初始租约字段（``StateMachine.create`` 的关键字参数）：没有存储就没有租约。"""
-        return _NO_FIELDS
+        self.lease_fields = _no_lease_fields
 
     def create(self, machine: StateMachine) -> None:
         """新任务只在内存里。"""
@@ -207,6 +213,7 @@ class StoreLink(LocalLink):
         )
         # 每次迁移都走的两个入口直接是写穿的方法（少一层转手）；存储不做组提交时没有可推迟的写。
         self.on_transition = self._write.on_transition
+        self.lease_fields = self._write.lease_fields
         self.write_later = self._write.sync_later if self._write.commits is not None else _never_later
         self._write.on_lazy = wake.set  # 推迟写的 running 到点由后台循环补写（见 WriteThrough.on_transition）
         # 日志与旁路字段同一个节奏、同一条失败路径（persist_failures、事件钩子、指标）。
@@ -225,9 +232,6 @@ class StoreLink(LocalLink):
             self.start_polling()
 
     # -- write-through ------------------------------------------------------------------------------
-
-    def lease_fields(self) -> Mapping[str, object]:
-        return self._write.lease_fields()
 
     def create(self, machine: StateMachine) -> None:
         try:

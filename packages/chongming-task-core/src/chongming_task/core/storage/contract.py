@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any, ClassVar, TypeVar
 
 from chongming_task.core.closing import ClosesOnExit
+from chongming_task.core.records import PackedTransition, unpack_transition
 from chongming_task.core.storage import checks
 from chongming_task.core.storage.claiming import (
     ClaimStart,
@@ -120,6 +121,9 @@ class TaskStore(ClosesOnExit, ABC):
             overridden = getattr(cls, public) is not getattr(TaskStore, public)
             if overridden and getattr(getattr(cls, hook), "__isabstractmethod__", False):
                 setattr(cls, hook, _public_override(public))
+        if "create" in cls.__dict__ and "_create_direct" not in cls.__dict__:
+            # 同理：子类改了 create 却没改写穿落库的入口，父类的 _create_direct 会绕过它。
+            cls._create_direct = TaskStore._create_direct  # type: ignore[method-assign]
         if ("save" in cls.__dict__ or "_save" in cls.__dict__) and "_save_direct" not in cls.__dict__:
             # 子类改了 save（包一层、注入故障、记日志……）却没改写穿入口：父类的 _save_direct 会绕过它。
             # 退回默认实现，写穿照样经过子类的 save。
@@ -176,6 +180,19 @@ class TaskStore(ClosesOnExit, ABC):
         要把快照与版本号交给别的进程（SQL）的存储没有"锁内的上一版"可比，保持默认。
         """
         self.save(snapshot, expect_version=expect_version, transitions=transitions)
+
+    def _create_direct(self, snapshot: TaskSnapshot, packed: tuple[PackedTransition, ...]) -> None:
+        """写穿落库新任务时调用的 create（``WriteThrough.create``）：语义、报错与
+        ``create(snapshot, [unpack_transition(snapshot.task_id, p) for p in packed])`` 完全相同，默认实现
+        就是它。
+
+        调用方担保：``packed`` 是这个任务的状态机自己的历史（``StateMachine.packed_transitions``）——每条都
+        来自一条合法的迁移记录、版本从 1 起连续、属于 ``snapshot.task_id``。为什么单开一个入口：内存存储的
+        历史本来就存这种紧凑元组，公开的 create 要的 Transition 是状态机现造、存储再拆回去的（每个提交一次）；
+        快照照样整份检查。要把记录交给别的进程（SQL）的存储保持默认。
+        """
+        task_id = snapshot.task_id
+        self.create(snapshot, [unpack_transition(task_id, record) for record in packed])
 
     def create_many(
         self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
