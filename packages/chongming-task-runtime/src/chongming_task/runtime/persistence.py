@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -165,8 +166,15 @@ class WriteThrough:
         self.commits: GroupCommit | None = GroupCommit(store) if store.group_commit else None
         # 推迟写的 running：task_id → (最晚何时由后台循环补写, 状态机)。守护锁是 _lock。
         self._lazy: dict[str, tuple[float, StateMachine]] = {}
+        # 后台循环最迟什么时候回来看推迟写（它上一次 ``lazy_deadline`` 算出的时刻；inf = 它不为推迟写醒来）。
+        # 守护锁同是 _lock。新排进来的一项不早于它时不必叫醒后台循环：到那时它反正要醒、重算时会看到这一项。
+        self._lazy_watch = math.inf
+        # 上次 ``lazy_deadline`` 之后有没有新排进来的推迟写（守护锁 _lock）：有的话即使此刻都已被撤回，
+        # 也让后台循环 LAZY_RUNNING_DELAY 之后再来看一眼，而不是无限期地睡、等下一项排进来时再叫醒它。
+        self._lazy_added = False
         self.on_lazy: Callable[[], None] | None = None
-        """第一项推迟写的 running 排进来时调用（叫醒后台循环，让它按 ``lazy_deadline`` 重新算等待时长）。"""
+        """推迟写的 running 排进来、而后台循环不会在它到点之前醒来时调用（叫醒后台循环，让它按
+        ``lazy_deadline`` 重新算等待时长）。"""
 
     def record(self, task_id: str, operation: str, exc: BaseException) -> None:
         """记一次写存储失败（最多保留最新 20 条）；日志交给限流的 OutageLog（故障期间按间隔汇总）。"""
@@ -358,10 +366,17 @@ class WriteThrough:
         state = self._promote(snapshot.task_id)
         assert state is not None  # 上面刚读到它（任务锁在我们手里，别人不会改它）
         state.lazy = commits.enqueue(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
+        due = self.clock.monotonic() + LAZY_RUNNING_DELAY
         with self._lock:
-            first = not self._lazy
-            self._lazy[snapshot.task_id] = (self.clock.monotonic() + LAZY_RUNNING_DELAY, machine)
-        if first and self.on_lazy is not None:
+            self._lazy[snapshot.task_id] = (due, machine)
+            self._lazy_added = True
+            # 只在后台循环不会按时回来时叫醒它。原来"第一项排进来就叫醒"：两个槽轮流跑短任务时，每个任务的
+            # running 几乎都是第一项（上一项已被终态撤回），后台线程每任务醒一次、重算一个 50 ms 后的期限，
+            # 白白多一次线程切换与 GIL 交接（serve 的热路径，issue 19）。
+            wake = due < self._lazy_watch
+            if wake:
+                self._lazy_watch = due  # 叫醒之后它按 lazy_deadline 重算；在那之前别的项也不必再叫
+        if wake and self.on_lazy is not None:
             self.on_lazy()
         return True
 
@@ -391,11 +406,22 @@ class WriteThrough:
         return True
 
     def lazy_deadline(self) -> float | None:
-        """最早一项推迟写的 running 该由后台循环补写的时刻（monotonic）；没有则 None。"""
-        if not self._lazy:
-            return None
+        """后台循环下一次该来看推迟写的时刻（monotonic）：最早一项推迟写的 running 到点的时刻；没有未了结的
+        项、但上次之后有新项排进来（已被终态撤回）时是 ``LAZY_RUNNING_DELAY`` 之后；都没有则 None。
+
+        只由后台循环调用，它保证在返回的时刻之前醒来（等待时长取各期限的最小值）：这个时刻记作
+        ``_lazy_watch``，``_write_lazily`` 排进来的项到点不早于它时就不叫醒后台循环。"""
         with self._lock:
-            return min((due for due, _ in self._lazy.values()), default=None)
+            due = min((due for due, _ in self._lazy.values()), default=None)
+            if due is None and self._lazy_added:
+                # 刚才还有推迟写排进来（短任务：终态早把它撤回了）：过 LAZY_RUNNING_DELAY 再来看。
+                # 之后排进来的项到点都不早于这个时刻，所以不必再叫醒后台循环——任务源源不断时它每
+                # LAZY_RUNNING_DELAY 醒一次，而不是每个任务醒一次；没有新项时下一轮返回 None，照旧只等唤醒。
+                due = self.clock.monotonic() + LAZY_RUNNING_DELAY
+            self._lazy_added = False
+            # 调用方（后台循环）据此定下次醒来的时刻，不晚于它：之后排进来的项不早于它就不必再叫醒。
+            self._lazy_watch = math.inf if due is None else due
+            return due
 
     def flush_lazy(self) -> None:
         """后台循环调用：把到点还没落库的推迟写的 running 写掉（长任务在存储里不会一直显示 starting）。"""
