@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,12 @@ import pytest
 from chongming_runtime_test_support import wait_until
 
 from chongming_task import Controller, SqliteTaskStore, TaskStatus
-from chongming_task.clock import SystemClock
 from chongming_task.errors import TaskError
 from chongming_task.models import TaskSnapshot
 from chongming_task.runtime import persistence
 from chongming_task.runtime.executors import ProcessExecutor
 from chongming_task.runtime.group_commit import GroupCommit
+from chongming_task.runtime.store_link import StoreLink
 from chongming_task.storage import SaveRequest
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.testing.contract._base import S, snap, step
@@ -97,6 +98,69 @@ def test_a_long_body_shows_running_in_the_store_shortly_after_it_starts(tmp_path
     history = [t.to_status for t in reader.history(run.task_id)]
     assert history == [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
     reader.close()
+    controller.close(close_store=True)
+
+
+def test_a_long_body_after_a_quiet_stretch_still_wakes_the_loop_to_write_running(tmp_path: Path) -> None:
+    """后台循环已按很远的期限睡下（轮询、旁路回写、续租都在几秒之后）时，新排进来的推迟写的 running 仍会
+    叫醒它：存储在 LAZY_RUNNING_DELAY 量级的时间里显示 running，而不是等到那些期限。"""
+    store = CountingStore(str(tmp_path / "t.db"))
+    release = threading.Event()
+    began = threading.Event()
+
+    def hold(ctx: Any) -> None:
+        began.set()
+        assert release.wait(30)
+
+    controller = Controller(
+        max_parallel=1, store=store, command_poll_interval=20.0, side_channel_interval=20.0, lease_ttl=120.0
+    )
+    controller.register("noop", noop)
+    controller.register("hold", hold)
+    assert controller.submit("noop").wait(timeout=20).ok
+    time.sleep(0.3)  # 循环补写的窗口早已过去、又按 20 秒外的期限睡下
+    run = controller.submit("hold")
+    assert began.wait(20)
+    reader = SqliteTaskStore(str(tmp_path / "t.db"))
+    try:
+        started = time.monotonic()
+        wait_until(lambda: (s := reader.get(run.task_id)) is not None and s.status is S.RUNNING, timeout=15)
+        assert time.monotonic() - started < 10, "推迟写的 running 等到了 20 秒外的期限才落库"
+    finally:
+        release.set()
+    assert run.wait(timeout=20).ok
+    assert store.writes_of(run.task_id) == [[S.STARTING], [S.RUNNING], [S.SUCCEEDED]]
+    reader.close()
+    controller.close(close_store=True)
+
+
+def test_a_stream_of_short_tasks_does_not_wake_the_loop_once_per_task(tmp_path: Path) -> None:
+    """短任务一个接一个地跑时，几乎每个任务都有一项推迟写的 running（随即被终态那次写撤回）：后台循环这时
+    每 LAZY_RUNNING_DELAY 醒一次就够了，不该每个任务被叫醒一次（每次是两次上下文切换加一轮循环）。"""
+    store = CountingStore(str(tmp_path / "t.db"))
+    controller = Controller(max_parallel=2, store=store)
+    controller.register("noop", noop)
+    link = controller._link
+    assert isinstance(link, StoreLink)
+    write = link._write
+    wake = write.on_lazy
+    assert wake is not None
+    woken = [0]
+
+    def counting_wake() -> None:
+        woken[0] += 1
+        wake()
+
+    write.on_lazy = counting_wake
+    n = 300
+    runs = [controller.submit("noop") for _ in range(n)]
+    assert all(run.wait(timeout=60).ok for run in runs)
+    lazy = sum(1 for run in runs if [S.RUNNING, S.SUCCEEDED] in store.writes_of(run.task_id))
+    assert lazy > n // 2, "这个场景里大多数任务的 running 应当是推迟写、随终态落库的"
+    assert woken[0] <= n // 5, f"{n} 个短任务叫醒了后台循环 {woken[0]} 次"
+    for run in runs[:20]:
+        history = [t.to_status for t in store.history(run.task_id)]
+        assert history == [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
     controller.close(close_store=True)
 
 
@@ -222,69 +286,3 @@ def test_a_worker_keeps_claiming_while_a_claimed_task_waits_for_its_starting_com
     serving.join(30)
     worker.close()
     submitter.close()
-
-
-# -- 后台循环只在推迟写到点之前不会醒时才被叫醒 -------------------------------------------------------
-
-
-class CountingClock(SystemClock):
-    """真实时钟；数控制器后台循环的等待次数（每等一次 = 它醒来转了一轮）。"""
-
-    def __init__(self) -> None:
-        self.loop_waits = 0
-
-    def wait(self, event: threading.Event, timeout: float | None) -> bool:
-        if threading.current_thread().name.startswith("chongming-controller"):
-            self.loop_waits += 1
-        return event.wait(timeout)
-
-
-def test_short_tasks_do_not_wake_the_background_loop_once_each(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """一个接一个的短任务：每个的 running 推迟写排进来时，上一个早被终态撤回了。原来"第一项排进来就叫醒
-    后台循环"，于是每个任务叫醒它一次（serve 的热路径上多一次线程切换）；现在它已定好在推迟写到点之前回来看
-    时不再叫醒。补写推迟到很久以后，醒来的次数就与负载快慢无关。"""
-    monkeypatch.setattr(persistence, "LAZY_RUNNING_DELAY", 60.0)
-    clock = CountingClock()
-    store = CountingStore(str(tmp_path / "t.db"))
-    controller = Controller(max_parallel=1, store=store, clock=clock)
-    controller.register("noop", noop)
-    controller.submit("noop").wait(timeout=20)
-    before = clock.loop_waits
-    n = 100
-    for _ in range(n):
-        assert controller.submit("noop").wait(timeout=20).ok
-    woke = clock.loop_waits - before
-    controller.close(close_store=True)
-    assert woke < n / 4, f"{n} 个短任务叫醒了后台循环 {woke} 次"
-
-
-def test_a_long_body_after_a_stream_of_short_ones_still_shows_running(tmp_path: Path) -> None:
-    """短任务一个接一个之后（后台循环已定好过一会儿再来看、不再为每一项被叫醒），一个长任务的 running
-    仍由后台循环按时补写。"""
-    store = CountingStore(str(tmp_path / "t.db"))
-    release = threading.Event()
-    began = threading.Event()
-
-    def hold(ctx: Any) -> None:
-        began.set()
-        assert release.wait(30)
-
-    controller = Controller(max_parallel=1, store=store)
-    controller.register("noop", noop)
-    controller.register("hold", hold)
-    for _ in range(30):
-        assert controller.submit("noop").wait(timeout=20).ok
-    run = controller.submit("hold")
-    assert began.wait(20)
-    reader = SqliteTaskStore(str(tmp_path / "t.db"))
-    try:
-        wait_until(lambda: (s := reader.get(run.task_id)) is not None and s.status is S.RUNNING, timeout=10)
-        assert not release.is_set()
-    finally:
-        release.set()
-    assert run.wait(timeout=20).ok
-    assert store.writes_of(run.task_id) == [[S.STARTING], [S.RUNNING], [S.SUCCEEDED]]
-    reader.close()
-    controller.close(close_store=True)

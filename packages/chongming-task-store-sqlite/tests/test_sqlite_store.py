@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from chongming_task.errors import ConcurrencyConflict, ConfigurationError, StoreError
 from chongming_task.models import Failure, FailureKind, Progress, TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
-from chongming_task.storage import TaskQuery
+from chongming_task.storage import SaveRequest, TaskQuery
 from chongming_task.stores.sqlite import SqliteTaskStore, parse_url
 from chongming_task.stores.sqlite import _schema as _schema_module
 from chongming_task.stores.sqlite.codec import prefix_upper_bound
@@ -689,6 +689,66 @@ def test_a_plain_transition_save_does_not_read_first() -> None:
         seen = _statements_of(store, lambda: store.save(moved, expect_version=1, transitions=[record]))
         assert seen == ["BEGIN", "UPDATE", "SELECT", "UPDATE", "INSERT", "COMMIT"]
         assert [s.task_id for s in store.query(TaskQuery(owner="node-b"))] == ["fast"]
+
+
+def _queued_and_started(task_id: str, reason: str | None = None) -> SaveRequest:
+    base = snap(task_id)
+    started = base.evolve(status=TaskStatus.STARTING, status_version=2)
+    return SaveRequest(
+        started,
+        0,
+        [
+            Transition(task_id, TaskStatus.PENDING, TaskStatus.QUEUED, "submit", None, None, 1, T0),
+            Transition(task_id, TaskStatus.QUEUED, TaskStatus.STARTING, "start", None, reason, 2, T0),
+        ],
+    )
+
+
+def test_a_save_many_batch_writes_its_transitions_in_one_insert() -> None:
+    """组提交的一批：各项的 UPDATE 照旧逐条，迁移记录攒到最后合成一条多行 INSERT（同一种 NULL 形状）；
+    版本冲突的那一项什么也没写（它的记录不在里面），其余项的历史完整。"""
+    with SqliteTaskStore(":memory:") as store:
+        for task_id in ("a", "b", "c"):
+            store.create(snap(task_id))
+        stale = _queued_and_started("b")
+        requests = [
+            _queued_and_started("a"),
+            SaveRequest(stale.snapshot, 1, stale.transitions[1:]),  # 存储里是第 0 版：冲突
+            _queued_and_started("c"),
+        ]
+        results: list[Any] = []
+        seen = _statements_of(store, lambda: results.extend(store.save_many(requests)))
+        assert seen == ["BEGIN", "UPDATE", "UPDATE", "SELECT", "UPDATE", "INSERT", "COMMIT"]
+        assert results[0] is None and results[2] is None
+        assert isinstance(results[1], ConcurrencyConflict)
+        for task_id in ("a", "c"):
+            assert [t.version for t in store.history(task_id)] == [1, 2]
+            assert store.get(task_id).status is TaskStatus.STARTING  # type: ignore[union-attr]
+        assert store.history("b") == []
+        assert store.get("b").status_version == 0  # type: ignore[union-attr]
+
+
+def test_a_save_many_batch_groups_rows_by_null_shape_and_chunks_long_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NULL 形状不同的记录各成一条 INSERT（NULL 写成字面量），超过 ROWS_PER_INSERT 行的分几条；
+    每一行都原样落库。"""
+    from chongming_task.stores.sqlite import _sql
+
+    monkeypatch.setattr(_sql, "ROWS_PER_INSERT", 2)
+    with SqliteTaskStore(":memory:") as store:
+        ids = ["p", "q", "r", "s"]
+        for task_id in ids:
+            store.create(snap(task_id))
+        requests = [
+            _queued_and_started(task_id, reason="手动" if task_id == "r" else None) for task_id in ids
+        ]
+        seen = _statements_of(store, lambda: store.save_many(requests))
+        # 7 行不带 reason（分成 2 + 2 + 2 + 1）、1 行带 reason。
+        assert seen.count("INSERT") == 5
+        for request in requests:
+            assert store.history(request.snapshot.task_id) == list(request.transitions)
+        assert store.history("r")[1].reason == "手动"
 
 
 @pytest.fixture

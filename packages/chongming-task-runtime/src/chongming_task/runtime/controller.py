@@ -38,6 +38,7 @@ from typing import Any
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.archive import ArchiveSummary, Retention
 from chongming_task.core.closing import ClosesOnExit
+from chongming_task.core.locks import YieldingLock
 from chongming_task.core.numbers import check_int, check_seconds
 from chongming_task.core.recipes import OnLost
 from chongming_task.core.records import MAX_PRIORITY, MIN_PRIORITY, check_tag_count, validate_task_id
@@ -289,8 +290,11 @@ class Controller(ClosesOnExit):
         self._scheduler = SlotScheduler(
             max_parallel=effective_parallel, tag_limits=concurrency.limits, per_bucket=max_parallel_per_bucket
         )
-        self._lock = threading.Lock()
-        self._settled = threading.Condition(self._lock)
+        # 两个执行槽的线程每个任务都要拿几次这把锁（临界区只是内存里的记账）：普通 Lock 在 GIL 下会排成车队，
+        # 每次加锁两次上下文切换（见 core/locks.py）。
+        self._lock = YieldingLock()
+        # Condition 只用底层锁的 acquire / release（鸭子类型）；typeshed 只列了内置锁类型。
+        self._settled = threading.Condition(self._lock)  # type: ignore[arg-type]
         self._runs: dict[str, TaskRun] = {}
         self._reserved_ids: set[str] = set()
         # worker 正在认领 / 接手持久任务的调用数（见 claiming）：这期间存储里已归本节点、本进程还没登记的任务

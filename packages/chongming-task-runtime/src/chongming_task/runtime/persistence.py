@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from chongming_task.clock import Clock
+from chongming_task.core.locks import YieldingLock
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.errors import (
     ConcurrencyConflict,
@@ -155,7 +155,8 @@ class WriteThrough:
         # 读写都在 _lock 下（后台循环的旁路回写与任务线程的终态补写都会写它；forget 在同一把锁下删）。
         self._side_written: dict[str, tuple[Progress | None, datetime | None]] = {}
         self._behind: dict[str, StateMachine] = {}
-        self._lock = threading.Lock()
+        # 每次迁移都拿、临界区只有字典操作：用不排车队的锁（见 core/locks.py）。
+        self._lock = YieldingLock()
         self._failure_seq = 0  # 写失败的累计次数（catch_up 据此判断"存储此刻不可用"）
         self.outage = OutageLog(logger, monotonic=clock.monotonic)
         self.lease = LeaseWatch(lease_ttl, clock.monotonic())
@@ -166,15 +167,12 @@ class WriteThrough:
         self.commits: GroupCommit | None = GroupCommit(store) if store.group_commit else None
         # 推迟写的 running：task_id → (最晚何时由后台循环补写, 状态机)。守护锁是 _lock。
         self._lazy: dict[str, tuple[float, StateMachine]] = {}
-        # 后台循环最迟什么时候回来看推迟写（它上一次 ``lazy_deadline`` 算出的时刻；inf = 它不为推迟写醒来）。
-        # 守护锁同是 _lock。新排进来的一项不早于它时不必叫醒后台循环：到那时它反正要醒、重算时会看到这一项。
-        self._lazy_watch = math.inf
-        # 上次 ``lazy_deadline`` 之后有没有新排进来的推迟写（守护锁 _lock）：有的话即使此刻都已被撤回，
-        # 也让后台循环 LAZY_RUNNING_DELAY 之后再来看一眼，而不是无限期地睡、等下一项排进来时再叫醒它。
-        self._lazy_added = False
         self.on_lazy: Callable[[], None] | None = None
-        """推迟写的 running 排进来、而后台循环不会在它到点之前醒来时调用（叫醒后台循环，让它按
-        ``lazy_deadline`` 重新算等待时长）。"""
+        """一项推迟写的 running 排进来、而后台循环不会在它到点之前醒来时调用（叫醒后台循环，让它按
+        ``loop_deadline`` 重新算等待时长）。"""
+        # 后台循环上一次算出的醒来时刻（monotonic，见 loop_deadline）。初值 inf：还没算过，排进来就叫醒它。
+        self._loop_due = math.inf
+        self._lazy_since_plan = False  # 上次算醒来时刻之后又有推迟写的 running 排进来过
 
     def record(self, task_id: str, operation: str, exc: BaseException) -> None:
         """记一次写存储失败（最多保留最新 20 条）；日志交给限流的 OutageLog（故障期间按间隔汇总）。"""
@@ -363,20 +361,20 @@ class WriteThrough:
         expected = _plain_version(self._tasks.get(snapshot.task_id))
         if commits is None or expected is None or expected == snapshot.status_version:
             return False
-        state = self._promote(snapshot.task_id)
+        task_id = snapshot.task_id
+        state = self._promote(task_id)
         assert state is not None  # 上面刚读到它（任务锁在我们手里，别人不会改它）
         state.lazy = commits.enqueue(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
         due = self.clock.monotonic() + LAZY_RUNNING_DELAY
         with self._lock:
-            self._lazy[snapshot.task_id] = (due, machine)
-            self._lazy_added = True
-            # 只在后台循环不会按时回来时叫醒它。原来"第一项排进来就叫醒"：两个槽轮流跑短任务时，每个任务的
-            # running 几乎都是第一项（上一项已被终态撤回），后台线程每任务醒一次、重算一个 50 ms 后的期限，
-            # 白白多一次线程切换与 GIL 交接（serve 的热路径，issue 19）。
-            wake = due < self._lazy_watch
-            if wake:
-                self._lazy_watch = due  # 叫醒之后它按 lazy_deadline 重算；在那之前别的项也不必再叫
-        if wake and self.on_lazy is not None:
+            self._lazy[task_id] = (due, machine)
+        self._lazy_since_plan = True
+        # 后台循环本来就会在到点之前醒来（旁路回写、续租、轮询的期限，或更早排进来的另一项）时不叫醒它：
+        # 两个执行槽跑短任务时几乎每个任务都有一项推迟写的 running，而它几乎总是被本任务的终态那次写撤回——
+        # 每任务叫醒一次后台循环是两次上下文切换加一轮循环的 Python 代码，比省下的那次提交还贵。
+        # 为什么不会漏：本项先登记、后读 _loop_due；后台循环先发布 _loop_due、后读登记（loop_deadline）。
+        # 这里读到的若是旧值，说明循环此刻还没发布新值，它之后读登记时必然看得到本项。
+        if self._loop_due > due and self.on_lazy is not None:
             self.on_lazy()
         return True
 
@@ -406,22 +404,31 @@ class WriteThrough:
         return True
 
     def lazy_deadline(self) -> float | None:
-        """后台循环下一次该来看推迟写的时刻（monotonic）：最早一项推迟写的 running 到点的时刻；没有未了结的
-        项、但上次之后有新项排进来（已被终态撤回）时是 ``LAZY_RUNNING_DELAY`` 之后；都没有则 None。
-
-        只由后台循环调用，它保证在返回的时刻之前醒来（等待时长取各期限的最小值）：这个时刻记作
-        ``_lazy_watch``，``_write_lazily`` 排进来的项到点不早于它时就不叫醒后台循环。"""
+        """最早一项推迟写的 running 该由后台循环补写的时刻（monotonic）；没有则 None。"""
+        if not self._lazy:
+            return None
         with self._lock:
-            due = min((due for due, _ in self._lazy.values()), default=None)
-            if due is None and self._lazy_added:
-                # 刚才还有推迟写排进来（短任务：终态早把它撤回了）：过 LAZY_RUNNING_DELAY 再来看。
-                # 之后排进来的项到点都不早于这个时刻，所以不必再叫醒后台循环——任务源源不断时它每
-                # LAZY_RUNNING_DELAY 醒一次，而不是每个任务醒一次；没有新项时下一轮返回 None，照旧只等唤醒。
-                due = self.clock.monotonic() + LAZY_RUNNING_DELAY
-            self._lazy_added = False
-            # 调用方（后台循环）据此定下次醒来的时刻，不晚于它：之后排进来的项不早于它就不必再叫醒。
-            self._lazy_watch = math.inf if due is None else due
-            return due
+            return min((due for due, _ in self._lazy.values()), default=None)
+
+    def loop_deadline(self, other: float) -> float:
+        """后台循环算它下一次醒来的时刻：别的期限 ``other`` 与最早一项推迟写的 running 取早者。
+
+        先发布 ``other``、再读推迟写的登记（顺序不能反，见 ``_write_lazily``）：之后排进来、比它更早到点的
+        项会叫醒循环；此刻已登记的项算进返回值里。
+
+        上次算过之后又有项排进来过、而它们都已被撤回（短任务的终态捎上了它们）时，也至多睡
+        ``LAZY_RUNNING_DELAY``：任务一个接一个地跑时，循环每 50 毫秒醒一次，而不是每个任务被叫醒一次。
+        这只是省唤醒的估计，不影响"到点必补写"：那由上面的发布 / 登记顺序保证。"""
+        self._loop_due = other
+        lazy = self.lazy_deadline()
+        if self._lazy_since_plan:
+            self._lazy_since_plan = False
+            soon = self.clock.monotonic() + LAZY_RUNNING_DELAY
+            lazy = soon if lazy is None else min(lazy, soon)
+        if lazy is None or lazy >= other:
+            return other
+        self._loop_due = lazy
+        return lazy
 
     def flush_lazy(self) -> None:
         """后台循环调用：把到点还没落库的推迟写的 running 写掉（长任务在存储里不会一直显示 starting）。"""

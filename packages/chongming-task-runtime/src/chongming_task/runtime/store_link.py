@@ -354,13 +354,10 @@ class StoreLink(LocalLink):
     # -- the background loop's share ----------------------------------------------------------------
 
     def next_deadline(self) -> float | None:
-        deadlines = [self._next_side, self._next_lease]
+        deadline = min(self._next_side, self._next_lease)
         if self._polling:
-            deadlines.append(self._next_poll)
-        lazy = self._write.lazy_deadline()
-        if lazy is not None:
-            deadlines.append(lazy)
-        return min(deadlines)
+            deadline = min(deadline, self._next_poll)
+        return self._write.loop_deadline(deadline)
 
     def tick(self, now: float) -> None:
         """续租（每 lease_ttl/3）、旁路回写（每 side_channel_interval）、追平落后的写、认领指令。"""

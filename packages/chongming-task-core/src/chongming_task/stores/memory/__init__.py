@@ -23,13 +23,13 @@ import itertools
 import json
 import math
 import operator
-import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.locks import YieldingLock
 from chongming_task.core.records import PackedTransition, pack_transition, unpack_transition
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
@@ -223,7 +223,8 @@ class InMemoryTaskStore(TaskStore):
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock: Clock = clock or SYSTEM_CLOCK
-        self._lock = threading.Lock()
+        # 写穿时每次迁移都从执行任务的线程进来、临界区只是几次字典操作：用不排车队的锁（见 core/locks.py）。
+        self._lock = YieldingLock()
         self._rows: dict[str, _Row] = {}
         # 全部指令（按提交先后）与尚未完成的指令：认领只扫描后者，已完成的指令越积越多也不拖慢轮询。
         self._commands: dict[str, _CommandRow] = {}

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, overload
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
@@ -184,6 +184,8 @@ class _WriterTurn:
 _CreateRows = tuple[str, tuple[Any, ...], list[tuple[Any, ...]], list[tuple[Any, ...]]]
 # 一条迁移记录与它编码出的行（create_many 里下一条记录照抄同一对象字段的编码，见 RowCodec.values_like）。
 _EncodedTransition = tuple[Transition, tuple[Any, ...]]
+# 组提交里一项 save 的事务体：改任务行，把它的迁移记录行追加进第二个参数（由 _run_many 整批插入）。
+_BatchedTx = Callable[[sqlite3.Connection, list[tuple[Any, ...]]], None]
 # 任务行（TASK_COLUMNS 顺序的元组）里 created_key 的位置：标签行带着它（task_tags 按创建先后排序）。
 _CREATED_KEY_AT = schema.TASK_COLUMNS.index("created_key")
 
@@ -520,30 +522,33 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
 
     def save_many(self, requests: Sequence[v.SaveRequest]) -> list[TaskError | None]:
         """组提交：一次写事务写一批 save（语义见 ``TaskStore.save_many``）。"""
-        return self._run_many("save_many", [partial(self._checked_save_tx, r) for r in requests])
+        return self._run_many("save_many", [partial(self._batched_save_tx, r) for r in requests])
 
-    def _checked_save_tx(self, request: v.SaveRequest) -> Callable[[sqlite3.Connection], None]:
-        return self._save_tx(checks.check_save_request(request))
+    def _batched_save_tx(self, request: v.SaveRequest) -> _BatchedTx:
+        return self._save_tx(checks.check_save_request(request), batched=True)
 
-    def _run_many(
-        self, what: str, prepare: Sequence[Callable[[], Callable[[sqlite3.Connection], None]]]
-    ) -> list[TaskError | None]:
-        """一次写事务执行多项：某项抛 TaskError（版本冲突、重复 id、任务不存在）只是它自己的结果，同批其余
-        照常提交；入参检查不过的项根本不进事务。不必每项一个 SAVEPOINT：``_create_tx`` / ``_save_tx`` 只在
-        这一项写下任何东西之前抛 TaskError（create 的重复 id 由第一条 INSERT 报出，SQLite 只撤销那一条语句；
-        save 的快速路径改到 0 行时什么也没写，慢路径先查版本再写）。事务本身失败（写锁超时、磁盘满）照常
-        抛出：整批都没写进去，调用方逐项按"这次写失败"处理。撞锁重试整个事务时逐项结果重新算。"""
+    def _run_many(self, what: str, prepare: Sequence[Callable[[], _BatchedTx]]) -> list[TaskError | None]:
+        """一次写事务执行多项：某项抛 TaskError（版本冲突、任务不存在）只是它自己的结果，同批其余照常提交；
+        入参检查不过的项根本不进事务。不必每项一个 SAVEPOINT：``_save_tx`` 只在这一项写下任何东西之前抛
+        TaskError（快速路径改到 0 行时什么也没写，慢路径先查版本再写）。各项的迁移记录不各自插入，而是攒到
+        最后合成多行 INSERT（``_sql.insert_rows_without_nulls``）：抛 TaskError 的项在攒之前就抛了，它的记录
+        不会写进去；其余项的记录与它们的任务行在同一事务里落库。事务本身失败（写锁超时、磁盘满）照常抛出：
+        整批都没写进去，调用方逐项按"这次写失败"处理。撞锁重试整个事务时逐项结果与攒的记录都重新来。"""
         results, work = prepare_batch(prepare)
         if not work:
             return results
 
         def tx(conn: sqlite3.Connection) -> dict[int, TaskError]:
             failed: dict[int, TaskError] = {}
+            history: list[tuple[Any, ...]] = []
             for index, item in work:
                 try:
-                    item(conn)
+                    item(conn, history)
                 except TaskError as exc:
                     failed[index] = exc
+            if history:
+                for insert in _sql.insert_rows_without_nulls(_sql.INSERT_TRANSITION_HEAD, history):
+                    conn.execute(*insert)
             return failed
 
         for index, error in self._run(what, tx).items():
@@ -614,8 +619,20 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     def _save(self, request: v.SaveRequest) -> None:
         self._run("save", self._save_tx(request))
 
-    def _save_tx(self, request: v.SaveRequest) -> Callable[[sqlite3.Connection], None]:
+    @overload
+    def _save_tx(
+        self, request: v.SaveRequest, *, batched: Literal[False] = False
+    ) -> Callable[[sqlite3.Connection], None]: ...
+
+    @overload
+    def _save_tx(self, request: v.SaveRequest, *, batched: Literal[True]) -> _BatchedTx: ...
+
+    def _save_tx(
+        self, request: v.SaveRequest, *, batched: bool = False
+    ) -> Callable[[sqlite3.Connection], None] | _BatchedTx:
         """一次 save 的事务体（入参已检查：``_save`` 由基类检查，``save_many`` 逐项检查）。
+        ``batched``：组提交里的一项——事务体不自己插迁移记录，而是在改完任务行之后把记录行交给调用方
+        （``_run_many`` 整批合成多行 INSERT）。
 
         先走快速路径：一条带前提的 UPDATE（``_sql.guarded_save_update``：版本是期望的版本，被索引的列与
         标签都没变），改到一行就只剩插迁移记录——每次 save 少一条 SELECT。改到 0 行时它什么也没写，再走
@@ -628,10 +645,12 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         row = codec.save_row(snapshot)
         plain_values = [row[column] for column in schema.PLAIN_SAVE_COLUMNS]
         indexed_values = [row[column] for column in schema.INDEXED_SAVE_COLUMNS]
-        inserts = [
-            _sql.insert_without_nulls(_sql.INSERT_TRANSITION_HEAD, codec.transition_row(t))
-            for t in transitions
-        ]
+        records = [codec.transition_row(t) for t in transitions]
+        inserts = (
+            []
+            if batched or not records
+            else _sql.insert_rows_without_nulls(_sql.INSERT_TRANSITION_HEAD, records)
+        )
         task_id = snapshot.task_id
         # 存储里此刻的状态按调用方的说法猜：随附迁移记录的第一条从哪个状态出发（入参检查保证记录首尾相接、
         # 版本接着 expect_version）；没有迁移记录的 save 不改状态。猜错了只是快速路径改到 0 行、走慢路径。
@@ -647,6 +666,11 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 slow(conn)
             for insert in inserts:
                 conn.execute(*insert)
+
+        def batched_tx(conn: sqlite3.Connection, history: list[tuple[Any, ...]]) -> None:
+            if fast is None or conn.execute(*fast).rowcount != 1:
+                slow(conn)
+            history.extend(records)  # 任务行已改好（没抛 TaskError）：它的记录由调用方一并插入
 
         def slow(conn: sqlite3.Connection) -> None:
             current = conn.execute(_sql.SAVE_SELECT, (task_id,)).fetchone()
@@ -686,7 +710,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                     _sql.INSERT_TAG, [(tag, row["created_key"], task_id) for tag in snapshot.tags]
                 )
 
-        return tx
+        return batched_tx if batched else tx
 
     def get(self, task_id: str) -> TaskSnapshot | None:
         def read(conn: sqlite3.Connection) -> TaskSnapshot | None:
