@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -265,3 +267,38 @@ def test_a_claim_that_ends_releases_only_its_own_held_slots_not_another_claims()
         assert run.wait(timeout=10).status is S.SUCCEEDED
     finally:
         controller.close()
+
+
+class CountsEmptyHolds(Controller):
+    """数 worker 的认领预留了几次、其中几次一个空槽也没预留到（那一轮认领白跑）。"""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.holds = 0
+        self.empty_holds = 0
+        self._count_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def holding_slots(self) -> Iterator[int]:
+        with super().holding_slots() as free:
+            with self._count_lock:
+                self.holds += 1
+                self.empty_holds += free == 0
+            yield free
+
+
+def test_a_claim_that_filled_every_free_slot_does_not_go_straight_back_to_claim_nothing() -> None:
+    """认领取满了空槽之后此刻没有空槽了：worker 回去等槽空出来，不马上再预留一次（原来每认领到一个任务就
+    这样扑空一次：两次控制器锁、一次记账）。两条认领线程被同一次槽位让出叫醒时仍可能有一条扑空，所以只要求
+    扑空的远少于任务数。"""
+    store = InMemoryTaskStore()
+    submitter = Controller(store=store, owner="submitter")
+    submitter.register("body", lambda ctx, i: i, durable=True)
+    n = 60
+    ids = [submitter.enqueue("body", i) for i in range(n)]
+    worker = CountsEmptyHolds(2, store=store, owner="w")
+    worker.register("body", lambda ctx, i: i)
+    assert worker.starts_on_claim
+    serve_all(store, worker, ids)
+    submitter.close()
+    assert worker.empty_holds < 0.6 * n, f"{n} 个任务，{worker.holds} 次预留里 {worker.empty_holds} 次扑空"

@@ -25,7 +25,8 @@
    普通任务 worker 不碰：它们何时被判 lost 仍由调用方自己的 ``reconcile()`` 决定，与以前完全一样。
 3. **等待**：有空槽时等"新任务"的通知（PostgreSQL 的 NOTIFY；``store.listen``）或本地任务让出执行槽
    （``Controller.watch_slots``：在调度账本归还槽位的同一处置位，任务一结束就去认领下一个），最多
-   ``poll_interval`` 秒（轮询兜底；SQLite 只有轮询）。上一次认领取满了空槽（队列里多半还有）就不等，马上再取。
+   ``poll_interval`` 秒（轮询兜底；SQLite 只有轮询）。认领之后总是回到这里等，哪怕取满了空槽：那时已没有空槽，
+   马上再取只会扑空；认领往返期间空出的槽早已置位唤醒，等待立刻返回。
 
 停止（``stop`` 事件置位，CLI 里是 SIGTERM / Ctrl-C）：不再认领与接手；本地还没开始的持久任务交还存储
 （持有者清空，别的 worker 立刻可认领）；在跑的最多等 ``drain_timeout`` 秒自己跑完，到点仍在跑的走优雅停止
@@ -183,9 +184,8 @@ class Worker:
                     self._maintain()
                     next_maintenance = time.monotonic() + self.maintenance_interval
                 self._requeue_due()
-                full = self._claim()
-                if full and not stop.is_set():
-                    continue  # 取满了空槽：队列里多半还有，马上再看一轮（有空槽时）
+                self._claim()
+                # 取满了空槽也去等（见 _claim_loop）：认领往返期间有槽空出来时 _wake 已置位，_idle 立刻返回。
                 self._idle(stop)
         finally:
             halt.set()
@@ -217,8 +217,11 @@ class Worker:
     def _claim_loop(self, stop: threading.Event, halt: threading.Event) -> None:
         try:
             while not (stop.is_set() or halt.is_set()):
-                if self._claim_and_start():
-                    continue  # 取满了空槽：马上再看一轮（同主循环）
+                self._claim_and_start()
+                # 取满了空槽也不马上再取：此刻已没有空槽（认领来的占上了，另一条线程的预留也扣掉了），再取只会
+                # 预留到 0 个——原来每认领到一个任务就这样扑空一次（两次控制器锁、一次认领记账）。认领往返期间
+                # 有槽空出来时，_slot_freed_locked 已置位 _wake，_idle 立刻返回；_idle 在醒来之后、下一次
+                # holding_slots 之前清掉它，之后空出的槽会重新置位，不会漏掉。
                 self._idle(stop, halt)
         except Exception:
             logger.exception("worker 的第二条认领线程出错退出（主循环照常认领）")
