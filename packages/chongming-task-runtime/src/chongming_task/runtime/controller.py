@@ -90,7 +90,8 @@ DEFAULT_SUBMIT_BATCH = 1000
 MAX_SUBMIT_BATCH = 10_000
 
 GC_PAUSE_MIN_TASKS = 1000
-"""submit_many 一次至少这么多个任务才在构造与落库期间暂停循环 GC（runtime/gc_pause.py）。"""
+"""submit_many 一次至少这么多个任务才在构造与落库期间暂停循环 GC（runtime/gc_pause.py）；wait_all 返回
+至少这么多个结果时，造结果列表期间同样暂停。"""
 
 
 class Submit:
@@ -1490,7 +1491,12 @@ class Controller(ClosesOnExit):
                     )
                 self._settled.wait(remaining)
             runs = list(self._runs.values())
-        return [Outcome.from_snapshot(run.snapshot) for run in runs]
+        if len(runs) < GC_PAUSE_MIN_TASKS:
+            return [Outcome.from_snapshot(run.snapshot) for run in runs]
+        # 上千个结果对象全都活着、一个也不是垃圾：造它们时碰上的全量回收只是把在管的任务扫一遍（几十毫秒），
+        # 与 submit_many 同一条规则暂停循环 GC（runtime/gc_pause.py），退出时恢复。
+        with gc_paused():
+            return [Outcome.from_snapshot(run.snapshot) for run in runs]
 
     def prune(self, keep_terminal: int) -> int:
         """丢弃最旧的终态记录，只保留最新 keep_terminal 个（内存里的句柄；有 store 时也清存储）。"""
