@@ -1,4 +1,5 @@
-"""暂停循环 GC（runtime/gc_pause.py）：submit_many 期间、wait_all 造大结果列表期间；用户的 GC 开关在任何出口都恢复原样。"""
+"""暂停循环 GC（runtime/gc_pause.py）：submit_many 期间、wait_all 造大结果列表期间；
+用户的 GC 开关在任何出口都恢复原样。"""
 
 from __future__ import annotations
 
