@@ -34,6 +34,9 @@ BAD_SUBMITS: list[dict[str, Any]] = [
     {"priority": 2**53},
     {"priority": True},
     {"priority": 1.5},
+    {"bucket_key": ["unhashable"]},
+    {"bucket_key": ""},
+    {"task_id": "bad\x00id"},
 ]
 
 
