@@ -1,4 +1,5 @@
-"""submit_many 期间暂停循环 GC（runtime/gc_pause.py）：用户的 GC 开关在任何出口都恢复原样。"""
+"""暂停循环 GC（runtime/gc_pause.py）：submit_many 期间、wait_all 造大结果列表期间；
+用户的 GC 开关在任何出口都恢复原样。"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from chongming_task import Controller, Submit
 from chongming_task.errors import DuplicateTaskId, TaskError
-from chongming_task.models import TaskSnapshot, Transition
+from chongming_task.models import Outcome, TaskSnapshot, Transition
 from chongming_task.runtime import gc_pause
 from chongming_task.runtime.controller import GC_PAUSE_MIN_TASKS
 from chongming_task.runtime.gc_pause import gc_paused
@@ -128,3 +129,44 @@ def test_a_child_forked_during_the_pause_gets_gc_back() -> None:
         _, status = os.waitpid(pid, 0)
         assert not gc.isenabled()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _watch_outcomes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """记下 wait_all 造每个结果对象时 GC 开没开。"""
+    seen: list[bool] = []
+    original = Outcome.from_snapshot.__func__  # type: ignore[attr-defined]
+
+    def watching(cls: type[Outcome], snapshot: TaskSnapshot) -> Outcome:
+        seen.append(gc.isenabled())
+        result: Outcome = original(cls, snapshot)
+        return result
+
+    monkeypatch.setattr(Outcome, "from_snapshot", classmethod(watching))
+    return seen
+
+
+@pytest.mark.parametrize("count", [GC_PAUSE_MIN_TASKS - 1, GC_PAUSE_MIN_TASKS])
+def test_wait_all_pauses_gc_only_while_building_a_big_result_list(
+    monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    with Controller(max_parallel=2, store=InMemoryTaskStore()) as c:
+        c.register("noop", noop)
+        for _ in range(count):
+            c.submit("noop")
+        seen = _watch_outcomes(monkeypatch)
+        outcomes = c.wait_all(timeout=30)
+        assert len(outcomes) == count and all(o.ok for o in outcomes)
+        assert seen == [count < GC_PAUSE_MIN_TASKS] * count
+        assert gc.isenabled()
+
+
+def test_wait_all_leaves_gc_off_when_the_user_turned_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    with Controller(max_parallel=2) as c:
+        c.register("noop", noop)
+        for _ in range(GC_PAUSE_MIN_TASKS):
+            c.submit("noop")
+        gc.disable()
+        seen = _watch_outcomes(monkeypatch)
+        assert len(c.wait_all(timeout=30)) == GC_PAUSE_MIN_TASKS
+        assert not any(seen)
+        assert not gc.isenabled(), "用户自己关掉的 GC 不能被我们打开"

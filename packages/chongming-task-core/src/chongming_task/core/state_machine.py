@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from types import MethodType
 from typing import Any, TypeVar
@@ -235,7 +235,9 @@ class StateMachine:
         """从存储交回的快照 + 历史重建状态机。"""
         return cls(snapshot, transitions, clock=clock, lock=lock)
 
-    def sibling(self, task_id: str, *, lock: threading.RLock | None = None) -> StateMachine:
+    def sibling(
+        self, task_id: str, *, lock: threading.RLock | None = None, lease: Mapping[str, object] | None = None
+    ) -> StateMachine:
         """批量提交的快路径（``Controller.submit_many`` 的模板）：本机是刚建好、只走过 pending → queued 的
         任务，复制出一台同样形状的新任务——换上 ``task_id`` 与此刻的时间，其余字段原样。
 
@@ -243,6 +245,8 @@ class StateMachine:
         ``task_id`` 由调用方校验），也不经 ``_apply`` 复制第二份快照：十万个任务的批量提交里每任务省一份
         快照、一次取时间。新任务的 created_at、queued_at 与那条迁移记录的时间是同一个时刻（提交即入队；
         逐个提交时两者相差几微秒，没有谁依赖那几微秒）。
+
+        ``lease``：换上的租约字段（``lease_owner`` / ``lease_until``，调用方此刻算的）；不给时沿用模板的。
         """
         with self.lock:
             current = self._snapshot
@@ -256,7 +260,10 @@ class StateMachine:
                 f"的状态是 {current.status.value}、有 {len(history)} 条迁移"
             )
         now = self._clock.now()
-        snapshot = current.evolve(task_id=task_id, created_at=now, queued_at=now)
+        changes: dict[str, Any] = {"task_id": task_id, "created_at": now, "queued_at": now}
+        if lease:
+            changes.update(lease)
+        snapshot = copy_with(current, changes)
         from_value, to_value, trigger, actor, reason = first[:5]
         # 不经 __init__ 的历史检查：一条 pending → queued、版本 1、属于这个 task_id 的记录，按构造就是一致的。
         machine = object.__new__(type(self))

@@ -90,7 +90,8 @@ DEFAULT_SUBMIT_BATCH = 1000
 MAX_SUBMIT_BATCH = 10_000
 
 GC_PAUSE_MIN_TASKS = 1000
-"""submit_many 一次至少这么多个任务才在构造与落库期间暂停循环 GC（runtime/gc_pause.py）。"""
+"""submit_many 一次至少这么多个任务才在构造与落库期间暂停循环 GC（runtime/gc_pause.py）；wait_all 返回
+至少这么多个结果时，造结果列表期间同样暂停。"""
 
 
 class Submit:
@@ -141,6 +142,10 @@ ARTIFACT_HINT = "请给 Controller(artifact_dir=...) 传产物根目录（它管
 
 # 占着执行槽、载体在跑的状态（不含 paused：排队中暂停的任务从未占槽，要走下面的完整判定）。
 _STILL_RUNNING = frozenset(SLOT_HOLDING_STATUSES - {TaskStatus.PAUSED})
+
+_SUBMIT_SHAPES_MAX = 64
+"""逐个 submit() 的快照模板最多存这么多种形状（满了清空）：常见用法只有几种形状，逐任务不同的 label 只是
+不再命中模板（每次照常逐字段校验），内存不随提交数增长。"""
 
 
 class _Hold:
@@ -297,6 +302,9 @@ class Controller(ClosesOnExit):
         self._settled = threading.Condition(self._lock)  # type: ignore[arg-type]
         self._runs: dict[str, TaskRun] = {}
         self._reserved_ids: set[str] = set()
+        # 逐个 submit() 的快照模板（见 _prepare 的 shapes）：按形状存一台不属于任何任务的、刚入队的状态机。
+        # 有上限（满了整个清空重来）：形状里含 label 等用户值，逐任务不同的 label 不能让它无限长大。
+        self._submit_shapes: dict[tuple[Any, ...], StateMachine] = {}
         # worker 正在认领 / 接手持久任务的调用数（见 claiming）：这期间存储里已归本节点、本进程还没登记的任务
         # 可能正是刚认领来的，它们的指令交还、下一轮再取，而不是当成同名前任留下的、扣到指令租约到期。
         self._claims_in_flight = 0
@@ -463,6 +471,7 @@ class Controller(ClosesOnExit):
             priority=priority,
             bucket_key=bucket_key,
             durable=check_durable_flag(durable),
+            shapes=self._submit_shapes,
         )
         self._write_then_admit(run, self._link.create, created=True, start_here=self._start_on_submit)
         return run
@@ -558,6 +567,10 @@ class Controller(ClosesOnExit):
         其余的由 ``StateMachine.sibling`` 从模板不经校验地复制（已是 queued，连第一条迁移一起），只校验各自的
         task_id。十万个任务的批量提交里，逐字段校验与第二份快照是每任务几微秒的固定开销，而它们查的是同一组值。
         带配方的持久任务（配方里有各自的参数）与 blocked 的管道节点不走模板。
+
+        逐个 ``submit()`` 给的是控制器常驻的 ``_submit_shapes``（有上限）：模板是一台另复制的、不属于任何任务
+        的状态机（提交的那台马上要启动），复制出的新任务换上此刻算的租约。用户给的值照样先经一次完整校验才会
+        成为模板，之后命中模板的是与它相等的值，校验结果相同（task_id 每次单独校验）。
         """
         with self._lock:
             if self._closed:
@@ -599,9 +612,12 @@ class Controller(ClosesOnExit):
                 node_id,
             )
         template = None if shape is None else shapes.get(shape)  # type: ignore[union-attr]
+        single = shapes is self._submit_shapes
         if template is not None:
             validate_task_id(task_id)
-            machine = template.sibling(task_id, lock=threading.RLock())  # 已是 queued（见 sibling）
+            # 逐个提交的任务各自带此刻算的租约（批量的沿用模板的，由 create_many 按 _lease_floor 复核）。
+            lease = self._link.lease_fields() if single else None
+            machine = template.sibling(task_id, lock=threading.RLock(), lease=lease)  # 已是 queued
             return self._make_run(machine, definition, args, kwargs, upstream=upstream)
         machine = StateMachine.create(
             task_id,
@@ -625,8 +641,14 @@ class Controller(ClosesOnExit):
             machine.mark_blocked()
         else:
             machine.mark_queued()
-            if shape is not None:
+            if shape is not None and not single:
                 shapes[shape] = machine  # type: ignore[index]
+            elif shape is not None:
+                # 逐个提交：这台状态机马上要登记、启动，不能当模板（sibling 只从刚入队的复制）——存一台
+                # 同形状的、不属于任何任务的复制品。
+                if len(shapes) >= _SUBMIT_SHAPES_MAX:  # type: ignore[arg-type]
+                    shapes.clear()  # type: ignore[union-attr]
+                shapes[shape] = machine.sibling(task_id)  # type: ignore[index]
         return self._make_run(machine, definition, args, kwargs, upstream=upstream)
 
     def _make_run(
@@ -1469,7 +1491,12 @@ class Controller(ClosesOnExit):
                     )
                 self._settled.wait(remaining)
             runs = list(self._runs.values())
-        return [Outcome.from_snapshot(run.snapshot) for run in runs]
+        if len(runs) < GC_PAUSE_MIN_TASKS:
+            return [Outcome.from_snapshot(run.snapshot) for run in runs]
+        # 上千个结果对象全都活着、一个也不是垃圾：造它们时碰上的全量回收只是把在管的任务扫一遍（几十毫秒），
+        # 与 submit_many 同一条规则暂停循环 GC（runtime/gc_pause.py），退出时恢复。
+        with gc_paused():
+            return [Outcome.from_snapshot(run.snapshot) for run in runs]
 
     def prune(self, keep_terminal: int) -> int:
         """丢弃最旧的终态记录，只保留最新 keep_terminal 个（内存里的句柄；有 store 时也清存储）。"""
