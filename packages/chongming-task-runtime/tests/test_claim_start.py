@@ -394,3 +394,77 @@ def test_a_slot_freed_while_both_claimers_are_mid_claim_is_still_claimed() -> No
         worker.close()
         submitter.close()
     assert not serving.is_alive()
+
+
+class NotifiesAndHoldsFirstClaim(InMemoryTaskStore):
+    """有"新任务通知"的内存存储（``listen``：worker 登记的事件，测试里手动 ``notify``；指令通知的回调
+    不理会）；``hold`` 置位时认领语句取完之后停在闸门前（最多 10 秒），像一次往返还没回来。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listeners: list[threading.Event] = []
+        self.hold = False
+        self.held = threading.Event()
+        self.gate = threading.Event()
+
+    def listen(self, target: Any) -> Any:
+        if not isinstance(target, threading.Event):
+            return lambda: None
+        self.listeners.append(target)
+        return lambda: self.listeners.remove(target)
+
+    def notify(self) -> None:
+        for event in list(self.listeners):
+            event.set()
+
+    def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
+        got = super()._claim_and_start(request, start)
+        if self.hold and got and not self.gate.is_set():
+            self.held.set()
+            self.gate.wait(10)
+        return got
+
+
+def test_a_new_task_noticed_while_another_claim_holds_every_free_slot_is_claimed_when_it_returns() -> None:
+    """两个空槽都被一次认领预留着，它的语句早于第二个新任务落库、只取到一个；第二个任务的通知叫醒的另一条认领
+    线程预留到 0 个。那次认领回来放掉多余的槽时不能没人再去认领：叫醒转交给它，它再预留一次（轮询间隔一分钟，
+    只有这样第二个任务才会在几秒内开始）。"""
+    store = NotifiesAndHoldsFirstClaim()
+    release = threading.Event()
+    started: list[str] = []
+
+    def body(ctx: Any, which: str) -> str:
+        started.append(which)
+        assert release.wait(20)
+        return which
+
+    submitter = Controller(store=store, owner="submitter")
+    submitter.register("body", body, durable=True)
+    worker = CountsEmptyHolds(2, store=store, owner="w")
+    worker.register("body", body)
+    assert worker.starts_on_claim
+    stop = threading.Event()
+    serving = threading.Thread(target=worker.serve, args=(stop,), kwargs={"poll_interval": 60})
+    serving.start()
+    try:
+        wait_until(lambda: len(store.listeners) == 1 and worker.holds >= 2)  # 启动时两条线程各取过一次
+        time.sleep(0.1)
+        store.hold = True
+        submitter.enqueue("body", "first", task_id="first")
+        store.notify()
+        assert store.held.wait(10)  # 一条认领线程预留了两个槽、取到 first、还没回来
+        empty_before = worker.empty_holds
+        submitter.enqueue("body", "second", task_id="second")
+        store.notify()  # 叫醒另一条：两个槽都被预留着，它预留到 0 个
+        wait_until(lambda: worker.empty_holds > empty_before)
+        store.gate.set()
+        wait_until(lambda: "second" in started, timeout=5)
+        assert sorted(started) == ["first", "second"]
+    finally:
+        store.gate.set()
+        release.set()
+        stop.set()
+        serving.join(30)
+        worker.close()
+        submitter.close()
+    assert not serving.is_alive()

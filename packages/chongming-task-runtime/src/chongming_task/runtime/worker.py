@@ -211,6 +211,8 @@ class Worker:
         self.report = ServeReport()
         self._report_lock = threading.Lock()  # 两条认领线程都记账
         self._wake = _WakeOne()  # 一次槽位让出 / 新任务通知只叫醒一条认领线程（见 _WakeOne）
+        # 此刻在 _claim_and_start 里的认领线程 → 是否有另一次认领把叫醒转交给了它（_report_lock 守着）
+        self._in_claim: dict[int, bool] = {}
         self._retry_due: dict[str, datetime] = {}
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -346,9 +348,35 @@ class Worker:
         """
         controller = self.controller
         owned = controller.owned_buckets
+        me = threading.get_ident()
+        while True:
+            # 进预留之前记上、放掉预留之后才去掉：另一次认领预留到 0 个时，据此知道有没有认领正占着预留
+            with self._report_lock:
+                self._in_claim[me] = False
+            free = 0
+            try:
+                free, filled = self._claim_and_start_once(controller, owned, me)
+            finally:
+                with self._report_lock:
+                    handed = self._in_claim.pop(me)
+            # 有人转交了叫醒、这次又确实预留过槽（取到的可能比预留的少、放掉了一些）：不等待，再预留一次。
+            # 这次没预留到槽的不理会转交——两条线程都预留到 0 个时互相转交会来回空转。
+            if not (handed and free > 0):
+                return filled
+
+    def _claim_and_start_once(
+        self, controller: WorkerHost, owned: frozenset[int] | None, me: int
+    ) -> tuple[int, bool]:
         with controller.claiming(), controller.holding_slots() as free:
             if free == 0:
-                return False
+                # 空槽都被另一次正在进行的认领预留着，而这次是被叫醒来的（新任务的通知、槽位让出）：那次认领
+                # 的语句可能早于新任务落库，取到的比预留的少，放掉的槽之后没人置位、就没人认领了。把叫醒转交
+                # 给它（见 _claim_and_start）。
+                with self._report_lock:
+                    for other in self._in_claim:
+                        if other != me:
+                            self._in_claim[other] = True
+                return 0, False
             try:
                 snapshots = self.store.claim_queued(
                     self.owner,
@@ -360,7 +388,7 @@ class Worker:
                 )
             except TaskError as exc:
                 logger.warning("认领持久任务失败（下一轮再试）：%s", exc)
-                return False
+                return 0, False  # 出错时不因转交马上重试：下一轮再试
             hosted = 0
             for snapshot in snapshots:
                 machine = StateMachine(snapshot, (), clock=controller.clock, lock=threading.RLock())
@@ -368,7 +396,7 @@ class Worker:
                     hosted += 1
         with self._report_lock:
             self.report.claimed += hosted
-        return len(snapshots) == free
+        return free, len(snapshots) == free
 
     def _host(self, machine: StateMachine) -> bool:
         """把存储里已是本节点持有的持久任务交给控制器管（接着它存储里的版本写）。"""
