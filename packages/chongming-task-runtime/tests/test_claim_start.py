@@ -302,3 +302,169 @@ def test_a_claim_that_filled_every_free_slot_does_not_go_straight_back_to_claim_
     serve_all(store, worker, ids)
     submitter.close()
     assert worker.empty_holds < 0.6 * n, f"{n} 个任务，{worker.holds} 次预留里 {worker.empty_holds} 次扑空"
+
+
+def test_one_freed_slot_wakes_one_claimer_so_claims_almost_never_hold_nothing() -> None:
+    """一个槽空出来只叫醒一条认领线程（issue 19）：原来两条认领线程等同一个事件、一起醒，后醒的那条预留到
+    0 个——每个任务约 0.35 次空预留。现在除了启动时两条线程同时去取、轮询超时之类的零星几次，不再扑空。"""
+    store = InMemoryTaskStore()
+    submitter = Controller(store=store, owner="submitter")
+    submitter.register("body", lambda ctx, i: i, durable=True)
+    n = 60
+    ids = [submitter.enqueue("body", i) for i in range(n)]
+    worker = CountsEmptyHolds(2, store=store, owner="w")
+    worker.register("body", lambda ctx, i: i)
+    assert worker.starts_on_claim
+    serve_all(store, worker, ids)
+    submitter.close()
+    assert worker.empty_holds < 0.1 * n, f"{n} 个任务，{worker.holds} 次预留里 {worker.empty_holds} 次扑空"
+
+
+class GatesClaims(InMemoryTaskStore):
+    """``armed`` 之后每次认领并开始都先停在闸门前（最多 10 秒），数着同时停着的认领有几次。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.gate = threading.Event()
+        self._cond = threading.Condition()
+        self.waiting = 0
+
+    def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
+        if self.armed and not self.gate.is_set():
+            with self._cond:
+                self.waiting += 1
+                self._cond.notify_all()
+            self.gate.wait(10)
+        return super()._claim_and_start(request, start)
+
+    def wait_waiting(self, count: int) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: self.waiting >= count, timeout=10), (
+                f"等不到 {count} 次认领停在闸门前"
+            )
+
+
+def test_a_slot_freed_while_both_claimers_are_mid_claim_is_still_claimed() -> None:
+    """两条认领线程都在认领往返里时空出的槽：那时没有线程在等，叫醒不能丢——先回来的那条不等待、马上去预留
+    它（轮询间隔设成一分钟，只有叫醒才会让它在几秒内被认领）。"""
+    store = GatesClaims()
+    release = {name: threading.Event() for name in ("a", "b", "z", "c", "d")}
+    started: list[str] = []
+    lock = threading.Lock()
+
+    def body(ctx: Any, which: str) -> str:
+        with lock:
+            started.append(which)
+        if which in release:
+            assert release[which].wait(20)
+        return which
+
+    submitter = Controller(store=store, owner="submitter")
+    submitter.register("body", body, durable=True)
+    for which in "abz":
+        submitter.enqueue("body", which, task_id=which)
+    worker = Controller(3, store=store, owner="w")
+    worker.register("body", body)
+    assert worker.starts_on_claim
+    stop = threading.Event()
+    serving = threading.Thread(target=worker.serve, args=(stop,), kwargs={"poll_interval": 60})
+    serving.start()
+    try:
+        wait_until(lambda: sorted(started) == ["a", "b", "z"])
+        for which in "cde":
+            submitter.enqueue("body", which, task_id=which)
+        store.armed = True
+        release["a"].set()  # 空出一个槽：一条认领线程醒来、预留它、停在闸门前
+        store.wait_waiting(1)
+        release["b"].set()  # 再空一个：另一条认领线程醒来、预留它、也停在闸门前
+        store.wait_waiting(2)
+        release["z"].set()  # 两条都在认领往返里时空出第三个槽
+        wait_until(lambda: (s := store.get("z")) is not None and s.status is S.SUCCEEDED)
+        store.gate.set()
+        # c、d 由停在闸门前的两次认领取走（任务体一直不结束，不再空出槽）；e 只能由 z 空出的那个槽认领
+        wait_until(lambda: "e" in started, timeout=5)
+        assert sorted(started) == ["a", "b", "c", "d", "e", "z"]
+    finally:
+        store.gate.set()
+        for event in release.values():
+            event.set()
+        stop.set()
+        serving.join(30)
+        worker.close()
+        submitter.close()
+    assert not serving.is_alive()
+
+
+class NotifiesAndHoldsFirstClaim(InMemoryTaskStore):
+    """有"新任务通知"的内存存储（``listen``：worker 登记的事件，测试里手动 ``notify``；指令通知的回调
+    不理会）；``hold`` 置位时认领语句取完之后停在闸门前（最多 10 秒），像一次往返还没回来。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listeners: list[threading.Event] = []
+        self.hold = False
+        self.held = threading.Event()
+        self.gate = threading.Event()
+
+    def listen(self, target: Any) -> Any:
+        if not isinstance(target, threading.Event):
+            return lambda: None
+        self.listeners.append(target)
+        return lambda: self.listeners.remove(target)
+
+    def notify(self) -> None:
+        for event in list(self.listeners):
+            event.set()
+
+    def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
+        got = super()._claim_and_start(request, start)
+        if self.hold and got and not self.gate.is_set():
+            self.held.set()
+            self.gate.wait(10)
+        return got
+
+
+def test_a_new_task_noticed_while_another_claim_holds_every_free_slot_is_claimed_when_it_returns() -> None:
+    """两个空槽都被一次认领预留着，它的语句早于第二个新任务落库、只取到一个；第二个任务的通知叫醒的另一条认领
+    线程预留到 0 个。那次认领回来放掉多余的槽时不能没人再去认领：叫醒转交给它，它再预留一次（轮询间隔一分钟，
+    只有这样第二个任务才会在几秒内开始）。"""
+    store = NotifiesAndHoldsFirstClaim()
+    release = threading.Event()
+    started: list[str] = []
+
+    def body(ctx: Any, which: str) -> str:
+        started.append(which)
+        assert release.wait(20)
+        return which
+
+    submitter = Controller(store=store, owner="submitter")
+    submitter.register("body", body, durable=True)
+    worker = CountsEmptyHolds(2, store=store, owner="w")
+    worker.register("body", body)
+    assert worker.starts_on_claim
+    stop = threading.Event()
+    serving = threading.Thread(target=worker.serve, args=(stop,), kwargs={"poll_interval": 60})
+    serving.start()
+    try:
+        wait_until(lambda: len(store.listeners) == 1 and worker.holds >= 2)  # 启动时两条线程各取过一次
+        time.sleep(0.1)
+        store.hold = True
+        submitter.enqueue("body", "first", task_id="first")
+        store.notify()
+        assert store.held.wait(10)  # 一条认领线程预留了两个槽、取到 first、还没回来
+        empty_before = worker.empty_holds
+        submitter.enqueue("body", "second", task_id="second")
+        store.notify()  # 叫醒另一条：两个槽都被预留着，它预留到 0 个
+        wait_until(lambda: worker.empty_holds > empty_before)
+        store.gate.set()
+        wait_until(lambda: "second" in started, timeout=5)
+        assert sorted(started) == ["first", "second"]
+    finally:
+        store.gate.set()
+        release.set()
+        stop.set()
+        serving.join(30)
+        worker.close()
+        submitter.close()
+    assert not serving.is_alive()

@@ -81,6 +81,52 @@ def _revivable(snapshot: TaskSnapshot, names: frozenset[str]) -> bool:
     )
 
 
+class _WakeOne(threading.Event):
+    """叫醒 worker 认领线程的"自动复位"事件：一次置位只叫醒一条等着的线程，被叫醒的那条取走它（复位）。
+
+    为什么不用普通的 ``threading.Event``：两条认领线程（``Worker._start_claimer``）等同一个事件时，
+    一个槽空出来（``Controller.watch_slots`` 的置位）两条都醒，先到的预留走了那个槽，后到的预留到 0 个——
+    量下来每个任务约 0.5 次这样的空预留（两次控制器锁、一次 GIL 交接；issue 19）。
+
+    为什么这样不会让空槽闲着（不变式）：每次置位之后，总有一条线程在置位之后取走它，而取走之后、
+    下一次 ``holding_slots`` 之前不再等待——所以每个空出的槽之后都有一次在它空出之后才开始的预留，
+    与原来"醒来、清掉、再预留"是同一条保证。置位时已有一次没被取走的，不再叫醒别的线程：取走它的那条
+    线程的预留在这两次置位之后，一并覆盖了两个空槽（多叫醒一条只会多一次空预留）。两条线程都在认领
+    往返里时置位留着，先回来的那条不等待、马上取走它去预留。
+
+    只覆盖 worker 用到的 ``set`` / ``is_set`` / ``clear`` / ``wait``（存储的 NOTIFY 监听与控制器的
+    ``watch_slots`` 只调用 ``set``）；``wait`` 与普通事件不同：返回 True 时已把置位取走。
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._signal = threading.Condition(threading.Lock())
+        self._pending = False
+
+    def set(self) -> None:
+        with self._signal:
+            if not self._pending:
+                self._pending = True
+                self._signal.notify()  # 只叫醒一条：被叫醒的那条预留此刻所有的空槽
+
+    def is_set(self) -> bool:
+        return self._pending
+
+    def clear(self) -> None:
+        with self._signal:
+            self._pending = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """等到有一次置位并取走它（复位）；超时仍没有则返回 False。"""
+        with self._signal:
+            if not self._pending:
+                # wait_for：被叫醒时置位可能已被刚回来、没进等待的另一条线程取走了，那就接着等剩下的时间
+                self._signal.wait_for(lambda: self._pending, timeout)
+            taken = self._pending
+            self._pending = False
+            return taken
+
+
 @dataclass
 class ServeReport:
     """一次 ``serve()`` 的记账。``stopped_at_drain``：停止时等满 ``drain_timeout`` 仍在跑、被停止的任务数。"""
@@ -164,7 +210,9 @@ class Worker:
         self.maintenance_interval = max(0.2, lease_ttl / 2)
         self.report = ServeReport()
         self._report_lock = threading.Lock()  # 两条认领线程都记账
-        self._wake = threading.Event()
+        self._wake = _WakeOne()  # 一次槽位让出 / 新任务通知只叫醒一条认领线程（见 _WakeOne）
+        # 此刻在 _claim_and_start 里的认领线程 → 是否有另一次认领把叫醒转交给了它（_report_lock 守着）
+        self._in_claim: dict[int, bool] = {}
         self._retry_due: dict[str, datetime] = {}
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -185,7 +233,8 @@ class Worker:
                     next_maintenance = time.monotonic() + self.maintenance_interval
                 self._requeue_due()
                 self._claim()
-                # 取满了空槽也去等（见 _claim_loop）：认领往返期间有槽空出来时 _wake 已置位，_idle 立刻返回。
+                # 取满了空槽也去等（见 _claim_loop）：认领往返期间有槽空出来、另一条认领线程也没取走那次置位时
+                # _wake 仍置位着，_idle 立刻返回。
                 self._idle(stop)
         finally:
             halt.set()
@@ -220,8 +269,9 @@ class Worker:
                 self._claim_and_start()
                 # 取满了空槽也不马上再取：此刻已没有空槽（认领来的占上了，另一条线程的预留也扣掉了），再取只会
                 # 预留到 0 个——原来每认领到一个任务就这样扑空一次（两次控制器锁、一次认领记账）。认领往返期间
-                # 有槽空出来时，_slot_freed_locked 已置位 _wake，_idle 立刻返回；_idle 在醒来之后、下一次
-                # holding_slots 之前清掉它，之后空出的槽会重新置位，不会漏掉。
+                # 有槽空出来时，_slot_freed_locked 已置位 _wake：另一条线程正等着就只叫醒它（它的预留在槽
+                # 空出之后，覆盖那个槽，这条线程不再跟着扑空），否则置位留着、这条线程的 _idle 取走它立刻
+                # 返回。取走在下一次 holding_slots 之前，之后空出的槽会重新置位，不会漏掉（见 _WakeOne）。
                 self._idle(stop, halt)
         except Exception:
             logger.exception("worker 的第二条认领线程出错退出（主循环照常认领）")
@@ -232,9 +282,11 @@ class Worker:
         deadline = time.monotonic() + self.poll_interval
         while not stop.is_set() and not (halt is not None and halt.is_set()):
             remaining = deadline - time.monotonic()
+            # wait 返回 True 时已取走了置位（_WakeOne），不再 clear：取走之后的置位可能已叫醒了另一条
+            # 认领线程，清掉它只会让那条线程白醒一次。超时返回时不取：之后到的置位留给下一次等待
+            # （多一次认领，不会漏）。
             if remaining <= 0 or self._wake.wait(min(remaining, _STOP_CHECK)):
                 break
-        self._wake.clear()
 
     def _listen(self) -> Callable[[], None] | None:
         listen = getattr(self.store, "listen", None)
@@ -296,9 +348,35 @@ class Worker:
         """
         controller = self.controller
         owned = controller.owned_buckets
+        me = threading.get_ident()
+        while True:
+            # 进预留之前记上、放掉预留之后才去掉：另一次认领预留到 0 个时，据此知道有没有认领正占着预留
+            with self._report_lock:
+                self._in_claim[me] = False
+            free = 0
+            try:
+                free, filled = self._claim_and_start_once(controller, owned, me)
+            finally:
+                with self._report_lock:
+                    handed = self._in_claim.pop(me)
+            # 有人转交了叫醒、这次又确实预留过槽（取到的可能比预留的少、放掉了一些）：不等待，再预留一次。
+            # 这次没预留到槽的不理会转交——两条线程都预留到 0 个时互相转交会来回空转。
+            if not (handed and free > 0):
+                return filled
+
+    def _claim_and_start_once(
+        self, controller: WorkerHost, owned: frozenset[int] | None, me: int
+    ) -> tuple[int, bool]:
         with controller.claiming(), controller.holding_slots() as free:
             if free == 0:
-                return False
+                # 空槽都被另一次正在进行的认领预留着，而这次是被叫醒来的（新任务的通知、槽位让出）：那次认领
+                # 的语句可能早于新任务落库，取到的比预留的少，放掉的槽之后没人置位、就没人认领了。把叫醒转交
+                # 给它（见 _claim_and_start）。
+                with self._report_lock:
+                    for other in self._in_claim:
+                        if other != me:
+                            self._in_claim[other] = True
+                return 0, False
             try:
                 snapshots = self.store.claim_queued(
                     self.owner,
@@ -310,7 +388,7 @@ class Worker:
                 )
             except TaskError as exc:
                 logger.warning("认领持久任务失败（下一轮再试）：%s", exc)
-                return False
+                return 0, False  # 出错时不因转交马上重试：下一轮再试
             hosted = 0
             for snapshot in snapshots:
                 machine = StateMachine(snapshot, (), clock=controller.clock, lock=threading.RLock())
@@ -318,7 +396,7 @@ class Worker:
                     hosted += 1
         with self._report_lock:
             self.report.claimed += hosted
-        return len(snapshots) == free
+        return free, len(snapshots) == free
 
     def _host(self, machine: StateMachine) -> bool:
         """把存储里已是本节点持有的持久任务交给控制器管（接着它存储里的版本写）。"""
