@@ -641,14 +641,16 @@ class Controller(ClosesOnExit):
             machine.mark_blocked()
         else:
             machine.mark_queued()
-            if shape is not None and not single:
-                shapes[shape] = machine  # type: ignore[index]
-            elif shape is not None:
-                # 逐个提交：这台状态机马上要登记、启动，不能当模板（sibling 只从刚入队的复制）——存一台
-                # 同形状的、不属于任何任务的复制品。
-                if len(shapes) >= _SUBMIT_SHAPES_MAX:  # type: ignore[arg-type]
-                    shapes.clear()  # type: ignore[union-attr]
-                shapes[shape] = machine.sibling(task_id)  # type: ignore[index]
+            if shape is not None:
+                assert shapes is not None  # 有 shape 就有 shapes（见上）
+                if not single:
+                    shapes[shape] = machine
+                else:
+                    # 逐个提交：这台状态机马上要登记、启动，不能当模板（sibling 只从刚入队的复制）——存一台
+                    # 同形状的、不属于任何任务的复制品。
+                    if len(shapes) >= _SUBMIT_SHAPES_MAX:
+                        shapes.clear()
+                    shapes[shape] = machine.sibling(task_id)
         return self._make_run(machine, definition, args, kwargs, upstream=upstream)
 
     def _make_run(
@@ -1491,11 +1493,10 @@ class Controller(ClosesOnExit):
                     )
                 self._settled.wait(remaining)
             runs = list(self._runs.values())
-        if len(runs) < GC_PAUSE_MIN_TASKS:
-            return [Outcome.from_snapshot(run.snapshot) for run in runs]
         # 上千个结果对象全都活着、一个也不是垃圾：造它们时碰上的全量回收只是把在管的任务扫一遍（几十毫秒），
         # 与 submit_many 同一条规则暂停循环 GC（runtime/gc_pause.py），退出时恢复。
-        with gc_paused():
+        pause = gc_paused() if len(runs) >= GC_PAUSE_MIN_TASKS else contextlib.nullcontext()
+        with pause:
             return [Outcome.from_snapshot(run.snapshot) for run in runs]
 
     def prune(self, keep_terminal: int) -> int:

@@ -196,10 +196,7 @@ class WriteThrough:
     def lease_fields(self) -> dict[str, object]:
         """新任务的快照一开始就带上本节点的租约（``StateMachine.create`` 的字段）：create 时不必再为它复制一份
         快照（``update_side``），每个提交省一次整份快照的拷贝。"""
-        return {
-            "lease_owner": self.owner,
-            "lease_until": self.clock.now() + self._lease_span,
-        }  # = lease_until()
+        return {"lease_owner": self.owner, "lease_until": self.lease_until()}
 
     def _lease_floor(self) -> datetime:
         """快照里已有的租约（提交时 ``lease_fields`` 给的）不早于这个时刻，create 就原样用它、不复制快照。
@@ -403,16 +400,7 @@ class WriteThrough:
             self.record(task_id, "save", exc)
             self._mark_behind(machine)
             return
-        # 同 _written 的 int 分支：只改还在管的任务（与 forget 在同一把锁下）。
-        # 热路径的加锁写法见 core/locks.py。
-        lock = self._lock
-        if not lock.try_acquire():
-            lock.acquire()
-        try:
-            if task_id in self._tasks:
-                self._tasks[task_id] = snapshot.status_version
-        finally:
-            lock.release()
+        self._written(task_id, snapshot.status_version)
         self._caught_up(task_id, snapshot)
 
     def _write_lazily(self, machine: StateMachine) -> bool:
@@ -683,9 +671,15 @@ class WriteThrough:
         if isinstance(entry, _TaskState) and (entry.uncertain or entry.fenced or entry.lazy is not None):
             entry.persisted_version = version
             return
-        with self._lock:
+        # 每次迁移都走这里：热路径的加锁写法（不进 with 的帧），见 core/locks.py。
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
             if task_id in self._tasks:
                 self._tasks[task_id] = version
+        finally:
+            lock.release()
 
     def _mark_behind(self, machine: StateMachine) -> None:
         with self._lock:
