@@ -311,13 +311,14 @@ class Worker:
 
     # -- claim --------------------------------------------------------------------------------------
 
-    def _claim(self) -> bool:
-        """认领至多空闲槽位那么多个；返回是否取满了（可能还有更多在等）。"""
+    def _claim(self) -> None:
+        """认领至多空闲槽位那么多个。"""
         if self.controller.starts_on_claim:
-            return self._claim_and_start()
+            self._claim_and_start()
+            return
         free = self._free_slots()
         if free == 0:
-            return False
+            return
         owned = self.controller.owned_buckets
         # 从认领提交到登记进控制器之间到达的指令交还、下一轮再取（见 Controller.claiming）。
         with self.controller.claiming():
@@ -331,14 +332,13 @@ class Worker:
                 )
             except TaskError as exc:
                 logger.warning("认领持久任务失败（下一轮再试）：%s", exc)
-                return False
+                return
             for snapshot in snapshots:
                 machine = StateMachine(snapshot, (), clock=self.controller.clock, lock=threading.RLock())
                 if self._host(machine):
                     self.report.claimed += 1
-        return len(snapshots) == free
 
-    def _claim_and_start(self) -> bool:
+    def _claim_and_start(self) -> None:
         """认领并开始（``TaskStore.claim_queued(..., start=...)``）：认领与 starting 一次提交，认领来的任务
         立刻开始任务体。
 
@@ -355,18 +355,17 @@ class Worker:
                 self._in_claim[me] = False
             free = 0
             try:
-                free, filled = self._claim_and_start_once(controller, owned, me)
+                free = self._claim_and_start_once(controller, owned, me)
             finally:
                 with self._report_lock:
                     handed = self._in_claim.pop(me)
             # 有人转交了叫醒、这次又确实预留过槽（取到的可能比预留的少、放掉了一些）：不等待，再预留一次。
             # 这次没预留到槽的不理会转交——两条线程都预留到 0 个时互相转交会来回空转。
             if not (handed and free > 0):
-                return filled
+                return
 
-    def _claim_and_start_once(
-        self, controller: WorkerHost, owned: frozenset[int] | None, me: int
-    ) -> tuple[int, bool]:
+    def _claim_and_start_once(self, controller: WorkerHost, owned: frozenset[int] | None, me: int) -> int:
+        """一次预留 + 认领并开始；返回这次预留到的槽数（``_claim_and_start`` 据此决定要不要再来一次）。"""
         with controller.claiming(), controller.holding_slots() as free:
             if free == 0:
                 # 空槽都被另一次正在进行的认领预留着，而这次是被叫醒来的（新任务的通知、槽位让出）：那次认领
@@ -376,7 +375,7 @@ class Worker:
                     for other in self._in_claim:
                         if other != me:
                             self._in_claim[other] = True
-                return 0, False
+                return 0
             try:
                 snapshots = self.store.claim_queued(
                     self.owner,
@@ -388,7 +387,7 @@ class Worker:
                 )
             except TaskError as exc:
                 logger.warning("认领持久任务失败（下一轮再试）：%s", exc)
-                return 0, False  # 出错时不因转交马上重试：下一轮再试
+                return 0  # 出错时不因转交马上重试：下一轮再试
             hosted = 0
             for snapshot in snapshots:
                 machine = StateMachine(snapshot, (), clock=controller.clock, lock=threading.RLock())
@@ -396,7 +395,7 @@ class Worker:
                     hosted += 1
         with self._report_lock:
             self.report.claimed += hosted
-        return free, len(snapshots) == free
+        return free
 
     def _host(self, machine: StateMachine) -> bool:
         """把存储里已是本节点持有的持久任务交给控制器管（接着它存储里的版本写）。"""
