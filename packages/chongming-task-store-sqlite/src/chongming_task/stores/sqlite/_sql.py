@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable, Sequence
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import is_not
 from typing import Any
 
@@ -81,23 +81,11 @@ def insert_rows_without_nulls(head: str, rows: Sequence[Sequence[Any]]) -> list[
     行的先后不影响结果（迁移记录按主键存放；``INSERT OR IGNORE`` 逐行判定）。"""
     if len(rows) == 1:
         return [insert_without_nulls(head, rows[0])]
-    groups: dict[tuple[bool, ...], list[Any]] = {}
-    counts: dict[tuple[bool, ...], int] = {}
-    for row in rows:
-        keep = _kept(row)
-        params = groups.get(keep)
-        if params is None:
-            groups[keep] = params = []
-            counts[keep] = 0
-        params.extend(compress(row, keep))
-        counts[keep] += 1
     statements: list[tuple[str, list[Any]]] = []
-    for keep, params in groups.items():
-        count = counts[keep]
-        width = len(params) // count
-        for start in range(0, count, ROWS_PER_INSERT):
-            chunk = min(ROWS_PER_INSERT, count - start)
-            statements.append((_rows_sql(head, keep, chunk), params[start * width : (start + chunk) * width]))
+    for keep, group in _by_null_shape(rows).items():
+        for start in range(0, len(group), ROWS_PER_INSERT):
+            chunk = group[start : start + ROWS_PER_INSERT]
+            statements.append((_rows_sql(head, keep, len(chunk)), list(chain.from_iterable(chunk))))
     return statements
 
 
@@ -108,6 +96,11 @@ def grouped_without_nulls(
     每组一条语句、NULL 写成字面量。一批里的任务几乎都是同一种形状（十万个 submit_many 通常只有一两组）；
     按位置绑定时每行约 17 个 None 参数，单是给它们找适配器就是每行 2–3 µs。分组用 ``map`` / ``compress``
     （C 实现），不逐列跑 Python 的比较。"""
+    return [(_values_sql(head, keep), group) for keep, group in _by_null_shape(rows).items()]
+
+
+def _by_null_shape(rows: Iterable[Sequence[Any]]) -> dict[tuple[bool, ...], list[tuple[Any, ...]]]:
+    """按"哪些列不是 NULL"（``keep``）把行分组，每行只留不是 None 的值（组内保持给出的先后）。"""
     groups: dict[tuple[bool, ...], list[tuple[Any, ...]]] = {}
     nones: tuple[None, ...] = ()
     for row in rows:
@@ -118,7 +111,7 @@ def grouped_without_nulls(
         if group is None:
             groups[keep] = group = []
         group.append(tuple(compress(row, keep)))
-    return [(_values_sql(head, keep), group) for keep, group in groups.items()]
+    return groups
 
 
 def _plain_assignments(keep: tuple[bool, ...]) -> list[str]:
