@@ -7,6 +7,11 @@
 调用方，让出位置；写者都忙时才排队，由下一个空出来的写者捎带。没有竞争时就是调用方自己直接 ``save``——
 不多一个线程、不多一次线程切换；写者不止一个，所以两个线程同时写时照样并行提交，不会因为组提交反而排成一队。
 
+单个提交的 create 也可以排进来（:meth:`GroupCommit.create`，只在存储的 ``TaskStore.group_commit_creates``
+为真时由写穿层使用）：批里有 create 时写者用一次 ``TaskStore.write_many`` 把它们与同批的 save 一起写完。
+SQLite 上提交线程的 create 与执行槽的 starting / 终态本来各占一个事务、在写锁前排队；合进一个事务，每个任务
+少一次提交。同一批里不会有"为同批里刚建的任务 save"：一个任务只在它的 create 返回（已提交）之后才会启动。
+
 三条保证（crash 测试 tests/reliability/test_group_commit_crash.py 逐条验证）：
 
 * **每个调用方只在它自己那一项提交之后返回。** 同批别的项的结果不会让它提前返回，也不会被当成它的结果。
@@ -25,8 +30,13 @@ import threading
 from collections.abc import Sequence
 
 from chongming_task.core.locks import YieldingLock
+from chongming_task.core.records import PackedTransition, unpack_transition
 from chongming_task.errors import StoreError
+from chongming_task.models import TaskSnapshot
 from chongming_task.storage import SaveRequest, TaskStore
+
+NewTask = tuple[TaskSnapshot, tuple[PackedTransition, ...]]
+"""组提交里的一项 create：新任务的快照与它状态机的紧凑历史（``StateMachine.packed_transitions``）。"""
 
 MAX_BATCH = 256
 """一个写事务里至多几项：批太大时一次事务持写锁太久，别的进程的写要排队等。"""
@@ -35,10 +45,12 @@ MAX_BATCH = 256
 class Pending:
     """组提交里排着的一项（:meth:`GroupCommit.enqueue` 的返回值）。"""
 
-    __slots__ = ("done", "error", "request", "taken")
+    __slots__ = ("create", "done", "error", "request", "taken")
 
-    def __init__(self, request: SaveRequest) -> None:
+    def __init__(self, request: SaveRequest | None, create: NewTask | None = None) -> None:
+        # 恰好一个不是 None：一次 save（request）或一次 create（create）。
         self.request = request
+        self.create = create
         self.taken = False  # 已被某个写者放进它的批次
         self.done = False
         self.error: BaseException | None = None
@@ -62,6 +74,15 @@ class GroupCommit:
     def save(self, request: SaveRequest) -> None:
         """写一项；只在这一项提交之后返回。失败时抛出它自己的异常（整批失败则是那一批的异常）。"""
         item = Pending(request)
+        with self._cond:
+            self._pending.append(item)
+            batch = self._wait_or_lead_locked(item)
+        self._settle(item, batch)
+
+    def create(self, snapshot: TaskSnapshot, packed: tuple[PackedTransition, ...]) -> None:
+        """建一个新任务（语义与 ``store._create_direct(snapshot, packed)`` 相同）；只在它提交之后返回。
+        失败时抛出它自己的异常（重复 id、存不下的值；整批失败则是那一批的异常）。"""
+        item = Pending(None, (snapshot, packed))
         with self._cond:
             self._pending.append(item)
             batch = self._wait_or_lead_locked(item)
@@ -125,15 +146,23 @@ class GroupCommit:
         self.batches += 1
         self.items += len(batch)
         try:
-            if len(batch) == 1 and batch[0].request.lease_expired_before is None:
-                # 只有一项（没有竞争）：直接 save。写穿从不带租约条件（那是 reconcile 的事）。
-                request = batch[0].request
+            only = batch[0] if len(batch) == 1 else None
+            results: list[BaseException | None]
+            if only is not None and only.create is not None:
+                # 只有一项 create（没有竞争）：就是写穿从前直接调用的那一次。
+                self._store._create_direct(*only.create)
+                results = [None]
+            elif only is not None and only.request is not None and only.request.lease_expired_before is None:
+                # 只有一项 save：直接 save。写穿从不带租约条件（那是 reconcile 的事）。
+                request = only.request
                 self._store.save(
                     request.snapshot, expect_version=request.expect_version, transitions=request.transitions
                 )
-                results: list[BaseException | None] = [None]
+                results = [None]
+            elif any(item.create is not None for item in batch):
+                results = _write_many_checked(self._store, batch)
             else:
-                results = save_many_checked(self._store, [item.request for item in batch])
+                results = save_many_checked(self._store, [_save_of(item) for item in batch])
         except BaseException as exc:
             # 整批失败：每个调用方都得到这个异常（与一次失败的 save 同义：结果未知）。
             for item in batch:
@@ -145,6 +174,39 @@ class GroupCommit:
             item.done = True
 
 
+def _write_many_checked(store: TaskStore, batch: list[Pending]) -> list[BaseException | None]:
+    """一批里有 create：``store.write_many``（create 与 save 分两列交给存储），结果按批内顺序交还；
+    个数不对的核对同 ``save_many_checked``。"""
+    creates = []
+    saves = []
+    for item in batch:
+        if item.create is not None:
+            snapshot, packed = item.create
+            task_id = snapshot.task_id
+            creates.append((snapshot, [unpack_transition(task_id, record) for record in packed]))
+        else:
+            saves.append(_save_of(item))
+    created, saved = store.write_many(creates, saves)
+    created, saved = list(created), list(saved)
+    if len(created) != len(creates) or len(saved) != len(saves):
+        raise StoreError(
+            f"{type(store).__name__}.write_many 返回了 {len(created)} + {len(saved)} 个结果，"
+            f"应为 {len(creates)} + {len(saves)} 个：这一批按写失败处理（请修正存储实现）"
+        )
+    created.reverse()
+    saved.reverse()
+    return [_checked((created if item.create is not None else saved).pop()) for item in batch]
+
+
+def _save_of(item: Pending) -> SaveRequest:
+    assert item.request is not None  # 调用方已确认这一批没有 create
+    return item.request
+
+
+def _checked(error: object) -> BaseException | None:
+    return error if error is None or isinstance(error, BaseException) else StoreError(repr(error))
+
+
 def save_many_checked(store: TaskStore, requests: Sequence[SaveRequest]) -> list[BaseException | None]:
     """``store.save_many(requests)``，再核对后端交回的结果：个数不对 → StoreError（整批按写失败、结果未知
     处理）；某项既不是 None 也不是异常 → 换成 StoreError。组提交与 reconcile 的批量判 LOST 共用。"""
@@ -154,10 +216,7 @@ def save_many_checked(store: TaskStore, requests: Sequence[SaveRequest]) -> list
             f"{type(store).__name__}.save_many 返回了 {len(results)} 个结果，"
             f"应为 {len(requests)} 个：这一批按写失败处理（请修正存储实现）"
         )
-    return [
-        error if error is None or isinstance(error, BaseException) else StoreError(repr(error))
-        for error in results
-    ]
+    return [_checked(error) for error in results]
 
 
-__all__ = ["MAX_BATCH", "GroupCommit", "Pending", "save_many_checked"]
+__all__ = ["MAX_BATCH", "GroupCommit", "NewTask", "Pending", "save_many_checked"]
