@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +20,7 @@ from chongming_task.errors import (
     TaskError,
 )
 from chongming_task.models import TaskSnapshot, Transition
-from chongming_task.runtime.group_commit import GroupCommit
+from chongming_task.runtime.group_commit import GroupCommit, Pending
 from chongming_task.storage import SaveRequest
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.testing.contract._base import S, snap, step
@@ -123,6 +124,50 @@ def test_pending_saves_share_one_transaction_and_each_caller_waits_for_its_own()
         got = store.get(task_id)
         assert got is not None and got.status is TaskStatus.QUEUED
         assert [t.version for t in store.history(task_id)] == [1]
+
+
+class CountingSleeps(GroupCommit):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sleeps: dict[str, int] = {}
+
+    def _sleep_locked(self, item: Pending) -> None:
+        assert item.request is not None
+        task_id = item.request.snapshot.task_id
+        self.sleeps[task_id] = self.sleeps.get(task_id, 0) + 1
+        super()._sleep_locked(item)
+
+
+class SlowBatches(GatedStore):
+    """每个多项事务多花 50 ms：被错误叫醒的排队者有足够的时间醒来、发现还轮不到自己、再睡回去。"""
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        time.sleep(0.05)
+        return super().save_many(requests)
+
+
+def test_a_commit_wakes_only_its_own_callers_and_the_next_writer() -> None:
+    """一次提交之后只叫醒这一批的调用方、外加一个接着当写者的排队者：排在后面几批的调用方一直睡着，
+    不会每提交一批就全部醒来查一遍再睡回去（每个调用方只睡一次；与时序无关——慢事务只是让错误的
+    全部叫醒一定露出来）。"""
+    store = SlowBatches()
+    leader_request, _, _ = _queued(store, "lead")
+    others = [_queued(store, f"w{i}")[0] for i in range(6)]
+    commits = CountingSleeps(store, writers=1, max_batch=2)
+    leader, threads = _run_followers(commits, [leader_request])
+    assert store.entered.wait(10)
+    results, follower_threads = _run_followers(commits, others)
+    _wait_pending(commits, len(others))
+    store.gate.set()
+    for thread in [*threads, *follower_threads]:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert leader == {"lead": "committed"}
+    assert results == {f"w{i}": "committed" for i in range(6)}
+    # 排队的先后由线程调度决定：只看批次的形状（写者在前，之后三批各两项，每项恰好一次）
+    assert store.transactions[0] == ["lead"] and [len(t) for t in store.transactions[1:]] == [2, 2, 2]
+    assert sorted(x for t in store.transactions[1:] for x in t) == [f"w{i}" for i in range(6)]
+    assert commits.sleeps == {f"w{i}": 1 for i in range(6)}, commits.sleeps
 
 
 def test_a_conflict_is_reported_to_its_own_caller_only() -> None:

@@ -26,8 +26,9 @@ SQLite 上提交线程的 create 与执行槽的 starting / 终态本来各占�
 
 from __future__ import annotations
 
-import threading
+from _thread import allocate_lock as _allocate_lock
 from collections.abc import Sequence
+from typing import Any
 
 from chongming_task.core.locks import YieldingLock
 from chongming_task.core.records import PackedTransition, unpack_transition
@@ -45,7 +46,7 @@ MAX_BATCH = 256
 class Pending:
     """组提交里排着的一项（:meth:`GroupCommit.enqueue` 的返回值）。"""
 
-    __slots__ = ("create", "done", "error", "request", "taken")
+    __slots__ = ("create", "done", "error", "request", "taken", "waiter")
 
     def __init__(self, request: SaveRequest | None, create: NewTask | None = None) -> None:
         # 恰好一个不是 None：一次 save（request）或一次 create（create）。
@@ -54,6 +55,8 @@ class Pending:
         self.taken = False  # 已被某个写者放进它的批次
         self.done = False
         self.error: BaseException | None = None
+        # 调用方线程在等这一项时睡在这把（已被它自己拿着的）锁上；叫醒 = 放开它（见 _sleep_locked）
+        self.waiter: Any = None
 
 
 class GroupCommit:
@@ -64,8 +67,9 @@ class GroupCommit:
         self._writers = max(1, store.group_commit_writers if writers is None else writers)
         self._max_batch = max_batch
         # 这把锁下只有内存里的几步（排队、取批、记数），提交本身在锁外：用让出 GIL 的锁，免得三个线程（提交者
-        # 与两个执行槽）在它上面排成车队（core/locks.py）。等"这一项写完"仍是条件变量的 wait，照常在内核里睡。
-        self._cond = threading.Condition(YieldingLock())  # type: ignore[arg-type]
+        # 与两个执行槽）在它上面排成车队（core/locks.py）。等"这一项写完"是每项自己的一把锁
+        # （Pending.waiter），照常在内核里睡，但只被该叫醒的那一个叫醒。
+        self._cond = YieldingLock()
         self._pending: list[Pending] = []
         self._active = 0  # 正在写的写者数
         self.batches = 0  # 写了几个事务（测试与基准看合并得怎样）
@@ -117,9 +121,8 @@ class GroupCommit:
 
     def _wait_or_lead_locked(self, item: Pending) -> list[Pending] | None:
         """（持有 _cond）等到这一项被别的写者写完，或本线程有空位当写者：后者返回本线程要写的批次。"""
-        cond = self._cond
         while not item.done and (item.taken or self._active >= self._writers):
-            cond.wait()
+            self._sleep_locked(item)
         if item.done:
             return None
         # 有空位、这一项还没被别的写者捎走：本线程当写者，自己这一项排在批首。
@@ -131,6 +134,30 @@ class GroupCommit:
             member.taken = True
         return batch
 
+    def _sleep_locked(self, item: Pending) -> None:
+        """（持有 _cond）睡到有人叫醒这一项（``_wake``），醒来时重新持有 _cond。调用方在循环里重查条件。
+
+        为什么不用一个条件变量 + notify_all：一次提交之后该醒的只有这一批的调用方、外加（有写者空位时）一个
+        接着当写者的排队者；notify_all 把排着的调用方全部叫醒、让它们查一遍再睡回去，每次都是白白的上下文
+        切换（SQLite 上提交线程的 create 也排在这里之后，每任务多出三四次）。每项一把锁，叫醒就是精确的。"""
+        waiter = _allocate_lock()
+        waiter.acquire()
+        item.waiter = waiter
+        self._cond.release()
+        try:
+            waiter.acquire()  # 由 _wake 放开；先放后睡也不会丢（锁已是放开的状态，立刻拿到）
+        finally:
+            self._cond.acquire()
+            item.waiter = None
+
+    @staticmethod
+    def _wake(item: Pending) -> None:
+        """（持有 _cond）叫醒睡在这一项上的线程（没人睡就什么也不做）。"""
+        waiter = item.waiter
+        if waiter is not None:
+            item.waiter = None
+            waiter.release()
+
     def _settle(self, item: Pending, batch: list[Pending] | None) -> None:
         if batch is not None:
             try:
@@ -138,7 +165,15 @@ class GroupCommit:
             finally:
                 with self._cond:
                     self._active -= 1
-                    self._cond.notify_all()  # 叫醒这一批的调用方；排着的调用方里有一个接着当写者
+                    for member in batch:  # 这一批的调用方：各自的那一项已写完（或整批失败）
+                        self._wake(member)
+                    # 有写者空位、还有没被捎走的项：叫醒其中第一个在等的调用方，由它接着当写者（它捎上其余
+                    # 全部排着的项，包括 enqueue 进来、调用方还没开始等的那些）。
+                    if self._active < self._writers:
+                        for waiting in self._pending:
+                            if waiting.waiter is not None:
+                                self._wake(waiting)
+                                break
         if item.error is not None:
             raise item.error
 
