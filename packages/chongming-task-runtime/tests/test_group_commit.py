@@ -86,7 +86,7 @@ def _run_followers(
 
 def _wait_pending(commits: GroupCommit, count: int) -> None:
     for _ in range(1000):
-        with commits._cond:
+        with commits._lock:
             if len(commits._pending) >= count:
                 return
         threading.Event().wait(0.005)

@@ -69,7 +69,7 @@ class GroupCommit:
         # 这把锁下只有内存里的几步（排队、取批、记数），提交本身在锁外：用让出 GIL 的锁，免得三个线程（提交者
         # 与两个执行槽）在它上面排成车队（core/locks.py）。等"这一项写完"是每项自己的一把锁
         # （Pending.waiter），照常在内核里睡，但只被该叫醒的那一个叫醒。
-        self._cond = YieldingLock()
+        self._lock = YieldingLock()
         self._pending: list[Pending] = []
         self._active = 0  # 正在写的写者数
         self.batches = 0  # 写了几个事务（测试与基准看合并得怎样）
@@ -77,17 +77,15 @@ class GroupCommit:
 
     def save(self, request: SaveRequest) -> None:
         """写一项；只在这一项提交之后返回。失败时抛出它自己的异常（整批失败则是那一批的异常）。"""
-        item = Pending(request)
-        with self._cond:
-            self._pending.append(item)
-            batch = self._wait_or_lead_locked(item)
-        self._settle(item, batch)
+        self._write(Pending(request))
 
     def create(self, snapshot: TaskSnapshot, packed: tuple[PackedTransition, ...]) -> None:
         """建一个新任务（语义与 ``store._create_direct(snapshot, packed)`` 相同）；只在它提交之后返回。
         失败时抛出它自己的异常（重复 id、存不下的值；整批失败则是那一批的异常）。"""
-        item = Pending(None, (snapshot, packed))
-        with self._cond:
+        self._write(Pending(None, (snapshot, packed)))
+
+    def _write(self, item: Pending) -> None:
+        with self._lock:
             self._pending.append(item)
             batch = self._wait_or_lead_locked(item)
         self._settle(item, batch)
@@ -97,14 +95,14 @@ class GroupCommit:
         任务 A 的终态与接着启动的任务 B 的 starting 于是同一个事务提交）。调用方必须再以 :meth:`finish`
         等它提交；在那之前它**不算**已提交（调用方据此把"已落库"之后才能做的事都留到 finish 之后）。"""
         item = Pending(request)
-        with self._cond:
+        with self._lock:
             self._pending.append(item)
         return item
 
     def finish(self, item: Pending) -> None:
         """等 :meth:`enqueue` 排进来的这一项提交（还没有写者捎走它、又有空位时本线程自己当写者）。
         失败时抛出它自己的异常（整批失败则是那一批的异常）。"""
-        with self._cond:
+        with self._lock:
             batch = self._wait_or_lead_locked(item)
         self._settle(item, batch)
 
@@ -112,7 +110,7 @@ class GroupCommit:
         """把 :meth:`enqueue` 排进来、还没有写者捎走的一项撤回（不再写它）：返回是否撤回了。已被某个写者
         放进批次（或已写完）时返回 False，调用方要照常 :meth:`finish` 等它的结果。用途：推迟写的 running
         在同一任务的下一次写到来时撤回，那一次写连同 running 的迁移记录一起落库（历史不缺，少一次写）。"""
-        with self._cond:
+        with self._lock:
             if item.taken or item.done:
                 return False
             self._pending.remove(item)
@@ -120,7 +118,7 @@ class GroupCommit:
             return True
 
     def _wait_or_lead_locked(self, item: Pending) -> list[Pending] | None:
-        """（持有 _cond）等到这一项被别的写者写完，或本线程有空位当写者：后者返回本线程要写的批次。"""
+        """（持有 _lock）等到这一项被别的写者写完，或本线程有空位当写者：后者返回本线程要写的批次。"""
         while not item.done and (item.taken or self._active >= self._writers):
             self._sleep_locked(item)
         if item.done:
@@ -135,7 +133,7 @@ class GroupCommit:
         return batch
 
     def _sleep_locked(self, item: Pending) -> None:
-        """（持有 _cond）睡到有人叫醒这一项（``_wake``），醒来时重新持有 _cond。调用方在循环里重查条件。
+        """（持有 _lock）睡到有人叫醒这一项（``_wake``），醒来时重新持有 _lock。调用方在循环里重查条件。
 
         为什么不用一个条件变量 + notify_all：一次提交之后该醒的只有这一批的调用方、外加（有写者空位时）一个
         接着当写者的排队者；notify_all 把排着的调用方全部叫醒、让它们查一遍再睡回去，每次都是白白的上下文
@@ -143,16 +141,16 @@ class GroupCommit:
         waiter = _allocate_lock()
         waiter.acquire()
         item.waiter = waiter
-        self._cond.release()
+        self._lock.release()
         try:
             waiter.acquire()  # 由 _wake 放开；先放后睡也不会丢（锁已是放开的状态，立刻拿到）
         finally:
-            self._cond.acquire()
+            self._lock.acquire()
             item.waiter = None
 
     @staticmethod
     def _wake(item: Pending) -> None:
-        """（持有 _cond）叫醒睡在这一项上的线程（没人睡就什么也不做）。"""
+        """（持有 _lock）叫醒睡在这一项上的线程（没人睡就什么也不做）。"""
         waiter = item.waiter
         if waiter is not None:
             item.waiter = None
@@ -163,7 +161,7 @@ class GroupCommit:
             try:
                 self._commit(batch)
             finally:
-                with self._cond:
+                with self._lock:
                     self._active -= 1
                     for member in batch:  # 这一批的调用方：各自的那一项已写完（或整批失败）
                         self._wake(member)
