@@ -330,9 +330,9 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     _retention: ClassVar[RetentionModule] = _archive  # 归档保留四个方法的实现（见 RetentionByModule）
     # group_commit_creates 保持 False、写者保持默认的 4 个（write_many 已是一条语句，开关不开）：写者有 4 个时
     # 提交线程与两个执行槽至多三个同时写、从不排队，create 总是自己一批，开了也合不进任何提交（实测每任务提交
-    # 次数不变）；写者改成 1 个再开，每任务提交 2.3 → 1.1–1.4 次、服务器 CPU −25–35 %，但墙钟在 2 核共享机上
-    # 分不出、重负载时更慢（一个写者被抢占时所有写都等它）——见 bench/README.md pg11 一节。要在安静的机器上
-    # 成对量过再开。
+    # 次数不变）；写者改成 1 个再开，每任务提交 2.3 → 1.1 次、服务器 CPU −28 %（成对中位数），但墙钟在 2 核
+    # 共享机上分不出、重负载时更慢（一个写者被抢占时所有写都等它）——见 bench/README.md pg11 一节。要在安静的
+    # 机器上成对量过再开（分支 pg11-enable 上是打开它的那一次提交）。
 
     def __init__(
         self,
