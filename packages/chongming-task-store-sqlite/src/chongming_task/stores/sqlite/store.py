@@ -762,6 +762,22 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         tags = [(tag, row[_CREATED_KEY_AT], snapshot.task_id) for tag in snapshot.tags]
         return snapshot.task_id, row, tags, history
 
+    def save(
+        self,
+        snapshot: TaskSnapshot,
+        *,
+        expect_version: int,
+        transitions: Sequence[Transition] = (),
+        lease_expired_before: datetime | None = None,
+    ) -> None:
+        """``TaskStore.save``（语义、报错一字不差），入参检查以这个任务上一次准备好的快照为提示
+        （``_RowHints``）：可存储性只查与它不是同一个对象的字段，其余检查一项不少。写穿不经组提交时
+        （``_save_direct`` 的默认实现）每次迁移走这里。"""
+        hint = self._hints.save_hint(snapshot)
+        like = None if hint is None else hint[0]
+        request = checks.check_save(snapshot, expect_version, transitions, lease_expired_before, like)
+        self._run("save", self._save_tx(request, hint=hint))
+
     def _save(self, request: v.SaveRequest) -> None:
         self._run("save", self._save_tx(request, hint=self._hints.save_hint(request.snapshot)))
 
