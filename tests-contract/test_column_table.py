@@ -237,34 +237,27 @@ def test_values_and_save_values_are_the_params_without_the_dict() -> None:
         assert transitions.values(record) == tuple(transitions.params(record).values()), module.__name__
 
 
-def test_values_since_matches_params_whatever_the_previous_record() -> None:
-    """``values_since`` / ``save_values_since``（跨调用的提示，见 SQLite 存储的 ``_RowHints``）与整份编码逐项
-    相同：上一条与这一条共用一部分字段对象、全不共用、互为 None 与有值——每个后端的快照表与迁移表都对照。"""
+def test_save_values_since_matches_save_params_whatever_the_previous_record() -> None:
+    """``save_values_since``（跨调用的提示，见 SQLite 存储的 ``_RowHints``）与整份编码逐项相同：上一版与
+    这一版共用一部分字段对象、全不共用、互为 None 与有值——每个后端都对照。"""
     from chongming_task.stores.postgres import _codec as pg_codec
 
-    at, plain, rich, first = _sample_records()
+    at, plain, rich, _ = _sample_records()
     sibling = dataclasses.replace(plain, task_id="p-3", created_at=at + timedelta(seconds=1))
     rich_next = rich.evolve(status=TaskStatus.RUNNING, status_version=4, executor="thread", outcome=None)
-    second = dataclasses.replace(first, task_id="p-4", actor="node-b", at=at + timedelta(seconds=2))
     for module in (sqlite_codec, pg_codec):
         snapshots = module.SNAPSHOTS
         values = (plain, sibling, rich, rich_next, plain)
         for previous in values:
-            row, save_row = snapshots.values(previous), snapshots.save_values(previous)
+            save_row = snapshots.save_values(previous)
             for value in values:
-                assert snapshots.values_since(value, previous, row) == snapshots.values(value)
                 assert snapshots.save_values_since(value, previous, save_row) == snapshots.save_values(value)
-        transitions = module.TRANSITIONS
-        for previous in (first, second):
-            row = transitions.values(previous)
-            for value in (first, second):
-                assert transitions.values_since(value, previous, row) == transitions.values(value)
 
 
-def test_values_since_reencodes_values_mutated_in_place() -> None:
+def test_save_values_since_reencodes_values_mutated_in_place() -> None:
     """跨调用的提示只照抄不可变的值：同一个 outcome 字典、同一个可变的标签集合在两次写之间被就地改过，
-    ``values_since`` / ``save_values_since`` 照样重新编码（结果是改过之后的值），也照样重新检查（改成存不下的
-    值就报 ConfigurationError）。``values_like``（只用于同一次调用里的一批）则照抄——这正是两者的分工。"""
+    ``save_values_since`` 照样重新编码（结果是改过之后的值），也照样重新检查（改成存不下的值就报
+    ConfigurationError）。``values_like``（只用于同一次调用里的一批）则照抄——这正是两者的分工。"""
     from chongming_task.errors import ConfigurationError
     from chongming_task.stores.postgres import _codec as pg_codec
 
@@ -277,12 +270,10 @@ def test_values_since_reencodes_values_mutated_in_place() -> None:
         row, save_row = snapshots.values(snapshot), snapshots.save_values(snapshot)
         outcome["n"] = 2
         tags.add("b")
-        assert snapshots.values_since(snapshot, snapshot, row) == snapshots.values(snapshot)
-        assert snapshots.save_values_since(snapshot, snapshot, save_row) == snapshots.save_values(snapshot)
-        assert snapshots.values_since(snapshot, snapshot, row) != row, "改过的值不能照抄旧编码"
+        fresh = snapshots.save_values(snapshot)
+        assert fresh != save_row
+        assert snapshots.save_values_since(snapshot, snapshot, save_row) == fresh, "改过的值不能照抄旧编码"
         assert snapshots.values_like(snapshot, snapshot, row) == row  # 同一批里的照抄（对照）
         outcome["bad"] = float("nan")
         with pytest.raises(ConfigurationError):
             snapshots.save_values_since(snapshot, snapshot, save_row)
-        with pytest.raises(ConfigurationError):
-            snapshots.values_since(snapshot, snapshot, row)

@@ -1,6 +1,6 @@
-"""SqliteTaskStore 的行提示（``store._RowHints``）：上一次准备好的快照与行只是"照抄哪些字段的编码、跳过
-哪些字段的检查"的提示，结果必须与每次整份编码、整份检查一样——无论那次写有没有提交、调用方之后就地改了
-什么。这里经公开的 save / save_many / write_many / create 验证，再看内存上限与 fork。"""
+"""SqliteTaskStore 的行提示（``store._RowHints``）：同一任务上一次准备好的快照与 save 行只是"照抄哪些字段
+的编码"的提示，结果必须与每次整份编码、整份检查一样——无论那次写有没有提交、调用方之后就地改了什么。这里
+经公开的 save / save_many / write_many / create 验证，再看内存上限与 fork。"""
 
 from __future__ import annotations
 
@@ -174,8 +174,9 @@ def test_forked_child_gets_its_own_connections_and_writer_queue(store: SqliteTas
 def test_create_copied_from_the_previous_one_with_an_unstorable_field_is_refused(
     store: SqliteTaskStore, field: str, via: str
 ) -> None:
-    """单个 create 以上一个 create 为提示（连续的 submit 来自同一个模板）：下一个与它共用字段对象、只有一个
-    变了的字段存不下——照样 ConfigurationError，什么也没写；再下一个合法的照常写进去、逐字段是它自己。"""
+    """连续的 submit 来自同一个模板、共用字段对象：下一个只有一个变了的字段存不下——照样
+    ConfigurationError，什么也没写；再下一个合法的照常写进去、逐字段是它自己（create 的行也成为这个任务
+    第一次 save 的提示，见 _RowHints）。"""
     first = _created(store, "first")
     bad = first.evolve(task_id="bad", **{field: _UNSTORABLE[field]})
     good = first.evolve(task_id="good", created_at=T0 + timedelta(seconds=1))

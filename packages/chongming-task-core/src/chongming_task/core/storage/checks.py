@@ -82,13 +82,9 @@ def check_save(
     expect_version: int,
     transitions: Sequence[Transition],
     lease_expired_before: datetime | None,
-    like: TaskSnapshot | None = None,
 ) -> SaveRequest:
-    """save 的入参检查一次：快照可存、迁移记录都属于它且正好接上版本、租约条件带时区。
-
-    ``like``：已经查过的另一个快照（``check_snapshot`` 的 ``like``）：可存储性只查与它不是同一个对象的字段。
-    其余检查一项不少。"""
-    checked = check_snapshot(snapshot, like)
+    """save 的入参检查一次：快照可存、迁移记录都属于它且正好接上版本、租约条件带时区。"""
+    checked = check_snapshot(snapshot)
     records = tuple(transitions)
     check_transitions(checked.task_id, records)
     validate_save(checked, expect_version, records)
@@ -96,12 +92,10 @@ def check_save(
     return SaveRequest(checked, expect_version, records, lease_expired_before)
 
 
-def check_save_request(request: SaveRequest, like: TaskSnapshot | None = None) -> SaveRequest:
-    """``save_many`` 的一项（调用方装的、还没检查）→ 与 ``save`` 完全相同的检查。
-
-    ``like`` 见 ``check_save``。"""
+def check_save_request(request: SaveRequest) -> SaveRequest:
+    """``save_many`` 的一项（调用方装的、还没检查）→ 与 ``save`` 完全相同的检查。"""
     return check_save(
-        request.snapshot, request.expect_version, request.transitions, request.lease_expired_before, like
+        request.snapshot, request.expect_version, request.transitions, request.lease_expired_before
     )
 
 

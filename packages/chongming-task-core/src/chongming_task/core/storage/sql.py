@@ -226,7 +226,6 @@ class RowCodec:
             except (AttributeError, TypeError, ValueError, TaskError):
                 null = None  # 这一列不接受 None（标签集合）：照常编码，让它自己报错
             self._plan.append((field_name, physical[0] if len(physical) == 1 else physical, encode, null))
-        self._kinds = tuple(c.kind for c in columns)
         self.params: Callable[[object], dict[str, Any]] = _compile_params(self._plan)
         """记录 → {物理列名: 值}（命名参数），由上面的计划编译成一个函数（见 ``_compile_params``）。"""
         self.values: Callable[[object], tuple[Any, ...]] = _compile_params(self._plan, as_tuple=True)
@@ -237,11 +236,6 @@ class RowCodec:
         """``(记录, 上一条记录, 上一条记录的行)`` → 这条记录按 ``names`` 顺序的一行
         （见 ``_compile_values_like``）：与 ``tuple(params(记录).values())`` 逐项相同，只是与上一条记录
         是同一个对象的字段直接取上一行里的编码。只用于同一次调用里的记录（``create_many`` 的一批）。"""
-        self.values_since: Callable[[object, object, Sequence[Any]], tuple[Any, ...]] = _compile_values_like(
-            self._plan, self._kinds
-        )
-        """``values_like`` 的跨调用版（见 ``_compile_values_like`` 的 ``kinds``）：照抄只限于不可变的字段值，
-        JSON 值与配方（可能是调用方之后就地改过的字典）每次重新编码、重新检查。"""
         decoders: list[tuple[str, slice, _Decoder]] = []
         offset = 0
         for column in columns:
@@ -361,7 +355,7 @@ def _compile_values_like(
     变了的那一两次；结果直接是按位置的元组，也省掉中间的字典。原样存的列（整数、不另查的文本）照旧直接取值
     ——比较身份并不比取值便宜。语义与 ``tuple(params(record).values())`` 逐项相同（测试对照）。
 
-    ``kinds``（与计划逐项对应的列类型）给出时编译跨调用的版本（``values_since``）：上一条记录来自更早的一次
+    ``kinds``（与计划逐项对应的列类型）给出时编译跨调用的版本（``SnapshotCodec.save_values_since``）：上一条记录来自更早的一次
     调用（存储记着的上一次写），其间调用方可能就地改过可变的值，照抄只限于 ``_REUSE_IF_SAME`` 允许的列。
     """
     namespace: dict[str, Any] = {}
@@ -392,7 +386,15 @@ def _compile_values_like(
             items.extend(names)
             position += width
             continue
-        lines.append(f"    if v is previous.{field_name}{guard}:")
+        if kinds is not None and null is not None:
+            # 跨调用的版本先看 None（取常量，与 params 一样便宜）：快照大半列是 None，先比身份反而
+            # 多一次属性读。
+            namespace[f"_n{index}"] = null
+            lines.append("    if v is None:")
+            lines.append(f"        {targets} = _n{index}")
+            lines.append(f"    elif v is previous.{field_name}{guard}:")
+        else:
+            lines.append(f"    if v is previous.{field_name}{guard}:")
         lines.append(f"        {targets} = {', '.join(f'row[{position + i}]' for i in range(width))},")
         lines.append("    else:")
         if null is not None:
@@ -452,8 +454,8 @@ class SnapshotCodec(RowCodec):
             _compile_values_like(self._save_plan, save_kinds)
         )
         """``(快照, 同一任务更早写过的快照, 它的 save_values 行)`` → 这个快照的 save_values 行：
-        与上一版是同一个不可变对象的字段照抄编码（``values_since`` 的 save 版）。一次迁移只改状态、
-        版本与一两个时间，其余二十几列（时间的格式化占大头）不必再编码。"""
+        与上一版是同一个不可变对象的字段照抄编码（``_compile_values_like`` 的跨调用版：JSON 值与可变的
+        集合每次重新编码）。一次迁移只改状态、版本与一两个时间，其余列不必再编码。"""
         positions = {name: index for index, name in enumerate(self.names)}
         self.save_from_row: Callable[[Sequence[Any]], tuple[Any, ...]] = itemgetter(
             *(positions[name] for name in self.save_columns)
