@@ -222,7 +222,7 @@ def test_an_item_a_writer_already_took_cannot_be_withdrawn_and_finishes_normally
 
 
 class GatedStartStore(InMemoryTaskStore):
-    """像 Postgres 一样"能并行提交、做组提交"的内存存储；写 starting 的 save 停在闸门上。"""
+    """能并行提交（几个写者）、做组提交的内存存储（第三方后端可以这样取）；写 starting 的 save 停在闸门上。"""
 
     group_commit = True
     group_commit_writers = 4

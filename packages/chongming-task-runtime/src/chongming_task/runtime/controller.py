@@ -312,9 +312,9 @@ class Controller(ClosesOnExit):
         self._terminal_order: list[str] = []
         self._closed = False
         self._wake = threading.Event()
-        # 提交线程是否就地启动拿到额度的任务。存储能并行提交（Postgres）时不：提交线程的 create 与 starting
-        # 两次提交不排在同一条链上，starting 交给后台循环（或正让出额度的任务线程）。本地 / 单写者（SQLite）
-        # 照旧就地启动：多一次线程交接换不来并行的提交。
+        # 提交线程是否就地启动拿到额度的任务。存储的组提交有几个并行的写者时不：提交线程的 create 与 starting
+        # 两次提交不排在同一条链上，starting 交给后台循环（或正让出额度的任务线程）。本地 / 单写者（SQLite、
+        # Postgres：一个写者，create 与排着的 save 同一批提交）照旧就地启动：多一次线程交接换不来并行的提交。
         self._start_on_submit = store is None or not store.group_commit or store.group_commit_writers <= 1
         # worker（runtime/worker.py）等空槽用的事件：任务让出执行槽的那一刻就置位（见 watch_slots）。
         self._slot_watchers: tuple[threading.Event, ...] = ()

@@ -1,11 +1,12 @@
 """组提交（group commit）：许多任务的状态迁移合进同一个写事务（用户指南 §9.8）。
 
 每个调用方（持有自己任务锁的线程）把它的 save 交给 :class:`GroupCommit` 并等着。同一时刻至多
-``writers`` 个"写者"（每个占一条存储连接，数目取自存储的 ``TaskStore.group_commit_writers``：SQLite 一次只能有
-一个写者，取 1；Postgres 的并发提交由服务器自己合并 WAL 刷盘，取 4）：有空位时，到达的调用方自己当写者，把
-自己那一项连同此刻排着的其余项（至多 ``max_batch`` 个）用一次 ``TaskStore.save_many`` 写完，叫醒这一批的
-调用方，让出位置；写者都忙时才排队，由下一个空出来的写者捎带。没有竞争时就是调用方自己直接 ``save``——
-不多一个线程、不多一次线程切换；写者不止一个，所以两个线程同时写时照样并行提交，不会因为组提交反而排成一队。
+``writers`` 个"写者"（每个占一条存储连接，数目取自存储的 ``TaskStore.group_commit_writers``：SQLite 一次只能
+有一个写者，取 1；Postgres 也取 1，好让提交线程的 create 排着、与执行槽的写同一批提交）：有空位时，到达的
+调用方自己当写者，把自己那一项连同此刻排着的其余项（至多 ``max_batch`` 个）用一次 ``TaskStore.save_many``
+写完，叫醒这一批的调用方，让出位置；写者都忙时才排队，由下一个空出来的写者捎带。没有竞争时就是调用方自己直接
+``save``——不多一个线程、不多一次线程切换；写者不止一个时，两个线程同时写照样并行提交，不会因为组提交反而排成
+一队。
 
 单个提交的 create 也可以排进来（:meth:`GroupCommit.create`，只在存储的 ``TaskStore.group_commit_creates``
 为真时由写穿层使用）：批里有 create 时写者用一次 ``TaskStore.write_many`` 把它们与同批的 save 一起写完。

@@ -108,7 +108,8 @@ class TaskStore(ClosesOnExit, ABC):
 
     group_commit_writers: ClassVar[int] = 4
     """组提交（``save_many``）时同一进程里至多几个写事务同时进行。一次只允许一个写者的存储（SQLite）取 1：
-    多开只会在存储的写锁上互相等；能并发提交的存储（Postgres）取几个，两个线程同时写时仍并行提交。"""
+    多开只会在存储的写锁上互相等；能并发提交的存储可以取几个，两个线程同时写时仍并行提交（Postgres 却取 1：
+    与 ``group_commit_creates`` 一起，写者只有一个时提交线程的 create 才会排着、与执行槽的写合进同一批）。"""
 
     group_commit: ClassVar[bool] = True
     """写穿是否经组提交（``save_many`` 合批）。合批省的是提交（一次事务、一次刷盘）；内存存储的 save 只是在

@@ -328,11 +328,13 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     """
 
     _retention: ClassVar[RetentionModule] = _archive  # 归档保留四个方法的实现（见 RetentionByModule）
-    # group_commit_creates 保持 False、写者保持默认的 4 个（write_many 已是一条语句，开关不开）：写者有 4 个时
-    # 提交线程与两个执行槽至多三个同时写、从不排队，create 总是自己一批，开了也合不进任何提交（实测每任务提交
-    # 次数不变）；写者改成 1 个再开，每任务提交 2.3 → 1.1 次、服务器 CPU −28 %（成对中位数），但墙钟在 2 核
-    # 共享机上分不出、重负载时更慢（一个写者被抢占时所有写都等它）——见 bench/README.md pg11 一节。要在安静的
-    # 机器上成对量过再开（分支 pg11-enable 上是打开它的那一次提交）。
+    # 单个提交的 create 也经组提交（write_many：与排着的 starting / 终态一条语句、一个事务），写者只有一个。
+    # 两者要一起：写者有四个时几乎从不排队（提交线程与两个执行槽至多三个同时写），create 总是自己一批，合不进
+    # 任何提交；一个写者时，一批在途、别的写排着，下一批把 create 与排着的 save 一起写完——bench ours 每任务
+    # 提交 2.3 → 1.1 次，服务器 CPU 约 −28 %（bench/README.md pg11 一节）。写者一个，Controller 也随之由提交
+    # 线程就地启动拿到额度的任务（Controller._start_on_submit）：starting 与下一个 create 排在同一条链上。
+    group_commit_writers: ClassVar[int] = 1
+    group_commit_creates: ClassVar[bool] = True
 
     def __init__(
         self,
