@@ -329,6 +329,11 @@ class TaskStore(ClosesOnExit, ABC):
         迁移记录），交回开始之后的快照；状态机不让开始的（尝试预算已用完）只认领，照不给 ``start`` 时的样子
         交回（仍是 queued）。worker 用它把"认领"与"starting"两次提交并成一次。后端实现 ``_claim_and_start``；
         默认实现是先认领、再逐个 ``save`` starting（结果相同，只是多几次提交），所以只实现了认领的后端也能用。
+
+        ``start.save``（``SaveRequest``）给出时，认领之前同一个事务先写这次 save（worker 把刚空出的槽上那个
+        任务的终态并进来）：它写不成（ConcurrencyConflict / TaskNotFound / ConfigurationError）→ 什么也不写、
+        抛出它；写成了、认领取不到任务 → save 照样提交，返回空列表。事务本身失败（StoreError）时两部分都按
+        结果未知处理。默认实现先 ``save``、再认领（两次提交；save 抛错就不认领）。
         """
         request = check_claim(holder, names, buckets, limit, lease_until)
         if start is not None:
@@ -343,8 +348,10 @@ class TaskStore(ClosesOnExit, ABC):
         )
 
     def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
-        """后端实现 ``claim_queued(..., start=...)`` 的地方（入参已检查）。默认：认领一次、starting 逐个再写
-        （见 ``claim_queued``）。"""
+        """后端实现 ``claim_queued(..., start=...)`` 的地方（入参已检查）。默认：给了 ``start.save`` 先写它，
+        再认领一次、starting 逐个再写（见 ``claim_queued``）。"""
+        if start.save is not None:
+            self._save_one(start.save)  # 抛错时不认领：与合并的实现"save 写不成就什么也不写"同一结果
         claimed = self.claim_queued(
             request.holder,
             names=request.names,
