@@ -49,13 +49,13 @@ from chongming_task.core.numbers import check_seconds
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.storage.claiming import MAX_CLAIM, ClaimStart
 from chongming_task.core.triggers import TRIGGER_RECONCILE
-from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskError
+from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskError, TaskNotFound
 from chongming_task.models import Failure, FailureKind, TaskSnapshot
 from chongming_task.runtime.reconcile import ReconcileReport
 from chongming_task.runtime.registry import TaskDefinition
 from chongming_task.runtime.taskrun import TaskRun
 from chongming_task.states import TaskStatus
-from chongming_task.storage import QueryOrder, TaskQuery, TaskStore
+from chongming_task.storage import QueryOrder, SaveRequest, TaskQuery, TaskStore
 
 logger = logging.getLogger("chongming_task.worker")
 
@@ -143,6 +143,68 @@ class ServeReport:
         return self.stopped_at_drain == 0
 
 
+class ClaimChain(Protocol):
+    """worker 交给控制器的"空出的槽接着认领"（``Controller.chain_claims``；实现是 ``_ClaimChain``）。"""
+
+    def wants_more(self) -> bool:
+        """此刻还认领不认领（停止请求之后不再认领）。"""
+        ...
+
+    def claim_after(self, request: SaveRequest) -> list[TaskSnapshot]:
+        """``request``（刚落终态的任务的写穿）与一个任务的认领 + starting 一次提交；失败时抛 TaskError。"""
+        ...
+
+    def claim_failed(self, error: TaskError) -> None:
+        """合并的提交失败了：认领那一半按一次失败的认领处理（记日志）。"""
+        ...
+
+    def host(self, snapshot: TaskSnapshot) -> None:
+        """认领到的任务交给控制器（与认领线程认领到的同一条路：``Worker._host``）。"""
+        ...
+
+
+class _ClaimChain:
+    """``ClaimChain`` 的实现：执行槽空出的那一刻，在让出它的线程上认领一个（见模块说明第 1 步）。
+
+    为什么在那条线程上：终态那次提交本来就在它上面，认领 + starting 并进同一次提交（``ClaimStart.save``），
+    每个任务少一次提交与往返；认领线程只在开头、新任务的通知、和这条路没认领到时才去认领。只认领一个——
+    控制器只为刚空出的这一个槽预留（不囤积）。
+    """
+
+    def __init__(self, worker: Worker, stop: threading.Event) -> None:
+        self._worker = worker
+        self._stop = stop
+
+    def wants_more(self) -> bool:
+        return not self._stop.is_set()
+
+    def claim_after(self, request: SaveRequest) -> list[TaskSnapshot]:
+        worker = self._worker
+        controller = worker.controller
+        return worker.store.claim_queued(
+            worker.owner,
+            names=worker._names(),
+            buckets=None if controller.owns_all_buckets else controller.owned_buckets,
+            limit=1,
+            lease_until=worker._lease_until(),
+            start=ClaimStart(at=controller.clock.now(), executor=controller.start_executor, save=request),
+        )
+
+    def claim_failed(self, error: TaskError) -> None:
+        if isinstance(error, (ConcurrencyConflict, TaskNotFound)):
+            # 终态那一半写不成（被隔离、任务被删了）：什么也没认领，写穿层去读回对照、如实记下
+            logger.debug("终态与认领合并的提交未执行（下一轮再认领）：%s", error)
+        else:
+            logger.warning("认领持久任务失败（下一轮再试）：%s", error)
+
+    def host(self, snapshot: TaskSnapshot) -> None:
+        worker = self._worker
+        machine = StateMachine(snapshot, (), clock=worker.controller.clock, lock=threading.RLock())
+        if worker._host(machine):
+            with worker._report_lock:
+                worker.report.claimed += 1
+
+
 class WorkerHost(Protocol):
     """worker 经由它用到控制器的那几样（Controller 实现它；与 ``PipelineHost`` 同一个做法，免得互相导入）。"""
 
@@ -175,6 +237,7 @@ class WorkerHost(Protocol):
     def start_executor(self) -> str: ...
     def holding_slots(self) -> contextlib.AbstractContextManager[int]: ...
     def claiming(self) -> contextlib.AbstractContextManager[None]: ...
+    def chain_claims(self, chain: ClaimChain | None) -> None: ...
 
 
 class Worker:
@@ -224,6 +287,11 @@ class Worker:
         unlisten = self._listen()
         next_maintenance = 0.0
         halt = threading.Event()  # 主循环退出（停止或出错）时叫第二条认领线程停
+        # 空出的槽在让出它的线程上接着认领（_ClaimChain）。在任何一次认领之前登记：认领来的任务可能在第二条
+        # 认领线程起来之前就跑完了，它空出的槽也要接着认领。
+        chained = controller.starts_on_claim
+        if chained:
+            controller.chain_claims(_ClaimChain(self, stop))
         helper = self._start_claimer(stop, halt)
         try:
             while not stop.is_set():
@@ -237,6 +305,8 @@ class Worker:
                 # _wake 仍置位着，_idle 立刻返回。
                 self._idle(stop)
         finally:
+            if chained:
+                controller.chain_claims(None)  # 等正在进行的那几次做完：之后不再有任务被认领、开始
             halt.set()
             if helper is not None:
                 helper.join()  # 它至多 _STOP_CHECK 秒就看到 halt（或还在一次认领往返里）
@@ -603,4 +673,11 @@ class Worker:
         return True
 
 
-__all__ = ["DEFAULT_DRAIN_TIMEOUT", "DEFAULT_POLL_INTERVAL", "ServeReport", "Worker", "WorkerHost"]
+__all__ = [
+    "DEFAULT_DRAIN_TIMEOUT",
+    "DEFAULT_POLL_INTERVAL",
+    "ClaimChain",
+    "ServeReport",
+    "Worker",
+    "WorkerHost",
+]

@@ -115,7 +115,13 @@ def claim_start_sql(s: str, *, by_bucket: bool) -> str:
     与 queued）：同一任务无论多少认领者同时来取，只有一个开始它。迁移记录只为真的开始了的行写（hist 读 upd
     的新值：版本即开始之后的版本），与任务行同一语句提交：历史没有空洞，任务体开始之前 starting 已落库。
     """
-    return "WITH " + _claim_start_ctes(s, by_bucket=by_bucket) + " SELECT " + ", ".join(TASK_COLUMNS) + " FROM upd"
+    return (
+        "WITH "
+        + _claim_start_ctes(s, by_bucket=by_bucket)
+        + " SELECT "
+        + ", ".join(TASK_COLUMNS)
+        + " FROM upd"
+    )
 
 
 def _claim_start_ctes(s: str, *, by_bucket: bool, prefix: str = "", guard: str = "") -> str:
@@ -166,8 +172,12 @@ def save_claim_start_sql(s: str, save_sql: str, save_result: str, *, by_bucket: 
     guard = " AND task_id <> %(task_id)s AND EXISTS (SELECT 1 FROM upd)"
     # guard 里的 %(task_id)s 是 save 的参数：先拼好认领的 CTE（它们的占位参数加前缀），再把 guard 放进去。
     marker = "\x00guard\x00"
-    ctes = _claim_start_ctes(s, by_bucket=by_bucket, prefix=_SAVED_PREFIX, guard=marker).replace(marker, guard)
-    return f"{head}, {ctes} {save_result}, c.* FROM (SELECT 1) AS one LEFT JOIN {_SAVED_PREFIX}upd AS c ON true"
+    ctes = _claim_start_ctes(s, by_bucket=by_bucket, prefix=_SAVED_PREFIX, guard=marker).replace(
+        marker, guard
+    )
+    return (
+        f"{head}, {ctes} {save_result}, c.* FROM (SELECT 1) AS one LEFT JOIN {_SAVED_PREFIX}upd AS c ON true"
+    )
 
 
 def claim_start_statement(
@@ -184,9 +194,7 @@ def claim_start_statement(
     return claim_start_sql(s, by_bucket=params["buckets"] is not None), params
 
 
-def save_claim_start_params(
-    save_params: dict[str, Any], claim_params: dict[str, Any]
-) -> dict[str, Any]:
+def save_claim_start_params(save_params: dict[str, Any], claim_params: dict[str, Any]) -> dict[str, Any]:
     """``save_claim_start_sql`` 的参数：save 的原样，认领并开始的加 ``c_`` 前缀。"""
     params = dict(save_params)
     params.update({f"{_SAVED_PREFIX}{name}": value for name, value in claim_params.items()})
