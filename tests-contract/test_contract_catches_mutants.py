@@ -359,6 +359,8 @@ class ClaimBeforeSave(InMemoryTaskStore):
     """``ClaimStart.save`` 与认领分开提交、认领在前：save 版本冲突时下一个任务已在存储里被认领成 starting，
     调用方却只看到 save 的异常（以为什么也没认领到），那个任务没人跑，直到租约过期。"""
 
+    claim_start_saves = True
+
     def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
         save = start.save
         result = super()._claim_and_start(request, dataclasses.replace(start, save=None))
@@ -369,6 +371,8 @@ class ClaimBeforeSave(InMemoryTaskStore):
 
 class SkipsSaveWhenNothingClaimed(InMemoryTaskStore):
     """认领扑空时连 ``ClaimStart.save`` 也不写（"什么也没认领到 = 什么也没发生"）：终态丢了。"""
+
+    claim_start_saves = True
 
     def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
         with self._lock:

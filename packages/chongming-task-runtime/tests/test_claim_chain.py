@@ -23,6 +23,8 @@ class RecordsChains(InMemoryTaskStore):
     """记下每次带 ``start.save`` 的认领：写了哪个任务的哪一版、认领到了谁（覆盖的是合并那一环本身，
     ``starts_on_claim`` 仍然成立）。``fail_first``：第一次带 save 的调用整个失败（什么也没写）。"""
 
+    claim_start_saves = True  # 调用 super()：认得 start.save
+
     def __init__(self, *, fail_first: bool = False) -> None:
         super().__init__()
         self.chains: list[tuple[str, TaskStatus, list[str]]] = []

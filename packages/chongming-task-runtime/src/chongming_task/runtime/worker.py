@@ -289,7 +289,7 @@ class Worker:
         halt = threading.Event()  # 主循环退出（停止或出错）时叫第二条认领线程停
         # 空出的槽在让出它的线程上接着认领（_ClaimChain）。在任何一次认领之前登记：认领来的任务可能在第二条
         # 认领线程起来之前就跑完了，它空出的槽也要接着认领。
-        chained = controller.starts_on_claim
+        chained = controller.starts_on_claim and self.store.saves_on_claim
         if chained:
             controller.chain_claims(_ClaimChain(self, stop))
         helper = self._start_claimer(stop, halt)

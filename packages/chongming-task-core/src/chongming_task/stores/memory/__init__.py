@@ -443,6 +443,8 @@ class InMemoryTaskStore(TaskStore):
         with self._lock:
             return self._claim_locked(request)
 
+    claim_start_saves = True  # _claim_and_start 在同一个事务里先写 start.save（见 TaskStore.saves_on_claim）
+
     def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
         """认领与 starting 在同一次持锁里（判据与开始之后的快照都取自 ``core.storage.claiming``）；给了
         ``start.save`` 时它先在同一次持锁里写（写不成就抛出，什么也没认领）。"""

@@ -1405,6 +1405,8 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         with self._connection() as conn:
             return _claim.claim(conn, self._sql.s, request)
 
+    claim_start_saves = True  # _claim_and_start 在同一个事务里先写 start.save（见 TaskStore.saves_on_claim）
+
     def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
         """认领与 starting 一条语句（``_claim.claim_start_sql``）：挑行、写持有者、推进到 starting、写迁移
         记录，一次往返、一次提交。状态机不让开始的行（尝试预算已用完）只认领，交回的仍是 queued。

@@ -783,6 +783,8 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             return []
         return self._run("claim_queued", lambda conn: _claim.claim(conn, request))
 
+    claim_start_saves = True  # _claim_and_start 在同一个事务里先写 start.save（见 TaskStore.saves_on_claim）
+
     def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
         """认领与 starting 在同一个 ``BEGIN IMMEDIATE`` 写事务里（starting 那一步与 save 同一份事务体）。
         给了 ``start.save`` 时它是这个事务的第一步（同一份 save 事务体）：``_save_tx`` 只在写下任何东西之前
