@@ -162,8 +162,8 @@ def test_starts_on_claim_only_when_no_subclass_rewrote_a_step_the_combined_write
 
 def test_a_claim_start_save_reaches_the_store_through_an_implementation_that_does_not_know_it() -> None:
     """``ClaimStart.save`` 只交给自己声明了 ``claim_start_saves`` 的 ``_claim_and_start``：子类覆盖了合并
-    那一环（自己拼、不调用父类）却不认得 save 时，继承来的声明不算，基类先单独 save 再调它——终态不会被静默丢掉；
-    worker 也只在声明了的存储上把终态并进认领（``saves_on_claim``）。"""
+    那一环（自己拼、不调用父类）却不认得 save 时，继承来的声明不算，基类先单独 save 再调它——终态不会被
+    静默丢掉；worker 也只在声明了的存储上把终态并进认领（``saves_on_claim``）。"""
     from chongming_task.core.storage.claiming import ClaimStart
     from chongming_task.testing.contract.durable import durable
 
