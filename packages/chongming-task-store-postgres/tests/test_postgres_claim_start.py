@@ -217,8 +217,9 @@ def test_claimed_rows_decode_exactly_like_a_read_of_the_same_row(
 
 
 def test_every_save_statement_shape_composes_with_the_claim(store: PostgresTaskStore) -> None:
-    """``ClaimStart.save`` 把 save 的语句与认领并开始拼成一条（``_claim.save_claim_start_sql``）：save 有四种
-    语句（一条 / 多条迁移记录、不带记录、带租约条件），加上按桶过滤的认领，每一种拼出来都要能执行、判定照旧。"""
+    """``ClaimStart.save`` 把 save 的语句与认领并开始拼成一条（``_claim.save_claim_start_sql``）：save 有
+    四种语句（一条 / 多条迁移记录、不带记录、带租约条件），加上按桶过滤的认领，每一种拼出来都要能执行、
+    判定照旧。"""
     from chongming_task.errors import ConcurrencyConflict
     from chongming_task.storage import SaveRequest
     from chongming_task.testing.contract._base import step, walk
