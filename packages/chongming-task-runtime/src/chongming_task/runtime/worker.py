@@ -9,7 +9,10 @@
    ``Controller.starts_on_claim`` 的其余条件）认领与 starting 是一次提交（``claim_queued(..., start=...)``）：
    认领来的任务已是落了库的 starting，占上预留的槽立刻开始任务体，每个任务少一次提交与往返；这时槽位
    至少 2 个的 worker 有两条认领线程（``Worker._start_claimer``），一个槽在另一个槽的认领往返进行时空出，
-   马上就有线程去认领它，两条线程各自只预留此刻真正空着的槽。否则启动
+   马上就有线程去认领它，两条线程各自只预留此刻真正空着的槽。存储的合并写还认得 ``ClaimStart.save`` 时
+   （``TaskStore.saves_on_claim``），任务落终态、它空出的槽上还要认领的那一刻，让出槽的线程把终态与下一个任务
+   的认领 + starting 并成一次提交（``_ClaimChain``，见 ``Controller._chain_next``）、认领到的在这条线程上接着
+   跑：同一个槽上每个任务一次提交，认领线程只管开头、新任务的通知与这条路扑空之后。否则启动
    （starting 那次提交）不在认领线程上做，交给控制器的后台循环（或正让出额度的任务线程：它的终态与这个
    任务的 starting 一个事务）：认领线程马上回去认领别的空位，认领与 starting 两次往返不排在同一条线程上。
 2. **维护**（每 ``lease_ttl / 2`` 一次）：``reconcile(durable_only=True)`` 本节点的桶里的持久任务——
