@@ -1,6 +1,7 @@
 """每任务的写事务数与 CPU（bench/README.md "running 推迟写" 一节的测法；不是 make bench 直接运行的基准）。
 
-写事务 = 存储方法的调用次数（create / save / save_many / claim_queued 各自一个事务；续租的 touch 不计）；
+写事务 = 存储方法的调用次数（create / save / save_many / write_many / claim_queued 各自一个事务；续租的 touch
+不计）；
 CPU = 本进程的 ``time.process_time()`` 与本次一次性数据库上全部服务器后端进程的 utime + stime（/proc）；
 上下文切换 = 本进程全部线程的自愿 + 非自愿切换（``getrusage``）。
 两种路径：``controller``（Controller(max_parallel=2) 逐个 submit 空任务，wait_all）与 ``worker``（先 enqueue
@@ -25,7 +26,7 @@ import psycopg
 from chongming_task import Controller, TaskStatus, open_store
 from chongming_task.stores.postgres import PostgresTaskStore
 
-COUNTED = ("create", "create_many", "save", "save_many", "claim_queued")
+COUNTED = ("create", "create_many", "save", "save_many", "write_many", "claim_queued")
 
 
 def count_calls() -> collections.Counter[str]:

@@ -218,3 +218,62 @@ def test_values_like_matches_params_whatever_the_previous_record() -> None:
                         previous,
                         value,
                     )
+
+
+def test_values_and_save_values_are_the_params_without_the_dict() -> None:
+    """``RowCodec.values`` / ``SnapshotCodec.save_values``（按位置的一行，不经字典）与
+    ``tuple(params(...).values())`` / ``tuple(save_params(...).values())`` 逐项相同；``save_from_row`` 从整行
+    取出的正是 save 的那一行（新任务第一次 save 的提示由 create 的行得来）。每个后端都对照。"""
+    from chongming_task.stores.postgres import _codec as pg_codec
+
+    _, plain, rich, record = _sample_records()
+    for module in (sqlite_codec, pg_codec):
+        snapshots = module.SNAPSHOTS
+        for value in (plain, rich):
+            assert snapshots.values(value) == tuple(snapshots.params(value).values()), module.__name__
+            assert snapshots.save_values(value) == tuple(snapshots.save_params(value).values())
+            assert snapshots.save_from_row(snapshots.values(value)) == snapshots.save_values(value)
+        transitions = module.TRANSITIONS
+        assert transitions.values(record) == tuple(transitions.params(record).values()), module.__name__
+
+
+def test_save_values_since_matches_save_params_whatever_the_previous_record() -> None:
+    """``save_values_since``（跨调用的提示，见 SQLite 存储的 ``_RowHints``）与整份编码逐项相同：上一版与
+    这一版共用一部分字段对象、全不共用、互为 None 与有值——每个后端都对照。"""
+    from chongming_task.stores.postgres import _codec as pg_codec
+
+    at, plain, rich, _ = _sample_records()
+    sibling = dataclasses.replace(plain, task_id="p-3", created_at=at + timedelta(seconds=1))
+    rich_next = rich.evolve(status=TaskStatus.RUNNING, status_version=4, executor="thread", outcome=None)
+    for module in (sqlite_codec, pg_codec):
+        snapshots = module.SNAPSHOTS
+        values = (plain, sibling, rich, rich_next, plain)
+        for previous in values:
+            save_row = snapshots.save_values(previous)
+            for value in values:
+                assert snapshots.save_values_since(value, previous, save_row) == snapshots.save_values(value)
+
+
+def test_save_values_since_reencodes_values_mutated_in_place() -> None:
+    """跨调用的提示只照抄不可变的值：同一个 outcome 字典、同一个可变的标签集合在两次写之间被就地改过，
+    ``save_values_since`` 照样重新编码（结果是改过之后的值），也照样重新检查（改成存不下的值就报
+    ConfigurationError）。``values_like``（只用于同一次调用里的一批）则照抄——这正是两者的分工。"""
+    from chongming_task.errors import ConfigurationError
+    from chongming_task.stores.postgres import _codec as pg_codec
+
+    _, plain, _, _ = _sample_records()
+    for module in (sqlite_codec, pg_codec):
+        snapshots = module.SNAPSHOTS
+        outcome: dict[str, object] = {"n": 1}
+        tags = {"a"}
+        snapshot = plain.evolve(outcome=outcome, tags=tags)  # evolve 不校验：可变的 set 也进得来
+        row, save_row = snapshots.values(snapshot), snapshots.save_values(snapshot)
+        outcome["n"] = 2
+        tags.add("b")
+        fresh = snapshots.save_values(snapshot)
+        assert fresh != save_row
+        assert snapshots.save_values_since(snapshot, snapshot, save_row) == fresh, "改过的值不能照抄旧编码"
+        assert snapshots.values_like(snapshot, snapshot, row) == row  # 同一批里的照抄（对照）
+        outcome["bad"] = float("nan")
+        with pytest.raises(ConfigurationError):
+            snapshots.save_values_since(snapshot, snapshot, save_row)

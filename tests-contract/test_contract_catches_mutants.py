@@ -291,6 +291,19 @@ class BatchStopsAtFirstConflict(InMemoryTaskStore):
         return results
 
 
+class MixedBatchTrustsTheCreates(InMemoryTaskStore):
+    """write_many 只要有一项 create 失败（重复 id）就放弃整批，却把没写的 save 报成成功：组提交里同批的
+    starting / 终态的调用方以为"已提交"，存储里没有。"""
+
+    def write_many(
+        self, creates: Sequence[tuple[TaskSnapshot, Sequence[Transition]]], saves: Sequence[SaveRequest]
+    ) -> tuple[list[TaskError | None], list[TaskError | None]]:
+        created = self.create_many(creates)
+        if any(result is not None for result in created):
+            return created, [None] * len(saves)
+        return created, self.save_many(saves)
+
+
 class BatchChecksOnlyTheFirst(InMemoryTaskStore):
     """create_many 只检查第一项的可存储性（以为同批都是同一个模板复制的），其余的不查就写：evolve 绕过构造
     校验塞进来的 NUL、超范围的 priority 混进了存储。"""
@@ -458,6 +471,7 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
     },
     BatchStopsAtFirstConflict: {"test_save_many_conflict_writes_nothing_for_that_item_only"},
     BatchChecksOnlyTheFirst: {"test_create_many_checks_every_item_not_just_the_first_of_a_shape"},
+    MixedBatchTrustsTheCreates: {"test_write_many_refuses_a_duplicate_or_a_conflict_alone"},
     SaveRewritesRecipe: {"test_save_never_rewrites_the_recipe"},
     ClaimIgnoresHolder: {
         "test_claim_takes_priority_then_fifo_and_only_limit",

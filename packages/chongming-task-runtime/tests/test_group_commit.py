@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +20,7 @@ from chongming_task.errors import (
     TaskError,
 )
 from chongming_task.models import TaskSnapshot, Transition
-from chongming_task.runtime.group_commit import GroupCommit
+from chongming_task.runtime.group_commit import GroupCommit, Pending
 from chongming_task.storage import SaveRequest
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.testing.contract._base import S, snap, step
@@ -85,7 +86,7 @@ def _run_followers(
 
 def _wait_pending(commits: GroupCommit, count: int) -> None:
     for _ in range(1000):
-        with commits._cond:
+        with commits._lock:
             if len(commits._pending) >= count:
                 return
         threading.Event().wait(0.005)
@@ -125,6 +126,50 @@ def test_pending_saves_share_one_transaction_and_each_caller_waits_for_its_own()
         assert [t.version for t in store.history(task_id)] == [1]
 
 
+class CountingSleeps(GroupCommit):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sleeps: dict[str, int] = {}
+
+    def _sleep_locked(self, item: Pending) -> None:
+        assert item.request is not None
+        task_id = item.request.snapshot.task_id
+        self.sleeps[task_id] = self.sleeps.get(task_id, 0) + 1
+        super()._sleep_locked(item)
+
+
+class SlowBatches(GatedStore):
+    """每个多项事务多花 50 ms：被错误叫醒的排队者有足够的时间醒来、发现还轮不到自己、再睡回去。"""
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        time.sleep(0.05)
+        return super().save_many(requests)
+
+
+def test_a_commit_wakes_only_its_own_callers_and_the_next_writer() -> None:
+    """一次提交之后只叫醒这一批的调用方、外加一个接着当写者的排队者：排在后面几批的调用方一直睡着，
+    不会每提交一批就全部醒来查一遍再睡回去（每个调用方只睡一次；与时序无关——慢事务只是让错误的
+    全部叫醒一定露出来）。"""
+    store = SlowBatches()
+    leader_request, _, _ = _queued(store, "lead")
+    others = [_queued(store, f"w{i}")[0] for i in range(6)]
+    commits = CountingSleeps(store, writers=1, max_batch=2)
+    leader, threads = _run_followers(commits, [leader_request])
+    assert store.entered.wait(10)
+    results, follower_threads = _run_followers(commits, others)
+    _wait_pending(commits, len(others))
+    store.gate.set()
+    for thread in [*threads, *follower_threads]:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert leader == {"lead": "committed"}
+    assert results == {f"w{i}": "committed" for i in range(6)}
+    # 排队的先后由线程调度决定：只看批次的形状（写者在前，之后三批各两项，每项恰好一次）
+    assert store.transactions[0] == ["lead"] and [len(t) for t in store.transactions[1:]] == [2, 2, 2]
+    assert sorted(x for t in store.transactions[1:] for x in t) == [f"w{i}" for i in range(6)]
+    assert commits.sleeps == {f"w{i}": 1 for i in range(6)}, commits.sleeps
+
+
 def test_a_conflict_is_reported_to_its_own_caller_only() -> None:
     store = GatedStore()
     leader_request, _, _ = _queued(store, "lead")
@@ -149,6 +194,150 @@ def test_a_failed_batch_fails_every_member_like_a_failed_save() -> None:
     assert all(isinstance(error, StoreError) for error in follower_results.values())
     for task_id in follower_results:
         assert store.history(task_id) == [], "没提交的项在存储里什么也没有"
+
+
+class GatedMixedStore(GatedStore):
+    """GatedStore，另能把 create 与 save 合进一个事务（write_many）；write_many 也记下它写了哪些任务。"""
+
+    group_commit_creates = True
+
+    def write_many(
+        self, creates: Sequence[tuple[TaskSnapshot, Sequence[Transition]]], saves: Sequence[SaveRequest]
+    ) -> tuple[list[TaskError | None], list[TaskError | None]]:
+        if self.fail_batches:
+            raise StoreError("写事务失败（测试）")
+        self.transactions.append([s.task_id for s, _ in creates] + [r.snapshot.task_id for r in saves])
+        created = InMemoryTaskStore.create_many(self, creates)
+        saved: list[TaskError | None] = []
+        for r in saves:  # 绕过 GatedStore.save（闸门、逐项记账）：这一批已记成一个事务
+            try:
+                InMemoryTaskStore.save(
+                    self, r.snapshot, expect_version=r.expect_version, transitions=r.transitions
+                )
+            except TaskError as exc:
+                saved.append(exc)
+            else:
+                saved.append(None)
+        return created, saved
+
+
+def _run_creators(
+    commits: GroupCommit, snapshots: list[TaskSnapshot]
+) -> tuple[dict[str, object], list[threading.Thread]]:
+    results: dict[str, object] = {}
+
+    def call(snapshot: TaskSnapshot) -> None:
+        try:
+            commits.create(snapshot, ())
+        except TaskError as exc:
+            results[snapshot.task_id] = exc
+        else:
+            results[snapshot.task_id] = "committed"
+
+    threads = [threading.Thread(target=call, args=(s,)) for s in snapshots]
+    for thread in threads:
+        thread.start()
+    return results, threads
+
+
+def _mixed_behind_a_stuck_leader(
+    store: GatedMixedStore, creates: list[TaskSnapshot], saves: list[SaveRequest]
+) -> tuple[dict[str, object], dict[str, object]]:
+    """一个写者卡在闸门上，几个 create 与几个 save 排进队列，然后开闸。返回 (create 的结果, save 的结果)。"""
+    leader_request, _, _ = _queued(store, "lead")
+    store.transactions.clear()
+    commits = GroupCommit(store, writers=1)
+    _, threads = _run_followers(commits, [leader_request])
+    assert store.entered.wait(10)
+    saved, save_threads = _run_followers(commits, saves)
+    _wait_pending(commits, len(saves))
+    created, create_threads = _run_creators(commits, creates)
+    _wait_pending(commits, len(saves) + len(creates))
+    assert created == {} and saved == {}, "自己那一项还没提交，调用方不能返回"
+    store.gate.set()
+    for thread in [*threads, *save_threads, *create_threads]:
+        thread.join(10)
+        assert not thread.is_alive(), "调用方不能永远等下去"
+    return created, saved
+
+
+def test_a_create_rides_in_the_same_transaction_as_the_pending_saves() -> None:
+    """单个提交的 create 排在组提交里（存储能把混合批写成一个事务时）：与排着的 save 同一个事务，
+    每个调用方仍只在自己那一项提交之后返回。"""
+    store = GatedMixedStore()
+    saves = [_queued(store, f"s{i}")[0] for i in range(2)]
+    created, saved = _mixed_behind_a_stuck_leader(store, [snap("c0"), snap("c1")], saves)
+    assert created == {"c0": "committed", "c1": "committed"}
+    assert saved == {"s0": "committed", "s1": "committed"}
+    assert [sorted(t) for t in store.transactions] == [["lead"], ["c0", "c1", "s0", "s1"]]
+    for task_id in ["c0", "c1"]:
+        assert store.get(task_id) is not None
+
+
+def test_a_duplicate_create_in_a_mixed_batch_is_refused_alone() -> None:
+    store = GatedMixedStore()
+    store.create(snap("taken", label="original"))
+    saves = [_queued(store, "s0")[0]]
+    created, saved = _mixed_behind_a_stuck_leader(store, [snap("taken", label="impostor"), snap("ok")], saves)
+    assert isinstance(created["taken"], DuplicateTaskId)
+    assert created["ok"] == "committed" and saved == {"s0": "committed"}
+    got = store.get("taken")
+    assert got is not None and got.label == "original"
+
+
+def test_a_failed_mixed_batch_fails_the_create_like_a_failed_create() -> None:
+    store = GatedMixedStore()
+    saves = [_queued(store, "s0")[0]]
+    store.fail_batches = True
+    created, saved = _mixed_behind_a_stuck_leader(store, [snap("c0")], saves)
+    assert isinstance(created["c0"], StoreError) and isinstance(saved["s0"], StoreError)
+    assert store.get("c0") is None, "没提交的 create 在存储里什么也没有"
+
+
+class ShortMixedStore(GatedMixedStore):
+    """坏掉的第三方 write_many：少返回一个 create 的结果。"""
+
+    def write_many(
+        self, creates: Sequence[tuple[TaskSnapshot, Sequence[Transition]]], saves: Sequence[SaveRequest]
+    ) -> tuple[list[TaskError | None], list[TaskError | None]]:
+        created, saved = super().write_many(creates, saves)
+        return created[:-1], saved
+
+
+def test_a_write_many_with_the_wrong_number_of_results_fails_the_batch_instead_of_hanging() -> None:
+    store = ShortMixedStore()
+    created, saved = _mixed_behind_a_stuck_leader(store, [snap("c0")], [_queued(store, "s0")[0]])
+    assert isinstance(created["c0"], StoreError) and isinstance(saved["s0"], StoreError)
+
+
+class OneWriterMixedStore(GatedMixedStore):
+    """像 SQLite 那样一次一个写者、create 也经组提交的内存存储（写穿因此经组提交，而不是直接 save）。"""
+
+    group_commit = True
+    group_commit_writers = 1
+
+
+def test_submit_writes_its_create_through_the_group_commit_when_the_store_asks_for_it() -> None:
+    """Controller.submit 的 create 在存储设了 group_commit_creates 时经组提交：另一个任务的 starting 卡在
+    事务里时，新提交的 create 排在它后面、与它之后排着的写同一批提交；submit 在那之前不返回。"""
+    store = OneWriterMixedStore()
+    with Controller(max_parallel=2, store=store) as c:
+        c.register("noop", noop)
+        first = threading.Thread(target=c.submit, args=("noop",), kwargs={"task_id": "first"})
+        first.start()  # 提交线程就地启动它：starting 卡在闸门上（GatedStore 的第一次 save）
+        assert store.entered.wait(10)
+        second: list[object] = []
+        submitter = threading.Thread(target=lambda: second.append(c.submit("noop", task_id="second")))
+        submitter.start()
+        commits = c._link._write.commits  # type: ignore[attr-defined]
+        _wait_pending(commits, 1)  # 它的 create 排在组提交的队列里（不是直接 create）
+        assert second == [] and store.get("second") is None, "create 还没提交，submit 不能返回"
+        store.gate.set()
+        for thread in (first, submitter):
+            thread.join(10)
+            assert not thread.is_alive()
+        assert c.wait_all(timeout=10)
+    assert [t.to_status for t in store.history("second")] == [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
 
 
 def noop(ctx: Any, x: int = 0) -> int:

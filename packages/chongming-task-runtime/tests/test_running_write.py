@@ -17,7 +17,7 @@ from chongming_runtime_test_support import wait_until
 
 from chongming_task import Controller, SqliteTaskStore, TaskStatus
 from chongming_task.errors import TaskError
-from chongming_task.models import TaskSnapshot
+from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.runtime import persistence
 from chongming_task.runtime.executors import ProcessExecutor
 from chongming_task.runtime.group_commit import GroupCommit
@@ -47,6 +47,14 @@ class CountingStore(SqliteTaskStore):
         with self._writes_lock:
             self.writes.append([(r.snapshot.task_id, [t.to_status for t in r.transitions]) for r in requests])
         return super().save_many(requests)
+
+    def write_many(
+        self, creates: Sequence[tuple[TaskSnapshot, Sequence[Transition]]], saves: Sequence[SaveRequest]
+    ) -> tuple[list[TaskError | None], list[TaskError | None]]:
+        # 单个提交的 create 与排着的 save 同一事务（组提交的混合批）：save 那几项照样记下
+        with self._writes_lock:
+            self.writes.append([(r.snapshot.task_id, [t.to_status for t in r.transitions]) for r in saves])
+        return super().write_many(creates, saves)
 
     def writes_of(self, task_id: str) -> list[list[TaskStatus]]:
         with self._writes_lock:

@@ -192,7 +192,7 @@ def test_claimable_create_notifies_once_per_transaction_and_not_for_a_duplicate(
     postgres_dsn: str, schema: str
 ) -> None:
     """待认领的持久任务：单个 create 的通知并在建任务的语句里（重复 id 没插入就不通知）；
-    create_many 一批只通知一次，不是每行一次。通知只是"快来看"：worker 收到后去 claim_queued。"""
+    create_many / write_many 一批只通知一次，不是每行一次。通知只是"快来看"：worker 收到后去 claim_queued。"""
     worker = PostgresTaskStore(postgres_dsn, schema=schema)
     submitter = PostgresTaskStore(postgres_dsn, schema=schema)
     try:
@@ -226,9 +226,24 @@ def test_claimable_create_notifies_once_per_transaction_and_not_for_a_duplicate(
         time.sleep(0.5)
         assert len(notices) == 2, f"一批 5 个待认领任务应只通知一次，收到 {len(notices) - 1} 次"
 
+        # 组提交的混合批（write_many）同 create_many：提交之后一批只通知一次；只有重复 id 的一批不通知。
+        created, saved = submitter.write_many(
+            [(durable("q-mixed-0"), ()), (durable("q-mixed-1", seconds=1), ()), (durable("q-1"), ())], []
+        )
+        assert created[:2] == [None, None] and isinstance(created[2], DuplicateTaskId) and saved == []
+        deadline = time.monotonic() + WAKE_LIMIT * 5
+        while len(notices) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)
+        assert len(notices) == 3, f"混合批里 2 个新的待认领任务应只通知一次，收到 {len(notices) - 2} 次"
+        created, _ = submitter.write_many([(durable("q-1"), ())], [])
+        assert isinstance(created[0], DuplicateTaskId)
+        time.sleep(0.5)
+        assert len(notices) == 3, "重复 id 什么也没插入，不应通知"
+
         submitter.create(snap("held-1"))  # 普通任务（没有配方）不通知
         time.sleep(0.5)
-        assert len(notices) == 2
+        assert len(notices) == 3
     finally:
         submitter.close()
         worker.close()

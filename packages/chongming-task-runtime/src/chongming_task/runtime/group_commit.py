@@ -7,6 +7,11 @@
 调用方，让出位置；写者都忙时才排队，由下一个空出来的写者捎带。没有竞争时就是调用方自己直接 ``save``——
 不多一个线程、不多一次线程切换；写者不止一个，所以两个线程同时写时照样并行提交，不会因为组提交反而排成一队。
 
+单个提交的 create 也可以排进来（:meth:`GroupCommit.create`，只在存储的 ``TaskStore.group_commit_creates``
+为真时由写穿层使用）：批里有 create 时写者用一次 ``TaskStore.write_many`` 把它们与同批的 save 一起写完。
+SQLite 上提交线程的 create 与执行槽的 starting / 终态本来各占一个事务、在写锁前排队；合进一个事务，每个任务
+少一次提交。同一批里不会有"为同批里刚建的任务 save"：一个任务只在它的 create 返回（已提交）之后才会启动。
+
 三条保证（crash 测试 tests/reliability/test_group_commit_crash.py 逐条验证）：
 
 * **每个调用方只在它自己那一项提交之后返回。** 同批别的项的结果不会让它提前返回，也不会被当成它的结果。
@@ -21,12 +26,18 @@
 
 from __future__ import annotations
 
-import threading
+from _thread import allocate_lock as _allocate_lock
 from collections.abc import Sequence
+from typing import Any
 
 from chongming_task.core.locks import YieldingLock
+from chongming_task.core.records import PackedTransition, unpack_transition
 from chongming_task.errors import StoreError
+from chongming_task.models import TaskSnapshot
 from chongming_task.storage import SaveRequest, TaskStore
+
+NewTask = tuple[TaskSnapshot, tuple[PackedTransition, ...]]
+"""组提交里的一项 create：新任务的快照与它状态机的紧凑历史（``StateMachine.packed_transitions``）。"""
 
 MAX_BATCH = 256
 """一个写事务里至多几项：批太大时一次事务持写锁太久，别的进程的写要排队等。"""
@@ -35,13 +46,17 @@ MAX_BATCH = 256
 class Pending:
     """组提交里排着的一项（:meth:`GroupCommit.enqueue` 的返回值）。"""
 
-    __slots__ = ("done", "error", "request", "taken")
+    __slots__ = ("create", "done", "error", "request", "taken", "waiter")
 
-    def __init__(self, request: SaveRequest) -> None:
+    def __init__(self, request: SaveRequest | None, create: NewTask | None = None) -> None:
+        # 恰好一个不是 None：一次 save（request）或一次 create（create）。
         self.request = request
+        self.create = create
         self.taken = False  # 已被某个写者放进它的批次
         self.done = False
         self.error: BaseException | None = None
+        # 调用方线程在等这一项时睡在这把（已被它自己拿着的）锁上；叫醒 = 放开它（见 _sleep_locked）
+        self.waiter: Any = None
 
 
 class GroupCommit:
@@ -52,8 +67,9 @@ class GroupCommit:
         self._writers = max(1, store.group_commit_writers if writers is None else writers)
         self._max_batch = max_batch
         # 这把锁下只有内存里的几步（排队、取批、记数），提交本身在锁外：用让出 GIL 的锁，免得三个线程（提交者
-        # 与两个执行槽）在它上面排成车队（core/locks.py）。等"这一项写完"仍是条件变量的 wait，照常在内核里睡。
-        self._cond = threading.Condition(YieldingLock())  # type: ignore[arg-type]
+        # 与两个执行槽）在它上面排成车队（core/locks.py）。等"这一项写完"是每项自己的一把锁
+        # （Pending.waiter），照常在内核里睡，但只被该叫醒的那一个叫醒。
+        self._lock = YieldingLock()
         self._pending: list[Pending] = []
         self._active = 0  # 正在写的写者数
         self.batches = 0  # 写了几个事务（测试与基准看合并得怎样）
@@ -61,8 +77,15 @@ class GroupCommit:
 
     def save(self, request: SaveRequest) -> None:
         """写一项；只在这一项提交之后返回。失败时抛出它自己的异常（整批失败则是那一批的异常）。"""
-        item = Pending(request)
-        with self._cond:
+        self._write(Pending(request))
+
+    def create(self, snapshot: TaskSnapshot, packed: tuple[PackedTransition, ...]) -> None:
+        """建一个新任务（语义与 ``store._create_direct(snapshot, packed)`` 相同）；只在它提交之后返回。
+        失败时抛出它自己的异常（重复 id、存不下的值；整批失败则是那一批的异常）。"""
+        self._write(Pending(None, (snapshot, packed)))
+
+    def _write(self, item: Pending) -> None:
+        with self._lock:
             self._pending.append(item)
             batch = self._wait_or_lead_locked(item)
         self._settle(item, batch)
@@ -72,14 +95,14 @@ class GroupCommit:
         任务 A 的终态与接着启动的任务 B 的 starting 于是同一个事务提交）。调用方必须再以 :meth:`finish`
         等它提交；在那之前它**不算**已提交（调用方据此把"已落库"之后才能做的事都留到 finish 之后）。"""
         item = Pending(request)
-        with self._cond:
+        with self._lock:
             self._pending.append(item)
         return item
 
     def finish(self, item: Pending) -> None:
         """等 :meth:`enqueue` 排进来的这一项提交（还没有写者捎走它、又有空位时本线程自己当写者）。
         失败时抛出它自己的异常（整批失败则是那一批的异常）。"""
-        with self._cond:
+        with self._lock:
             batch = self._wait_or_lead_locked(item)
         self._settle(item, batch)
 
@@ -87,7 +110,7 @@ class GroupCommit:
         """把 :meth:`enqueue` 排进来、还没有写者捎走的一项撤回（不再写它）：返回是否撤回了。已被某个写者
         放进批次（或已写完）时返回 False，调用方要照常 :meth:`finish` 等它的结果。用途：推迟写的 running
         在同一任务的下一次写到来时撤回，那一次写连同 running 的迁移记录一起落库（历史不缺，少一次写）。"""
-        with self._cond:
+        with self._lock:
             if item.taken or item.done:
                 return False
             self._pending.remove(item)
@@ -95,10 +118,9 @@ class GroupCommit:
             return True
 
     def _wait_or_lead_locked(self, item: Pending) -> list[Pending] | None:
-        """（持有 _cond）等到这一项被别的写者写完，或本线程有空位当写者：后者返回本线程要写的批次。"""
-        cond = self._cond
+        """（持有 _lock）等到这一项被别的写者写完，或本线程有空位当写者：后者返回本线程要写的批次。"""
         while not item.done and (item.taken or self._active >= self._writers):
-            cond.wait()
+            self._sleep_locked(item)
         if item.done:
             return None
         # 有空位、这一项还没被别的写者捎走：本线程当写者，自己这一项排在批首。
@@ -110,14 +132,46 @@ class GroupCommit:
             member.taken = True
         return batch
 
+    def _sleep_locked(self, item: Pending) -> None:
+        """（持有 _lock）睡到有人叫醒这一项（``_wake``），醒来时重新持有 _lock。调用方在循环里重查条件。
+
+        为什么不用一个条件变量 + notify_all：一次提交之后该醒的只有这一批的调用方、外加（有写者空位时）一个
+        接着当写者的排队者；notify_all 把排着的调用方全部叫醒、让它们查一遍再睡回去，每次都是白白的上下文
+        切换（SQLite 上提交线程的 create 也排在这里之后，每任务多出三四次）。每项一把锁，叫醒就是精确的。"""
+        waiter = _allocate_lock()
+        waiter.acquire()
+        item.waiter = waiter
+        self._lock.release()
+        try:
+            waiter.acquire()  # 由 _wake 放开；先放后睡也不会丢（锁已是放开的状态，立刻拿到）
+        finally:
+            self._lock.acquire()
+            item.waiter = None
+
+    @staticmethod
+    def _wake(item: Pending) -> None:
+        """（持有 _lock）叫醒睡在这一项上的线程（没人睡就什么也不做）。"""
+        waiter = item.waiter
+        if waiter is not None:
+            item.waiter = None
+            waiter.release()
+
     def _settle(self, item: Pending, batch: list[Pending] | None) -> None:
         if batch is not None:
             try:
                 self._commit(batch)
             finally:
-                with self._cond:
+                with self._lock:
                     self._active -= 1
-                    self._cond.notify_all()  # 叫醒这一批的调用方；排着的调用方里有一个接着当写者
+                    for member in batch:  # 这一批的调用方：各自的那一项已写完（或整批失败）
+                        self._wake(member)
+                    # 有写者空位、还有没被捎走的项：叫醒其中第一个在等的调用方，由它接着当写者（它捎上其余
+                    # 全部排着的项，包括 enqueue 进来、调用方还没开始等的那些）。
+                    if self._active < self._writers:
+                        for waiting in self._pending:
+                            if waiting.waiter is not None:
+                                self._wake(waiting)
+                                break
         if item.error is not None:
             raise item.error
 
@@ -125,15 +179,23 @@ class GroupCommit:
         self.batches += 1
         self.items += len(batch)
         try:
-            if len(batch) == 1 and batch[0].request.lease_expired_before is None:
-                # 只有一项（没有竞争）：直接 save。写穿从不带租约条件（那是 reconcile 的事）。
-                request = batch[0].request
+            only = batch[0] if len(batch) == 1 else None
+            results: list[BaseException | None]
+            if only is not None and only.create is not None:
+                # 只有一项 create（没有竞争）：就是写穿从前直接调用的那一次。
+                self._store._create_direct(*only.create)
+                results = [None]
+            elif only is not None and only.request is not None and only.request.lease_expired_before is None:
+                # 只有一项 save：直接 save。写穿从不带租约条件（那是 reconcile 的事）。
+                request = only.request
                 self._store.save(
                     request.snapshot, expect_version=request.expect_version, transitions=request.transitions
                 )
-                results: list[BaseException | None] = [None]
+                results = [None]
+            elif any(item.create is not None for item in batch):
+                results = _write_many_checked(self._store, batch)
             else:
-                results = save_many_checked(self._store, [item.request for item in batch])
+                results = save_many_checked(self._store, [_save_of(item) for item in batch])
         except BaseException as exc:
             # 整批失败：每个调用方都得到这个异常（与一次失败的 save 同义：结果未知）。
             for item in batch:
@@ -145,6 +207,39 @@ class GroupCommit:
             item.done = True
 
 
+def _write_many_checked(store: TaskStore, batch: list[Pending]) -> list[BaseException | None]:
+    """一批里有 create：``store.write_many``（create 与 save 分两列交给存储），结果按批内顺序交还；
+    个数不对的核对同 ``save_many_checked``。"""
+    creates = []
+    saves = []
+    for item in batch:
+        if item.create is not None:
+            snapshot, packed = item.create
+            task_id = snapshot.task_id
+            creates.append((snapshot, [unpack_transition(task_id, record) for record in packed]))
+        else:
+            saves.append(_save_of(item))
+    created, saved = store.write_many(creates, saves)
+    created, saved = list(created), list(saved)
+    if len(created) != len(creates) or len(saved) != len(saves):
+        raise StoreError(
+            f"{type(store).__name__}.write_many 返回了 {len(created)} + {len(saved)} 个结果，"
+            f"应为 {len(creates)} + {len(saves)} 个：这一批按写失败处理（请修正存储实现）"
+        )
+    created.reverse()
+    saved.reverse()
+    return [_checked((created if item.create is not None else saved).pop()) for item in batch]
+
+
+def _save_of(item: Pending) -> SaveRequest:
+    assert item.request is not None  # 调用方已确认这一批没有 create
+    return item.request
+
+
+def _checked(error: object) -> BaseException | None:
+    return error if error is None or isinstance(error, BaseException) else StoreError(repr(error))
+
+
 def save_many_checked(store: TaskStore, requests: Sequence[SaveRequest]) -> list[BaseException | None]:
     """``store.save_many(requests)``，再核对后端交回的结果：个数不对 → StoreError（整批按写失败、结果未知
     处理）；某项既不是 None 也不是异常 → 换成 StoreError。组提交与 reconcile 的批量判 LOST 共用。"""
@@ -154,10 +249,7 @@ def save_many_checked(store: TaskStore, requests: Sequence[SaveRequest]) -> list
             f"{type(store).__name__}.save_many 返回了 {len(results)} 个结果，"
             f"应为 {len(requests)} 个：这一批按写失败处理（请修正存储实现）"
         )
-    return [
-        error if error is None or isinstance(error, BaseException) else StoreError(repr(error))
-        for error in results
-    ]
+    return [_checked(error) for error in results]
 
 
-__all__ = ["MAX_BATCH", "GroupCommit", "Pending", "save_many_checked"]
+__all__ = ["MAX_BATCH", "GroupCommit", "NewTask", "Pending", "save_many_checked"]

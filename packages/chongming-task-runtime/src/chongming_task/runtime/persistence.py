@@ -165,6 +165,9 @@ class WriteThrough:
         self._fresh_lease = timedelta(seconds=max(lease_ttl - 1.0, lease_ttl / 2))
         # 组提交只对能省下提交的存储有用（TaskStore.group_commit）；否则写穿直接 save。
         self.commits: GroupCommit | None = GroupCommit(store) if store.group_commit else None
+        # 单个提交的 create 也排进组提交（与同一时刻排着的 save 合进一个事务）：只在存储能把混合批写成一个
+        # 事务时（TaskStore.group_commit_creates）；否则照旧直接 create，不多一层排队。
+        self._create_commits = self.commits if store.group_commit_creates else None
         # 推迟写的 running：task_id → (最晚何时由后台循环补写, 状态机)。守护锁是 _lock。
         self._lazy: dict[str, tuple[float, StateMachine]] = {}
         self.on_lazy: Callable[[], None] | None = None
@@ -247,6 +250,7 @@ class WriteThrough:
         if not self._lease_fresh(snapshot):
             snapshot = machine.update_side(lease_owner=self.owner, lease_until=self.lease_until())
         task_id = snapshot.task_id
+        create_commits = self._create_commits
         last: TaskError | None = None
         # 结果未知的失败（连接在语句中途断了、回执丢了，issue 22.1）之后先读回：存储里正是本进程刚建的这一份
         # → 成功；确定没写进去 → 再建一次（至多 CREATE_ATTEMPTS 次）；读不到、或是别人的同名任务 → 拒绝提交。
@@ -254,8 +258,11 @@ class WriteThrough:
         for attempt in range(CREATE_ATTEMPTS):
             try:
                 # 存储的写穿入口（与 create 同一语义；内存存储直接收下状态机的紧凑历史，
-                # 见 TaskStore._create_direct）
-                self.store._create_direct(snapshot, machine.packed_transitions())
+                # 见 TaskStore._create_direct）。经组提交时语义、报错都相同，只是可能与别的任务的写同一事务。
+                if create_commits is None:
+                    self.store._create_direct(snapshot, machine.packed_transitions())
+                else:
+                    create_commits.create(snapshot, machine.packed_transitions())
             except ConfigurationError:
                 raise
             except DuplicateTaskId:
@@ -448,6 +455,7 @@ class WriteThrough:
             self.record(machine.task_id, "save", exc)
             return False
         else:
+            assert item.request is not None  # 推迟写的 running 是一项 save
             state.persisted_version = item.request.snapshot.status_version
         return True
 

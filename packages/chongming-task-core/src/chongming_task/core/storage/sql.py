@@ -19,6 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 from chongming_task.core.recipes import Recipe
@@ -227,12 +228,14 @@ class RowCodec:
             self._plan.append((field_name, physical[0] if len(physical) == 1 else physical, encode, null))
         self.params: Callable[[object], dict[str, Any]] = _compile_params(self._plan)
         """记录 → {物理列名: 值}（命名参数），由上面的计划编译成一个函数（见 ``_compile_params``）。"""
+        self.values: Callable[[object], tuple[Any, ...]] = _compile_params(self._plan, as_tuple=True)
+        """记录 → 按 ``names`` 顺序的一行：与 ``tuple(params(记录).values())`` 逐项相同，不造中间的字典。"""
         self.values_like: Callable[[object, object, Sequence[Any]], tuple[Any, ...]] = _compile_values_like(
             self._plan
         )
         """``(记录, 上一条记录, 上一条记录的行)`` → 这条记录按 ``names`` 顺序的一行
         （见 ``_compile_values_like``）：与 ``tuple(params(记录).values())`` 逐项相同，只是与上一条记录
-        是同一个对象的字段直接取上一行里的编码。"""
+        是同一个对象的字段直接取上一行里的编码。只用于同一次调用里的记录（``create_many`` 的一批）。"""
         decoders: list[tuple[str, slice, _Decoder]] = []
         offset = 0
         for column in columns:
@@ -273,7 +276,9 @@ class RowCodec:
 
 def _compile_params(
     plan: Sequence[tuple[str, str | tuple[str, ...], _Encoder | None, tuple[Any, ...] | None]],
-) -> Callable[[object], dict[str, Any]]:
+    *,
+    as_tuple: bool = False,
+) -> Callable[[object], Any]:
     """把逐列的编码计划编译成一个函数：一次属性读、一个字典字面量，没有逐列的循环、元组解包与分支。
 
     为什么编译：``params`` 是每次写入的热路径（快照 45 列、每次迁移两行），``submit_many`` 十万个任务时
@@ -307,14 +312,39 @@ def _compile_params(
             value = f"(_n{index} if (v := {read}) is None else _e{index}(v))"
         lines.append(f"    {', '.join(names)}, = {value}")
         entries.extend(f"{column!r}: {name}" for column, name in zip(physical, names, strict=True))
-    source = "def params(record):\n" + "\n".join(lines) + "\n    return {" + ", ".join(entries) + "}\n"
+    if as_tuple:
+        # 按位置的一行（``values``）：同样的取值表达式，去掉键，结果是元组。
+        body = "(" + ", ".join(entry.split(": ", 1)[1] for entry in entries) + ",)"
+    else:
+        body = "{" + ", ".join(entries) + "}"
+    source = "def params(record):\n" + "\n".join(lines) + "\n    return " + body + "\n"
     exec(compile(source, "<RowCodec.params>", "exec"), namespace)  # 见上：源码只含常量标识符
-    compiled: Callable[[object], dict[str, Any]] = namespace["params"]
+    compiled: Callable[[object], Any] = namespace["params"]
     return compiled
+
+
+# values_since 里照抄上一行编码的条件（按列类型）。身份相同就够的：值本身不可变（str、int、枚举、datetime、
+# 冻结的 Progress / Failure）。标签与桶号只有是 frozenset 时才照抄（evolve 不校验，可能塞进一个可变的 set，
+# 之后被就地改过）。JSON 值（outcome、payload）与配方（kwargs 是普通 dict）可能在两次调用之间被调用方就地
+# 改过：同一个对象不等于同一个值，每次重新编码——它们的可存储性检查（check_json_value）就在编码里，也跟着重做。
+_REUSE_IF_SAME: dict[Kind, str | None] = {
+    Kind.TEXT: "",
+    Kind.INT: "",
+    Kind.STATUS: "",
+    Kind.ACTION: "",
+    Kind.TIMESTAMP: "",
+    Kind.PROGRESS: "",
+    Kind.FAILURE: "",
+    Kind.TAGS: " and v.__class__ is frozenset",
+    Kind.BUCKETS: " and v.__class__ is frozenset",
+    Kind.JSON: None,
+    Kind.RECIPE: None,
+}
 
 
 def _compile_values_like(
     plan: Sequence[tuple[str, str | tuple[str, ...], _Encoder | None, tuple[Any, ...] | None]],
+    kinds: Sequence[Kind] | None = None,
 ) -> Callable[[object, object, Sequence[Any]], tuple[Any, ...]]:
     """编译 ``values_like``：一批同形状的记录（``create_many`` 的十万个任务由同一个模板复制而来）里，
     这一条与上一条是同一个对象的字段，编码照抄上一行的对应位置，不再调用编码函数。
@@ -324,6 +354,9 @@ def _compile_values_like(
     task_id 与两个时间外字段全都原样沿用，一行 45 列里十来次编码调用（时间格式化、JSON、枚举取值）就只剩
     变了的那一两次；结果直接是按位置的元组，也省掉中间的字典。原样存的列（整数、不另查的文本）照旧直接取值
     ——比较身份并不比取值便宜。语义与 ``tuple(params(record).values())`` 逐项相同（测试对照）。
+
+    ``kinds``（与计划逐项对应的列类型）给出时编译跨调用的版本（``SnapshotCodec.save_values_since``）：上一条记录来自更早的一次
+    调用（存储记着的上一次写），其间调用方可能就地改过可变的值，照抄只限于 ``_REUSE_IF_SAME`` 允许的列。
     """
     namespace: dict[str, Any] = {}
     lines: list[str] = []
@@ -342,7 +375,26 @@ def _compile_values_like(
         names = [f"c{index}_{i}" for i in range(width)]
         targets = ", ".join(names) + ","
         lines.append(f"    v = {read}")
-        lines.append(f"    if v is previous.{field_name}:")
+        guard = "" if kinds is None else _REUSE_IF_SAME[kinds[index]]
+        if guard is None:
+            # 不照抄（见 _REUSE_IF_SAME）：与 params 同样编码。
+            if null is not None:
+                namespace[f"_n{index}"] = null
+                lines.append(f"    {targets} = _n{index} if v is None else _e{index}(v)")
+            else:
+                lines.append(f"    {targets} = _e{index}(v)")
+            items.extend(names)
+            position += width
+            continue
+        if kinds is not None and null is not None:
+            # 跨调用的版本先看 None（取常量，与 params 一样便宜）：快照大半列是 None，先比身份反而
+            # 多一次属性读。
+            namespace[f"_n{index}"] = null
+            lines.append("    if v is None:")
+            lines.append(f"        {targets} = _n{index}")
+            lines.append(f"    elif v is previous.{field_name}{guard}:")
+        else:
+            lines.append(f"    if v is previous.{field_name}{guard}:")
         lines.append(f"        {targets} = {', '.join(f'row[{position + i}]' for i in range(width))},")
         lines.append("    else:")
         if null is not None:
@@ -384,6 +436,7 @@ class SnapshotCodec(RowCodec):
             c.name for c in TASK_COLUMNS if not c.primary_key and not c.side_channel and not c.create_only
         }
         self._save_plan = [step for step in self._plan if step[0] in saved]
+        save_kinds = [c.kind for c in TASK_COLUMNS if c.name in saved]
         trusted_recipe = _trusted_recipe_of(dialect)
         self._trusted_decoders = [
             (name, part, trusted_recipe if name == "recipe" else decode)
@@ -393,6 +446,22 @@ class SnapshotCodec(RowCodec):
         """只编码 save 要写的列（``save_columns``）：旁路字段（租约、进度、心跳）与配方 save 从不写，每次 save
         不必再为它们做时间格式化与 JSON 编码。与 ``params`` 一样由计划编译（每次状态迁移一次；解释执行的
         计划每个 save 约 20 µs，编译后是几微秒），语义与 ``save_params_by_plan`` 逐键相同。"""
+        self.save_values: Callable[[TaskSnapshot], tuple[Any, ...]] = _compile_params(
+            self._save_plan, as_tuple=True
+        )
+        """按 ``save_columns`` 顺序的一行：与 ``tuple(save_params(快照).values())`` 逐项相同。"""
+        self.save_values_since: Callable[[TaskSnapshot, TaskSnapshot, Sequence[Any]], tuple[Any, ...]] = (
+            _compile_values_like(self._save_plan, save_kinds)
+        )
+        """``(快照, 同一任务更早写过的快照, 它的 save_values 行)`` → 这个快照的 save_values 行：
+        与上一版是同一个不可变对象的字段照抄编码（``_compile_values_like`` 的跨调用版：JSON 值与可变的
+        集合每次重新编码）。一次迁移只改状态、版本与一两个时间，其余列不必再编码。"""
+        positions = {name: index for index, name in enumerate(self.names)}
+        self.save_from_row: Callable[[Sequence[Any]], tuple[Any, ...]] = itemgetter(
+            *(positions[name] for name in self.save_columns)
+        )
+        """整行（``names`` 顺序，create 写的行）→ 其中 save 写的那些列（``save_values`` 的形状），C 实现的
+        一次取值：新任务的第一次 save 拿 create 编好的行作照抄的底本。"""
 
     def save_params_by_plan(self, snapshot: TaskSnapshot) -> dict[str, Any]:
         """``save_params`` 的解释执行版：编译版的参照，测试用它对照两者逐键相同。"""

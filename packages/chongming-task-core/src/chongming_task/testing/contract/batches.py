@@ -1,4 +1,4 @@
-"""契约用例：批量写（save_many / create_many，组提交与 submit_many 用）：逐项语义与单次写相同，
+"""契约用例：批量写（save_many / create_many / write_many，组提交与 submit_many 用）：逐项语义与单次写相同，
 一项冲突 / 重复不连累同批其他项，冲突项什么也不写；多线程同时批量写同一批任务时恰好一个赢家、历史无空洞。"""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from chongming_task.testing.contract.durable import recipe
 
 
 class BatchCases(ContractBase):
-    """save_many / create_many。"""
+    """save_many / create_many / write_many。"""
 
     def test_save_many_commits_every_item_with_its_history(self) -> None:
         store = self.open_store()
@@ -155,6 +155,61 @@ class BatchCases(ContractBase):
                 else:
                     self.assertIsNone(result)
                     self.assertSnapshotEqual(store.get(snapshot.task_id), snapshot)
+
+    def test_write_many_commits_creates_and_saves_each_with_its_history(self) -> None:
+        """组提交的混合批：新任务的 create 与别的任务的 save 一次写完，每一项都与单独写时一字不差。"""
+        store = self.open_store()
+        existing = [snap(f"wm-old-{i}") for i in range(3)]
+        self.assertEqual(store.create_many([(b, ()) for b in existing]), [None] * 3)
+        fresh = [step(snap(f"wm-new-{i}", tags=frozenset({"批"})), S.QUEUED) for i in range(2)]
+        saves = []
+        expected = {}
+        for base in existing:
+            running, records = walk(base, S.QUEUED, S.STARTING, S.RUNNING)
+            saves.append(SaveRequest(running, 0, records))
+            expected[base.task_id] = (running, records)
+        created, saved = store.write_many([(queued, [record]) for queued, record in fresh], saves)
+        self.assertEqual((list(created), list(saved)), ([None, None], [None] * 3))
+        for queued, record in fresh:
+            self.assertSnapshotEqual(store.get(queued.task_id), queued)
+            self.assertEqual(store.history(queued.task_id), [record])
+        for task_id, (running, records) in expected.items():
+            self.assertSnapshotEqual(store.get(task_id), running)
+            self.assertEqual(store.history(task_id), records)
+        self.assertEqual(store.write_many([], []), ([], []))
+
+    def test_write_many_refuses_a_duplicate_or_a_conflict_alone(self) -> None:
+        """混合批里一项 create 撞了已有的 id、一项 save 版本过时：只有它们自己被拒绝、什么也不写，同批的
+        其余 create 与 save 照常提交。"""
+        store = self.open_store()
+        original = snap("wm-dup", label="original")
+        store.create(original)
+        stale = snap("wm-stale")
+        store.create(stale)
+        stale_queued, r1 = step(stale, S.QUEUED, label="first")
+        store.save(stale_queued, expect_version=0, transitions=[r1])
+        good = snap("wm-good")
+        store.create(good)
+        good_next, good_record = step(good, S.QUEUED)
+        stale_next, stale_record = step(stale, S.CANCELLED, actor="stale-writer")  # 以为版本还是 0
+        fresh, fresh_record = step(snap("wm-fresh"), S.QUEUED)
+        impostor, impostor_record = step(snap("wm-dup", label="impostor"), S.QUEUED)
+        created, saved = store.write_many(
+            [(impostor, [impostor_record]), (fresh, [fresh_record])],
+            [SaveRequest(stale_next, 0, [stale_record]), SaveRequest(good_next, 0, [good_record])],
+        )
+        self.assertIsInstance(created[0], DuplicateTaskId)
+        self.assertIsNone(created[1], "同批里别的 create 重复不能连累这一项")
+        self.assertIsInstance(saved[0], ConcurrencyConflict)
+        self.assertIsNone(saved[1], "同批里别的项被拒绝不能连累这一项")
+        self.assertSnapshotEqual(store.get("wm-dup"), original)
+        self.assertEqual(store.history("wm-dup"), [], "重复的那一项不能写入任何迁移记录")
+        self.assertSnapshotEqual(store.get("wm-fresh"), fresh)
+        self.assertEqual(store.history("wm-fresh"), [fresh_record])
+        self.assertSnapshotEqual(store.get("wm-stale"), stale_queued)
+        self.assertEqual(store.history("wm-stale"), [r1])
+        self.assertSnapshotEqual(store.get("wm-good"), good_next)
+        self.assertEqual(store.history("wm-good"), [good_record])
 
     def test_racing_save_many_one_winner_per_task_and_no_gap(self) -> None:
         """几个线程同时用同一期望版本批量写同一批任务：每个任务恰好一个赢家，历史是赢家的那一条。"""

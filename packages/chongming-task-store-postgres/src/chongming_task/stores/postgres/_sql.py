@@ -347,6 +347,7 @@ class Sql:
         self._claim: dict[tuple[bool, bool, bool], str] = {}
         self._touch: dict[tuple[bool, bool, bool, bool], str] = {}
         self._save_batch: dict[int, str] = {}
+        self._write_batch: dict[tuple[int, int], str] = {}
 
     def save_batch(self, count: int) -> str:
         """组提交的 ``count`` 项 save（互不相同的任务、都不带租约条件）合成的一条语句（按项数渲染一次）。
@@ -378,6 +379,73 @@ class Sql:
                 f"EXISTS (SELECT 1 FROM {s}.tasks e WHERE e.task_id = u.task_id) FROM u"
             ).replace("%(t_rows)s", "%s")
             self._save_batch[count] = text
+        return text
+
+    def write_batch(self, creates: int, saves: int) -> str:
+        """组提交的混合批（``write_many``）：``creates`` 个新任务的 create 与 ``saves`` 项 save（互不相同的
+        任务、都不带租约条件）合成的一条语句——一次往返、一个事务（按项数渲染一次）。
+
+        create 一段与逐个 ``create`` 同一规则：已存在的 id 被 ``ON CONFLICT`` 跳过、不在 ``ins`` 里（它是
+        DuplicateTaskId），它的迁移记录也不写（``chist`` 只为 ``ins`` 里的 id 插入）。save 一段与
+        ``save_batch`` 逐字相同。两段的迁移记录是两个 JSON 参数、各自按自己那一段的结果过滤：同一批里一项
+        create 撞上了同批正被 save 的那个任务时，冒名者的记录不能因为那个 id 在 ``upd`` 里就被写进去。
+
+        加锁顺序（并发的批次不互相死锁）：新行按 task_id（``COLLATE "C"``，与 ``create_many`` 在 Python 里的
+        排序同一顺序）插入，**先于**任何行锁——``locked`` 的条件里引用 ``ins``（一个不相关子查询，算出
+        ``ins`` 的全部结果之后才开始扫描、加锁）：data-modifying CTE 之间本来没有先后。插入新 id 只会与另一个
+        插入同一 id 的事务互等（别的事务看不见未提交的新行，不会去锁它）；所有批次都是"先按序插入、再按序
+        锁行"，等待图里没有环。
+
+        参数按位置：每项 create 的 ``TASK_BATCH_COLUMNS`` 值，create 的迁移记录（一个 JSON 数组），每项 save
+        的 ``SAVE_BATCH_COLUMNS`` 值，save 的迁移记录（一个 JSON 数组）。返回每项一行：
+        (0 = create / 1 = save, task_id, 是否写入, 任务是否存在)。"""
+        key = (creates, saves)
+        text = self._write_batch.get(key)
+        if text is None:
+            s = self.s
+            task_cols = self.task_cols
+            c_row = "(" + ", ".join(f"%s::{kind}" for _, kind in TASK_BATCH_COLUMNS) + ")"
+            insert = (
+                f"INSERT INTO {s}.tasks ({task_cols}) SELECT {task_cols} FROM c "
+                'ORDER BY c.task_id COLLATE "C" ON CONFLICT (task_id) DO NOTHING RETURNING task_id'
+            )
+            create_history = transitions_insert(s, "WHERE x.task_id IN (SELECT task_id FROM ins)")
+            parts = [
+                f"c ({task_cols}) AS (VALUES {', '.join([c_row] * creates)})",
+                f"ins AS ({insert})",
+                f"chist AS ({create_history.replace('%(t_rows)s', '%s')})",
+            ]
+            result = (
+                "SELECT 0, c.task_id, EXISTS (SELECT 1 FROM ins WHERE ins.task_id = c.task_id), true FROM c"
+            )
+            if saves:
+                s_row = "(" + ", ".join(f"%s::{kind}" for _, kind in SAVE_BATCH_COLUMNS) + ")"
+                names = _cols(name for name, _ in SAVE_BATCH_COLUMNS)
+                sets = ", ".join(f"{name} = u.{name}" for name, _ in SAVE_BATCH_COLUMNS[2:])
+                # "AND (SELECT count(*) FROM ins) >= 0"：恒真，只为让 ins 先执行完、再开始锁行（见上）。
+                lock = (
+                    f"SELECT t.task_id FROM {s}.tasks t WHERE t.task_id IN (SELECT task_id FROM u) "
+                    "AND (SELECT count(*) FROM ins) >= 0 ORDER BY t.task_id FOR NO KEY UPDATE"
+                )
+                update = (
+                    f"UPDATE {s}.tasks AS t SET {sets} FROM u WHERE t.task_id = u.task_id "
+                    "AND t.status_version = u.expect_version AND t.task_id IN (SELECT task_id FROM locked) "
+                    "RETURNING t.task_id"
+                )
+                save_history = transitions_insert(s, "WHERE x.task_id IN (SELECT task_id FROM upd)")
+                parts += [
+                    f"u ({names}) AS (VALUES {', '.join([s_row] * saves)})",
+                    f"locked AS ({lock})",
+                    f"upd AS ({update})",
+                    f"hist AS ({save_history.replace('%(t_rows)s', '%s')})",
+                ]
+                result += (
+                    " UNION ALL SELECT 1, u.task_id, "
+                    "EXISTS (SELECT 1 FROM upd WHERE upd.task_id = u.task_id), "
+                    f"EXISTS (SELECT 1 FROM {s}.tasks e WHERE e.task_id = u.task_id) FROM u"
+                )
+            text = "WITH " + ", ".join(parts) + " " + result
+            self._write_batch[key] = text
         return text
 
     def claim(self, by_task: bool, by_bucket: bool, by_holder: bool) -> str:
@@ -445,6 +513,13 @@ def _save_batch_columns() -> tuple[tuple[str, str], ...]:
 SAVE_BATCH_COLUMNS = _save_batch_columns()
 """``Sql.save_batch`` 每一项的 (参数名, 类型)：task_id、expect_version，然后是 save 改写的每个物理列。"""
 
+TASK_BATCH_COLUMNS = tuple(
+    (name, DIALECT.array_type(column, name).removesuffix("[]"))
+    for column in SNAPSHOTS.logical
+    for name in DIALECT.physical(column)
+)
+"""``Sql.write_batch`` 每一项 create 的 (参数名, 类型)：任务行的每个物理列，顺序即 ``TASK_COLUMNS``。"""
+
 
 def _as_is(value: Any) -> Any:
     return value
@@ -501,6 +576,7 @@ def where_clause(query: TaskQuery) -> tuple[str, dict[str, Any]]:
 __all__ = [
     "ONE_TRANSITION_PARAMS",
     "SAVE_BATCH_COLUMNS",
+    "TASK_BATCH_COLUMNS",
     "TASK_COPY_JSONB",
     "TASK_COPY_TYPES",
     "TOUCH_MANY_COLUMNS",

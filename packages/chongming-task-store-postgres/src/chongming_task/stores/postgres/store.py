@@ -328,6 +328,11 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     """
 
     _retention: ClassVar[RetentionModule] = _archive  # 归档保留四个方法的实现（见 RetentionByModule）
+    # group_commit_creates 保持 False、写者保持默认的 4 个（write_many 已是一条语句，开关不开）：写者有 4 个时
+    # 提交线程与两个执行槽至多三个同时写、从不排队，create 总是自己一批，开了也合不进任何提交（实测每任务提交
+    # 次数不变）；写者改成 1 个再开，每任务提交 2.3 → 1.1 次、服务器 CPU −28 %（成对中位数），但墙钟在 2 核
+    # 共享机上分不出、重负载时更慢（一个写者被抢占时所有写都等它）——见 bench/README.md pg11 一节。要在安静的
+    # 机器上成对量过再开（分支 pg11-enable 上是打开它的那一次提交）。
 
     def __init__(
         self,
@@ -1065,6 +1070,12 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         那条什么也不写、由 ``judge`` 报成它自己的异常，不连累同批其他项；入参检查不过的项根本不发。
         事务本身失败（连接断了、没有回复）照常抛出：整批按"这次写失败、结果未知"处理。"""
         results, work = prepare_batch(prepare)
+        return self._run_work(results, work)
+
+    def _run_work(
+        self, results: list[TaskError | None], work: list[tuple[int, _Prepared]]
+    ) -> list[TaskError | None]:
+        """``_run_many`` 的执行一半（入参已逐项检查、准备好）。"""
         if not work:
             return results
         if len(work) == 1:
@@ -1116,6 +1127,117 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             for index, (_, params, judge) in work:
                 results[index] = judge(conn, outcome.get(params["task_id"]))
         return results
+
+    def write_many(
+        self,
+        creates: Sequence[tuple[TaskSnapshot, Sequence[Transition]]],
+        saves: Sequence[v.SaveRequest],
+    ) -> tuple[list[TaskError | None], list[TaskError | None]]:
+        """组提交的混合批：几个 create 与几项 save 一个事务、平常一条语句一次往返（语义见
+        ``TaskStore.write_many``；语句见 ``Sql.write_batch``）。
+
+        为什么：提交线程的 create 原来自成一个事务；与同一时刻排着的 starting / 终态合进一个事务，服务器上
+        少一次提交（一次 WAL 刷盘）、客户端少一次往返。逐项结果与单独写时相同：入参检查或编码不过的项是它
+        自己的 ConfigurationError、根本不进事务；同一批里重复的 id 以第一项为准；已存在的 id 是
+        DuplicateTaskId（它的迁移记录不写）；save 的冲突 / 不存在与 ``save_many`` 的判定相同。save 里有同一
+        任务的几项（要链式写）或带租约条件时一条语句写不下：仍是一个事务，管道里逐条执行（先按 task_id 顺序
+        插入新任务，再按 task_id 顺序写 save——与 ``Sql.write_batch`` 同一加锁顺序）。事务本身失败照常抛出
+        StoreError（整批结果未知）。"""
+        created: list[TaskError | None] = [None] * len(creates)
+        fresh: list[tuple[int, TaskSnapshot, Sequence[Transition], dict[str, Any], list[dict[str, Any]]]] = []
+        first: set[str] = set()
+        for index, (snapshot, transitions) in enumerate(creates):
+            try:
+                snapshot = checks.check_snapshot(snapshot)
+                checks.check_transitions(snapshot.task_id, transitions)
+                params = task_params(snapshot)
+                history = [TRANSITIONS.params(record) for record in transitions]
+            except TaskError as exc:
+                created[index] = exc
+                continue
+            if snapshot.task_id in first:  # 同一批里重复的 id：以第一项为准（与 create_many 相同）
+                created[index] = _duplicate(snapshot.task_id)
+                continue
+            first.add(snapshot.task_id)
+            fresh.append((index, snapshot, transitions, params, history))
+        saved, work = prepare_batch([partial(self._checked_save_statement, r) for r in saves])
+        if not fresh:
+            return created, self._run_work(saved, work)
+        # 新任务按 task_id 顺序插入（与 create_many 的排序同一顺序）：并发的批次按同一顺序拿唯一索引上的锁。
+        fresh.sort(key=lambda item: item[1].task_id)
+        if not work or self._batchable(work):
+            self._write_batch(created, fresh, saved, work)
+        else:
+            self._write_pipelined(created, fresh, saved, work)
+        claimable = [item[1] for item in fresh if created[item[0]] is None and _claim.claimable(item[1])]
+        if claimable:
+            # 待认领的持久任务：提交之后通知 worker 一次（同 create_many；通知只是提示，丢了由轮询兜底）。
+            try:
+                with self._connection() as conn:
+                    _claim.notify_claimable(conn, self._channel, claimable)
+            except StoreError as exc:
+                logger.warning("新建持久任务后通知 worker 失败（由轮询兜底）：%s", exc)
+        return created, saved
+
+    def _write_batch(
+        self,
+        created: list[TaskError | None],
+        fresh: list[tuple[int, TaskSnapshot, Sequence[Transition], dict[str, Any], list[dict[str, Any]]]],
+        saved: list[TaskError | None],
+        work: list[tuple[int, _Prepared]],
+    ) -> None:
+        """``write_many`` 的平常路径：一条语句（``Sql.write_batch``），逐项结果填进 created / saved。"""
+        values: list[Any] = []
+        create_history: list[dict[str, Any]] = []
+        for _, _, _, params, history in fresh:
+            values.extend(params.values())  # task_params 的键序即 TASK_COLUMNS（= TASK_BATCH_COLUMNS）
+            create_history.extend(history)
+        values.append(rows_param(create_history)["t_rows"])
+        save_history: list[str] = []
+        for _, (_, params, _) in work:
+            values.extend(params[name] for name, _ in _sql.SAVE_BATCH_COLUMNS)
+            rows = params.get("t_rows")
+            if rows is not None and rows != "[]":
+                save_history.append(rows[1:-1])  # 每项的迁移记录是一个 JSON 数组：去掉方括号再拼成一个
+        if work:
+            values.append("[" + ",".join(save_history) + "]")
+        with self._connection() as conn:
+            outcome = {
+                (kind, task_id): (1 if written else 0, exists)
+                for kind, task_id, written, exists in conn.execute(
+                    self._sql.write_batch(len(fresh), len(work)), values
+                )
+            }
+            for index, snapshot, _, _, _ in fresh:
+                if outcome.get((0, snapshot.task_id), (0, True))[0] == 0:
+                    created[index] = _duplicate(snapshot.task_id)
+            for index, (_, params, judge) in work:
+                saved[index] = judge(conn, outcome.get((1, params["task_id"])))
+
+    def _write_pipelined(
+        self,
+        created: list[TaskError | None],
+        fresh: list[tuple[int, TaskSnapshot, Sequence[Transition], dict[str, Any], list[dict[str, Any]]]],
+        saved: list[TaskError | None],
+        work: list[tuple[int, _Prepared]],
+    ) -> None:
+        """``write_many`` 里的 save 一条语句写不下（同一任务几项、带租约条件）：一个事务、管道里逐条执行。
+        先按 task_id 顺序插入全部新任务，再按 task_id 顺序（稳定：同一任务的几项保持先后）写 save。"""
+        inserts = [
+            self._create_statement(snapshot, transitions, notify=False)
+            for _, snapshot, transitions, _, _ in fresh
+        ]
+        work.sort(key=lambda item: item[1][1]["task_id"])
+        with self._connection() as conn:
+            with conn.pipeline(), conn.transaction():
+                create_cursors = [conn.execute(text, params) for text, params, _ in inserts]
+                save_cursors = [conn.execute(text, params) for _, (text, params, _) in work]
+            for (index, _, _, _, _), (_, _, judge), cursor in zip(
+                fresh, inserts, create_cursors, strict=True
+            ):
+                created[index] = judge(conn, cursor.fetchone())
+            for (index, (_, _, save_judge)), cursor in zip(work, save_cursors, strict=True):
+                saved[index] = save_judge(conn, cursor.fetchone())
 
     def _create_statement(
         self, snapshot: TaskSnapshot, transitions: Sequence[Transition], *, notify: bool = True

@@ -19,10 +19,11 @@ COMMIT 那次 ``execute`` 之内），于是本进程的其他写者全都排在
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from chongming_task.stores.sqlite._fork import FORKS
 
 TARGET_FRAMES = 1000
 """两次检查点之间 WAL 大约攒多少页（与 SQLite 的默认 ``wal_autocheckpoint`` 相同）。"""
@@ -58,12 +59,12 @@ class BackgroundCheckpointer:
         self._pending = False
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
+        self._generation = FORKS.generation
 
     def committed(self) -> None:
         """一次写事务提交之后调用（在写锁之外）：只数数，够了就叫醒线程，不在调用方线程上做检查点——
         除非后台线程落后太多（见 ``BEHIND``）。"""
-        if os.getpid() != self._pid:
+        if self._generation != FORKS.generation:  # 见 _fork：不为每次提交查一次进程号
             self._after_fork()
         with self._lock:
             self._commits += 1
@@ -97,7 +98,7 @@ class BackgroundCheckpointer:
 
     def _after_fork(self) -> None:
         # fork 出来的子进程里没有父进程的线程，父进程里别的线程也可能在 fork 那一刻持有锁：全部换新的。
-        self._pid = os.getpid()
+        self._generation = FORKS.generation
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._thread = None
@@ -156,7 +157,7 @@ class BackgroundCheckpointer:
         with self._lock:
             self._closed = True
             self._wake.notify_all()
-            thread = self._thread if os.getpid() == self._pid else None
+            thread = self._thread if self._generation == FORKS.generation else None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 

@@ -173,8 +173,8 @@ def tags_text(tags: frozenset[str]) -> str:
 
 
 def transition_row(record: Transition) -> tuple[Any, ...]:
-    # params 的键按 names 的顺序插入（RowCodec 的约定），直接取值即可，不必逐列再查一遍。
-    return tuple(TRANSITIONS.params(record).values())
+    """迁移记录 → ``TRANSITION_COLUMNS`` 顺序的一行（编译好的 ``values``，不经中间的字典）。"""
+    return TRANSITIONS.values(record)
 
 
 transition_from_row = TRANSITIONS.from_row

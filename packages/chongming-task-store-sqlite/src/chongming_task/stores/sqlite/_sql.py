@@ -6,7 +6,7 @@ import functools
 import json
 from collections.abc import Iterable, Sequence
 from itertools import chain, compress, repeat
-from operator import is_not
+from operator import is_not, itemgetter
 from typing import Any
 
 from chongming_task.core.storage.values import TaskQuery
@@ -168,15 +168,32 @@ def _guarded_update_sql(plain_keep: tuple[bool, ...], set_status: bool, guard_ke
     )
 
 
+# save 的一行是 ``SAVE_COLUMNS`` 顺序的元组（``codec.SNAPSHOTS.save_values``）：按位置取列，取一组列用
+# itemgetter（C 实现，一次调用得到元组），不为每次 save 造一个 {列名: 值} 的字典再逐个按名字查。
+_SAVE_AT = {column: index for index, column in enumerate(schema.SAVE_COLUMNS)}
+SAVE_ROW_STATUS = _SAVE_AT["status"]
+SAVE_ROW_TAGS = _SAVE_AT["tags"]
+SAVE_ROW_CREATED_KEY = _SAVE_AT["created_key"]
+save_plain = itemgetter(*(_SAVE_AT[column] for column in schema.PLAIN_SAVE_COLUMNS))
+"""save 的一行 → 其中没有索引的列（``PLAIN_SAVE_COLUMNS`` 顺序的元组）。"""
+save_indexed = itemgetter(*(_SAVE_AT[column] for column in schema.INDEXED_SAVE_COLUMNS))
+"""save 的一行 → 其中被索引的列（``INDEXED_SAVE_COLUMNS`` 顺序的元组）。"""
+_GUARD_VALUES = {
+    set_status: itemgetter(*(_SAVE_AT[column] for column in columns))
+    for set_status, columns in _GUARDED_COLUMNS.items()
+}
+
+
 def guarded_save_update(
-    row: dict[str, Any], plain: Sequence[Any], old_status: str, task_id: str, expect_version: int
+    row: Sequence[Any], plain: Sequence[Any], old_status: str, task_id: str, expect_version: int
 ) -> tuple[str, list[Any]]:
-    """快速路径的 UPDATE（见上）。``row`` 是新快照 save 写的列（``codec.save_row``），``plain`` 是其中没有
-    索引的列（``PLAIN_SAVE_COLUMNS`` 顺序）；``old_status`` 是调用方认为存储里此刻的状态（随附迁移记录的
-    第一条的起点；没有迁移记录就是新状态）：与新状态不同才 SET status，相同则 status 也是前提。"""
-    status = row["status"]
+    """快速路径的 UPDATE（见上）。``row`` 是新快照 save 写的列（``SAVE_COLUMNS`` 顺序，
+    ``codec.SNAPSHOTS.save_values``），``plain`` 是其中没有索引的列（``save_plain(row)``）；``old_status``
+    是调用方认为存储里此刻的状态（随附迁移记录的第一条的起点；没有迁移记录就是新状态）：与新状态不同才
+    SET status，相同则 status 也是前提。"""
+    status = row[SAVE_ROW_STATUS]
     set_status = old_status != status
-    guard_values = [row[column] for column in _GUARDED_COLUMNS[set_status]]
+    guard_values = _GUARD_VALUES[set_status](row)
     plain_keep = _kept(plain)
     guard_keep = _kept(guard_values)
     params = list(compress(plain, plain_keep))
@@ -295,6 +312,9 @@ __all__ = [
     "SAVE_CREATED_INDEX",
     "SAVE_INDEXED_OFFSET",
     "SAVE_LEASE_HELD",
+    "SAVE_ROW_CREATED_KEY",
+    "SAVE_ROW_STATUS",
+    "SAVE_ROW_TAGS",
     "SAVE_SELECT",
     "SAVE_TAGS_INDEX",
     "SAVE_VERSION_INDEX",
@@ -309,6 +329,8 @@ __all__ = [
     "in_clause",
     "insert_rows_without_nulls",
     "insert_without_nulls",
+    "save_indexed",
+    "save_plain",
     "save_update",
     "select_from",
 ]
