@@ -2,7 +2,8 @@
 
 写事务 = 存储方法的调用次数（create / save / save_many / write_many / claim_queued 各自一个事务；续租的 touch
 不计）；
-CPU = 本进程的 ``time.process_time()`` 与本次一次性数据库上全部服务器后端进程的 utime + stime（/proc）。
+CPU = 本进程的 ``time.process_time()`` 与本次一次性数据库上全部服务器后端进程的 utime + stime（/proc）；
+上下文切换 = 本进程全部线程的自愿 + 非自愿切换（``getrusage``）。
 两种路径：``controller``（Controller(max_parallel=2) 逐个 submit 空任务，wait_all）与 ``worker``（先 enqueue
 N 个持久任务，再由一个 2 槽的 serve() 跑完；只计 serve 这一段）。
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import os
+import resource
 import sys
 import threading
 import time
@@ -60,6 +62,11 @@ def server_cpu(dsn: str, database: str) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def switches() -> int:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
+
+
 def noop(ctx: Any, *args: Any) -> None:
     return None
 
@@ -78,10 +85,12 @@ def main() -> int:
             controller.register("noop", noop)
             calls.clear()
             server0, cpu0, wall0 = server_cpu(dsn, database), time.process_time(), time.perf_counter()
+            cs0 = switches()
             for _ in range(n):
                 controller.submit("noop")
             controller.wait_all(timeout=900)
-            wall1, cpu1, server1 = time.perf_counter(), time.process_time(), server_cpu(dsn, database)
+            wall1, cpu1, cs1 = time.perf_counter(), time.process_time(), switches()
+            server1 = server_cpu(dsn, database)
             controller.close(close_store=True)
         else:
             submitter = Controller(store=open_store(url), owner="submitter")
@@ -93,12 +102,14 @@ def main() -> int:
             probe = open_store(url)
             calls.clear()
             server0, cpu0, wall0 = server_cpu(dsn, database), time.process_time(), time.perf_counter()
+            cs0 = switches()
             stop = threading.Event()
             serving = threading.Thread(target=worker.serve, args=(stop,))
             serving.start()
             while probe.stats().counts[TaskStatus.SUCCEEDED] < n:
                 time.sleep(0.25)  # 探针本身的 stats() 也计入本进程与服务器的 CPU：少看几次
-            wall1, cpu1, server1 = time.perf_counter(), time.process_time(), server_cpu(dsn, database)
+            wall1, cpu1, cs1 = time.perf_counter(), time.process_time(), switches()
+            server1 = server_cpu(dsn, database)
             stop.set()
             serving.join()
             probe.close()
@@ -108,7 +119,7 @@ def main() -> int:
         print(
             f"{mode}：每任务写事务 {sum(per_task.values()):.2f} {per_task}，客户端 CPU "
             f"{(cpu1 - cpu0) / n * 1e3:.2f} ms/任务，服务器 CPU {(server1 - server0) / n * 1e3:.2f} ms/任务，"
-            f"墙钟 {n / (wall1 - wall0):.0f} 任务/秒"
+            f"上下文切换 {(cs1 - cs0) / n:.1f} 次/任务，墙钟 {n / (wall1 - wall0):.0f} 任务/秒"
         )
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:

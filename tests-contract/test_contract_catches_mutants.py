@@ -20,7 +20,7 @@ from unittest import mock
 import pytest
 
 from chongming_task.core.storage import checks as memory_checks
-from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim
+from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim, claimable
 from chongming_task.errors import ConcurrencyConflict, TaskError
 from chongming_task.models import Progress, TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
@@ -368,6 +368,33 @@ class ClaimStartSkipsHistory(InMemoryTaskStore):
         return result
 
 
+class ClaimBeforeSave(InMemoryTaskStore):
+    """``ClaimStart.save`` 与认领分开提交、认领在前：save 版本冲突时下一个任务已在存储里被认领成 starting，
+    调用方却只看到 save 的异常（以为什么也没认领到），那个任务没人跑，直到租约过期。"""
+
+    claim_start_saves = True
+
+    def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
+        save = start.save
+        result = super()._claim_and_start(request, dataclasses.replace(start, save=None))
+        if save is not None:
+            self.save(save.snapshot, expect_version=save.expect_version, transitions=save.transitions)
+        return result
+
+
+class SkipsSaveWhenNothingClaimed(InMemoryTaskStore):
+    """认领扑空时连 ``ClaimStart.save`` 也不写（"什么也没认领到 = 什么也没发生"）：终态丢了。"""
+
+    claim_start_saves = True
+
+    def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
+        with self._lock:
+            nothing = not any(claimable(row.snapshot, request) for row in self._rows.values())
+        if start.save is not None and (nothing or request.empty):
+            return []
+        return super()._claim_and_start(request, start)
+
+
 class ClaimStartInventsItsOwnStart(InMemoryTaskStore):
     """存储自己拼 starting（只改状态、版本号，补一条记录），不经状态机：attempt、started_at、执行器名
     都没记。"""
@@ -461,6 +488,8 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
         "test_concurrent_claim_and_start_starts_every_task_exactly_once",
     },
     ClaimHoards: {"test_claim_takes_priority_then_fifo_and_only_limit"},
+    ClaimBeforeSave: {"test_claim_after_a_failed_save_writes_nothing"},
+    SkipsSaveWhenNothingClaimed: {"test_claim_after_save_commits_the_save_when_nothing_is_claimable"},
 }
 
 

@@ -160,6 +160,43 @@ def test_starts_on_claim_only_when_no_subclass_rewrote_a_step_the_combined_write
     assert not legacy.starts_on_claim, "只实现了旧认领的后端：默认实现是两次写，worker 照旧分开写"
 
 
+def test_a_claim_start_save_reaches_the_store_through_an_implementation_that_does_not_know_it() -> None:
+    """``ClaimStart.save`` 只交给自己声明了 ``claim_start_saves`` 的 ``_claim_and_start``：子类覆盖了合并
+    那一环（自己拼、不调用父类）却不认得 save 时，继承来的声明不算，基类先单独 save 再调它——终态不会被
+    静默丢掉；worker 也只在声明了的存储上把终态并进认领（``saves_on_claim``）。"""
+    from chongming_task.core.storage.claiming import ClaimStart
+    from chongming_task.testing.contract.durable import durable
+
+    seen: list[object] = []
+
+    class OwnClaimStart(InMemoryTaskStore):
+        def _claim_and_start(self, request: Any, start: ClaimStart) -> list[TaskSnapshot]:
+            seen.append(start.save)
+            return []  # 不认得 start.save：交给它的话 save 就丢了
+
+    class Declared(InMemoryTaskStore):
+        claim_start_saves = True
+
+        def _claim_and_start(self, request: Any, start: ClaimStart) -> list[TaskSnapshot]:
+            return super()._claim_and_start(request, start)
+
+    assert InMemoryTaskStore().saves_on_claim
+    assert Declared().saves_on_claim
+    store = OwnClaimStart()
+    assert store.starts_on_claim and not store.saves_on_claim
+    legacy: Any = LegacyStore(InMemoryTaskStore())  # type: ignore[call-arg]
+    assert not legacy.saves_on_claim
+    store.create(durable("d", status=TaskStatus.RUNNING, status_version=3, owner="w"))
+    running = store.get("d")
+    assert running is not None
+    done, records = walk(running, TaskStatus.SUCCEEDED)
+    start = ClaimStart(at=T0, save=SaveRequest(done, 3, tuple(records)))
+    assert store.claim_queued("w", names=["contract-task"], limit=1, lease_until=T0, start=start) == []
+    assert seen == [None], "不认得 save 的实现收到的是不带 save 的 ClaimStart"
+    stored = store.get("d")
+    assert stored is not None and stored.status is TaskStatus.SUCCEEDED, "save 由基类先单独写下"
+
+
 def test_a_subclass_that_overrides_create_still_sees_every_write_through_create() -> None:
     """写穿落库新任务走 ``_create_direct``（内存存储直接收下状态机的紧凑历史，不经公开的 create）：子类改了
     create 却没改这个入口时，基类退回默认实现——提交照样经过子类的 create，收到的是 Transition。"""

@@ -214,3 +214,45 @@ def test_claimed_rows_decode_exactly_like_a_read_of_the_same_row(
     fields = next(snapshot for snapshot in got if snapshot.task_id == "fields")
     assert fields.recipe is not None and fields.recipe.tags == ("a", "b"), "配方标签照 from_dict 排序去重"
     assert fields.recipe.timeout == {"start": 1.0, "per_attempt": None, "idle": None}
+
+
+def test_every_save_statement_shape_composes_with_the_claim(store: PostgresTaskStore) -> None:
+    """``ClaimStart.save`` 把 save 的语句与认领并开始拼成一条（``_claim.save_claim_start_sql``）：save 有
+    四种语句（一条 / 多条迁移记录、不带记录、带租约条件），加上按桶过滤的认领，每一种拼出来都要能执行、
+    判定照旧。"""
+    from chongming_task.errors import ConcurrencyConflict
+    from chongming_task.storage import SaveRequest
+    from chongming_task.testing.contract._base import step, walk
+
+    store.create(durable("held", seconds=0, bucket=None, recipe=durable("x").recipe))
+    for index in range(6):
+        store.create(durable(f"next-{index}", seconds=10 + index, bucket=index % 2))
+    (current,) = store.claim_queued("w", names=NAMES, limit=1, lease_until=LEASE, start=ClaimStart(at=LEASE))
+    assert current.task_id == "held"
+
+    def chained(request: SaveRequest, buckets: list[int] | None = None) -> list[str]:
+        start = ClaimStart(at=LEASE, executor="thread", save=request)
+        got = store.claim_queued("w", names=NAMES, buckets=buckets, limit=1, lease_until=LEASE, start=start)
+        return [snapshot.task_id for snapshot in got]
+
+    # 不带迁移记录（只改字段）、一条记录、两条记录（running 随终态一起写）、带租约条件（判 LOST 的写）
+    same = current.evolve(executor="thread")
+    assert chained(SaveRequest(same, 2, ())) == ["next-0"]
+    running, record = step(same, S.RUNNING)
+    assert chained(SaveRequest(running, 2, (record,)), buckets=[1]) == ["next-1"]
+    pausing, records = walk(running, S.PAUSING, S.RUNNING)
+    assert chained(SaveRequest(pausing, 3, tuple(records))) == ["next-2"]
+    lost, record = step(pausing, S.LOST)
+    later = LEASE + timedelta(hours=1)
+    assert chained(SaveRequest(lost, 5, (record,), lease_expired_before=later), buckets=[1]) == ["next-3"]
+    stored = store.get("held")
+    assert stored is not None and (stored.status, stored.status_version) == (S.LOST, 6)
+    assert [t.version for t in store.history("held")] == [2, 3, 4, 5, 6]
+    # 租约还有效时带租约条件的 save 照旧报冲突，认领什么也不做
+    other = store.get("next-0")
+    assert other is not None
+    stopping, record = step(other, S.STOPPING)
+    with pytest.raises(ConcurrencyConflict):
+        chained(SaveRequest(stopping, 2, (record,), lease_expired_before=LEASE - timedelta(hours=1)))
+    left = [s.task_id for s in store.query() if s.status is S.QUEUED and s.owner is None]
+    assert sorted(left) == ["next-4", "next-5"]

@@ -69,9 +69,15 @@ from chongming_task.runtime.signature import check_task_signature
 from chongming_task.runtime.store_link import NOTIFIED_POLL_INTERVAL, LocalLink, StoreLink
 from chongming_task.runtime.table import render_table
 from chongming_task.runtime.taskrun import DEFAULT_EXECUTOR, TaskRun
-from chongming_task.runtime.worker import DEFAULT_DRAIN_TIMEOUT, DEFAULT_POLL_INTERVAL, ServeReport, Worker
+from chongming_task.runtime.worker import (
+    DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_POLL_INTERVAL,
+    ClaimChain,
+    ServeReport,
+    Worker,
+)
 from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
-from chongming_task.storage import CommandAction, QueryOrder, TaskQuery, TaskStats, TaskStore
+from chongming_task.storage import CommandAction, QueryOrder, SaveRequest, TaskQuery, TaskStats, TaskStore
 
 logger = logging.getLogger("chongming_task.controller")
 
@@ -319,6 +325,10 @@ class Controller(ClosesOnExit):
         # worker（runtime/worker.py）等空槽用的事件：任务让出执行槽的那一刻就置位（见 watch_slots）。
         self._slot_watchers: tuple[threading.Event, ...] = ()
         self._claim_holds = threading.local()  # 每个认领线程当前那一次 holding_slots 的预留（_Hold）
+        # worker 登记的"空出的槽接着认领"（见 chain_claims / _chain_next）与此刻正在做的次数（撤下时等它们）。
+        self._claim_chain: ClaimChain | None = None
+        self._chains_in_flight = 0
+        self._chains_idle = threading.Condition(self._lock)  # type: ignore[arg-type]
         self._stop_loop = threading.Event()
         # 监听器在任务锁内运行，不能回调别的任务；需要碰别的任务的后续工作（管道放行/连坐）放到这里，
         # 由后台循环在任何锁之外按顺序执行。
@@ -866,6 +876,15 @@ class Controller(ClosesOnExit):
 
         return unwatch
 
+    def chain_claims(self, chain: ClaimChain | None) -> None:
+        """worker 登记（``chain``）或撤下（None）"执行槽空出的那一刻、在那条线程上认领下一个"
+        （见 ``_chain_next``）。撤下时等正在进行的那几次做完才返回：worker 随后交还、收尾（``_drain``），
+        不能有一次认领在那之后才把任务开始起来。"""
+        with self._lock:
+            self._claim_chain = chain
+            while chain is None and self._chains_in_flight:
+                self._chains_idle.wait()
+
     def _slot_freed_locked(self) -> None:
         """（持有控制器锁）一个执行槽刚让出：叫醒 ``watch_slots`` 登记的 worker。"""
         for watcher in self._slot_watchers:
@@ -1118,6 +1137,15 @@ class Controller(ClosesOnExit):
             logger.exception("处理任务 %s 的状态迁移时出错", snapshot.task_id)
 
     def _on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
+        if snapshot.is_terminal:
+            chain = self._claim_chain
+            # 排队数不加锁地读，只是个提示（_chain_next 在锁内复查）：有本地排队任务时额度照旧交给它们。
+            if (
+                chain is not None
+                and not self._scheduler.queued_count
+                and self._chain_next(machine, snapshot, record, chain)
+            ):
+                return
         # 终态、且有排队任务等着这个额度时，终态的写先排进组提交、不等（write_later）：让出的额度就地启动
         # 下一个排队任务，它的 starting 那次 save 把这个终态一并捎上——每个任务少一次提交。额度是"交接"
         # 出去的（在跑的 + 排队的个数不变），所以 worker 按空位认领的数目不受影响；没有排队任务时照旧先写、
@@ -1144,6 +1172,85 @@ class Controller(ClosesOnExit):
                 self._landed_locked(snapshot.task_id)
         else:
             self._account(snapshot, record, landed=True)
+
+    def _chain_next(
+        self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition, chain: ClaimChain
+    ) -> bool:
+        """（在任务锁内，任务刚落终态）serve 中的 worker：这个任务的终态与它空出的槽上下一个任务的认领 +
+        starting 一次提交（``ClaimStart.save``，PostgreSQL 上一条语句），认领到的就地开始。返回 False：
+        这次不这样做（调用方照常写终态、让出额度）。
+
+        为什么：原来终态一次提交、让出额度叫醒认领线程、认领 + starting 再一次提交，每个任务在同一个槽上
+        两次往返一前一后；并成一次，每个任务少一次提交与往返（issue 19）。
+
+        不变式（与分开写时逐条相同）：
+        * 不囤积：只在这个任务真占着一个槽、把它让出之后至少空出一个槽时，把这一个槽在调度账本里
+          换成"为认领预留"（release + hold 在同一次控制器锁里），只认领一个；认领线程的预留扣掉它，
+          本地提交也不会拿走它。
+        * 终态先落库、后算结束：落地记账（wait_all）、事件都在那次提交返回之后；TaskRun 的 wait() 由排在
+          本监听器之后的监听器唤醒。认领到的任务在存储里已是落了库的 starting 才开始任务体。
+        * 合并的提交失败时，终态照写穿层对一次失败的 save 的规矩处理（``WriteThrough.sync_with``：读回
+          对照、留待追平），认领照一次失败的认领处理（记日志、什么也不开始）。
+        * 预留的槽没用上（扑空、出错、这次终态不能交出去）就放掉并叫醒认领线程——与原来"让出额度即叫醒"
+          同一条保证：空出的槽之后总有一次在它空出之后开始的预留。
+        """
+        task_id = snapshot.task_id
+        scheduler = self._scheduler
+        limit = self.max_parallel
+        with self._lock:
+            if (
+                self._claim_chain is not chain
+                or limit is None
+                or self._closed
+                or scheduler.frozen
+                or scheduler.queued_count
+                or not scheduler.is_active(task_id)
+                or limit - (scheduler.active_count - 1) - scheduler.held_count < 1
+                or not chain.wants_more()
+            ):
+                return False
+            scheduler.release(task_id)  # 这个槽不经"空出"直接换成认领的预留：不叫醒认领线程
+            scheduler.hold(1)
+            self._chains_in_flight += 1
+        hold = _Hold(1)
+        claimed: list[TaskSnapshot] = []
+        failed: list[TaskError] = []
+
+        def write(request: SaveRequest) -> None:
+            try:
+                claimed.extend(chain.claim_after(request))
+            except TaskError as exc:
+                failed.append(exc)
+                raise  # 交给写穿层按一次失败的 save 处理终态
+
+        outer = getattr(self._claim_holds, "current", None)
+        self._claim_holds.current = hold  # host_started 占的是这一个预留的槽
+        try:
+            with self.claiming():
+                if self._link.write_with(machine, write) is None:
+                    # 写穿层此刻不能把这一项交出去（结果未知要先读回、推迟写的 running 已被捎走……）：照常写，
+                    # 预留的槽在下面放掉、叫醒认领线程（终态落库之后）。
+                    self._link.on_transition(machine, snapshot, record)
+                if self._events.listeners:
+                    self._events.emit_transition(snapshot, record)
+                with self._lock:
+                    self._landed_locked(task_id)
+                if failed:
+                    chain.claim_failed(failed[0])
+                for taken in claimed:
+                    chain.host(taken)
+        finally:
+            self._claim_holds.current = outer
+            with self._lock:
+                scheduler.unhold(hold.remaining)
+                if hold.remaining:
+                    self._slot_freed_locked()
+                if scheduler.queued_count:
+                    self._wake.set()  # 预留期间本地排进来的任务：交给后台循环启动（同 holding_slots）
+                self._chains_in_flight -= 1
+                if not self._chains_in_flight:
+                    self._chains_idle.notify_all()
+        return True
 
     def _account(self, snapshot: TaskSnapshot, record: Transition, *, landed: bool) -> bool:
         """迁移之后的调度记账：入队、让出额度（就地启动下一个）；``landed``：终态已落库，可以记"落地"。

@@ -539,6 +539,42 @@ class WriteThrough:
 
         return finish
 
+    def sync_with(self, machine: StateMachine, write: Callable[[SaveRequest], None]) -> bool | None:
+        """把这次写交给 ``write`` 去提交（调用方持有 machine.lock）：``write`` 收到的 ``SaveRequest`` 正是
+        :meth:`sync` 此刻会写的那一项，由它连同别的写在同一个事务里提交（worker 的执行槽：终态与下一个任务的
+        认领 + starting 一次提交，见 ``TaskStore.claim_queued`` 的 ``ClaimStart.save``）。
+        返回值同 :meth:`sync`；不是最常见的情形（还没落库过、结果未知要先读回、被隔离、已经追平、推迟写的
+        running 已被别的写者捎走）时返回 None、什么也没交出去：调用方照常 :meth:`sync`。
+
+        ``write`` 抛出的异常按这一项自己的 save 抛了它处理，与 :meth:`sync` 里逐字相同：版本冲突 / 重复 id →
+        读回对照再说（下面的 sync 去做）；别的 TaskError → 结果未知，记下、留待追平（下次先读回，
+        runtime/fencing.py）。所以合并的提交整个失败时，这个任务的写穿与一次失败的 save 一模一样。
+        """
+        snapshot = machine.snapshot
+        task_id = snapshot.task_id
+        state = self._tasks.get(task_id)
+        commits = self.commits
+        if isinstance(state, _TaskState) and state.lazy is not None:
+            if commits is None or not commits.withdraw(state.lazy):
+                return None  # 推迟写的 running 已被某个写者捎走：照常 sync（先等它的结果）
+            self._drop_lazy(task_id, state)  # 撤回了：交出去的这一项连同 running 的记录一起写
+        expected = _plain_version(state)
+        if expected is None or expected == snapshot.status_version:
+            return None
+        try:
+            write(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
+        except (ConcurrencyConflict, DuplicateTaskId):
+            self._mark_uncertain(task_id)
+        except TaskError as exc:
+            self._mark_uncertain(task_id)
+            self.record(task_id, "save", exc)
+            self._mark_behind(machine)
+            return False
+        else:
+            self._written(task_id, snapshot.status_version)
+        # 已追平时 sync 只做收尾（清"落后"记账、终态补写进度）；冲突时它读回对照、再写或隔离。
+        return self.sync(machine)
+
     def sync(self, machine: StateMachine, record: Transition | None = None) -> bool:
         """把存储追到状态机的当前版本（调用方持有 machine.lock）。返回是否已追平（被隔离也算：不再追）。
 

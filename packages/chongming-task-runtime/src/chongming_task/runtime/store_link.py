@@ -33,7 +33,7 @@ from chongming_task.runtime.persistence import PersistFailure, WriteThrough
 from chongming_task.runtime.reconcile import ReconcileReport, reconcile_store
 from chongming_task.runtime.signature import accepts_keyword
 from chongming_task.runtime.task_logs import LogSink
-from chongming_task.storage import CommandAction, TaskQuery, TaskStats, TaskStore, count_buckets
+from chongming_task.storage import CommandAction, SaveRequest, TaskQuery, TaskStats, TaskStore, count_buckets
 
 if TYPE_CHECKING:
     from chongming_task.runtime.taskrun import TaskRun
@@ -67,6 +67,11 @@ def _never_later(machine: StateMachine) -> Callable[[], bool] | None:
     return None
 
 
+def _never_with(machine: StateMachine, write: Callable[[SaveRequest], None]) -> bool | None:
+    """没有存储：没有要交给别人一起提交的写，调用方照常 on_transition。"""
+    return None
+
+
 class LocalLink:
     """没有存储时的链接：不写、不租、不认领指令；查询只看本进程的任务。"""
 
@@ -81,6 +86,10 @@ class LocalLink:
     """这次迁移的写先排进组提交、不等（见 ``WriteThrough.sync_later``）；返回"等它提交"的函数，None 表示
     不能推迟（调用方照常 on_transition）。"""
 
+    write_with: Callable[[StateMachine, Callable[[SaveRequest], None]], bool | None]
+    """这次迁移的写交给调用方给的函数、与别的写同一个事务提交（见 ``WriteThrough.sync_with``）；None 表示
+    不能（调用方照常 on_transition）。"""
+
     lease_fields: Callable[[], Mapping[str, object]]
     """新任务快照的初始租约字段（``StateMachine.create`` 的关键字参数）：没有存储就没有租约。
     同 on_transition，是实例属性：有存储时它就是写穿对象的 ``lease_fields`` 本身（每个提交少一层转手）。"""
@@ -88,6 +97,7 @@ class LocalLink:
     def __init__(self) -> None:
         self.on_transition = _no_write
         self.write_later = _never_later
+        self.write_with = _never_with
         self.lease_fields = _no_lease_fields
 
     def create(self, machine: StateMachine) -> None:
@@ -215,6 +225,7 @@ class StoreLink(LocalLink):
         self.on_transition = self._write.on_transition
         self.lease_fields = self._write.lease_fields
         self.write_later = self._write.sync_later if self._write.commits is not None else _never_later
+        self.write_with = self._write.sync_with
         self._write.on_lazy = wake.set  # 推迟写的 running 到点由后台循环补写（见 WriteThrough.on_transition）
         # 日志与旁路字段同一个节奏、同一条失败路径（persist_failures、事件钩子、指标）。
         self.log_sink = LogSink(store, on_failure=self._write.record) if persist_logs else None

@@ -9,7 +9,10 @@
    ``Controller.starts_on_claim`` 的其余条件）认领与 starting 是一次提交（``claim_queued(..., start=...)``）：
    认领来的任务已是落了库的 starting，占上预留的槽立刻开始任务体，每个任务少一次提交与往返；这时槽位
    至少 2 个的 worker 有两条认领线程（``Worker._start_claimer``），一个槽在另一个槽的认领往返进行时空出，
-   马上就有线程去认领它，两条线程各自只预留此刻真正空着的槽。否则启动
+   马上就有线程去认领它，两条线程各自只预留此刻真正空着的槽。存储的合并写还认得 ``ClaimStart.save`` 时
+   （``TaskStore.saves_on_claim``），任务落终态、它空出的槽上还要认领的那一刻，让出槽的线程把终态与下一个任务
+   的认领 + starting 并成一次提交（``_ClaimChain``，见 ``Controller._chain_next``）、认领到的在这条线程上接着
+   跑：同一个槽上每个任务一次提交，认领线程只管开头、新任务的通知与这条路扑空之后。否则启动
    （starting 那次提交）不在认领线程上做，交给控制器的后台循环（或正让出额度的任务线程：它的终态与这个
    任务的 starting 一个事务）：认领线程马上回去认领别的空位，认领与 starting 两次往返不排在同一条线程上。
 2. **维护**（每 ``lease_ttl / 2`` 一次）：``reconcile(durable_only=True)`` 本节点的桶里的持久任务——
@@ -49,13 +52,13 @@ from chongming_task.core.numbers import check_seconds
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.storage.claiming import MAX_CLAIM, ClaimStart
 from chongming_task.core.triggers import TRIGGER_RECONCILE
-from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskError
+from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskError, TaskNotFound
 from chongming_task.models import Failure, FailureKind, TaskSnapshot
 from chongming_task.runtime.reconcile import ReconcileReport
 from chongming_task.runtime.registry import TaskDefinition
 from chongming_task.runtime.taskrun import TaskRun
 from chongming_task.states import TaskStatus
-from chongming_task.storage import QueryOrder, TaskQuery, TaskStore
+from chongming_task.storage import QueryOrder, SaveRequest, TaskQuery, TaskStore
 
 logger = logging.getLogger("chongming_task.worker")
 
@@ -143,6 +146,68 @@ class ServeReport:
         return self.stopped_at_drain == 0
 
 
+class ClaimChain(Protocol):
+    """worker 交给控制器的"空出的槽接着认领"（``Controller.chain_claims``；实现是 ``_ClaimChain``）。"""
+
+    def wants_more(self) -> bool:
+        """此刻还认领不认领（停止请求之后不再认领）。"""
+        ...
+
+    def claim_after(self, request: SaveRequest) -> list[TaskSnapshot]:
+        """``request``（刚落终态的任务的写穿）与一个任务的认领 + starting 一次提交；失败时抛 TaskError。"""
+        ...
+
+    def claim_failed(self, error: TaskError) -> None:
+        """合并的提交失败了：认领那一半按一次失败的认领处理（记日志）。"""
+        ...
+
+    def host(self, snapshot: TaskSnapshot) -> None:
+        """认领到的任务交给控制器（与认领线程认领到的同一条路：``Worker._host``）。"""
+        ...
+
+
+class _ClaimChain:
+    """``ClaimChain`` 的实现：执行槽空出的那一刻，在让出它的线程上认领一个（见模块说明第 1 步）。
+
+    为什么在那条线程上：终态那次提交本来就在它上面，认领 + starting 并进同一次提交（``ClaimStart.save``），
+    每个任务少一次提交与往返；认领线程只在开头、新任务的通知、和这条路没认领到时才去认领。只认领一个——
+    控制器只为刚空出的这一个槽预留（不囤积）。
+    """
+
+    def __init__(self, worker: Worker, stop: threading.Event) -> None:
+        self._worker = worker
+        self._stop = stop
+
+    def wants_more(self) -> bool:
+        return not self._stop.is_set()
+
+    def claim_after(self, request: SaveRequest) -> list[TaskSnapshot]:
+        worker = self._worker
+        controller = worker.controller
+        return worker.store.claim_queued(
+            worker.owner,
+            names=worker._names(),
+            buckets=None if controller.owns_all_buckets else controller.owned_buckets,
+            limit=1,
+            lease_until=worker._lease_until(),
+            start=ClaimStart(at=controller.clock.now(), executor=controller.start_executor, save=request),
+        )
+
+    def claim_failed(self, error: TaskError) -> None:
+        if isinstance(error, (ConcurrencyConflict, TaskNotFound)):
+            # 终态那一半写不成（被隔离、任务被删了）：什么也没认领，写穿层去读回对照、如实记下
+            logger.debug("终态与认领合并的提交未执行（下一轮再认领）：%s", error)
+        else:
+            logger.warning("认领持久任务失败（下一轮再试）：%s", error)
+
+    def host(self, snapshot: TaskSnapshot) -> None:
+        worker = self._worker
+        machine = StateMachine(snapshot, (), clock=worker.controller.clock, lock=threading.RLock())
+        if worker._host(machine):
+            with worker._report_lock:
+                worker.report.claimed += 1
+
+
 class WorkerHost(Protocol):
     """worker 经由它用到控制器的那几样（Controller 实现它；与 ``PipelineHost`` 同一个做法，免得互相导入）。"""
 
@@ -175,6 +240,7 @@ class WorkerHost(Protocol):
     def start_executor(self) -> str: ...
     def holding_slots(self) -> contextlib.AbstractContextManager[int]: ...
     def claiming(self) -> contextlib.AbstractContextManager[None]: ...
+    def chain_claims(self, chain: ClaimChain | None) -> None: ...
 
 
 class Worker:
@@ -224,6 +290,11 @@ class Worker:
         unlisten = self._listen()
         next_maintenance = 0.0
         halt = threading.Event()  # 主循环退出（停止或出错）时叫第二条认领线程停
+        # 空出的槽在让出它的线程上接着认领（_ClaimChain）。在任何一次认领之前登记：认领来的任务可能在第二条
+        # 认领线程起来之前就跑完了，它空出的槽也要接着认领。
+        chained = controller.starts_on_claim and self.store.saves_on_claim
+        if chained:
+            controller.chain_claims(_ClaimChain(self, stop))
         helper = self._start_claimer(stop, halt)
         try:
             while not stop.is_set():
@@ -237,6 +308,8 @@ class Worker:
                 # _wake 仍置位着，_idle 立刻返回。
                 self._idle(stop)
         finally:
+            if chained:
+                controller.chain_claims(None)  # 等正在进行的那几次做完：之后不再有任务被认领、开始
             halt.set()
             if helper is not None:
                 helper.join()  # 它至多 _STOP_CHECK 秒就看到 halt（或还在一次认领往返里）
@@ -603,4 +676,11 @@ class Worker:
         return True
 
 
-__all__ = ["DEFAULT_DRAIN_TIMEOUT", "DEFAULT_POLL_INTERVAL", "ServeReport", "Worker", "WorkerHost"]
+__all__ = [
+    "DEFAULT_DRAIN_TIMEOUT",
+    "DEFAULT_POLL_INTERVAL",
+    "ClaimChain",
+    "ServeReport",
+    "Worker",
+    "WorkerHost",
+]

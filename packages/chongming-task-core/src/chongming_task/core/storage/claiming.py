@@ -14,6 +14,13 @@ priority 大的先，同优先级按创建先后（``created_at``，再按 ``tas
 为什么：worker 认领之后反正要写 starting（任务体开始之前它必须已落库），两次提交并成一次，每个任务少一次提交
 与往返。状态机拒绝开始的行（尝试预算已用完）只认领、不开始，交给 worker 照旧处理。
 
+``ClaimStart.save`` 再往前加一步：认领之前，同一个事务先写一次 save（worker 的执行槽上刚落终态的那个任务，
+见 runtime/worker.py 的 ``_ClaimChain``）。为什么：空出的槽反正要认领下一个，终态那次提交与下一个任务的
+"认领 + starting"并成一次，每个任务又少一次提交与往返（PostgreSQL 上是一条语句）。save 是前提：它写不成
+（版本冲突、任务不存在、入参不合规）时整个调用什么也不写、抛出那次 save 会抛的异常；它写成了而认领取不到
+任务时，save 照样提交、交回空列表。被写的任务本身绝不会被这次认领取走（它 save 之后不能是待认领的，
+入参检查拒绝这样的 save）。
+
 原子性是契约的核心：同一个任务无论多少认领者同时来取，只被一个取走（SQL 后端：PostgreSQL 用
 ``FOR UPDATE SKIP LOCKED``，SQLite 用 ``BEGIN IMMEDIATE`` 写事务）。
 """
@@ -26,8 +33,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from chongming_task.core.storage import checks
 from chongming_task.core.storage._base_checks import check_aware, check_claimant, check_optional_text, id_set
-from chongming_task.core.storage.values import awaits_claim
+from chongming_task.core.storage.values import SaveRequest, awaits_claim
 from chongming_task.errors import ConfigurationError, TaskError
 from chongming_task.models import TaskSnapshot, Transition
 
@@ -89,10 +97,15 @@ def claimed(snapshot: TaskSnapshot, request: QueuedClaim) -> TaskSnapshot:
 class ClaimStart:
     """``claim_queued(..., start=...)`` 怎样开始认领到的任务：``at`` 是 starting 的时刻（认领者的时钟，
     写进 started_at 与迁移记录），``executor`` 是执行器名（与 worker 的 ``mark_starting(executor=...)``
-    同一个值）。"""
+    同一个值）。
+
+    ``save``：认领之前在同一个事务里先写的一次 save（见模块说明）。worker 用它把刚空出的槽上那个任务的终态
+    与下一个任务的认领 + starting 并成一次提交；检查与单独一次 ``save`` 相同，另加一条：save 之后的快照不能是
+    待认领的（否则"它会不会被同一次认领取走"在各后端上说不清）。"""
 
     at: datetime
     executor: str | None = None
+    save: SaveRequest | None = None
 
 
 def check_claim_start(start: object) -> ClaimStart:
@@ -100,7 +113,17 @@ def check_claim_start(start: object) -> ClaimStart:
         raise ConfigurationError(f"start 必须是 ClaimStart(at=..., executor=...)，收到 {start!r}")
     check_aware("start.at", start.at, required=True)
     check_optional_text("start.executor", start.executor)
-    return start
+    if start.save is None:
+        return start
+    if not isinstance(start.save, SaveRequest):
+        raise ConfigurationError(f"start.save 必须是 SaveRequest，收到 {start.save!r}")
+    save = checks.check_save_request(start.save)
+    if awaits_claim(save.snapshot):
+        raise ConfigurationError(
+            f"start.save 写下的任务 {save.snapshot.task_id!r} 是待认领的（queued、带配方、无人持有）："
+            "认领之前的那次 save 只能写不会被这次认领取走的快照（通常是刚落终态的任务）"
+        )
+    return ClaimStart(start.at, start.executor, save)
 
 
 class _At:

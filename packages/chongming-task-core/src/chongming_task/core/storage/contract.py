@@ -83,6 +83,10 @@ ArchiveWrite = Callable[[list[Transition]], None]
 _STARTS_ON_CLAIM: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 """``TaskStore.starts_on_claim`` 按类的结果（弱引用：测试里临时定义的子类用完即可回收）。"""
 
+_SAVES_ON_CLAIM: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+"""``TaskStore.saves_on_claim`` 里"实现 ``_claim_and_start`` 的类自己声明了 ``claim_start_saves``"
+按类的结果。"""
+
 _CLAIM_START_PARTS = (
     "claim_queued",
     "_claim_queued",
@@ -356,11 +360,22 @@ class TaskStore(ClosesOnExit, ABC):
         迁移记录），交回开始之后的快照；状态机不让开始的（尝试预算已用完）只认领，照不给 ``start`` 时的样子
         交回（仍是 queued）。worker 用它把"认领"与"starting"两次提交并成一次。后端实现 ``_claim_and_start``；
         默认实现是先认领、再逐个 ``save`` starting（结果相同，只是多几次提交），所以只实现了认领的后端也能用。
+
+        ``start.save``（``SaveRequest``）给出时，认领之前同一个事务先写这次 save（worker 把刚空出的槽上那个
+        任务的终态并进来）：它写不成（ConcurrencyConflict / TaskNotFound / ConfigurationError）→ 什么也不写、
+        抛出它；写成了、认领取不到任务 → save 照样提交，返回空列表。事务本身失败（StoreError）时两部分都按
+        结果未知处理。默认实现先 ``save``、再认领（两次提交；save 抛错就不认领）。
         """
         request = check_claim(holder, names, buckets, limit, lease_until)
-        if start is not None:
-            return self._claim_and_start(request, check_claim_start(start))
-        return self._claim_queued(request)
+        if start is None:
+            return self._claim_queued(request)
+        start = check_claim_start(start)
+        if start.save is not None and not self.saves_on_claim:
+            # 实现 _claim_and_start 的类没声明认得 start.save（老的第三方后端会把它静默丢掉——终态就丢了）：
+            # 先单独 save（抛错时不认领），再照旧认领并开始。两次提交，结果与合并的写相同。
+            self._save_one(start.save)
+            start = ClaimStart(start.at, start.executor)
+        return self._claim_and_start(request, start)
 
     def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
         """后端实现 claim_queued 的地方（入参已检查）。"""
@@ -371,7 +386,8 @@ class TaskStore(ClosesOnExit, ABC):
 
     def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
         """后端实现 ``claim_queued(..., start=...)`` 的地方（入参已检查）。默认：认领一次、starting 逐个再写
-        （见 ``claim_queued``）。"""
+        （见 ``claim_queued``）。``start.save`` 只交给声明了 ``claim_start_saves`` 的实现
+        （见 ``saves_on_claim``），这里收到的总是 None。"""
         claimed = self.claim_queued(
             request.holder,
             names=request.names,
@@ -414,6 +430,29 @@ class TaskStore(ClosesOnExit, ABC):
             )
             _STARTS_ON_CLAIM[kind] = known
         return known
+
+    claim_start_saves: ClassVar[bool] = False
+    """实现了 ``_claim_and_start`` 的类在自己的类体里设为 True，声明它认得 ``start.save``：在同一个事务里先写
+    它（写不成就什么也不写、抛出它）。只看实现 ``_claim_and_start`` 的那个类自己的声明
+    （见 ``saves_on_claim``）。"""
+
+    @property
+    def saves_on_claim(self) -> bool:
+        """这个存储的 ``claim_queued(..., start=ClaimStart(save=...))`` 是不是一次提交（worker 据此决定要不要
+        让空出的槽把终态与下一次认领并成一次提交：不是一次提交时并起来省不下什么，分开写的失败语义更简单）。
+
+        是：``starts_on_claim`` 成立，并且实现 ``_claim_and_start`` 的那个类自己声明了 ``claim_start_saves``。
+        为什么只认那个类自己的声明、不认继承来的：子类覆盖了 ``_claim_and_start``（不调用父类、或自己拼写）
+        却不知道 ``start.save`` 时，继承来的 True 会让 save 被静默丢掉——终态就丢了；没声明时基类先单独
+        save、再调用它（``claim_queued``），照样正确。
+        """
+        kind = type(self)
+        known = _SAVES_ON_CLAIM.get(kind)
+        if known is None:
+            owner = next(cls for cls in kind.__mro__ if "_claim_and_start" in cls.__dict__)
+            known = owner.__dict__.get("claim_start_saves", False) is True
+            _SAVES_ON_CLAIM[kind] = known
+        return known and self.starts_on_claim
 
     # -- commands -----------------------------------------------------------------------------------
 

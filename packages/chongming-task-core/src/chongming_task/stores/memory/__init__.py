@@ -329,16 +329,20 @@ class InMemoryTaskStore(TaskStore):
             lock.release()
 
     def _save(self, request: v.SaveRequest) -> None:
-        snapshot, expect_version = request.snapshot, request.expect_version
-        scalar, text = _encode_json(snapshot.outcome, what="outcome")
+        scalar, text = _encode_json(request.snapshot.outcome, what="outcome")
         with self._lock:
-            self._check_open()
-            row = self._row(snapshot.task_id)
-            current = row.snapshot
-            _check_version(current, snapshot.task_id, expect_version)
-            if v.lease_is_held(current.lease_until, request.lease_expired_before):
-                raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, current.lease_until))
-            _put(row, current, snapshot, scalar, text, request.transitions)
+            self._save_locked(request, scalar, text)
+
+    def _save_locked(self, request: v.SaveRequest, scalar: Any, text: str | None) -> None:
+        """（持锁调用）save 的判定与写入；``scalar`` / ``text`` 是 outcome 的编码（锁外编好）。"""
+        snapshot, expect_version = request.snapshot, request.expect_version
+        self._check_open()
+        row = self._row(snapshot.task_id)
+        current = row.snapshot
+        _check_version(current, snapshot.task_id, expect_version)
+        if v.lease_is_held(current.lease_until, request.lease_expired_before):
+            raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, current.lease_until))
+        _put(row, current, snapshot, scalar, text, request.transitions)
 
     def _save_direct(
         self, snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
@@ -439,9 +443,17 @@ class InMemoryTaskStore(TaskStore):
         with self._lock:
             return self._claim_locked(request)
 
+    claim_start_saves = True  # _claim_and_start 在同一个事务里先写 start.save（见 TaskStore.saves_on_claim）
+
     def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
-        """认领与 starting 在同一次持锁里（判据与开始之后的快照都取自 ``core.storage.claiming``）。"""
+        """认领与 starting 在同一次持锁里（判据与开始之后的快照都取自 ``core.storage.claiming``）；给了
+        ``start.save`` 时它先在同一次持锁里写（写不成就抛出，什么也没认领）。"""
+        save = start.save
+        encoded = None if save is None else _encode_json(save.snapshot.outcome, what="outcome")
         with self._lock:
+            if save is not None:
+                assert encoded is not None
+                self._save_locked(save, *encoded)
             taken = self._claim_locked(request)
             result: list[TaskSnapshot] = []
             for snapshot in taken:

@@ -1,6 +1,8 @@
 """契约用例：持久任务（issue 19）：配方随 create 原样落库、save 从不改写它；``claim_queued`` 的判据、
 顺序、数量与原子性（多线程争抢时每个任务只被取走一次）；``claim_queued(..., start=...)`` 认领的同时
-写下与状态机 ``mark_starting`` 一模一样的 starting（快照字段与迁移记录），状态机不让开始的只认领。"""
+写下与状态机 ``mark_starting`` 一模一样的 starting（快照字段与迁移记录），状态机不让开始的只认领；
+``ClaimStart(save=...)`` 的 save 与认领同一次提交、以 save 写成为前提（写不成什么也不写），认领扑空时
+save 照样提交。"""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ from datetime import timedelta
 from chongming_task.core.recipes import OnLost, Recipe
 from chongming_task.core.storage.claiming import ClaimStart
 from chongming_task.core.triggers import TRIGGER_STARTING
-from chongming_task.errors import ConfigurationError
+from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskNotFound
 from chongming_task.models import TaskSnapshot
-from chongming_task.storage import TaskQuery
+from chongming_task.storage import SaveRequest, TaskQuery, TaskStore
 from chongming_task.testing.contract._base import T0, TZ_SHANGHAI, ContractBase, S, snap, step
 
 LEASE = T0 + timedelta(seconds=30)
@@ -344,6 +346,140 @@ class DurableCases(ContractBase):
                 (S.STARTING, 2, 1, holder, holder),
             )
             self.assertVersions(store, snapshot.task_id, [2])
+
+    # -- claim_queued(start=ClaimStart(save=...)) -------------------------------------------------------
+
+    def _running(self, store: TaskStore, task_id: str, holder: str, *, seconds: int = 0) -> TaskSnapshot:
+        """一个由 ``holder`` 认领并开始、已在跑（running，版本 3）的持久任务。"""
+        store.create(durable(task_id, seconds=seconds, bucket_key=None, recipe=recipe(bucket_key=None)))
+        (started,) = store.claim_queued(
+            holder,
+            names=["contract-task"],
+            limit=1,
+            lease_until=LEASE,
+            start=ClaimStart(at=T0 + timedelta(seconds=seconds)),
+        )
+        running, record = step(started, S.RUNNING)
+        store.save(running, expect_version=2, transitions=[record])
+        return running
+
+    def test_claim_after_save_commits_the_save_and_starts_the_next_task(self) -> None:
+        """worker 的执行槽：刚跑完的任务的终态与下一个任务的认领 + starting 同一次调用。"""
+        store = self.open_store()
+        running = self._running(store, "done", "worker-a")
+        store.create(durable("next", seconds=5))
+        store.create(durable("later", seconds=6))
+        done, record = step(running, S.SUCCEEDED, outcome={"n": [1, "二"]})
+        at = T0 + timedelta(seconds=9)
+        got = store.claim_queued(
+            "worker-a",
+            names=["contract-task"],
+            limit=1,
+            lease_until=LEASE,
+            start=ClaimStart(at=at, executor="thread", save=SaveRequest(done, 3, (record,))),
+        )
+        self.assertEqual([(s.task_id, s.status, s.status_version) for s in got], [("next", S.STARTING, 2)])
+        self.assertSnapshotEqual(store.get("next"), got[0])
+        self.assertEqual((got[0].owner, got[0].started_at, got[0].executor), ("worker-a", at, "thread"))
+        self.assertVersions(store, "next", [2])
+        saved = store.get("done")
+        assert saved is not None
+        self.assertEqual(
+            (saved.status, saved.status_version, saved.outcome), (S.SUCCEEDED, 4, {"n": [1, "二"]})
+        )
+        self.assertEqual(store.history("done")[-1], record, "终态的迁移记录随 save 一起落库")
+        later = store.get("later")
+        assert later is not None
+        self.assertEqual((later.status, later.owner), (S.QUEUED, None), "只认领 limit 个")
+
+    def test_claim_after_save_commits_the_save_when_nothing_is_claimable(self) -> None:
+        store = self.open_store()
+        running = self._running(store, "done", "worker-a")
+        done, record = step(running, S.FAILED)
+        start = ClaimStart(at=T0, save=SaveRequest(done, 3, (record,)))
+        got = store.claim_queued("worker-a", names=["contract-task"], limit=1, lease_until=LEASE, start=start)
+        self.assertEqual(got, [])
+        saved = store.get("done")
+        assert saved is not None
+        self.assertEqual((saved.status, saved.status_version), (S.FAILED, 4), "认领扑空时 save 照样提交")
+        self.assertVersions(store, "done", [2, 3, 4])
+        # 过滤值匹配不到任何任务（名字集合为空、limit 为 0）也一样：save 不因认领"什么也不用做"而被跳过
+        again, record = step(saved, S.QUEUED, recipe=None)
+        again = again.evolve(owner="worker-a")
+        start = ClaimStart(at=T0, save=SaveRequest(again, 4, (record,)))
+        self.assertEqual(
+            store.claim_queued("worker-a", names=[], limit=0, lease_until=LEASE, start=start), []
+        )
+        self.assertVersions(store, "done", [2, 3, 4, 5])
+
+    def test_claim_after_a_failed_save_writes_nothing(self) -> None:
+        """save 是认领的前提：它写不成（版本冲突、任务不存在、不合规）就什么也不写，抛出那次 save 的异常——
+        否则调用方以为下一个任务没认领到，它却已在存储里是本节点的 starting，没人去跑。"""
+        store = self.open_store()
+        running = self._running(store, "done", "worker-a")
+        store.create(durable("next", seconds=5))
+        # 按存储里上一版（starting，版本 2）写的终态：存储已是 3，版本冲突
+        started = running.evolve(status=S.STARTING, status_version=2)
+        late, record = step(started, S.SUCCEEDED)
+        stale = ClaimStart(at=T0, save=SaveRequest(late, 2, (record,)))
+        missing, gone = step(durable("ghost", status=S.RUNNING, status_version=3), S.SUCCEEDED)
+        claimable, back = step(running, S.QUEUED, owner=None)  # 写完仍是待认领的：入参检查拒绝
+        for start, error in (
+            (stale, ConcurrencyConflict),
+            (ClaimStart(at=T0, save=SaveRequest(missing, 3, (gone,))), TaskNotFound),
+            (
+                ClaimStart(at=T0, save=SaveRequest(claimable.evolve(owner=None), 3, (back,))),
+                ConfigurationError,
+            ),
+        ):
+            with self.subTest(error=error.__name__), self.assertRaises(error):
+                store.claim_queued(
+                    "worker-a", names=["contract-task"], limit=1, lease_until=LEASE, start=start
+                )
+            nxt = store.get("next")
+            assert nxt is not None
+            self.assertEqual((nxt.status, nxt.owner, nxt.status_version), (S.QUEUED, None, 1))
+            self.assertVersions(store, "next", [])
+            self.assertVersions(store, "done", [2, 3])
+        self.assertIsNone(store.get("ghost"))
+
+    def test_concurrent_claim_after_save_starts_every_task_exactly_once(self) -> None:
+        """几个 worker 的执行槽各自"结束手上的、认领下一个"：每个任务只被开始一次，每个终态都落库。"""
+        store = self.open_store()
+        total = 40
+        holders = [f"w{i}" for i in range(4)]
+        current = {holder: self._running(store, f"first-{holder}", holder) for holder in holders}
+        for index in range(total):
+            store.create(durable(f"go-{index:03d}", seconds=10 + index % 5))
+        taken: dict[str, list[str]] = {}
+        lock = threading.Lock()
+
+        def worker(holder: str) -> None:
+            task = current[holder]
+            while True:
+                done, record = step(task, S.SUCCEEDED)
+                start = ClaimStart(
+                    at=LEASE, executor=holder, save=SaveRequest(done, task.status_version, (record,))
+                )
+                got = store.claim_queued(
+                    holder, names=["contract-task"], limit=1, lease_until=LEASE, start=start
+                )
+                with lock:
+                    for snapshot in got:
+                        taken.setdefault(snapshot.task_id, []).append(holder)
+                if not got:
+                    return
+                (task,) = got
+                task, record = step(task, S.RUNNING)
+                store.save(task, expect_version=2, transitions=[record])
+
+        self.run_threads([functools.partial(worker, holder) for holder in holders])
+        doubles = {task_id: who for task_id, who in taken.items() if len(who) != 1}
+        self.assertEqual(doubles, {}, "同一个任务被不止一个认领者开始")
+        self.assertEqual(len(taken), total, "有任务没有被任何认领者开始")
+        for snapshot in store.query():
+            self.assertEqual((snapshot.status, snapshot.status_version), (S.SUCCEEDED, 4), snapshot.task_id)
+            self.assertVersions(store, snapshot.task_id, [2, 3, 4])
 
 
 __all__ = ["DurableCases", "durable", "recipe"]

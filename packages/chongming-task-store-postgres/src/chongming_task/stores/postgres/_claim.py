@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim
@@ -114,21 +115,68 @@ def claim_start_sql(s: str, *, by_bucket: bool) -> str:
     与 queued）：同一任务无论多少认领者同时来取，只有一个开始它。迁移记录只为真的开始了的行写（hist 读 upd
     的新值：版本即开始之后的版本），与任务行同一语句提交：历史没有空洞，任务体开始之前 starting 已落库。
     """
+    return (
+        "WITH "
+        + _claim_start_ctes(s, by_bucket=by_bucket)
+        + " SELECT "
+        + ", ".join(TASK_COLUMNS)
+        + " FROM upd"
+    )
+
+
+def _claim_start_ctes(s: str, *, by_bucket: bool, prefix: str = "", guard: str = "") -> str:
+    """``claim_start_sql`` 的三个 CTE（挑行、写持有者并开始、写迁移记录）。``prefix`` 加在 CTE 名字与
+    占位参数的名字前面（与 save 的 CTE / 参数拼进同一条语句时不重名，见 ``save_claim_start_sql``）；
+    ``guard`` 是挑行的附加条件。"""
     bucket = " AND bucket = ANY(%(buckets)s::integer[])" if by_bucket else ""
     returning = ", ".join(f"t.{c}" for c in TASK_COLUMNS)
     queued, starting = TaskStatus.QUEUED.value, TaskStatus.STARTING.value
-    return (
-        f"WITH picked AS (SELECT task_id FROM {s}.tasks "
+    picked, upd, hist = f"{prefix}picked", f"{prefix}upd", f"{prefix}hist"
+    ctes = (
+        f"{picked} AS (SELECT task_id FROM {s}.tasks "
         f"WHERE status = '{queued}' AND owner IS NULL AND recipe IS NOT NULL "
-        f"AND name = ANY(%(names)s::text[]){bucket} "
+        f"AND name = ANY(%(names)s::text[]){bucket}{guard} "
         "ORDER BY priority DESC, created_at, task_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
-        f"upd AS (UPDATE {s}.tasks AS t SET owner = %(holder)s, lease_owner = %(holder)s, "
+        f"{upd} AS (UPDATE {s}.tasks AS t SET owner = %(holder)s, lease_owner = %(holder)s, "
         f"lease_until = %(until)s, lease_until_off = %(until_off)s, {_START_SETS} "
-        f"FROM picked WHERE t.task_id = picked.task_id AND t.owner IS NULL AND t.status = '{queued}' "
+        f"FROM {picked} WHERE t.task_id = {picked}.task_id AND t.owner IS NULL AND t.status = '{queued}' "
         f"RETURNING {returning}), "
-        f"hist AS (INSERT INTO {s}.transitions ({', '.join(_HISTORY)}) "
-        f"SELECT {', '.join(_HISTORY.values())} FROM upd WHERE status = '{starting}') "
-        f"SELECT {', '.join(TASK_COLUMNS)} FROM upd"
+        f"{hist} AS (INSERT INTO {s}.transitions ({', '.join(_HISTORY)}) "
+        f"SELECT {', '.join(_HISTORY.values())} FROM {upd} WHERE status = '{starting}')"
+    )
+    if prefix:
+        ctes = re.sub(r"%\((\w+)\)s", rf"%({prefix}\1)s", ctes)
+    return ctes
+
+
+_SAVED_PREFIX = "c_"
+"""``save_claim_start_sql`` 里认领那一半的 CTE 与参数名的前缀（save 那一半照用它自己的名字）。"""
+
+
+@functools.lru_cache(maxsize=64)
+def save_claim_start_sql(s: str, save_sql: str, save_result: str, *, by_bucket: bool) -> str:
+    """``claim_queued(..., start=ClaimStart(save=...))`` 的一条语句：先 save（``save_sql``，即
+    ``Sql.save`` / ``save_one`` / ``save_no_history`` 及带租约条件的变体），再认领并开始，一条语句的隐式
+    事务、一次往返、一次提交。
+
+    ``save_sql`` 以 ``save_result``（"改到几行、任务在不在"的那句 SELECT）结尾：去掉它，接上认领并开始的
+    三个 CTE（名字与参数加 ``c_`` 前缀），最后一句照旧交回 save 的两列，后面跟认领到的行（LEFT JOIN：一行
+    也没认领到时仍有一行，认领的列为 NULL）。
+
+    为什么 save 是认领的前提、怎样做到：挑行带 ``EXISTS (SELECT 1 FROM upd)``——save 的 UPDATE 改到了那一行
+    才挑（版本不符时 upd 为空，认领什么也不挑，整条语句什么也不写，与单独一次失败的 save 相同）。同一条语句
+    里各 CTE 看到的是同一个快照，所以挑行还排除被 save 的那个任务本身（``task_id <> %(task_id)s``）：它在
+    快照里可能还是 queued、无人持有，同一条语句里改同一行两次是 PostgreSQL 不允许的。"""
+    assert save_sql.endswith(save_result), save_sql
+    head = save_sql[: -len(save_result)].rstrip()
+    guard = " AND task_id <> %(task_id)s AND EXISTS (SELECT 1 FROM upd)"
+    # guard 里的 %(task_id)s 是 save 的参数：先拼好认领的 CTE（它们的占位参数加前缀），再把 guard 放进去。
+    marker = "\x00guard\x00"
+    ctes = _claim_start_ctes(s, by_bucket=by_bucket, prefix=_SAVED_PREFIX, guard=marker).replace(
+        marker, guard
+    )
+    return (
+        f"{head}, {ctes} {save_result}, c.* FROM (SELECT 1) AS one LEFT JOIN {_SAVED_PREFIX}upd AS c ON true"
     )
 
 
@@ -144,6 +192,13 @@ def claim_start_statement(
     params["executor"] = start.executor
     params["trigger"] = TRIGGER_STARTING
     return claim_start_sql(s, by_bucket=params["buckets"] is not None), params
+
+
+def save_claim_start_params(save_params: dict[str, Any], claim_params: dict[str, Any]) -> dict[str, Any]:
+    """``save_claim_start_sql`` 的参数：save 的原样，认领并开始的加 ``c_`` 前缀。"""
+    params = dict(save_params)
+    params.update({f"{_SAVED_PREFIX}{name}": value for name, value in claim_params.items()})
+    return params
 
 
 def claim(conn: Conn, s: str, request: QueuedClaim) -> list[TaskSnapshot]:
@@ -248,4 +303,6 @@ __all__ = [
     "missing_columns",
     "notice_params",
     "notify_claimable",
+    "save_claim_start_params",
+    "save_claim_start_sql",
 ]

@@ -235,6 +235,7 @@ class Sql:
         result = (
             f"SELECT (SELECT count(*) FROM upd), EXISTS (SELECT 1 FROM {s}.tasks WHERE task_id = %(task_id)s)"
         )
+        self.save_result = result  # 各种 save 语句共同的最后一句（认领并开始拼在它前面，见 _claim）
         self.save = f"WITH upd AS ({update(guard)}), {hist}{result}"
         self.save_no_history = f"WITH upd AS ({update(guard)}) {result}"
         # 只前进一步的 save（一条迁移记录）：同上，迁移记录按标量参数写。

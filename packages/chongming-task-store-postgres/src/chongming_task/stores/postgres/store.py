@@ -1529,6 +1529,8 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         with self._connection() as conn:
             return _claim.claim(conn, self._sql.s, request)
 
+    claim_start_saves = True  # _claim_and_start 在同一个事务里先写 start.save（见 TaskStore.saves_on_claim）
+
     def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
         """认领与 starting 一条语句（``_claim.claim_start_sql``）：挑行、写持有者、推进到 starting、写迁移
         记录，一次往返、一次提交。状态机不让开始的行（尝试预算已用完）只认领，交回的仍是 queued。
@@ -1539,11 +1541,34 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         UPDATE 的 CASE 就能照状态机的规矩写出来（逐列对应关系与守着它的用例见 ``_claim.claim_start_sql``）。
         """
         statement = None if request.empty else _claim.claim_start_statement(self._sql.s, request, start)
+        if start.save is not None:
+            return self._save_claim_and_start(start.save, statement)
         if statement is None:
             self._check_open()
             return []
         with self._connection() as conn:
             return _claim.claimed_snapshots(conn.execute(*statement).fetchall())
+
+    def _save_claim_and_start(
+        self, save: v.SaveRequest, claim: tuple[str, dict[str, Any]] | None
+    ) -> list[TaskSnapshot]:
+        """``start.save`` 与认领并开始一条语句（``_claim.save_claim_start_sql``：save 改到了那一行才挑行），
+        一次往返、一次提交。save 写不成时由它自己的判定报错（什么也没写：认领的挑行以 save 的 UPDATE 改到行
+        为前提）；认领的过滤值不可能匹配任何任务时只发 save。"""
+        text, params, judge = self._save_statement(save)
+        if claim is None:
+            self._run_one((text, params, judge))
+            return []
+        claim_params = claim[1]
+        combined = _claim.save_claim_start_sql(
+            self._sql.s, text, self._sql.save_result, by_bucket=claim_params["buckets"] is not None
+        )
+        with self._connection() as conn:
+            rows = conn.execute(combined, _claim.save_claim_start_params(params, claim_params)).fetchall()
+            error = judge(conn, rows[0][:2] if rows else None)
+        if error is not None:
+            raise error
+        return _claim.claimed_snapshots([row[2:] for row in rows if row[2] is not None])
 
     def complete_command(self, command_id: str, claimant: str) -> bool:
         checks.check_key("command_id", command_id)

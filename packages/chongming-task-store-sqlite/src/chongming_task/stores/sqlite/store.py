@@ -934,14 +934,24 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             return []
         return self._run("claim_queued", lambda conn: _claim.claim(conn, request))
 
+    claim_start_saves = True  # _claim_and_start 在同一个事务里先写 start.save（见 TaskStore.saves_on_claim）
+
     def _claim_and_start(self, request: QueuedClaim, start: ClaimStart) -> list[TaskSnapshot]:
-        """认领与 starting 在同一个 ``BEGIN IMMEDIATE`` 写事务里（starting 那一步与 save 同一份事务体）。"""
-        if request.empty:
+        """认领与 starting 在同一个 ``BEGIN IMMEDIATE`` 写事务里（starting 那一步与 save 同一份事务体）。
+        给了 ``start.save`` 时它是这个事务的第一步（同一份 save 事务体）：``_save_tx`` 只在写下任何东西之前
+        抛 TaskError，抛出时 ``_execute`` 回滚、认领不做——"save 写不成就什么也不写"。"""
+        save = start.save
+        if request.empty and save is None:
             self._check_open()
             return []
+        first = None if save is None else self._save_tx(save)
 
         def tx(conn: sqlite3.Connection) -> list[TaskSnapshot]:
             result: list[TaskSnapshot] = []
+            if first is not None:
+                first(conn)
+                if request.empty:
+                    return result
             for snapshot in _claim.claim(conn, request):
                 begun = start_claimed(snapshot, start)
                 if begun is None:
