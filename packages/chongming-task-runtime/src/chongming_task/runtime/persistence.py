@@ -523,19 +523,7 @@ class WriteThrough:
         item = commits.enqueue(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
 
         def finish() -> bool:
-            try:
-                commits.finish(item)
-            except (ConcurrencyConflict, DuplicateTaskId):
-                self._mark_uncertain(task_id)  # 与 sync 里同一判定：读回再说（下面的 sync 去做）
-            except TaskError as exc:
-                self._mark_uncertain(task_id)
-                self.record(task_id, "save", exc)
-                self._mark_behind(machine)
-                return False
-            else:
-                self._written(task_id, snapshot.status_version)
-            # 已追平时 sync 只做收尾（清"落后"记账、终态补写进度）；冲突时它读回对照、再写或隔离。
-            return self.sync(machine)
+            return self._after_write(machine, snapshot, lambda: commits.finish(item))
 
         return finish
 
@@ -561,12 +549,20 @@ class WriteThrough:
         expected = _plain_version(state)
         if expected is None or expected == snapshot.status_version:
             return None
+        request = SaveRequest(snapshot, expected, machine.transitions_since(expected))
+        return self._after_write(machine, snapshot, lambda: write(request))
+
+    def _after_write(self, machine: StateMachine, snapshot: TaskSnapshot, write: Callable[[], None]) -> bool:
+        """（持有 machine.lock）执行一次交给别人提交的写（组提交的 ``finish``、worker 合并的认领提交），
+        按这一项自己的 save 的结果记账，再由 :meth:`sync` 收尾；返回值同 :meth:`sync`。``sync_later`` 与
+        ``sync_with`` 共用：两条路径的失败处理必须与 :meth:`sync` 里的一字不差。"""
+        task_id = snapshot.task_id
         try:
-            write(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
+            write()
         except (ConcurrencyConflict, DuplicateTaskId):
-            self._mark_uncertain(task_id)
+            self._mark_uncertain(task_id)  # 与 sync 里同一判定：读回再说（下面的 sync 去做）
         except TaskError as exc:
-            self._mark_uncertain(task_id)
+            self._mark_uncertain(task_id)  # 结果未知：记下，留待追平（下次先读回，runtime/fencing.py）
             self.record(task_id, "save", exc)
             self._mark_behind(machine)
             return False
