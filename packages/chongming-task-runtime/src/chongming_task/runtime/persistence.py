@@ -508,17 +508,12 @@ class WriteThrough:
         把 A 的终态一并捎上，每个任务少一次提交。A 的终态在这个函数返回之前**不算**落库：wait() / wait_all()
         的唤醒都在它之后（runtime/controller.py）。
         """
-        snapshot = machine.snapshot
-        task_id = snapshot.task_id
-        state = self._tasks.get(task_id)
         commits = self.commits
-        if isinstance(state, _TaskState) and state.lazy is not None:
-            if commits is None or not commits.withdraw(state.lazy):
-                return None  # 推迟写的 running 已被某个写者捎走：照常 sync（先等它的结果）
-            self._drop_lazy(task_id, state)  # 撤回了：下面这一项连同 running 的记录一起写
-        expected = _plain_version(state)
-        # 存储不做组提交（内存存储）：没有可以捎带的提交，照常 sync
-        if commits is None or expected is None or expected == snapshot.status_version:
+        if commits is None:
+            return None  # 存储不做组提交（内存存储）：没有可以捎带的提交，照常 sync
+        snapshot = machine.snapshot
+        expected = self._handoff_version(snapshot)
+        if expected is None:
             return None
         item = commits.enqueue(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
 
@@ -539,18 +534,29 @@ class WriteThrough:
         runtime/fencing.py）。所以合并的提交整个失败时，这个任务的写穿与一次失败的 save 一模一样。
         """
         snapshot = machine.snapshot
-        task_id = snapshot.task_id
-        state = self._tasks.get(task_id)
-        commits = self.commits
-        if isinstance(state, _TaskState) and state.lazy is not None:
-            if commits is None or not commits.withdraw(state.lazy):
-                return None  # 推迟写的 running 已被某个写者捎走：照常 sync（先等它的结果）
-            self._drop_lazy(task_id, state)  # 撤回了：交出去的这一项连同 running 的记录一起写
-        expected = _plain_version(state)
-        if expected is None or expected == snapshot.status_version:
+        expected = self._handoff_version(snapshot)
+        if expected is None:
             return None
         request = SaveRequest(snapshot, expected, machine.transitions_since(expected))
         return self._after_write(machine, snapshot, lambda: write(request))
+
+    def _handoff_version(self, snapshot: TaskSnapshot) -> int | None:
+        """（持有该任务的锁）``sync_later`` / ``sync_with`` 的共同前提：这次写是最常见的情形、可以交给别人
+        提交时，返回存储里的版本（交出去的那一项的 expect_version）；否则 None，调用方照常 :meth:`sync`。
+
+        推迟写的 running 还没被捎走时先撤回它（交出去的这一项连同 running 的记录一起写）；已被某个写者捎走
+        就不交（sync 先等它的结果）。还没落库过、结果未知要先读回、被隔离、已经追平的也不交。"""
+        task_id = snapshot.task_id
+        state = self._tasks.get(task_id)
+        if isinstance(state, _TaskState) and state.lazy is not None:
+            commits = self.commits
+            if commits is None or not commits.withdraw(state.lazy):
+                return None
+            self._drop_lazy(task_id, state)
+        expected = _plain_version(state)
+        if expected is None or expected == snapshot.status_version:
+            return None
+        return expected
 
     def _after_write(self, machine: StateMachine, snapshot: TaskSnapshot, write: Callable[[], None]) -> bool:
         """（持有 machine.lock）执行一次交给别人提交的写（组提交的 ``finish``、worker 合并的认领提交），
