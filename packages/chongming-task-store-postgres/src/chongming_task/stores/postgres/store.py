@@ -295,6 +295,10 @@ def _data_error(exc: BaseException) -> ConfigurationError:
 # -- the store ---------------------------------------------------------------------------------------
 
 
+# write_many 里一项通过检查的 create：(在 creates 里的下标, 快照, 迁移记录, 任务行参数, 迁移记录行参数)。
+_FreshCreate = tuple[int, TaskSnapshot, Sequence[Transition], dict[str, Any], list[dict[str, Any]]]
+
+
 class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     """PostgreSQL 持久层：多台机器共用一套任务存储与控制指令通道。
 
@@ -1146,7 +1150,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         插入新任务，再按 task_id 顺序写 save——与 ``Sql.write_batch`` 同一加锁顺序）。事务本身失败照常抛出
         StoreError（整批结果未知）。"""
         created: list[TaskError | None] = [None] * len(creates)
-        fresh: list[tuple[int, TaskSnapshot, Sequence[Transition], dict[str, Any], list[dict[str, Any]]]] = []
+        fresh: list[_FreshCreate] = []
         first: set[str] = set()
         for index, (snapshot, transitions) in enumerate(creates):
             try:
@@ -1184,7 +1188,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     def _write_batch(
         self,
         created: list[TaskError | None],
-        fresh: list[tuple[int, TaskSnapshot, Sequence[Transition], dict[str, Any], list[dict[str, Any]]]],
+        fresh: list[_FreshCreate],
         saved: list[TaskError | None],
         work: list[tuple[int, _Prepared]],
     ) -> None:
@@ -1219,7 +1223,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     def _write_pipelined(
         self,
         created: list[TaskError | None],
-        fresh: list[tuple[int, TaskSnapshot, Sequence[Transition], dict[str, Any], list[dict[str, Any]]]],
+        fresh: list[_FreshCreate],
         saved: list[TaskError | None],
         work: list[tuple[int, _Prepared]],
     ) -> None:
