@@ -329,6 +329,36 @@ def _unchecked(snapshot: TaskSnapshot, like: TaskSnapshot | None = None) -> Task
     return snapshot
 
 
+class SaveTrustsItsRecords(InMemoryTaskStore):
+    """save 不逐条查随附的迁移记录（以为版本号接得上就够了）：别的任务的记录、不是 Transition 的对象混进了
+    历史。save 的入参检查里逐条查记录的只有一处（``checks.check_save`` 里那一遍 ``check_transitions``，
+    ``validate_checked_save`` 不再重复它）：这个变种在 save / save_many 期间把它换成不查。"""
+
+    def save(
+        self,
+        snapshot: TaskSnapshot,
+        *,
+        expect_version: int,
+        transitions: Sequence[Transition] = (),
+        lease_expired_before: datetime | None = None,
+    ) -> None:
+        with mock.patch.object(memory_checks, "check_transitions", _trusting):
+            super().save(
+                snapshot,
+                expect_version=expect_version,
+                transitions=transitions,
+                lease_expired_before=lease_expired_before,
+            )
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        with mock.patch.object(memory_checks, "check_transitions", _trusting):
+            return super().save_many(requests)
+
+
+def _trusting(task_id: str | None, transitions: Sequence[Transition]) -> None:
+    return None
+
+
 class SaveRewritesRecipe(InMemoryTaskStore):
     """save 把调用方手里的配方原样写回（配方列进了 save 的 UPDATE）：丢了配方的快照一写，持久任务就没了。"""
 
@@ -471,6 +501,7 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
     },
     BatchStopsAtFirstConflict: {"test_save_many_conflict_writes_nothing_for_that_item_only"},
     BatchChecksOnlyTheFirst: {"test_create_many_checks_every_item_not_just_the_first_of_a_shape"},
+    SaveTrustsItsRecords: {"test_save_rejects_records_that_are_not_its_own"},
     MixedBatchTrustsTheCreates: {"test_write_many_refuses_a_duplicate_or_a_conflict_alone"},
     SaveRewritesRecipe: {"test_save_never_rewrites_the_recipe"},
     ClaimIgnoresHolder: {

@@ -125,6 +125,10 @@ def test_a_failed_combined_commit_is_a_failed_save_and_a_failed_claim() -> None:
         assert (failed, "save") in failures, "终态那一半按一次失败的 save 记下"
         local = worker.get(failed)
         assert local is not None and local.status is S.SUCCEEDED, "存储写失败绝不让任务失败"
+        # 终态那一半下次先读回：存储停在认领时写下的 starting（本进程接手的版本），之后一条也没写进去——
+        # 从那里接着写，而不是把认领来的任务判成被别人改写（隔离）、让它一直停在 starting
+        wait_until(lambda: (s := store.get(failed)) is not None and s.status is S.SUCCEEDED)
+        assert not [f for f in worker.persist_failures if f.operation == "fenced"], worker.persist_failures
     finally:
         stop.set()
         serving.join(30)

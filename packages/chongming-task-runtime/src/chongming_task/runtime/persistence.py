@@ -155,6 +155,12 @@ class WriteThrough:
         # 读写都在 _lock 下（后台循环的旁路回写与任务线程的终态补写都会写它；forget 在同一把锁下删）。
         self._side_written: dict[str, tuple[Progress | None, datetime | None]] = {}
         self._behind: dict[str, StateMachine] = {}
+        # task_id → 本进程从存储的哪个版本接着写（``track``：认领 / 接手来的持久任务，接手那一刻存储里的
+        # 版本）。只为这些任务记（提交的任务从版本 0 写起，不记）。为什么要记：它们的状态机只凭快照重建、没有
+        # 那之前的历史，结果未知的写之后读回对照时（``_converge``）只能对照这个版本之后的那一段，否则本进程
+        # 自己写成的前缀永远"对不上"，任务被误判隔离、一直停在 running 直到被判 lost（runtime/fencing.py 的
+        # compare）。值是 int（不被 GC 追踪），与 _tasks 同在 _lock 下增删。
+        self._bases: dict[str, int] = {}
         # 每次迁移都拿、临界区只有字典操作：用不排车队的锁（见 core/locks.py）。
         self._lock = YieldingLock()
         self._failure_seq = 0  # 写失败的累计次数（catch_up 据此判断"存储此刻不可用"）
@@ -343,8 +349,18 @@ class WriteThrough:
         return _Unreachable(text)
 
     def track(self, machine: StateMachine) -> None:
-        """接着存储里已有的版本写（认领 / 接手来的持久任务：存储里就是 ``machine.snapshot`` 这一版）。"""
-        self._tasks[machine.task_id] = machine.snapshot.status_version
+        """接着存储里已有的版本写（认领 / 接手来的持久任务：存储里就是 ``machine.snapshot`` 这一版）。
+
+        这一版同时记作本进程写这个任务的起点（``_bases``）：读回对照时，它及以前的记录是接手时的底子。"""
+        snapshot = machine.snapshot
+        task_id = snapshot.task_id
+        version = snapshot.status_version
+        with self._lock:
+            self._tasks[task_id] = version
+            if version:
+                self._bases[task_id] = version
+            else:  # 版本 0 的任务没有底子（与提交的任务一样整段对照）；同一个 id 先前记过的起点作废
+                self._bases.pop(task_id, None)
 
     def _read_back_create(self, machine: StateMachine) -> Verdict | None:
         """create 结果未知之后读回：PREFIX = 存储里正是这一份；ABSENT = 确定没写进去；None = 读不到。"""
@@ -733,12 +749,21 @@ class WriteThrough:
             self._behind.pop(machine.task_id, None)
             self._behind[machine.task_id] = machine
 
+    def _local_since_base(self, machine: StateMachine) -> tuple[int, tuple[Transition, ...], str | None]:
+        """读回对照用的 (起点, 本进程写下的迁移记录, 持有者)：提交的任务是 (0, 全部历史, None)；认领 / 接手
+        来的是 (接手时的版本, 那之后的记录, 本节点)——见 runtime/fencing.py 的 ``compare``。"""
+        base = self._bases.get(machine.task_id, 0)
+        if not base:
+            return 0, machine.transitions, None
+        return base, machine.transitions_since(base), self.owner
+
     def _converge(self, machine: StateMachine, state: _TaskState) -> bool:
         """读回存储里的快照与历史，与本进程的历史对照。返回 False 表示被隔离（已记下）。"""
         task_id = machine.task_id
         stored = self.store.get(task_id)
         history = self.store.history(task_id) if stored is not None else []
-        verdict = compare(machine.transitions, stored, history)
+        base, local, holder = self._local_since_base(machine)
+        verdict = compare(local, stored, history, base=base, holder=holder)
         if verdict is Verdict.DIVERGED:
             self._fence(machine, state, stored, history)
             return False
@@ -758,7 +783,8 @@ class WriteThrough:
         if stored is None:  # 读回时它又不见了（被 prune 了）：同样不再写
             text = "本节点被隔离（fenced）：存储中这个任务已被别人删除；本地结果不再写入"
         else:
-            text = fenced_text(machine.snapshot, machine.transitions, stored, history)
+            base, local, holder = self._local_since_base(machine)
+            text = fenced_text(machine.snapshot, local, stored, history, base=base, holder=holder)
         self._note(machine.task_id, "fenced", text)
 
     def is_fenced(self, task_id: str) -> bool:
@@ -897,6 +923,7 @@ class WriteThrough:
         with self._lock:
             state = self._tasks.pop(task_id, None)
             self._side_written.pop(task_id, None)
+            self._bases.pop(task_id, None)
         item = self._drop_lazy(task_id, state) if isinstance(state, _TaskState) else None
         if item is not None and self.commits is not None:
             self.commits.withdraw(item)  # 已被捎走的就让它写完：写的是本进程真实经过的迁移

@@ -191,28 +191,63 @@ def validate_save(snapshot: TaskSnapshot, expect_version: int, transitions: Sequ
 
     各后端在写入之前调用它，保证历史不会因调用方的错误而出现空洞或重复。
     """
+    _check_expect_version(snapshot, expect_version)
+    if transitions:
+        check_transitions(None, transitions)  # 先确认都是 Transition，才能读 version
+        _check_record_versions(snapshot, expect_version, transitions)
+        check_transitions(snapshot.task_id, transitions)
+        _check_last_record(snapshot, transitions)
+
+
+def validate_checked_save(
+    snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
+) -> None:
+    """``validate_save`` 去掉逐条检查的那一半，给刚 ``check_transitions(snapshot.task_id, transitions)`` 过的
+    调用方（``checks.check_save``、``check_save_since``）：只查 expect_version、记录的版本号与末条的状态。
+
+    为什么单开：save 的入参检查原来是 ``check_transitions(task_id)`` 再 ``validate_save``，而后者自己又把
+    记录逐条查两遍（先查类型、再查归属）——同一条检查每次 save 跑三遍，前一遍通过之后后两遍不可能失败。
+    调用方那一遍与 ``validate_save`` 里的两遍查的是同一件事（每条都是 Transition、都属于这个任务），所以
+    ``check_transitions(task_id)`` + 本函数与 ``check_transitions(task_id)`` + ``validate_save`` 对任何入参的
+    结果都一样：同样的入参被拒、同样的报错、同样的先后（归属与类型先于版本号）。调用方必须先做那一遍——
+    不做时记录的类型与归属就没人查了（契约套件的 ``test_save_rejects_records_that_are_not_its_own`` 与变种
+    ``SaveTrustsItsRecords`` 守着这一点）。"""
+    _check_expect_version(snapshot, expect_version)
+    if transitions:
+        _check_record_versions(snapshot, expect_version, transitions)
+        _check_last_record(snapshot, transitions)
+
+
+def _check_expect_version(snapshot: TaskSnapshot, expect_version: int) -> None:
     if isinstance(expect_version, bool) or not isinstance(expect_version, int) or expect_version < 0:
         raise ConfigurationError(f"expect_version 必须是非负整数，收到 {expect_version!r}")
     if snapshot.status_version < expect_version:
         raise ConfigurationError(
             f"快照版本 {snapshot.status_version} 小于 expect_version {expect_version}：版本号只能前进"
         )
-    if transitions:
-        check_transitions(None, transitions)  # 先确认都是 Transition，才能读 version
-        versions = [t.version for t in transitions]
-        expected = list(range(expect_version + 1, snapshot.status_version + 1))
-        if versions != expected:
-            raise ConfigurationError(f"随 save 提交的迁移记录版本必须正好是 {expected}，收到 {versions}")
-        check_transitions(snapshot.task_id, transitions)
-        if transitions[-1].to_status is not snapshot.status:
-            raise ConfigurationError("最后一条迁移记录的目标状态必须等于快照状态")
+
+
+def _check_record_versions(
+    snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
+) -> None:
+    """（记录已确认都是 Transition）版本正好是 expect_version+1 .. snapshot.status_version：不留空洞、
+    不重复。"""
+    versions = [t.version for t in transitions]
+    expected = list(range(expect_version + 1, snapshot.status_version + 1))
+    if versions != expected:
+        raise ConfigurationError(f"随 save 提交的迁移记录版本必须正好是 {expected}，收到 {versions}")
+
+
+def _check_last_record(snapshot: TaskSnapshot, transitions: Sequence[Transition]) -> None:
+    if transitions[-1].to_status is not snapshot.status:
+        raise ConfigurationError("最后一条迁移记录的目标状态必须等于快照状态")
 
 
 def check_save_since(
     previous: TaskSnapshot, snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
 ) -> None:
-    """与 save 同样的入参检查（``check_snapshot`` + ``check_transitions`` + ``validate_save``），但相对于
-    存储里的上一版 ``previous``：可存储性只查变了的字段（``check_storable_changes``）。
+    """与 save 同样的入参检查（``check_snapshot`` + ``check_transitions`` + ``validate_checked_save``），但
+    相对于存储里的上一版 ``previous``：可存储性只查变了的字段（``check_storable_changes``）。
 
     给写入就在本进程、持着存储自己的锁完成的存储用（``TaskStore._save_direct``）：``previous`` 是锁内
     读到的、当初整份查过才存下的那一版。常见情形（一条接得上的迁移记录、文本字段原样沿用）只是几次比较；
@@ -231,7 +266,7 @@ def check_save_since(
             if version == snapshot.status_version and transitions[-1].to_status is snapshot.status:
                 return
     check_transitions(task_id, transitions)
-    validate_save(snapshot, expect_version, transitions)
+    validate_checked_save(snapshot, expect_version, transitions)  # 记录刚查过：不再逐条查第二、三遍
 
 
 def validate_lease(lease: float) -> None:

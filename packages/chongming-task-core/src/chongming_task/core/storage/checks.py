@@ -35,6 +35,7 @@ from chongming_task.core.storage._base_checks import (
     renew_args,
     touch_args,
     touch_many_fields,
+    validate_checked_save,
     validate_lease,
     validate_save,
 )
@@ -83,11 +84,14 @@ def check_save(
     transitions: Sequence[Transition],
     lease_expired_before: datetime | None,
 ) -> SaveRequest:
-    """save 的入参检查一次：快照可存、迁移记录都属于它且正好接上版本、租约条件带时区。"""
+    """save 的入参检查一次：快照可存、迁移记录都属于它且正好接上版本、租约条件带时区。
+
+    记录逐条只查一遍（``check_transitions``：都是 Transition、都属于这个任务），版本号与末条状态交给
+    ``validate_checked_save``——不再经 ``validate_save``，它会把同样的逐条检查再跑两遍（见那里）。"""
     checked = check_snapshot(snapshot)
     records = tuple(transitions)
     check_transitions(checked.task_id, records)
-    validate_save(checked, expect_version, records)
+    validate_checked_save(checked, expect_version, records)
     check_aware("lease_expired_before", lease_expired_before)
     return SaveRequest(checked, expect_version, records, lease_expired_before)
 
@@ -227,6 +231,7 @@ __all__ = [
     "touch_args",
     "touch_many_fields",
     "touch_many_update",
+    "validate_checked_save",
     "validate_lease",
     "validate_save",
 ]

@@ -6,11 +6,12 @@ import dataclasses
 import functools
 import itertools
 import threading
+import types
 from datetime import timedelta
 
 from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskNotFound
 from chongming_task.models import Progress, TaskSnapshot
-from chongming_task.storage import TaskQuery, TaskStore
+from chongming_task.storage import SaveRequest, TaskQuery, TaskStore
 from chongming_task.testing.contract._base import T0, ContractBase, S, snap, step, walk
 
 
@@ -122,6 +123,25 @@ class SaveCases(ContractBase):
         with self.assertRaises(ConfigurationError):
             store.save(nxt, expect_version=0, transitions=[records[0], records[0]])
         self.assertNeverSaved(store, "s-bad")
+
+    def test_save_rejects_records_that_are_not_its_own(self) -> None:
+        """随 save 提交的每一条都必须是这个任务的 Transition：别的任务的记录（版本号、起止状态都接得上）、
+        长得像记录却不是 Transition 的对象，都是 ConfigurationError、什么也不写——单独的 save 与 save_many
+        的一项都一样。否则一个任务的历史里会混进别的任务的迁移（或一个后端读回时才炸的对象）。"""
+        store = self.open_store()
+        base = snap("s-own")
+        store.create(base)
+        nxt, (record,) = walk(base, S.QUEUED)
+        foreign = dataclasses.replace(record, task_id="s-other")
+        lookalike = types.SimpleNamespace(
+            **{f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+        )
+        for bad in (foreign, lookalike):
+            with self.assertRaises(ConfigurationError):
+                store.save(nxt, expect_version=0, transitions=[bad])  # type: ignore[list-item]
+            (result,) = store.save_many([SaveRequest(nxt, 0, (bad,))])  # type: ignore[arg-type]
+            self.assertIsInstance(result, ConfigurationError)
+        self.assertNeverSaved(store, "s-own")
 
     def test_save_without_version_bump(self) -> None:
         store = self.open_store()
