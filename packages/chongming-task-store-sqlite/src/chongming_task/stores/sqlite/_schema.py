@@ -136,8 +136,16 @@ _PARTIAL_INDEXES: dict[str, str] = {
 
 # 第 1 版最初还建过 finished_key 上的索引：没有任何查询用它（归档沿主键按 task_id 分批，保留清理按
 # coalesce(finished_key, created_key) 排序，都用不上它），却让每个任务落终态时多维护一项。
-# 打开可写的旧文件时删掉。
-_DROPPED_INDEXES: tuple[str, ...] = ("tasks_by_finished",)
+#
+# lease_key 上的索引（tasks_by_lease）同理：产品里带"租约已过期"条件的查询（reconcile、check_cluster、worker
+# 找未复活的 lost）全都同时按状态过滤，规划器走的是 tasks_by_status（有没有这个索引，执行计划一字不差，
+# test_lease_filters_the_product_runs_use_the_status_index 守着），它只服务于"只按租约过滤"这种产品从不发出
+# 的查询。代价却在热路径上：每个 create 要在它的最右页插一项（逐个 submit 时每次提交多写一帧 WAL，约占
+# 一成），每次续租（touch_many）要为每个在管任务删一项、插一项。
+#
+# 打开可写的旧文件时删掉（不升版本号：旧包打开新文件照常读写——它的查询不依赖索引的形状，它也只在新库上
+# 建索引，不会把它补回来）。只读打开不动。
+_DROPPED_INDEXES: tuple[str, ...] = ("tasks_by_finished", "tasks_by_lease")
 
 _DDL_V1: tuple[str, ...] = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
@@ -151,7 +159,6 @@ _DDL_V1: tuple[str, ...] = (
     _PARTIAL_INDEXES["tasks_by_bucket"],
     "CREATE INDEX IF NOT EXISTS tasks_by_owner ON tasks (owner, created_key, task_id)",
     _PARTIAL_INDEXES["tasks_by_pipeline"],
-    "CREATE INDEX IF NOT EXISTS tasks_by_lease ON tasks (lease_key)",
     # 标签放进旁表，tag= 查询从这里出发再联到 tasks。旁表带上任务的排序键：主键
     # (tag, created_key, task_id) 本身就是有序的，"带某标签的最新 50 条"沿主键走 50 步即止，
     # 而不是取出该标签的全部任务再排序。快照里另存一份排序后的 JSON 列表，读快照不必联表。
