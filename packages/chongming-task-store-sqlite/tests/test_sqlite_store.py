@@ -55,6 +55,45 @@ def test_schema_is_created_and_versioned(db: Path) -> None:
     assert {"schema_version", "tasks", "transitions", "task_tags", "commands"} <= tables
 
 
+def _page_size(db: Path) -> int:
+    raw = sqlite3.connect(db)
+    try:
+        return int(raw.execute("PRAGMA page_size").fetchone()[0])
+    finally:
+        raw.close()
+
+
+def test_new_files_use_small_pages_and_existing_files_keep_theirs(db: Path, tmp_path: Path) -> None:
+    """新文件按 NEW_FILE_PAGE_SIZE 建库（每次提交写进 WAL 的字节约减半，见 _schema）；已有的文件——本包以前建的
+    4096 字节页的库、别的应用的库——保持原来的页大小照常读写，只读打开一个字节都不改。"""
+    with SqliteTaskStore(db) as store:
+        store.create(snap("new"))
+    assert _page_size(db) == _schema_module.NEW_FILE_PAGE_SIZE == 2048
+    # 以前建的文件：4096 字节的页（SQLite 的默认）。
+    old = tmp_path / "old.db"
+    raw = sqlite3.connect(old)
+    raw.execute("PRAGMA page_size = 4096")
+    raw.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    raw.executescript(SqliteTaskStore.schema_sql())
+    raw.close()
+    assert _page_size(old) == 4096
+    with SqliteTaskStore(old, readonly=True) as readonly:
+        assert readonly.query() == []
+    with SqliteTaskStore(old) as store:
+        store.create(snap("kept"))
+        assert store.get("kept") is not None
+    assert _page_size(old) == 4096
+    # 别的应用的库（create_schema="always" 把表建进去）：它的页大小也不动。
+    foreign = tmp_path / "foreign.db"
+    raw = sqlite3.connect(foreign)
+    raw.execute("PRAGMA page_size = 8192")
+    raw.execute("CREATE TABLE theirs (x INTEGER)")
+    raw.close()
+    with SqliteTaskStore(foreign, create_schema="always") as store:
+        store.create(snap("mixed"))
+    assert _page_size(foreign) == 8192
+
+
 def test_reopening_keeps_data_and_does_not_duplicate_version_row(db: Path) -> None:
     with SqliteTaskStore(db) as store:
         store.create(snap("kept"))
