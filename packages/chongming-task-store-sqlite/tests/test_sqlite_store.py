@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from chongming_task.errors import ConcurrencyConflict, ConfigurationError, StoreError
 from chongming_task.models import Failure, FailureKind, Progress, TaskSnapshot, Transition
-from chongming_task.states import TaskStatus
-from chongming_task.storage import SaveRequest, TaskQuery
+from chongming_task.states import NON_TERMINAL_STATUSES, TaskStatus
+from chongming_task.storage import QueryOrder, SaveRequest, TaskQuery
 from chongming_task.stores.sqlite import SqliteTaskStore, parse_url
 from chongming_task.stores.sqlite import _schema as _schema_module
 from chongming_task.stores.sqlite.codec import prefix_upper_bound
@@ -55,6 +55,45 @@ def test_schema_is_created_and_versioned(db: Path) -> None:
     assert {"schema_version", "tasks", "transitions", "task_tags", "commands"} <= tables
 
 
+def _page_size(db: Path) -> int:
+    raw = sqlite3.connect(db)
+    try:
+        return int(raw.execute("PRAGMA page_size").fetchone()[0])
+    finally:
+        raw.close()
+
+
+def test_new_files_use_small_pages_and_existing_files_keep_theirs(db: Path, tmp_path: Path) -> None:
+    """新文件按 NEW_FILE_PAGE_SIZE 建库（每次提交写进 WAL 的字节约减半，见 _schema）；已有的文件——本包以前建的
+    4096 字节页的库、别的应用的库——保持原来的页大小照常读写，只读打开一个字节都不改。"""
+    with SqliteTaskStore(db) as store:
+        store.create(snap("new"))
+    assert _page_size(db) == _schema_module.NEW_FILE_PAGE_SIZE == 2048
+    # 以前建的文件：4096 字节的页（SQLite 的默认）。
+    old = tmp_path / "old.db"
+    raw = sqlite3.connect(old)
+    raw.execute("PRAGMA page_size = 4096")
+    raw.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    raw.executescript(SqliteTaskStore.schema_sql())
+    raw.close()
+    assert _page_size(old) == 4096
+    with SqliteTaskStore(old, readonly=True) as readonly:
+        assert readonly.query() == []
+    with SqliteTaskStore(old) as store:
+        store.create(snap("kept"))
+        assert store.get("kept") is not None
+    assert _page_size(old) == 4096
+    # 别的应用的库（create_schema="always" 把表建进去）：它的页大小也不动。
+    foreign = tmp_path / "foreign.db"
+    raw = sqlite3.connect(foreign)
+    raw.execute("PRAGMA page_size = 8192")
+    raw.execute("CREATE TABLE theirs (x INTEGER)")
+    raw.close()
+    with SqliteTaskStore(foreign, create_schema="always") as store:
+        store.create(snap("mixed"))
+    assert _page_size(foreign) == 8192
+
+
 def test_reopening_keeps_data_and_does_not_duplicate_version_row(db: Path) -> None:
     with SqliteTaskStore(db) as store:
         store.create(snap("kept"))
@@ -76,11 +115,12 @@ def _task_indexes(db: Path) -> dict[str, str]:
         raw.close()
 
 
-def test_old_full_indexes_become_partial_on_writable_open_and_unused_one_is_dropped(db: Path) -> None:
+def test_old_full_indexes_become_partial_on_writable_open_and_unused_ones_are_dropped(db: Path) -> None:
     with SqliteTaskStore(db) as store:
         store.create(snap("plain"))
         store.create(snap("bucketed", bucket=3, pipeline_id="p1"))
-    # 第 1 版最初的形状：桶号、流水线 id 上是全量索引，另有 finished_key 上的索引。
+    assert "tasks_by_lease" not in _task_indexes(db)  # 新库不再建它（见 _schema._DROPPED_INDEXES）
+    # 第 1 版最初的形状：桶号、流水线 id 上是全量索引，另有 finished_key、lease_key 上的索引。
     raw = sqlite3.connect(db)
     with raw:
         raw.execute("DROP INDEX tasks_by_bucket")
@@ -88,10 +128,12 @@ def test_old_full_indexes_become_partial_on_writable_open_and_unused_one_is_drop
         raw.execute("CREATE INDEX tasks_by_bucket ON tasks (bucket, created_key, task_id)")
         raw.execute("CREATE INDEX tasks_by_pipeline ON tasks (pipeline_id, created_key, task_id)")
         raw.execute("CREATE INDEX tasks_by_finished ON tasks (finished_key)")
+        raw.execute("CREATE INDEX tasks_by_lease ON tasks (lease_key)")
     raw.close()
     old = _task_indexes(db)
     with SqliteTaskStore(db, readonly=True) as readonly:  # 只读打开一个字节都不改，照常能查
         assert [s.task_id for s in readonly.query(TaskQuery(bucket=3))] == ["bucketed"]
+        assert len(readonly.query(TaskQuery(lease_expired_before=T0 + timedelta(days=365)))) == 2
     assert _task_indexes(db) == old
     with SqliteTaskStore(db) as store:
         assert [s.task_id for s in store.query(TaskQuery(bucket=3))] == ["bucketed"]
@@ -99,6 +141,7 @@ def test_old_full_indexes_become_partial_on_writable_open_and_unused_one_is_drop
         assert store.bucket_counts() == {3: 1}
     upgraded = _task_indexes(db)
     assert "tasks_by_finished" not in upgraded
+    assert "tasks_by_lease" not in upgraded
     assert "WHERE bucket IS NOT NULL" in upgraded["tasks_by_bucket"]
     assert "WHERE pipeline_id IS NOT NULL" in upgraded["tasks_by_pipeline"]
     raw = sqlite3.connect(db)
@@ -588,7 +631,8 @@ def test_large_id_filters_use_a_single_json_parameter() -> None:
         (TaskQuery(owner="worker-1"), "tasks_by_owner"),
         (TaskQuery(pipeline_id="p1"), "tasks_by_pipeline"),
         (TaskQuery(created_after=T0), "tasks_by_created"),
-        (TaskQuery(lease_expired_before=T0, statuses=None), "tasks_by_lease"),
+        # 租约条件在产品里总与状态一起出现（reconcile / check_cluster / worker）：见下一个用例。
+        (TaskQuery(lease_expired_before=T0, statuses=frozenset({TaskStatus.RUNNING})), "tasks_by_status"),
         (TaskQuery(limit=50), "tasks_by_created"),
     ],
 )
@@ -619,6 +663,59 @@ def test_every_query_filter_is_indexed(db: Path, query: TaskQuery, index: str) -
         if query.statuses is not None or query.bucket is not None or query.owner is not None or query.tag:
             # 看板最常用的"某状态 / 某桶 / 某节点最新 N 条"：沿索引有序读，不做临时排序。
             assert "TEMP B-TREE" not in plans[0], plans[0]
+    finally:
+        store.close()
+
+
+def test_lease_filters_the_product_runs_use_the_status_index(db: Path) -> None:
+    """lease_key 上没有索引（见 _schema._DROPPED_INDEXES）：产品发出的每个带租约条件的查询都同时按状态（或桶）
+    过滤，沿那个索引读，不扫全表。有几百行、大半是终态时再看计划，免得空表上的计划碰巧也对。"""
+    from chongming_task.stores.sqlite._sql import TASK_COLUMNS_T as _TASK_COLUMNS_T
+    from chongming_task.stores.sqlite._sql import select_from as _select_from
+
+    store = SqliteTaskStore(db)
+    try:
+        for i in range(300):
+            at = T0 + timedelta(seconds=i)
+            fields: dict[str, object] = {"status": TaskStatus.QUEUED, "created_at": at, "bucket": i % 4}
+            if i % 3:
+                fields.update(status=TaskStatus.SUCCEEDED, started_at=at, finished_at=at)
+            store.create(snap(f"t{i:03d}", lease_owner="n", lease_until=at, **fields))
+        now = T0 + timedelta(days=1)
+        oldest = QueryOrder.OLDEST_FIRST
+        product_queries = [
+            # reconcile()（runtime/reconcile.py），带桶、只看持久任务两种变体
+            TaskQuery(
+                statuses=NON_TERMINAL_STATUSES, lease_expired_before=now, awaiting_claim=False, order=oldest
+            ),
+            TaskQuery(
+                statuses=NON_TERMINAL_STATUSES,
+                lease_expired_before=now,
+                buckets=frozenset({1, 2}),
+                durable=True,
+                awaiting_claim=False,
+                order=oldest,
+            ),
+            # check_cluster()（runtime/cluster.py）
+            TaskQuery(statuses=NON_TERMINAL_STATUSES, lease_expired_before=now, order=oldest),
+            # worker 找未复活的 lost（runtime/worker.py）
+            TaskQuery(
+                statuses=frozenset({TaskStatus.LOST}), durable=True, lease_expired_before=now, order=oldest
+            ),
+        ]
+        for query in product_queries:
+            source, params, alias = _select_from(query)
+            sql = f"SELECT {_TASK_COLUMNS_T}{source} ORDER BY {alias}.created_key, {alias}.task_id"
+            plan = " | ".join(
+                str(row[-1])
+                for row in store._run(
+                    "plan",
+                    lambda conn, s=sql, p=params: conn.execute(f"EXPLAIN QUERY PLAN {s}", p).fetchall(),
+                    "none",
+                )
+            )
+            assert "USING INDEX tasks_by_status" in plan or "USING INDEX tasks_by_bucket" in plan, plan
+            assert "SCAN t" not in plan, plan
     finally:
         store.close()
 
@@ -887,7 +984,6 @@ def test_broad_name_prefix_walks_the_time_index_with_the_same_results(
 ) -> None:
     """前缀匹配的行多于 NAME_INDEX_ROWS 时不走 name 索引（百万行上 name=sync- 要排一秒多）：结果不变。"""
     import chongming_task.stores.sqlite.store as store_module
-    from chongming_task.storage import QueryOrder
 
     store = SqliteTaskStore(db)
     base = datetime(2030, 1, 1, tzinfo=UTC)

@@ -136,8 +136,16 @@ _PARTIAL_INDEXES: dict[str, str] = {
 
 # 第 1 版最初还建过 finished_key 上的索引：没有任何查询用它（归档沿主键按 task_id 分批，保留清理按
 # coalesce(finished_key, created_key) 排序，都用不上它），却让每个任务落终态时多维护一项。
-# 打开可写的旧文件时删掉。
-_DROPPED_INDEXES: tuple[str, ...] = ("tasks_by_finished",)
+#
+# lease_key 上的索引（tasks_by_lease）同理：产品里带"租约已过期"条件的查询（reconcile、check_cluster、worker
+# 找未复活的 lost）全都同时按状态过滤，规划器走的是 tasks_by_status（有没有这个索引，执行计划一字不差，
+# test_lease_filters_the_product_runs_use_the_status_index 守着），它只服务于"只按租约过滤"这种产品从不发出
+# 的查询。代价却在热路径上：每个 create 要在它的最右页插一项（逐个 submit 时每次提交多写一帧 WAL，约占
+# 一成），每次续租（touch_many）要为每个在管任务删一项、插一项。
+#
+# 打开可写的旧文件时删掉（不升版本号：旧包打开新文件照常读写——它的查询不依赖索引的形状，它也只在新库上
+# 建索引，不会把它补回来）。只读打开不动。
+_DROPPED_INDEXES: tuple[str, ...] = ("tasks_by_finished", "tasks_by_lease")
 
 _DDL_V1: tuple[str, ...] = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
@@ -151,7 +159,6 @@ _DDL_V1: tuple[str, ...] = (
     _PARTIAL_INDEXES["tasks_by_bucket"],
     "CREATE INDEX IF NOT EXISTS tasks_by_owner ON tasks (owner, created_key, task_id)",
     _PARTIAL_INDEXES["tasks_by_pipeline"],
-    "CREATE INDEX IF NOT EXISTS tasks_by_lease ON tasks (lease_key)",
     # 标签放进旁表，tag= 查询从这里出发再联到 tasks。旁表带上任务的排序键：主键
     # (tag, created_key, task_id) 本身就是有序的，"带某标签的最新 50 条"沿主键走 50 步即止，
     # 而不是取出该标签的全部任务再排序。快照里另存一份排序后的 JSON 列表，读快照不必联表。
@@ -223,6 +230,29 @@ INDEXED_SAVE_COLUMNS: tuple[str, ...] = _indexed_save_columns()
 
 PLAIN_SAVE_COLUMNS: tuple[str, ...] = tuple(c for c in SAVE_COLUMNS if c not in INDEXED_SAVE_COLUMNS)
 """save 写的列里没有任何索引用到的：整行本来就要重写，多 SET 几列几乎不花钱。"""
+
+
+NEW_FILE_PAGE_SIZE = 2048
+"""新文件的页大小（字节）。SQLite 默认 4096。
+
+为什么更小：WAL 里每次提交把它改过的每一页整页写一遍（外加 24 字节帧头，各一次 ``pwrite``），并对整页算
+校验和。逐个 submit 的热路径上每次提交改的是十来棵 b 树各自最右边的那一页（任务表、几个索引、迁移记录），
+每页只改了一两行——写出去的字节几乎全是没变的旧内容。页减半，每次提交写进 WAL、算校验和、之后检查点再拷回
+主文件的字节也差不多减半，页数基本不变（任务行约 280 字节、迁移记录约 90 字节，一页照样放得下好几行）。
+实测（bench/README.md，issue 17 第十二轮）每任务进程 CPU 少约 6 %；1024 不比 2048 更省（行数少了，拆页变多）。
+
+代价：同样的数据页数翻倍，b 树深一层左右；大的 outcome / 配方更早溢出到溢出页；整批插入（``create_many``，
+页写满才换页）反而要多拆页、多写帧：``submit_many`` 每任务的用户态指令多约 5 %（callgrind）。百万行的列表查询
+与网页控制台的基准仍在目标之内（同一节）。
+
+只对新文件生效：页大小只能在建第一张表之前设定（WAL 模式下 ``VACUUM`` 也改不了它），已有的文件保持原来的
+页大小照常读写，不需要迁移；旧包打开新文件也不受影响（页大小记在文件头里，SQLite 自己按它读）。"""
+
+
+def use_small_pages_if_new(conn: sqlite3.Connection) -> None:
+    """新文件（还没有任何表）以 ``NEW_FILE_PAGE_SIZE`` 建库。必须在切到 WAL 与建表之前、事务之外执行。"""
+    if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+        conn.execute(f"PRAGMA page_size = {NEW_FILE_PAGE_SIZE}")
 
 
 def read_version(conn: sqlite3.Connection) -> int | None:
@@ -331,6 +361,7 @@ __all__ = [
     "COMMAND_COLUMNS",
     "INDEXED_SAVE_COLUMNS",
     "LATER_TASK_COLUMNS",
+    "NEW_FILE_PAGE_SIZE",
     "NODE_COLUMNS",
     "PLAIN_SAVE_COLUMNS",
     "SAVE_COLUMNS",
@@ -346,4 +377,5 @@ __all__ = [
     "outdated_indexes",
     "read_version",
     "schema_sql",
+    "use_small_pages_if_new",
 ]
