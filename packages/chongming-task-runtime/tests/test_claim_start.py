@@ -7,7 +7,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -121,6 +122,44 @@ class SplitsClaimAndStart(InMemoryTaskStore):
 
     def _claim_queued(self, request: QueuedClaim) -> list[TaskSnapshot]:
         return super()._claim_queued(request)
+
+
+class OldStyleClaim(InMemoryTaskStore):
+    """老式第三方后端：直接覆盖公开的 ``claim_queued``，签名里还没有 ``start``（它早于认领并开始）。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims = 0
+
+    def claim_queued(  # type: ignore[override]
+        self,
+        holder: str,
+        *,
+        names: Iterable[str],
+        buckets: Iterable[int] | None = None,
+        limit: int,
+        lease_until: datetime,
+    ) -> list[TaskSnapshot]:
+        self.claims += 1
+        return super().claim_queued(
+            holder, names=names, buckets=buckets, limit=limit, lease_until=lease_until
+        )
+
+
+def test_a_store_whose_claim_queued_override_has_no_start_parameter_still_serves() -> None:
+    # worker 的三处认领共用 Worker._claim_queued：它只在真有 start 时才传 start=。多传一个 start=None，
+    # 这个覆盖就是 TypeError，worker 一个任务也认领不到（认领失败只记日志，任务永远排队）。
+    store = OldStyleClaim()
+    submitter = Controller(store=store, owner="submitter")
+    submitter.register("double", lambda ctx, i: 2 * i, durable=True)
+    ids = [submitter.enqueue("double", i) for i in range(5)]
+    worker = Controller(2, store=store, owner="w")
+    worker.register("double", lambda ctx, i: 2 * i)
+    assert not worker.starts_on_claim, "改写了认领那一环：认领与 starting 分开写"
+    serve_all(store, worker, ids)
+    submitter.close()
+    assert store.claims >= 3, "认领都经过了子类的覆盖"
+    assert [store.get(i).outcome for i in ids] == [0, 2, 4, 6, 8]  # type: ignore[union-attr]
 
 
 def test_slots_held_for_a_claim_are_not_taken_by_a_local_submit() -> None:

@@ -191,13 +191,14 @@ def test_save_is_a_single_round_trip(store: PostgresTaskStore, monkeypatch: pyte
     base = snap("rt")
     store.create(base)
     executed: list[str] = []
-    original = psycopg.Connection.execute
+    # 在游标上数：Connection.execute 也经 Cursor.execute，而写语句走的是连接上复用的游标（store._cursor）
+    original = psycopg.Cursor.execute
 
-    def counting(self: psycopg.Connection[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+    def counting(self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
         executed.append(str(query)[:40])
         return original(self, query, *args, **kwargs)
 
-    monkeypatch.setattr(psycopg.Connection, "execute", counting)
+    monkeypatch.setattr(psycopg.Cursor, "execute", counting)
     current, records = walk(base, TaskStatus.QUEUED, TaskStatus.STARTING, TaskStatus.RUNNING)
     store.save(current, expect_version=0, transitions=records)
     assert len(executed) == 1, executed

@@ -182,14 +182,10 @@ class _ClaimChain:
         return not self._stop.is_set()
 
     def claim_after(self, request: SaveRequest) -> list[TaskSnapshot]:
-        worker = self._worker
-        controller = worker.controller
-        return worker.store.claim_queued(
-            worker.owner,
-            names=worker._names(),
-            buckets=None if controller.owns_all_buckets else controller.owned_buckets,
-            limit=1,
-            lease_until=worker._lease_until(),
+        controller = self._worker.controller
+        return self._worker._claim_queued(
+            1,
+            controller.owned_buckets,
             start=ClaimStart(at=controller.clock.now(), executor=controller.start_executor, save=request),
         )
 
@@ -384,6 +380,31 @@ class Worker:
 
     # -- claim --------------------------------------------------------------------------------------
 
+    def _claim_queued(
+        self, limit: int, owned: frozenset[int] | None, start: ClaimStart | None = None
+    ) -> list[TaskSnapshot]:
+        """三处认领（分两步写的 ``_claim``、认领并开始的 ``_claim_and_start_once``、接着认领的
+        ``_ClaimChain.claim_after``）共用的那次 ``store.claim_queued``。
+
+        ``start`` 只在给了时才传：分两步写的路径正是为改写了 ``claim_queued``（``starts_on_claim`` 为假）的
+        存储准备的，老的第三方后端的覆盖可能根本没有 ``start`` 这个参数——多传一个 ``start=None`` 就是
+        TypeError，worker 一个任务也认领不到。
+        """
+        controller = self.controller
+        buckets = None if controller.owns_all_buckets else owned
+        if start is None:
+            return self.store.claim_queued(
+                self.owner, names=self._names(), buckets=buckets, limit=limit, lease_until=self._lease_until()
+            )
+        return self.store.claim_queued(
+            self.owner,
+            names=self._names(),
+            buckets=buckets,
+            limit=limit,
+            lease_until=self._lease_until(),
+            start=start,
+        )
+
     def _claim(self) -> None:
         """认领至多空闲槽位那么多个。"""
         if self.controller.starts_on_claim:
@@ -396,13 +417,7 @@ class Worker:
         # 从认领提交到登记进控制器之间到达的指令交还、下一轮再取（见 Controller.claiming）。
         with self.controller.claiming():
             try:
-                snapshots = self.store.claim_queued(
-                    self.owner,
-                    names=self._names(),
-                    buckets=None if self.controller.owns_all_buckets else owned,
-                    limit=min(free, MAX_CLAIM),
-                    lease_until=self._lease_until(),
-                )
+                snapshots = self._claim_queued(min(free, MAX_CLAIM), owned)
             except TaskError as exc:
                 logger.warning("认领持久任务失败（下一轮再试）：%s", exc)
                 return
@@ -450,12 +465,9 @@ class Worker:
                             self._in_claim[other] = True
                 return 0
             try:
-                snapshots = self.store.claim_queued(
-                    self.owner,
-                    names=self._names(),
-                    buckets=None if controller.owns_all_buckets else owned,
-                    limit=min(free, MAX_CLAIM),
-                    lease_until=self._lease_until(),
+                snapshots = self._claim_queued(
+                    min(free, MAX_CLAIM),
+                    owned,
                     start=ClaimStart(at=controller.clock.now(), executor=controller.start_executor),
                 )
             except TaskError as exc:
