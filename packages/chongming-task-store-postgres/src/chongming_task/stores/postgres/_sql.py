@@ -185,6 +185,42 @@ _APPEND_GUARD = (
 """append 的写入条件：批里没有未知任务，且这个 (task_id, version) 还没有（哪怕 ``at`` 不同）。"""
 
 
+def lock_rows(s: str, source: str, guard: str = "") -> str:
+    """组提交的批量写里"先按 task_id 顺序锁住这几行"的子查询（``locked`` CTE 的正文）：``source`` 里的每个
+    task_id 逐个按主键查找、加 ``FOR NO KEY UPDATE`` 锁，返回锁住了的 task_id 与一个常量列 ``k``（恒为 0）。
+
+    为什么逐个（LATERAL）而不是 ``WHERE t.task_id IN (SELECT task_id FROM u)``：这些语句是预备语句，
+    psycopg 执行第 5 次起服务器用一份通用计划（generic plan）一直用到连接关闭。计划在表还小的时候定下
+    （新建的库、从没 ANALYZE 过——本机 autovacuum 关着——规划器按 10 页、约 110 行估），对 2 项以上的批
+    它选"顺序扫描整张 tasks 建哈希表"，之后表长到几千、几百万行也照用：每批扫全表（2,000 个任务的基准
+    里一批要 1 ms 服务器 CPU，是整轮服务器 CPU 的大半，且随表长大而线性变慢）。LATERAL 子查询里带锁定子句，
+    规划器不能把它展平成连接，只能对外层每一行做一次主键查找：与表的大小、有没有统计信息都无关。
+    外层按 ``COLLATE "C"`` 排好序，嵌套循环按这个顺序加锁——与 ``touch_many``、``renew_leases``、
+    ``save_many`` 的管道同一顺序（按 task_id 的码点序），并发的批量写不互相死锁。``guard`` 是加在外层的
+    额外条件（``write_batch`` 用它让插入先于加锁）。
+
+    ``k``：见 ``LOCKED_FILTER``。"""
+    return (
+        f"SELECT v.task_id, 0 AS k FROM (SELECT task_id FROM {source}{guard} "
+        'ORDER BY task_id COLLATE "C") AS v, '
+        f"LATERAL (SELECT 1 FROM {s}.tasks t WHERE t.task_id = v.task_id FOR NO KEY UPDATE) AS l"
+    )
+
+
+LOCKED_FILTER = "t.task_id IN (SELECT task_id FROM locked WHERE k = 0)"
+"""UPDATE 只写 ``locked`` 里的行。``k = 0`` 恒真，只为计划：CTE 的输出没有统计信息，规划器给这个等值条件
+默认的 0.5 % 选择度，把 ``locked`` 估成 1 行——于是它从这 1 行出发、按主键嵌套循环找到 UPDATE 的目标行，
+而不是（估 2 行以上时）顺序扫描整张 tasks 做哈希连接（原因同 ``lock_rows``）。正确性与计划无关：
+无论怎么连接，写的都是同样几行。"""
+
+
+def exists_row(s: str, alias: str) -> str:
+    """批量写的结果列"这个任务在不在"（判定冲突还是不存在）。``OFFSET 0`` 让它留作逐行的主键查找——
+    不加时，2 项以上的批里规划器把 ``EXISTS`` 换成"哈希子计划"，先顺序扫描整张表建哈希表
+    （见 ``lock_rows``）。"""
+    return f"EXISTS (SELECT 1 FROM {s}.tasks e WHERE e.task_id = {alias}.task_id OFFSET 0)"
+
+
 class Sql:
     """一个 schema 下的全部语句，构造时渲染一次（schema 名已转义）。"""
 
@@ -356,8 +392,8 @@ class Sql:
         各走一遍游标与结果处理）；合成一条之后是一条自成事务的语句、一次往返。语义与逐条 ``save`` 相同：
         每一项按自己的 ``expect_version`` 校验，不符的那项什么也不写（它的迁移记录也不写，与单项
         ``save`` 的 ``WHERE EXISTS (SELECT 1 FROM upd)`` 同一规则），不连累别的项。行锁先按 task_id
-        顺序拿（``locked``，ORDER BY 之后才加锁），与管道里按 task_id 排序执行、``touch_many``、
-        ``renew_leases`` 同一顺序，并发的批量写不互相死锁。
+        顺序逐个按主键拿（``locked``，见 ``lock_rows``：与表多大、有没有统计信息无关），与管道里按
+        task_id 排序执行、``touch_many``、``renew_leases`` 同一顺序，并发的批量写不互相死锁。
 
         参数按位置：``SAVE_BATCH_COLUMNS`` 的值逐项排开，最后是全部迁移记录合成的一个 JSON 数组。
         返回每项一行：(task_id, 是否写入, 任务是否存在)。"""
@@ -369,14 +405,13 @@ class Sql:
             s = self.s
             text = (
                 f"WITH u ({names}) AS (VALUES {', '.join([row] * count)}), "
-                f"locked AS (SELECT t.task_id FROM {s}.tasks t WHERE t.task_id IN (SELECT task_id FROM u) "
-                "ORDER BY t.task_id FOR NO KEY UPDATE), "
+                f"locked AS ({lock_rows(s, 'u')}), "
                 f"upd AS (UPDATE {s}.tasks AS t SET {sets} FROM u WHERE t.task_id = u.task_id "
-                "AND t.status_version = u.expect_version AND t.task_id IN (SELECT task_id FROM locked) "
+                f"AND t.status_version = u.expect_version AND {LOCKED_FILTER} "
                 "RETURNING t.task_id), "
                 f"hist AS ({transitions_insert(s, 'WHERE x.task_id IN (SELECT task_id FROM upd)')}) "
                 "SELECT u.task_id, EXISTS (SELECT 1 FROM upd WHERE upd.task_id = u.task_id), "
-                f"EXISTS (SELECT 1 FROM {s}.tasks e WHERE e.task_id = u.task_id) FROM u"
+                f"{exists_row(s, 'u')} FROM u"
             ).replace("%(t_rows)s", "%s")
             self._save_batch[count] = text
         return text
@@ -423,13 +458,10 @@ class Sql:
                 names = _cols(name for name, _ in SAVE_BATCH_COLUMNS)
                 sets = ", ".join(f"{name} = u.{name}" for name, _ in SAVE_BATCH_COLUMNS[2:])
                 # "AND (SELECT count(*) FROM ins) >= 0"：恒真，只为让 ins 先执行完、再开始锁行（见上）。
-                lock = (
-                    f"SELECT t.task_id FROM {s}.tasks t WHERE t.task_id IN (SELECT task_id FROM u) "
-                    "AND (SELECT count(*) FROM ins) >= 0 ORDER BY t.task_id FOR NO KEY UPDATE"
-                )
+                lock = lock_rows(s, "u", " WHERE (SELECT count(*) FROM ins) >= 0")
                 update = (
                     f"UPDATE {s}.tasks AS t SET {sets} FROM u WHERE t.task_id = u.task_id "
-                    "AND t.status_version = u.expect_version AND t.task_id IN (SELECT task_id FROM locked) "
+                    f"AND t.status_version = u.expect_version AND {LOCKED_FILTER} "
                     "RETURNING t.task_id"
                 )
                 save_history = transitions_insert(s, "WHERE x.task_id IN (SELECT task_id FROM upd)")
@@ -442,7 +474,7 @@ class Sql:
                 result += (
                     " UNION ALL SELECT 1, u.task_id, "
                     "EXISTS (SELECT 1 FROM upd WHERE upd.task_id = u.task_id), "
-                    f"EXISTS (SELECT 1 FROM {s}.tasks e WHERE e.task_id = u.task_id) FROM u"
+                    f"{exists_row(s, 'u')} FROM u"
                 )
             text = "WITH " + ", ".join(parts) + " " + result
             self._write_batch[key] = text
