@@ -412,13 +412,19 @@ def test_concurrent_write_many_over_the_same_tasks_never_deadlocks(store: Postgr
 
 
 def _generic_plan(conn: Any, text: str) -> list[str]:
-    """``text``（psycopg 的 ``%s`` 占位符）作为预备语句的通用计划：psycopg 执行第 5 次起服务器用的就是它。"""
-    numbered = iter(range(1, text.count("%s") + 1))
-    prepared = re.sub(r"%s", lambda _: f"${next(numbered)}", text)
+    """``text``（psycopg 的 ``%s`` / ``%(名字)s`` 占位符）作为预备语句的通用计划：psycopg 执行第 5 次起
+    服务器用的就是它。"""
+    numbers: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1) or f"#{len(numbers)}"
+        return f"${numbers.setdefault(name, len(numbers) + 1)}"
+
+    prepared = re.sub(r"%(?:\((\w+)\))?[sb]", number, text)
     conn.execute("SET plan_cache_mode = force_generic_plan")
     conn.execute(f"PREPARE batch AS {prepared}")
     try:
-        nulls = ", ".join(["NULL"] * text.count("%s"))
+        nulls = ", ".join(["NULL"] * len(numbers))
         return [str(row[0]) for row in conn.execute(f"EXPLAIN EXECUTE batch({nulls})")]
     finally:
         conn.execute("DEALLOCATE batch")
@@ -428,9 +434,10 @@ def _generic_plan(conn: Any, text: str) -> list[str]:
 def test_batch_writes_look_rows_up_by_key_even_when_planned_on_a_small_table(
     store: PostgresTaskStore, postgres_dsn: str
 ) -> None:
-    """组提交的批量写（``save_batch`` / ``write_batch``）是预备语句：通用计划在表还小、没有统计信息时定下，
-    之后一直用。它必须按主键逐行找（锁行、UPDATE、"在不在"三处），不能顺序扫描整张 tasks——否则每批的
-    代价随表长大而线性增长（旧语句在这里对 2 项以上的批三处都是 Seq Scan）。"""
+    """组提交的批量写（``save_batch`` / ``write_batch``）与续租（``touch_many`` / ``renew_leases``）
+    是预备语句：
+    通用计划在表还小、没有统计信息时定下，之后一直用。它们必须按主键逐行找（锁行、UPDATE、"在不在"），
+    不能顺序扫描整张 tasks——否则每批的代价随表长大而线性增长（旧语句在这里对 2 项以上的批都是 Seq Scan）。"""
     for i in range(30):
         store.create(snap(f"gp-{i}"))
     sql = store._sql
@@ -440,6 +447,8 @@ def test_batch_writes_look_rows_up_by_key_even_when_planned_on_a_small_table(
         "save_batch(16)": sql.save_batch(16),
         "write_batch(1, 2)": sql.write_batch(1, 2),
         "write_batch(3, 5)": sql.write_batch(3, 5),
+        "touch_many": sql.touch_many,
+        "renew_leases": sql.renew_leases,
     }
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         for name, text in texts.items():

@@ -361,24 +361,24 @@ class Sql:
         # 行锁按 task_id 顺序拿（locked：ORDER BY 之后才加锁）：组提交的 save_many 也按 task_id 顺序写，
         # 续租与一个多项的组提交同时碰到同一批任务时不会互相死锁（UPDATE … FROM 的加锁顺序取决于连接计划）。
         # renew_leases：一批任务写同一组租约字段；行锁同样按 task_id 顺序拿（理由同下面的 touch_many）。
+        # 锁行与 UPDATE 都按主键逐个找（lock_rows / LOCKED_FILTER）：通用计划在表小的时候定下，否则一直是
+        # 顺序扫描整张表。
         self.renew_leases = (
-            f"WITH locked AS (SELECT task_id FROM {s}.tasks WHERE task_id = ANY(%(task_ids)b::text[]) "
-            "ORDER BY task_id FOR NO KEY UPDATE) "
-            f"UPDATE {s}.tasks SET lease_owner = %(owner)s, lease_until = %(until)s, "
-            "lease_until_off = %(until_off)s WHERE task_id IN (SELECT task_id FROM locked)"
+            f"WITH locked AS ({lock_rows(s, 'unnest(%(task_ids)b::text[]) AS u(task_id)')}) "
+            f"UPDATE {s}.tasks AS t SET lease_owner = %(owner)s, lease_until = %(until)s, "
+            f"lease_until_off = %(until_off)s WHERE {LOCKED_FILTER}"
         )
         unnest = ", ".join(f"%({name})s::{kind}[]" for name, kind in TOUCH_MANY_COLUMNS.items())
         self.touch_many = (
             f"WITH u AS (SELECT * FROM unnest({unnest}) AS u({_cols(TOUCH_MANY_COLUMNS)})), "
-            f"locked AS (SELECT t.task_id FROM {s}.tasks t WHERE t.task_id IN (SELECT task_id FROM u) "
-            "ORDER BY t.task_id FOR NO KEY UPDATE) "
+            f"locked AS ({lock_rows(s, 'u')}) "
             f"UPDATE {s}.tasks AS t SET progress = COALESCE(u.progress::jsonb, t.progress), "
             "last_heartbeat_at = COALESCE(u.heartbeat_at, t.last_heartbeat_at), "
             "last_heartbeat_at_off = COALESCE(u.heartbeat_at_off, t.last_heartbeat_at_off), "
             "lease_owner = COALESCE(u.lease_owner, t.lease_owner), "
             "lease_until = COALESCE(u.lease_until, t.lease_until), "
             "lease_until_off = COALESCE(u.lease_until_off, t.lease_until_off) "
-            "FROM u WHERE t.task_id = u.task_id AND t.task_id IN (SELECT task_id FROM locked)"
+            f"FROM u WHERE t.task_id = u.task_id AND {LOCKED_FILTER}"
         )
         self._claim: dict[tuple[bool, bool, bool], str] = {}
         self._touch: dict[tuple[bool, bool, bool, bool], str] = {}
