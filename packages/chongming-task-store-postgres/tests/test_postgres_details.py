@@ -310,6 +310,11 @@ def test_write_many_is_one_statement_with_per_item_results(
     writes = [text for text in executed if not text.startswith("SELECT status_version")]
     # Connection.execute 转给 Cursor.execute：同一条语句数两次；冲突的那项另有一次读（报错里说清楚当前版本）。
     assert len(writes) == 2 and writes[0].startswith("WITH c "), executed
+    # 两段的迁移记录一条 INSERT（每条写迁移记录表的 INSERT 都要服务器重新解析、编译它的 CHECK 约束）。
+    text = store._sql.write_batch(
+        3, 4
+    )  # 这一批进语句的是 3 个 create（bad 编码时被拒、twin 同批重复）与 4 项 save
+    assert text.count("INSERT INTO") == 2 and text.count(".transitions (") == 1, text
     monkeypatch.undo()
     assert created[0] is None and created[2] is None
     assert isinstance(created[1], DuplicateTaskId) and isinstance(created[3], DuplicateTaskId)
