@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -251,9 +252,9 @@ def test_group_commit_batch_is_one_statement(
             SaveRequest(quiet, 0, ()),
         ]
     )
-    # Connection.execute 转给 Cursor.execute：同一条语句数两次；冲突的那项另有一次读（报错里说清楚当前版本）。
+    # 批量语句经 RawCursor.execute 发出（只数一次，见 _sql.numbered）；冲突的那项另有一次读。
     writes = [text for text in executed if not text.startswith("SELECT status_version")]
-    assert len(writes) == 2 and writes[0].startswith("WITH u "), executed
+    assert len(writes) == 1 and writes[0].startswith("WITH u "), executed
     monkeypatch.undo()
     assert results[0] is None and results[2] is None and results[4] is None
     assert isinstance(results[1], ConcurrencyConflict) and "存储中为 1" in str(results[1])
@@ -308,8 +309,13 @@ def test_write_many_is_one_statement_with_per_item_results(
         ],
     )
     writes = [text for text in executed if not text.startswith("SELECT status_version")]
-    # Connection.execute 转给 Cursor.execute：同一条语句数两次；冲突的那项另有一次读（报错里说清楚当前版本）。
-    assert len(writes) == 2 and writes[0].startswith("WITH c "), executed
+    # 批量语句经 RawCursor.execute 发出（只数一次，见 _sql.numbered）；冲突的那项另有一次读。
+    assert len(writes) == 1 and writes[0].startswith("WITH c "), executed
+    # 两段的迁移记录一条 INSERT（每条写迁移记录表的 INSERT 都要服务器重新解析、编译它的 CHECK 约束）。
+    text = store._sql.write_batch(
+        3, 4
+    )  # 这一批进语句的是 3 个 create（bad 编码时被拒、twin 同批重复）与 4 项 save
+    assert text.count("INSERT INTO") == 2 and text.count(".transitions (") == 1, text
     monkeypatch.undo()
     assert created[0] is None and created[2] is None
     assert isinstance(created[1], DuplicateTaskId) and isinstance(created[3], DuplicateTaskId)
@@ -409,6 +415,68 @@ def test_concurrent_write_many_over_the_same_tasks_never_deadlocks(store: Postgr
         thread.join(60)
     assert errors == [], errors
     assert sorted(winners) == sorted(f"wd-{r}-{j}" for r in range(30) for j in range(40))
+
+
+def _generic_plan(conn: Any, text: str) -> list[str]:
+    """``text``（psycopg 的 ``%s`` / ``%(名字)s`` 占位符）作为预备语句的通用计划：psycopg 执行第 5 次起
+    服务器用的就是它。"""
+    numbers: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1) or f"#{len(numbers)}"
+        return f"${numbers.setdefault(name, len(numbers) + 1)}"
+
+    prepared = re.sub(r"%(?:\((\w+)\))?[sb]", number, text)
+    count = len(numbers) or len(set(re.findall(r"\$\d+", prepared)))  # 批量语句已是 $n（见 _sql.numbered）
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    conn.execute(f"PREPARE batch AS {prepared}")
+    try:
+        nulls = ", ".join(["NULL"] * count)
+        return [str(row[0]) for row in conn.execute(f"EXPLAIN EXECUTE batch({nulls})")]
+    finally:
+        conn.execute("DEALLOCATE batch")
+
+
+def test_batch_statements_are_numbered_once_and_sent_raw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """组提交的批量语句在渲染时就换成 ``$n``、用 RawCursor 原样发出：psycopg 的普通游标对长于 4,096 字节或
+    多于 50 个参数的语句不缓存 ``%s`` → ``$n`` 的转换，每次执行都在客户端重新切一遍（这两条都超过）。"""
+    from chongming_task.stores.postgres._sql import Sql, numbered
+
+    sql = Sql("s")
+    for text in (sql.save_batch(1), sql.save_batch(3), sql.write_batch(1, 0), sql.write_batch(2, 3)):
+        assert "%" not in text
+        placeholders = [int(n) for n in re.findall(r"\$(\d+)", text)]
+        assert placeholders == list(range(1, len(placeholders) + 1)), "按出现顺序编号、各出现一次"
+    assert numbered("a %s b %s") == "a $1 b $2"
+    with pytest.raises(AssertionError):
+        numbered("LIKE 'x%' AND %s")
+
+
+@pytest.mark.postgres
+def test_batch_writes_look_rows_up_by_key_even_when_planned_on_a_small_table(
+    store: PostgresTaskStore, postgres_dsn: str
+) -> None:
+    """组提交的批量写（``save_batch`` / ``write_batch``）与续租（``touch_many`` / ``renew_leases``）
+    是预备语句：
+    通用计划在表还小、没有统计信息时定下，之后一直用。它们必须按主键逐行找（锁行、UPDATE、"在不在"），
+    不能顺序扫描整张 tasks——否则每批的代价随表长大而线性增长（旧语句在这里对 2 项以上的批都是 Seq Scan）。"""
+    for i in range(30):
+        store.create(snap(f"gp-{i}"))
+    sql = store._sql
+    texts = {
+        "save_batch(1)": sql.save_batch(1),
+        "save_batch(2)": sql.save_batch(2),
+        "save_batch(16)": sql.save_batch(16),
+        "write_batch(1, 2)": sql.write_batch(1, 2),
+        "write_batch(3, 5)": sql.write_batch(3, 5),
+        "touch_many": sql.touch_many,
+        "renew_leases": sql.renew_leases,
+    }
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        for name, text in texts.items():
+            plan = _generic_plan(conn, text)
+            scans = [line.strip() for line in plan if " on tasks" in line and "Scan" in line]
+            assert scans and all("using tasks_pkey" in line for line in scans), (name, plan)
 
 
 @pytest.mark.postgres

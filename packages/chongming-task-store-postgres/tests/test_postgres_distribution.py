@@ -13,9 +13,10 @@ def test_postgres_store_metadata() -> None:
     }
     assert requires == {
         ("chongming-task-core", "==0.1.0", ""),
-        ("psycopg", ">=3.1", ""),
+        # 3.2 起才有 RawCursor：组提交的批量语句预先编好 $n 原样发出（stores/postgres/_sql.numbered）。
+        ("psycopg", ">=3.2", ""),
         ("psycopg-pool", ">=3.2", ""),
-        ("psycopg", ">=3.1", 'extra == "binary"'),
+        ("psycopg", ">=3.2", 'extra == "binary"'),
     }
     eps = {ep.name: ep.value for ep in dist.entry_points if ep.group == "chongming_task.stores"}
     target = "chongming_task.stores.postgres:PostgresTaskStore"

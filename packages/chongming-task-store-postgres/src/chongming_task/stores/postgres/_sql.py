@@ -185,6 +185,54 @@ _APPEND_GUARD = (
 """append 的写入条件：批里没有未知任务，且这个 (task_id, version) 还没有（哪怕 ``at`` 不同）。"""
 
 
+def numbered(text: str) -> str:
+    """``%s`` 占位符的语句 → 按出现顺序编号的 ``$1, $2, …``（交给 ``psycopg.RawCursor`` 原样发出）。
+
+    为什么：psycopg 的普通游标每次执行都要把 ``%s`` 语句切开、换成 ``$n``——只有不长于 4,096 字节且参数
+    不多于 50 个的语句才缓存转换结果。组提交的批量语句（``save_batch`` 两项起、``write_batch``）两条都
+    超过：每次执行在客户端用正则把五六千字节重新切一遍（py-spy 的 GIL 剖面里占客户端 CPU 的近两成）。
+    这里在渲染语句时换好一次，执行时不再转换。语句里不能有别的 ``%``（有就是渲染错了，直接报错）。"""
+    parts = text.split("%s")
+    assert all("%" not in part for part in parts), "批量语句里只能有 %s 占位符"
+    return parts[0] + "".join(f"${index}{part}" for index, part in enumerate(parts[1:], start=1))
+
+
+def lock_rows(s: str, source: str, guard: str = "") -> str:
+    """组提交的批量写里"先按 task_id 顺序锁住这几行"的子查询（``locked`` CTE 的正文）：``source`` 里的每个
+    task_id 逐个按主键查找、加 ``FOR NO KEY UPDATE`` 锁，返回锁住了的 task_id 与一个常量列 ``k``（恒为 0）。
+
+    为什么逐个（LATERAL）而不是 ``WHERE t.task_id IN (SELECT task_id FROM u)``：这些语句是预备语句，
+    psycopg 执行第 5 次起服务器用一份通用计划（generic plan）一直用到连接关闭。计划在表还小的时候定下
+    （新建的库、从没 ANALYZE 过——本机 autovacuum 关着——规划器按 10 页、约 110 行估），对 2 项以上的批
+    它选"顺序扫描整张 tasks 建哈希表"，之后表长到几千、几百万行也照用：每批扫全表（2,000 个任务的基准
+    里一批要 1 ms 服务器 CPU，是整轮服务器 CPU 的大半，且随表长大而线性变慢）。LATERAL 子查询里带锁定子句，
+    规划器不能把它展平成连接，只能对外层每一行做一次主键查找：与表的大小、有没有统计信息都无关。
+    外层按 ``COLLATE "C"`` 排好序，嵌套循环按这个顺序加锁——与 ``touch_many``、``renew_leases``、
+    ``save_many`` 的管道同一顺序（按 task_id 的码点序），并发的批量写不互相死锁。``guard`` 是加在外层的
+    额外条件（``write_batch`` 用它让插入先于加锁）。
+
+    ``k``：见 ``LOCKED_FILTER``。"""
+    return (
+        f"SELECT v.task_id, 0 AS k FROM (SELECT task_id FROM {source}{guard} "
+        'ORDER BY task_id COLLATE "C") AS v, '
+        f"LATERAL (SELECT 1 FROM {s}.tasks t WHERE t.task_id = v.task_id FOR NO KEY UPDATE) AS l"
+    )
+
+
+LOCKED_FILTER = "t.task_id IN (SELECT task_id FROM locked WHERE k = 0)"
+"""UPDATE 只写 ``locked`` 里的行。``k = 0`` 恒真，只为计划：CTE 的输出没有统计信息，规划器给这个等值条件
+默认的 0.5 % 选择度，把 ``locked`` 估成 1 行——于是它从这 1 行出发、按主键嵌套循环找到 UPDATE 的目标行，
+而不是（估 2 行以上时）顺序扫描整张 tasks 做哈希连接（原因同 ``lock_rows``）。正确性与计划无关：
+无论怎么连接，写的都是同样几行。"""
+
+
+def exists_row(s: str, alias: str) -> str:
+    """批量写的结果列"这个任务在不在"（判定冲突还是不存在）。``OFFSET 0`` 让它留作逐行的主键查找——
+    不加时，2 项以上的批里规划器把 ``EXISTS`` 换成"哈希子计划"，先顺序扫描整张表建哈希表
+    （见 ``lock_rows``）。"""
+    return f"EXISTS (SELECT 1 FROM {s}.tasks e WHERE e.task_id = {alias}.task_id OFFSET 0)"
+
+
 class Sql:
     """一个 schema 下的全部语句，构造时渲染一次（schema 名已转义）。"""
 
@@ -325,24 +373,24 @@ class Sql:
         # 行锁按 task_id 顺序拿（locked：ORDER BY 之后才加锁）：组提交的 save_many 也按 task_id 顺序写，
         # 续租与一个多项的组提交同时碰到同一批任务时不会互相死锁（UPDATE … FROM 的加锁顺序取决于连接计划）。
         # renew_leases：一批任务写同一组租约字段；行锁同样按 task_id 顺序拿（理由同下面的 touch_many）。
+        # 锁行与 UPDATE 都按主键逐个找（lock_rows / LOCKED_FILTER）：通用计划在表小的时候定下，否则一直是
+        # 顺序扫描整张表。
         self.renew_leases = (
-            f"WITH locked AS (SELECT task_id FROM {s}.tasks WHERE task_id = ANY(%(task_ids)b::text[]) "
-            "ORDER BY task_id FOR NO KEY UPDATE) "
-            f"UPDATE {s}.tasks SET lease_owner = %(owner)s, lease_until = %(until)s, "
-            "lease_until_off = %(until_off)s WHERE task_id IN (SELECT task_id FROM locked)"
+            f"WITH locked AS ({lock_rows(s, 'unnest(%(task_ids)b::text[]) AS u(task_id)')}) "
+            f"UPDATE {s}.tasks AS t SET lease_owner = %(owner)s, lease_until = %(until)s, "
+            f"lease_until_off = %(until_off)s WHERE {LOCKED_FILTER}"
         )
         unnest = ", ".join(f"%({name})s::{kind}[]" for name, kind in TOUCH_MANY_COLUMNS.items())
         self.touch_many = (
             f"WITH u AS (SELECT * FROM unnest({unnest}) AS u({_cols(TOUCH_MANY_COLUMNS)})), "
-            f"locked AS (SELECT t.task_id FROM {s}.tasks t WHERE t.task_id IN (SELECT task_id FROM u) "
-            "ORDER BY t.task_id FOR NO KEY UPDATE) "
+            f"locked AS ({lock_rows(s, 'u')}) "
             f"UPDATE {s}.tasks AS t SET progress = COALESCE(u.progress::jsonb, t.progress), "
             "last_heartbeat_at = COALESCE(u.heartbeat_at, t.last_heartbeat_at), "
             "last_heartbeat_at_off = COALESCE(u.heartbeat_at_off, t.last_heartbeat_at_off), "
             "lease_owner = COALESCE(u.lease_owner, t.lease_owner), "
             "lease_until = COALESCE(u.lease_until, t.lease_until), "
             "lease_until_off = COALESCE(u.lease_until_off, t.lease_until_off) "
-            "FROM u WHERE t.task_id = u.task_id AND t.task_id IN (SELECT task_id FROM locked)"
+            f"FROM u WHERE t.task_id = u.task_id AND {LOCKED_FILTER}"
         )
         self._claim: dict[tuple[bool, bool, bool], str] = {}
         self._touch: dict[tuple[bool, bool, bool, bool], str] = {}
@@ -356,10 +404,11 @@ class Sql:
         各走一遍游标与结果处理）；合成一条之后是一条自成事务的语句、一次往返。语义与逐条 ``save`` 相同：
         每一项按自己的 ``expect_version`` 校验，不符的那项什么也不写（它的迁移记录也不写，与单项
         ``save`` 的 ``WHERE EXISTS (SELECT 1 FROM upd)`` 同一规则），不连累别的项。行锁先按 task_id
-        顺序拿（``locked``，ORDER BY 之后才加锁），与管道里按 task_id 排序执行、``touch_many``、
-        ``renew_leases`` 同一顺序，并发的批量写不互相死锁。
+        顺序逐个按主键拿（``locked``，见 ``lock_rows``：与表多大、有没有统计信息无关），与管道里按
+        task_id 排序执行、``touch_many``、``renew_leases`` 同一顺序，并发的批量写不互相死锁。
 
-        参数按位置：``SAVE_BATCH_COLUMNS`` 的值逐项排开，最后是全部迁移记录合成的一个 JSON 数组。
+        参数按位置（``$n``，用 ``psycopg.RawCursor`` 执行，见 ``numbered``）：``SAVE_BATCH_COLUMNS`` 的值逐项
+        排开，最后是全部迁移记录合成的一个 JSON 数组。
         返回每项一行：(task_id, 是否写入, 任务是否存在)。"""
         text = self._save_batch.get(count)
         if text is None:
@@ -369,15 +418,15 @@ class Sql:
             s = self.s
             text = (
                 f"WITH u ({names}) AS (VALUES {', '.join([row] * count)}), "
-                f"locked AS (SELECT t.task_id FROM {s}.tasks t WHERE t.task_id IN (SELECT task_id FROM u) "
-                "ORDER BY t.task_id FOR NO KEY UPDATE), "
+                f"locked AS ({lock_rows(s, 'u')}), "
                 f"upd AS (UPDATE {s}.tasks AS t SET {sets} FROM u WHERE t.task_id = u.task_id "
-                "AND t.status_version = u.expect_version AND t.task_id IN (SELECT task_id FROM locked) "
+                f"AND t.status_version = u.expect_version AND {LOCKED_FILTER} "
                 "RETURNING t.task_id), "
                 f"hist AS ({transitions_insert(s, 'WHERE x.task_id IN (SELECT task_id FROM upd)')}) "
                 "SELECT u.task_id, EXISTS (SELECT 1 FROM upd WHERE upd.task_id = u.task_id), "
-                f"EXISTS (SELECT 1 FROM {s}.tasks e WHERE e.task_id = u.task_id) FROM u"
+                f"{exists_row(s, 'u')} FROM u"
             ).replace("%(t_rows)s", "%s")
+            text = numbered(text)
             self._save_batch[count] = text
         return text
 
@@ -386,9 +435,10 @@ class Sql:
         任务、都不带租约条件）合成的一条语句——一次往返、一个事务（按项数渲染一次）。
 
         create 一段与逐个 ``create`` 同一规则：已存在的 id 被 ``ON CONFLICT`` 跳过、不在 ``ins`` 里（它是
-        DuplicateTaskId），它的迁移记录也不写（``chist`` 只为 ``ins`` 里的 id 插入）。save 一段与
-        ``save_batch`` 逐字相同。两段的迁移记录是两个 JSON 参数、各自按自己那一段的结果过滤：同一批里一项
-        create 撞上了同批正被 save 的那个任务时，冒名者的记录不能因为那个 id 在 ``upd`` 里就被写进去。
+        DuplicateTaskId），它的迁移记录也不写（只为 ``ins`` 里的 id 插入）。save 一段与 ``save_batch``
+        相同。两段的迁移记录是两个 JSON 参数、各自按自己那一段的结果过滤（有 save 时写成同一条 INSERT）：
+        同一批里一项 create 撞上了同批正被 save 的那个任务时，冒名者的记录不能因为那个 id 在 ``upd`` 里
+        就被写进去。
 
         加锁顺序（并发的批次不互相死锁）：新行按 task_id（``COLLATE "C"``，与 ``create_many`` 在 Python 里的
         排序同一顺序）插入，**先于**任何行锁——``locked`` 的条件里引用 ``ins``（一个不相关子查询，算出
@@ -396,8 +446,9 @@ class Sql:
         插入同一 id 的事务互等（别的事务看不见未提交的新行，不会去锁它）；所有批次都是"先按序插入、再按序
         锁行"，等待图里没有环。
 
-        参数按位置：每项 create 的 ``TASK_BATCH_COLUMNS`` 值，create 的迁移记录（一个 JSON 数组），每项 save
-        的 ``SAVE_BATCH_COLUMNS`` 值，save 的迁移记录（一个 JSON 数组）。返回每项一行：
+        参数按位置（``$n``，用 ``psycopg.RawCursor`` 执行，见 ``numbered``）：每项 create 的
+        ``TASK_BATCH_COLUMNS`` 值，create 的迁移记录（一个 JSON 数组），每项 save 的
+        ``SAVE_BATCH_COLUMNS`` 值，save 的迁移记录（一个 JSON 数组）。返回每项一行：
         (0 = create / 1 = save, task_id, 是否写入, 任务是否存在)。"""
         key = (creates, saves)
         text = self._write_batch.get(key)
@@ -413,7 +464,11 @@ class Sql:
             parts = [
                 f"c ({task_cols}) AS (VALUES {', '.join([c_row] * creates)})",
                 f"ins AS ({insert})",
-                f"chist AS ({create_history.replace('%(t_rows)s', '%s')})",
+                # 有 save 时这里只展开 create 的迁移记录（参数按位置，文本里的先后就是参数的先后），
+                # 与 save 的记录在最后一条 INSERT 里一起写（见下面的 hist）。
+                f"chist AS ({create_history.replace('%(t_rows)s', '%s')})"
+                if not saves
+                else f"cx AS (SELECT * FROM jsonb_to_recordset(%s::jsonb) AS x({_ROW_TYPES}))",
             ]
             result = (
                 "SELECT 0, c.task_id, EXISTS (SELECT 1 FROM ins WHERE ins.task_id = c.task_id), true FROM c"
@@ -423,28 +478,36 @@ class Sql:
                 names = _cols(name for name, _ in SAVE_BATCH_COLUMNS)
                 sets = ", ".join(f"{name} = u.{name}" for name, _ in SAVE_BATCH_COLUMNS[2:])
                 # "AND (SELECT count(*) FROM ins) >= 0"：恒真，只为让 ins 先执行完、再开始锁行（见上）。
-                lock = (
-                    f"SELECT t.task_id FROM {s}.tasks t WHERE t.task_id IN (SELECT task_id FROM u) "
-                    "AND (SELECT count(*) FROM ins) >= 0 ORDER BY t.task_id FOR NO KEY UPDATE"
-                )
+                lock = lock_rows(s, "u", " WHERE (SELECT count(*) FROM ins) >= 0")
                 update = (
                     f"UPDATE {s}.tasks AS t SET {sets} FROM u WHERE t.task_id = u.task_id "
-                    "AND t.status_version = u.expect_version AND t.task_id IN (SELECT task_id FROM locked) "
+                    f"AND t.status_version = u.expect_version AND {LOCKED_FILTER} "
                     "RETURNING t.task_id"
                 )
-                save_history = transitions_insert(s, "WHERE x.task_id IN (SELECT task_id FROM upd)")
+                # 两段的迁移记录一条 INSERT：迁移记录表每被一条 INSERT 写一次，服务器都要为它（与路由到的
+                # 分区）重新搭一遍写入状态——CHECK 约束每次执行都从系统目录里的文本重新解析、编译（两个
+                # 15 个状态的 IN 列表约 14 µs），分区路由也要重新建。两条并成一条，每批省约 18 µs 服务器 CPU。
+                # 两段仍各按自己那一段的结果过滤（create 的按 ins，save 的按 upd，理由见上）。
+                hist = (
+                    f"INSERT INTO {s}.transitions ({_cols(TRANSITION_COLUMNS)}) "
+                    f"SELECT {_cols(TRANSITION_COLUMNS, 'cx.')} FROM cx "
+                    "WHERE cx.task_id IN (SELECT task_id FROM ins) UNION ALL "
+                    f"SELECT {_cols(TRANSITION_COLUMNS, 'x.')} "
+                    f"FROM jsonb_to_recordset(%s::jsonb) AS x({_ROW_TYPES}) "
+                    "WHERE x.task_id IN (SELECT task_id FROM upd) ON CONFLICT DO NOTHING"
+                )
                 parts += [
                     f"u ({names}) AS (VALUES {', '.join([s_row] * saves)})",
                     f"locked AS ({lock})",
                     f"upd AS ({update})",
-                    f"hist AS ({save_history.replace('%(t_rows)s', '%s')})",
+                    f"hist AS ({hist})",
                 ]
                 result += (
                     " UNION ALL SELECT 1, u.task_id, "
                     "EXISTS (SELECT 1 FROM upd WHERE upd.task_id = u.task_id), "
-                    f"EXISTS (SELECT 1 FROM {s}.tasks e WHERE e.task_id = u.task_id) FROM u"
+                    f"{exists_row(s, 'u')} FROM u"
                 )
-            text = "WITH " + ", ".join(parts) + " " + result
+            text = numbered("WITH " + ", ".join(parts) + " " + result)
             self._write_batch[key] = text
         return text
 
@@ -585,6 +648,7 @@ __all__ = [
     "Sql",
     "copy_row",
     "copy_types",
+    "numbered",
     "one_transition_insert",
     "one_transition_params",
     "transition_params",

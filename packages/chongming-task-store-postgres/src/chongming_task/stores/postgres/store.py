@@ -1148,7 +1148,9 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         with self._connection() as conn:
             outcome = {
                 task_id: (1 if written else 0, exists)
-                for task_id, written, exists in conn.execute(self._sql.save_batch(len(work)), values)
+                for task_id, written, exists in psycopg.RawCursor(conn).execute(
+                    self._sql.save_batch(len(work)), values
+                )
             }
             for index, (_, params, judge) in work:
                 results[index] = judge(conn, outcome.get(params["task_id"]))
@@ -1230,7 +1232,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         with self._connection() as conn:
             outcome = {
                 (kind, task_id): (1 if written else 0, exists)
-                for kind, task_id, written, exists in conn.execute(
+                for kind, task_id, written, exists in psycopg.RawCursor(conn).execute(
                     self._sql.write_batch(len(fresh), len(work)), values
                 )
             }
