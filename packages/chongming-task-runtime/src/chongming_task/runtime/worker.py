@@ -390,19 +390,14 @@ class Worker:
         存储准备的，老的第三方后端的覆盖可能根本没有 ``start`` 这个参数——多传一个 ``start=None`` 就是
         TypeError，worker 一个任务也认领不到。
         """
-        controller = self.controller
-        buckets = None if controller.owns_all_buckets else owned
-        if start is None:
-            return self.store.claim_queued(
-                self.owner, names=self._names(), buckets=buckets, limit=limit, lease_until=self._lease_until()
-            )
+        extra: dict[str, ClaimStart] = {} if start is None else {"start": start}
         return self.store.claim_queued(
             self.owner,
             names=self._names(),
-            buckets=buckets,
+            buckets=None if self.controller.owns_all_buckets else owned,
             limit=limit,
             lease_until=self._lease_until(),
-            start=start,
+            **extra,
         )
 
     def _claim(self) -> None:

@@ -70,10 +70,10 @@ _HISTORY_SELECT = (
 _COMMANDS_OF_TASK = f"{_sql.COMMAND_SELECT} WHERE task_id = ? ORDER BY seq"
 
 
-def use_incremental_vacuum_if_new(conn: sqlite3.Connection) -> None:
-    """新文件（还没有任何表）以 auto_vacuum = INCREMENTAL 建库。必须在 WAL 与建表之前、事务之外执行。"""
-    if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
-        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+def use_incremental_vacuum(conn: sqlite3.Connection) -> None:
+    """新文件（``_schema.is_new_file``）以 auto_vacuum = INCREMENTAL 建库。必须在 WAL 与建表之前、事务之外
+    执行。"""
+    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
 
 
 def export_transitions(
@@ -227,5 +227,5 @@ __all__ = [
     "export_transitions",
     "incremental_vacuum",
     "purge_commands",
-    "use_incremental_vacuum_if_new",
+    "use_incremental_vacuum",
 ]

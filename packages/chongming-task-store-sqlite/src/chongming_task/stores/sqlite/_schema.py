@@ -239,7 +239,8 @@ NEW_FILE_PAGE_SIZE = 2048
 校验和。逐个 submit 的热路径上每次提交改的是十来棵 b 树各自最右边的那一页（任务表、几个索引、迁移记录），
 每页只改了一两行——写出去的字节几乎全是没变的旧内容。页减半，每次提交写进 WAL、算校验和、之后检查点再拷回
 主文件的字节也差不多减半，页数基本不变（任务行约 280 字节、迁移记录约 90 字节，一页照样放得下好几行）。
-实测（bench/README.md，issue 17 第十二轮）每任务进程 CPU 少约 6 %；1024 不比 2048 更省（行数少了，拆页变多）。
+实测（bench/README.md 的 sq12 一节，13 对交替）每任务进程 CPU 均值少约 7 %（逐对中位数少约 3 %），
+其中 sys 少约 19 %；1024 不比 2048 更省（行数少了，拆页变多）。
 
 代价：同样的数据页数翻倍，b 树深一层左右；大的 outcome / 配方更早溢出到溢出页；整批插入（``create_many``，
 页写满才换页）反而要多拆页、多写帧：``submit_many`` 每任务的用户态指令多约 5 %（callgrind）。百万行的列表查询
@@ -249,10 +250,15 @@ NEW_FILE_PAGE_SIZE = 2048
 页大小照常读写，不需要迁移；旧包打开新文件也不受影响（页大小记在文件头里，SQLite 自己按它读）。"""
 
 
-def use_small_pages_if_new(conn: sqlite3.Connection) -> None:
-    """新文件（还没有任何表）以 ``NEW_FILE_PAGE_SIZE`` 建库。必须在切到 WAL 与建表之前、事务之外执行。"""
-    if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
-        conn.execute(f"PRAGMA page_size = {NEW_FILE_PAGE_SIZE}")
+def is_new_file(conn: sqlite3.Connection) -> bool:
+    """文件里还没有任何表：只有这时页大小与 auto_vacuum 还能设定（见 ``NEW_FILE_PAGE_SIZE``、
+    ``_archive.use_incremental_vacuum``）。"""
+    return bool(conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0)
+
+
+def use_small_pages(conn: sqlite3.Connection) -> None:
+    """新文件以 ``NEW_FILE_PAGE_SIZE`` 建库。必须在 auto_vacuum、切到 WAL 与建表之前、事务之外执行。"""
+    conn.execute(f"PRAGMA page_size = {NEW_FILE_PAGE_SIZE}")
 
 
 def read_version(conn: sqlite3.Connection) -> int | None:
@@ -372,10 +378,11 @@ __all__ = [
     "check_not_newer",
     "create_or_migrate",
     "foreign_tables",
+    "is_new_file",
     "missing_columns",
     "missing_tables",
     "outdated_indexes",
     "read_version",
     "schema_sql",
-    "use_small_pages_if_new",
+    "use_small_pages",
 ]

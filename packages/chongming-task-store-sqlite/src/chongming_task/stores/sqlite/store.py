@@ -469,11 +469,11 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                     "（代码里传 create_schema='always'），否则换一个新文件",
                     ddl=schema.schema_sql(),
                 )
-        if not self._memory:
+        if not self._memory and schema.is_new_file(conn):
             # 两者都只能在建第一张表之前设定；页大小必须在 auto_vacuum 之前（设 auto_vacuum 会把新库的页大小
             # 定成当时的值）。
-            schema.use_small_pages_if_new(conn)  # 见 _schema.NEW_FILE_PAGE_SIZE
-            _archive.use_incremental_vacuum_if_new(conn)  # 见 _archive
+            schema.use_small_pages(conn)  # 见 _schema.NEW_FILE_PAGE_SIZE
+            _archive.use_incremental_vacuum(conn)  # 见 _archive
         _execute(conn, lambda c: schema.create_or_migrate(c, self._path), "write")
         self._use_wal(conn)
 
