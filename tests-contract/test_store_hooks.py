@@ -113,6 +113,37 @@ def test_a_subclass_that_overrides_save_still_sees_every_write_through_write() -
     assert seen == [1, -1]
 
 
+def test_a_mixin_placed_before_the_store_that_overrides_save_or_create_is_not_bypassed() -> None:
+    """改写 save / create 的也可以是排在具体存储之前、本身不是 TaskStore 的混入类
+    （``class Faulty(FaultMixin, InMemoryTaskStore)``，故障注入与记日志的常见写法）：组合出来的类自己的
+    ``__dict__`` 里没有 save，但写穿的快路径同样不能绕过混入类。"""
+    seen: list[str] = []
+
+    class CountingMixin:
+        def save(self, snapshot: TaskSnapshot, **kwargs: Any) -> None:
+            seen.append(f"save v{snapshot.status_version}")
+            super().save(snapshot, **kwargs)  # type: ignore[misc]
+
+        def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
+            seen.append(f"create {snapshot.task_id}")
+            super().create(snapshot, transitions)  # type: ignore[misc]
+
+    class Counted(CountingMixin, InMemoryTaskStore):
+        pass
+
+    assert Counted._save_direct is TaskStore._save_direct
+    assert Counted._create_direct is TaskStore._create_direct
+    controller = Controller(store=Counted(), owner="a")
+    controller.register("work", lambda ctx: "ok")
+    try:
+        run = controller.submit("work", task_id="mixin")
+        assert run.wait(timeout=5).status is TaskStatus.SUCCEEDED
+    finally:
+        controller.close()
+    assert seen[0] == "create mixin"
+    assert any(entry.startswith("save v") for entry in seen[1:])  # starting / running / 终态都经过混入类
+
+
 def test_a_subclass_that_overrides_append_logs_still_sees_the_trusted_log_lines() -> None:
     """运行时写日志走受信入口 ``_append_log_lines``（内存存储有自己的快路径，不经公开的 append_logs）：
     子类改了 append_logs（注入故障、过滤、记日志）却没改受信入口时，基类退回默认实现，

@@ -98,6 +98,21 @@ _CLAIM_START_PARTS = (
 """``claim_queued(..., start=...)`` 的一次提交替代的那几环（见 ``TaskStore.starts_on_claim``）。"""
 
 
+def _shadows(cls: type, publics: tuple[str, ...], direct: str) -> bool:
+    """``cls`` 上的某个公开方法（``publics`` 之一）是否来自 MRO 里比快路径 ``direct`` 更靠前的类。
+
+    为什么看 MRO 而不是只看 ``cls.__dict__``：改写 save 的不一定是子类自己，也可以是排在具体存储之前的
+    混入类（``class Faulty(FaultMixin, SqliteTaskStore)``，混入类本身不是 TaskStore，``__init_subclass__``
+    轮不到它）。只看 ``cls.__dict__`` 时这种组合的写穿会沿父类的快路径绕过混入类的 save。同一个类里两者
+    都改了（各后端自己）不算：那个类的快路径本来就是为它的 save 写的。"""
+    mro = cls.__mro__
+
+    def owner(name: str) -> int:
+        return next((index for index, klass in enumerate(mro) if name in klass.__dict__), len(mro))
+
+    return min(owner(public) for public in publics) < owner(direct)
+
+
 class TaskStore(ClosesOnExit, ABC):
     """持久层契约（六类流量 + 维护）。
 
@@ -132,14 +147,14 @@ class TaskStore(ClosesOnExit, ABC):
             overridden = getattr(cls, public) is not getattr(TaskStore, public)
             if overridden and getattr(getattr(cls, hook), "__isabstractmethod__", False):
                 setattr(cls, hook, _public_override(public))
-        if "create" in cls.__dict__ and "_create_direct" not in cls.__dict__:
+        if _shadows(cls, ("create",), "_create_direct"):
             # 同理：子类改了 create 却没改写穿落库的入口，父类的 _create_direct 会绕过它。
             cls._create_direct = TaskStore._create_direct  # type: ignore[method-assign]
-        if ("save" in cls.__dict__ or "_save" in cls.__dict__) and "_save_direct" not in cls.__dict__:
+        if _shadows(cls, ("save", "_save"), "_save_direct"):
             # 子类改了 save（包一层、注入故障、记日志……）却没改写穿入口：父类的 _save_direct 会绕过它。
             # 退回默认实现，写穿照样经过子类的 save。
             cls._save_direct = TaskStore._save_direct  # type: ignore[method-assign]
-        if "append_logs" in cls.__dict__ and "_append_log_lines" not in cls.__dict__:
+        if _shadows(cls, ("append_logs",), "_append_log_lines"):
             # 同理：子类改了 append_logs 却没改运行时的入口，父类的快路径会绕过它。
             cls._append_log_lines = TaskStore._append_log_lines  # type: ignore[method-assign]
 
