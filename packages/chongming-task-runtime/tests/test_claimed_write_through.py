@@ -49,8 +49,6 @@ class _Faulty:
             self.meanwhile(self)  # type: ignore[arg-type]
         raise StoreError("注入的故障：连接在提交中途断了")
 
-
-class FaultyMemory(_Faulty, InMemoryTaskStore):
     def save(
         self,
         snapshot: TaskSnapshot,
@@ -59,30 +57,20 @@ class FaultyMemory(_Faulty, InMemoryTaskStore):
         transitions: Sequence[Transition] = (),
         lease_expired_before: datetime | None = None,
     ) -> None:
+        # 混入类排在具体存储之前（见下面两个子类）：super() 就是那个存储自己的 save；写穿的快路径不会绕过
+        # 这里（TaskStore.__init_subclass__ 按 MRO 判断）。
+        base_save = super().save  # type: ignore[misc]
         self._maybe_fail(
             snapshot,
-            lambda: InMemoryTaskStore.save(
-                self, snapshot, expect_version=expect_version, transitions=transitions
-            ),
+            lambda: base_save(snapshot, expect_version=expect_version, transitions=transitions),
         )
+
+
+class FaultyMemory(_Faulty, InMemoryTaskStore):
+    pass
 
 
 class FaultySqlite(_Faulty, SqliteTaskStore):
-    def save(
-        self,
-        snapshot: TaskSnapshot,
-        *,
-        expect_version: int,
-        transitions: Sequence[Transition] = (),
-        lease_expired_before: datetime | None = None,
-    ) -> None:
-        self._maybe_fail(
-            snapshot,
-            lambda: SqliteTaskStore.save(
-                self, snapshot, expect_version=expect_version, transitions=transitions
-            ),
-        )
-
     def save_many(self, requests: Sequence[object]) -> list[object]:  # type: ignore[override]
         # 组提交的批经过 save：每一项的结果与单独一次 save 相同（逐项语义，见 TaskStore.save_many）
         return TaskStore.save_many(self, requests)  # type: ignore[arg-type]
