@@ -177,6 +177,8 @@ def test_a_submitted_task_whose_early_history_was_archived_converges_after_an_un
             f"存储没有追到 succeeded：{store.get(TASK)}，persist_failures {running.controller.persist_failures}"
         )
         assert store.fault.fired == 1
+        # 写成了的情形下存储一开始就是对的：关掉控制器（关闭时最后追平一次），确保读回对照已经做过，再看它的结论
+        running.close()
         assert running.failures() == [("save", TASK)], running.controller.persist_failures  # 没有 fenced
         # 归档 + 在线拼起来正是本进程的整段历史：写成了的那条没有重写，没写成的补上了
         assert merged_history(store, TASK, tmp_path / "archive") == list(running.run.transitions)
