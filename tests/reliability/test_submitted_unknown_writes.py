@@ -174,10 +174,11 @@ def test_a_submitted_task_whose_early_history_was_archived_converges_after_an_un
             return stored is not None and (stored.status, stored.status_version) == (S.SUCCEEDED, 4)
 
         assert wait_until(converged, SETTLE), (
-            f"存储没有追到 succeeded：{store.get(TASK)}，persist_failures {running.controller.persist_failures}"
+            f"存储没有追到 succeeded：{store.get(TASK)}，{running.controller.persist_failures}"
         )
         assert store.fault.fired == 1
-        # 写成了的情形下存储一开始就是对的：关掉控制器（关闭时最后追平一次），确保读回对照已经做过，再看它的结论
+        # 写成了的情形下存储一开始就是对的：先关掉控制器（关闭时最后追平一次），
+        # 确保读回对照已经做过，再看它的结论
         running.close()
         assert running.failures() == [("save", TASK)], running.controller.persist_failures  # 没有 fenced
         # 归档 + 在线拼起来正是本进程的整段历史：写成了的那条没有重写，没写成的补上了
@@ -215,9 +216,9 @@ def test_a_submitted_task_deleted_during_an_unknown_write_is_fenced_never_recrea
         store.fault = Fault(S.SUCCEEDED, commit=True, meanwhile=meanwhile)
         running.finish()
         controller = running.controller
-        assert wait_until(lambda: any(f.operation == "fenced" for f in controller.persist_failures), SETTLE), (
-            f"没有记 fenced：存储 {store.get(TASK)}，persist_failures {controller.persist_failures}"
-        )
+        assert wait_until(
+            lambda: any(f.operation == "fenced" for f in controller.persist_failures), SETTLE
+        ), f"没有记 fenced：存储 {store.get(TASK)}，persist_failures {controller.persist_failures}"
         fenced = next(f for f in controller.persist_failures if f.operation == "fenced")
         assert "删除" in fenced.error and "不会重建" in fenced.error, fenced
         # 再给后台循环几轮追写的机会：它不再写这个任务（不重建、不续租、不写进度）

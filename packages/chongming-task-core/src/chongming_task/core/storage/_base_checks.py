@@ -245,9 +245,9 @@ def _check_no_jump(snapshot: TaskSnapshot, expect_version: int) -> None:
             f" … {snapshot.status_version}" if snapshot.status_version > expect_version + 1 else ""
         )
         raise ConfigurationError(
-            f"快照版本 {snapshot.status_version} 比 expect_version {expect_version} 新，却没有随 save 提交迁移记录："
-            f"历史不能有空洞——请把版本 {missing} 的迁移记录随 save 一起提交；只改不涉及状态的字段时，"
-            "快照版本应保持 expect_version 不变"
+            f"快照版本 {snapshot.status_version} 比 expect_version {expect_version} 新，"
+            f"却没有随 save 提交迁移记录：历史不能有空洞——请把版本 {missing} 的迁移记录随 save 一起提交；"
+            "只改不涉及状态的字段时，快照版本应保持 expect_version 不变"
         )
 
 
