@@ -70,8 +70,8 @@ def _plain_version(entry: int | _TaskState | None) -> int | None:
 class _TaskState:
     """一个任务写穿的记账里"不平常"的那一份（``WriteThrough._tasks`` 的值；平常的只是一个 int，见那里）。"""
 
-    # 存储已确认到的版本。记账里的任务都确认在存储里存在过（create 已确认，或从存储认领来），所以总有一个版本：
-    # 读回时不见了的按隔离处理、不重建（``_converge``）。
+    # 存储已确认到的版本。记账里的任务都确认在存储里存在过（create 已确认，或从存储认领来），所以总有一个
+    # 版本：读回时不见了的按隔离处理、不重建（``_converge``）。
     persisted_version: int
     # 上一次写的结果未知（连接中途断了、或撞了冲突/重复 id——可能是自己那次丢了回执的写）：下次先读回再写。
     uncertain: bool = False
@@ -768,8 +768,8 @@ class WriteThrough:
         等于接受任何在线部分恰好对得上的存储，包括确认过的写已经不见了的那种。
 
         这个任务总是确认在存储里存在过（提交时 create 已确认；认领来的本来就在存储里），所以读回时不见了只能是
-        被删了（``delete``、保留清理、运维手工删除）：按隔离处理、记一条 fenced，绝不重新 create——那等于替
-        运维撤销一次删除（``compare`` 在给了 ``durable`` 时从不返回 ABSENT）。"""
+        被删了（``prune``、归档器整体归档终态任务、手工删除）：按隔离处理、记一条 fenced，绝不重新 create——
+        那等于替运维撤销一次删除（``compare`` 在给了 ``durable`` 时从不返回 ABSENT）。"""
         task_id = machine.task_id
         stored = self.store.get(task_id)
         history = self.store.history(task_id) if stored is not None else []
