@@ -12,13 +12,14 @@ import dataclasses
 import io
 import re
 import unittest
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from unittest import mock
 
 import pytest
 
+from chongming_task.core.storage import _base_checks
 from chongming_task.core.storage import checks as memory_checks
 from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim, claimable
 from chongming_task.errors import ConcurrencyConflict, TaskError
@@ -359,6 +360,56 @@ def _trusting(task_id: str | None, transitions: Sequence[Transition]) -> None:
     return None
 
 
+class SaveAcceptsAVersionJump(InMemoryTaskStore):
+    """save 只在带了迁移记录时核对版本号（以为"没有记录"就是"只改字段"）：快照从 v0 跳到 v2、一条记录也不带也
+    照写——存储里的任务到了 v2，历史却是空的。这个变种在 save / save_many / write_many / ``_save_direct``
+    期间换上修复前的那份入参检查（``checks`` 与 ``_base_checks`` 两处名字都换：``check_save_since`` 查的是
+    后者）。"""
+
+    def save(self, snapshot: TaskSnapshot, *, expect_version: int, **kwargs: Any) -> None:
+        with _gap_blind_checks():
+            super().save(snapshot, expect_version=expect_version, **kwargs)
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        with _gap_blind_checks():
+            return super().save_many(requests)
+
+    def write_many(
+        self, creates: Sequence[tuple[TaskSnapshot, Sequence[Transition]]], saves: Sequence[SaveRequest]
+    ) -> tuple[list[TaskError | None], list[TaskError | None]]:
+        with _gap_blind_checks():
+            return super().write_many(creates, saves)
+
+    def _save_direct(
+        self, snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
+    ) -> None:
+        with _gap_blind_checks():
+            super()._save_direct(snapshot, expect_version, transitions)
+
+
+_validate_checked_save = memory_checks.validate_checked_save
+
+
+def _gap_blind(snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]) -> None:
+    """修复前的 ``validate_checked_save``：没有记录时只查 expect_version 本身，不管快照版本跳了几版。"""
+    jumped = (
+        not transitions
+        and isinstance(expect_version, int)
+        and not isinstance(expect_version, bool)
+        and 0 <= expect_version < snapshot.status_version
+    )
+    _validate_checked_save(snapshot, snapshot.status_version if jumped else expect_version, transitions)
+
+
+@contextlib.contextmanager
+def _gap_blind_checks() -> Iterator[None]:
+    with (
+        mock.patch.object(memory_checks, "validate_checked_save", _gap_blind),
+        mock.patch.object(_base_checks, "validate_checked_save", _gap_blind),
+    ):
+        yield
+
+
 class SaveRewritesRecipe(InMemoryTaskStore):
     """save 把调用方手里的配方原样写回（配方列进了 save 的 UPDATE）：丢了配方的快照一写，持久任务就没了。"""
 
@@ -502,6 +553,7 @@ MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
     BatchStopsAtFirstConflict: {"test_save_many_conflict_writes_nothing_for_that_item_only"},
     BatchChecksOnlyTheFirst: {"test_create_many_checks_every_item_not_just_the_first_of_a_shape"},
     SaveTrustsItsRecords: {"test_save_rejects_records_that_are_not_its_own"},
+    SaveAcceptsAVersionJump: {"test_save_refuses_a_version_jump_without_records"},
     MixedBatchTrustsTheCreates: {"test_write_many_refuses_a_duplicate_or_a_conflict_alone"},
     SaveRewritesRecipe: {"test_save_never_rewrites_the_recipe"},
     ClaimIgnoresHolder: {

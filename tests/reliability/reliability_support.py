@@ -1,7 +1,8 @@
 """可靠性套件共用的检查与记录工具（测试与子进程脚本都导入它）。
 
 检查一律复用核心的定义：转移表来自 ``chongming_task.states.TRANSITIONS``，历史的连续性由
-``StateMachine.from_snapshot`` 校验，审计入口的触发源来自 ``AUDITED_TRIGGERS``——这里不重新编码规则。
+``StateMachine.from_snapshot`` 校验，审计入口的触发源来自 ``AUDITED_TRIGGERS``，接手的触发源与能被接手的状态
+来自 ``TRIGGER_ADOPTED`` / ``ADOPTABLE_STATUSES``——这里不重新编码规则。
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from chongming_task.core.state_machine import AUDITED_TRIGGERS, StateMachine
+from chongming_task.core.triggers import TRIGGER_ADOPTED
 from chongming_task.models import TaskSnapshot, Transition
-from chongming_task.states import RESOURCE_HOLDING_STATUSES, TRANSITIONS, TaskStatus
+from chongming_task.states import ADOPTABLE_STATUSES, RESOURCE_HOLDING_STATUSES, TRANSITIONS, TaskStatus
 from chongming_task.storage import TaskStore
 
 
 def check_history(store: TaskStore, task_id: str) -> tuple[TaskSnapshot, list[Transition]]:
     """任务的快照与历史必须自洽：历史（版本 0 之外）非空、从 pending 出发、版本 1..n 无空洞、每步衔接、
-    每条记录是转移表里的边（或带审计触发源的显式入口）、末条等于快照。返回 (快照, 历史)。"""
+    每条记录是转移表里的边（或带审计触发源的显式入口，或持久任务的接手）、末条等于快照。返回 (快照, 历史)。"""
     snapshot = store.get(task_id)
     assert snapshot is not None, f"{task_id}: 存储里找不到快照"
     history = store.history(task_id)
@@ -37,11 +39,25 @@ def check_history(store: TaskStore, task_id: str) -> tuple[TaskSnapshot, list[Tr
     # 连续性、衔接、与快照一致：交给状态机的构造函数（它拒绝任何不一致的历史）。
     StateMachine.from_snapshot(snapshot, history)
     for record in history:
-        assert record.to_status in TRANSITIONS[record.from_status] or record.trigger in AUDITED_TRIGGERS, (
+        assert (
+            record.to_status in TRANSITIONS[record.from_status]
+            or record.trigger in AUDITED_TRIGGERS
+            or is_adoption(record)
+        ), (
             f"{task_id}: 版本 {record.version} 的 {record.from_status} -> {record.to_status} "
             f"不是转移表里的边（trigger={record.trigger!r}）"
         )
     return snapshot, history
+
+
+def is_adoption(record: Transition) -> bool:
+    """持久任务被接手的那条记录（``StateMachine.adopt``，用户指南 §9.9）：触发源 ``cluster:adopted``、起止
+    状态相同、且是能被接手的状态。三条都要满足——别的触发源的"原地迁移"、占着资源的任务被"接手"都仍然拒绝。"""
+    return (
+        record.trigger == TRIGGER_ADOPTED
+        and record.from_status is record.to_status
+        and record.from_status in ADOPTABLE_STATUSES
+    )
 
 
 def expected_reconcile(snapshots: Iterable[TaskSnapshot]) -> tuple[set[str], set[str]]:

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from chongming_task.core.recipes import Recipe
@@ -198,3 +200,76 @@ def test_an_adopted_task_counts_its_own_adoption_as_the_base() -> None:
     at_base = [t for t in history if t.version <= base]
     before_ours = adopted.snapshot.evolve(status=S.QUEUED, status_version=base)
     assert compare(local, before_ours, at_base, base=base, holder="w") is Verdict.PREFIX
+
+
+# -- 已确认的版本（durable）：归档掉的早期历史、被删掉的任务 ------------------------------------------
+
+
+def submitted_running() -> StateMachine:
+    """提交的任务（整段历史都是本进程的）：pending → queued → starting → running（v3）。"""
+    machine = StateMachine.create("t", "job", max_attempts=3, clock=CLOCK)
+    machine.mark_queued()
+    return ran(machine, S.RUNNING)
+
+
+def test_a_submitted_task_with_archived_early_history_is_judged_from_its_last_confirmed_version() -> None:
+    """存储确认过 v3（``durable=3``），之后终态那次写结果未知。早期历史（v1..v2，或 v1..v3 全部）已被归档出
+    在线库：写成了（存储 v4、在线有第 4 条）与没写成（存储仍是 v3）都是本进程的前缀。修复前提交的任务按位置
+    整段对照，"缺头"一律判 DIVERGED。"""
+    machine = submitted_running()
+    machine.mark_succeeded(outcome=1)
+    local = machine.transitions
+    done = machine.snapshot
+    at_3 = done.evolve(status=S.RUNNING, status_version=3)
+    for online_from in (1, 2, 3, 4):
+        committed = [t for t in local if t.version >= online_from]
+        assert compare(local, done, committed, durable=3) is Verdict.PREFIX, online_from
+        assert compare(local, done, committed) is (
+            Verdict.PREFIX if online_from == 1 else Verdict.DIVERGED
+        ), "没有确认过的版本时一条也不能缺（create 的读回）"
+        not_committed = [t for t in local if online_from <= t.version <= 3]
+        assert compare(local, at_3, not_committed, durable=3) is Verdict.PREFIX, online_from
+
+
+def test_records_after_the_last_confirmed_version_must_be_online_and_ours() -> None:
+    machine = submitted_running()
+    machine.mark_succeeded(outcome=1)
+    local = machine.transitions
+    done = machine.snapshot
+    # 结果未知的那次写带的第 4 条也被归档掉了：无从核对，保守地判隔离
+    assert compare(local, done, [], durable=3) is Verdict.DIVERGED
+    # 确认过的版本仍在线时照样逐条核对：在线的第 2 条不是本进程的 → 不是前缀
+    forged = [*local[:1], dataclasses.replace(local[1], actor="someone-else"), *local[2:]]
+    assert compare(local, done, forged[1:], durable=3) is Verdict.DIVERGED
+    # 别人在确认版本之后写了第 4 条（reconcile 判 lost）
+    at_3 = done.evolve(status=S.RUNNING, status_version=3)
+    lost = mark_lease_expired(at_3, clock=CLOCK, actor="peer")
+    assert compare(local, lost.snapshot, list(lost.transitions), durable=3) is Verdict.DIVERGED
+    # 在线历史中间有空洞、或多出确认版本之后不属于快照的记录
+    assert compare(local, done, [local[0], local[3]], durable=3) is Verdict.DIVERGED
+    assert compare(local, at_3, list(local), durable=3) is Verdict.DIVERGED
+    # 存储比确认过的版本还旧：确认过的写不见了（删了重建、从备份恢复）
+    at_2 = done.evolve(status=S.STARTING, status_version=2)
+    assert compare(local, at_2, list(local[:2]), durable=3) is Verdict.DIVERGED
+
+
+def test_a_confirmed_task_that_vanished_is_fenced_never_recreated() -> None:
+    """提交时 create 已确认（durable 不是 None）：读回时不见了只能是被删了——不是 ABSENT，不重建。"""
+    local = submitted_running().transitions
+    assert compare(local, None, []) is Verdict.ABSENT  # 只有 create 的读回才可能是"没写进去"
+    for durable in (0, 1, 3):
+        assert compare(local, None, [], durable=durable) is Verdict.DIVERGED, durable
+
+
+def test_a_claimed_task_running_past_the_retention_window_is_judged_from_its_last_confirmed_version() -> None:
+    """认领来的任务同理：接手（v1）之后本进程写成、已确认的 v2..v3 也可能被归档掉。"""
+    submitted = enqueued()
+    mine = ran(claimed_by("w", submitted), S.SUCCEEDED)
+    local = mine.transitions_since(1)
+    store, history = stored_at(submitted, mine, 4)
+    tail = [t for t in history if t.version == 4]
+    assert compare(local, store.snapshot, tail, base=1, holder="w") is Verdict.DIVERGED, (
+        "只凭接手版本：缺了 v2..v3"
+    )
+    assert compare(local, store.snapshot, tail, base=1, holder="w", durable=3) is Verdict.PREFIX
+    assert compare(local, store.snapshot, tail, base=1, holder="b", durable=3) is Verdict.DIVERGED

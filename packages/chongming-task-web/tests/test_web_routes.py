@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 from web_testkit import T0, ClientFactory, MakeTask, csrf_of
 
 from chongming_task import Failure, FailureKind, TaskStatus
+from chongming_task.core.state_machine import StateMachine
 from chongming_task.models import MAX_LABEL_LENGTH
 from chongming_task.stores.sqlite import SqliteTaskStore
 from chongming_task.web.security import CONTENT_SECURITY_POLICY
@@ -187,10 +188,13 @@ def test_pause_stays_unconfirmed_until_the_store_shows_paused(
     assert response.status_code == 202 and response.json()["confirmed"] is False
     row = client.get("/api/tasks/p1").json()
     assert row["status_label"] == "运行中" and row["pending"]["label"] == "暂停请求未确认"
-    # 持有者真的暂停了：存储里出现 paused，"未确认"随之消失
-    import dataclasses
-
-    store.save(dataclasses.replace(snapshot, status=TaskStatus.PAUSED, status_version=1), expect_version=0)
+    # 持有者真的暂停了：存储里出现 paused，"未确认"随之消失。像持有者那样经状态机走
+    # running → pausing → paused，两条迁移记录随 save 一起提交（不带记录就前进版本号的 save 会被存储拒绝：
+    # 历史不能有空洞）。
+    holder = StateMachine(snapshot, ())
+    holder.mark_pausing()
+    holder.mark_paused()
+    store.save(holder.snapshot, expect_version=0, transitions=holder.transitions)
     row = client.get("/api/tasks/p1").json()
     assert row["status_label"] == "已暂停" and row["pending"] is None
     # 不能对已暂停的任务再暂停：409，说清当前状态

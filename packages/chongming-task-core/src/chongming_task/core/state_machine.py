@@ -41,7 +41,13 @@ from chongming_task.core.records import (
     sanitize_reason,
     unpack_transition,
 )
-from chongming_task.core.statuses import RETRYABLE_FROM, TERMINAL_STATUSES, TRANSITIONS, TaskStatus
+from chongming_task.core.statuses import (
+    ADOPTABLE_STATUSES,
+    RETRYABLE_FROM,
+    TERMINAL_STATUSES,
+    TRANSITIONS,
+    TaskStatus,
+)
 from chongming_task.core.triggers import (
     AUDITED_TRIGGERS,
     TRIGGER_ADOPTED,
@@ -75,7 +81,7 @@ _Owner = TypeVar("_Owner")
 # 热路径上直接查普通 dict：它就是 TRANSITIONS 本身的内容（同一批 frozenset 对象），不是另一份表。
 _TABLE: dict[TaskStatus, frozenset[TaskStatus]] = dict(TRANSITIONS)
 _TERMINAL = TERMINAL_STATUSES
-_ADOPTABLE = frozenset({S.QUEUED, S.PAUSED, S.RETRY_WAIT})
+_ADOPTABLE = ADOPTABLE_STATUSES
 _PENDING_VALUE = S.PENDING.value
 
 _TUPLE_HISTORY = 32

@@ -81,6 +81,10 @@ SLOT_HOLDING_STATUSES: frozenset[TaskStatus] = frozenset(
 RESOURCE_HOLDING_STATUSES: frozenset[TaskStatus] = frozenset({S.STARTING, S.RUNNING, S.PAUSING, S.STOPPING})
 """载体（线程/进程）正在执行的状态：控制动作要经中间态缓冲；reconcile 时租约过期即判 LOST。"""
 
+ADOPTABLE_STATUSES: frozenset[TaskStatus] = frozenset({S.QUEUED, S.PAUSED, S.RETRY_WAIT})
+"""持有者失联（租约过期）的持久任务能被活着的 worker 接手的状态：不占执行资源的非终态（用户指南 §9.9）。
+接手记一条起止相同、触发源 ``cluster:adopted`` 的迁移记录（``StateMachine.adopt``），状态不变、只换持有者。"""
+
 RETRYABLE_FROM: frozenset[TaskStatus] = frozenset({S.FAILED, S.STOPPED, S.CANCELLED, S.LOST})
 """``retry()`` 允许复活的终态。"""
 
@@ -98,6 +102,7 @@ assert len(TERMINAL_STATUSES) == 6
 
 
 __all__ = [
+    "ADOPTABLE_STATUSES",
     "NON_TERMINAL_STATUSES",
     "RESOURCE_HOLDING_STATUSES",
     "RETRYABLE_FROM",

@@ -7,7 +7,8 @@
   这里的规则：先读回存储里的快照与历史，与本进程的历史对照（:func:`compare`）。存储的历史是本进程历史的
   前缀 → 那些写都成功了，从存储的版本接着写；否则是别人写的 → 冲突 / 隔离。认领 / 接手来的持久任务只对照
   本进程接手之后的那一段（接手时的版本 ``base`` 之后），并要求持有者仍是本节点：之前的记录是提交者写的，
-  本进程的状态机里本来就没有它们。
+  本进程的状态机里本来就没有它们。已确认落库的版本（``durable``）不要求仍在线：长跑任务的早期历史可能已被
+  归档。确认存在过的任务读回时不见了（被删了）按隔离处理，绝不重建。
 * **隔离**：本节点续不上租约（网络分区），别的节点的 reconcile 接管了判定。:class:`LeaseWatch` 记下最后一次
   续租成功的时刻，租约到期那一刻本节点自己就知道；读回时发现存储被别人改写，就是被隔离了（:func:`fenced_text`）。
 """
@@ -34,6 +35,7 @@ def compare(
     *,
     base: int = 0,
     holder: str | None = None,
+    durable: int | None = None,
 ) -> Verdict:
     """存储里的 (快照, 历史) 与本进程的历史对照。
 
@@ -41,37 +43,52 @@ def compare(
     接手那一刻存储里的版本 V——V 及以前的迁移是提交者、前任持有者写的，本进程的状态机里没有它们）。
     ``local``：本进程写下的迁移记录，版本 ``base + 1`` 起连续（base 为 0 时就是全部历史）。
     ``holder``：base > 0 时本进程的持有者名（认领写下的 ``owner``）。
+    ``durable``：存储已向本进程确认过的最后一个版本（写穿层的记账：上一次确定成功的写、或接手时的版本）；
+    None 表示这个任务还没有任何一版被确认过——只有提交时 create 的读回是这样。
 
     逐条比较（Transition 是值对象：版本、起止状态、触发源、发起者、原因、时间都相同才算同一条）：
 
-    * 存储里版本大于 base 的记录必须正好是 ``local`` 的前 n - base 条（n 是存储快照的版本），快照的状态是
-      其中最后一条的终点——那些写都成功了，从 n 接着写；n == base 表示本进程的写一条也没落库，重写。
+    * 存储里版本大于 base 的在线记录必须逐条等于 ``local`` 里同一版本的那条，快照版本 n 不超过
+      base + len(local)，快照的状态是第 n 版记录的终点——那些写都成功了，从 n 接着写；n == base 表示本进程的写
+      一条也没落库，重写。
     * 版本不超过 base 的记录是接手时的底子，不逐条比（本进程没有它们；它们可能已被归档出在线库）。为什么
       这样仍然分得清"自己的"与"别人的"：底子之后别人的任何改写都要么留下一条版本 > base 的记录（接手
       ``cluster:adopted``、reconcile 判 lost、运维的 retry / reset / 强制迁移都递增版本号），与本进程同版本的
       记录对不上；要么换了持有者而不改版本号（交还之后被别的 worker 认领：认领只写 owner 与租约），所以
       base > 0 时还要求存储里的持有者仍是 ``holder``。
-    * base > 0 时存储里没有这个任务不是 ABSENT：它是从存储里认领来的，不见了只能是被人删了——绝不重建
-      （本进程也没有它完整的历史可以重建），按隔离处理。
+    * **在线历史可以缺头，但缺的只能是确认过的版本**（不超过 ``max(base, durable)``）。在线历史总是一段
+      连续的版本、止于 n：归档只删每个任务最老的一段前缀（持久层实现指南 §9），运行得比保留窗口还久的任务，
+      早期的记录就不在线了。已确认的版本不必再看：存储确认那次写时已按 expect_version 核对过、记录只追加不
+      改写，它们就是本进程写的（或接手时的底子）；仍在线的照样逐条核对。还没确认的那几版（durable 之后，
+      正是结果未知的那次写带的）必须都在线、逐条对得上才算本进程的——它们也被归档掉的话（结果未知的状态拖过
+      了整个保留窗口）无从核对，保守地判 DIVERGED：宁可停写、如实记下 fenced，也不在看不见的记录上接着写。
+      durable 为 None 时一条也不能缺。
+    * 存储的版本比 durable 还旧（确认过的写不见了：被删了又以同一个 id 重建、或从备份恢复）不是本进程的前缀。
+    * 存储里没有这个任务：只有 create 的读回（durable 为 None、base 为 0）才是 ABSENT（create 没写进去，
+      可以再建）。否则这个任务在存储里确认存在过——提交时 create 已确认，或是从存储里认领来的——不见了只能是
+      被人删了（``prune`` / 归档器整体归档终态任务 / 手工删除），按隔离处理，**绝不重建**：重建等于替运维
+      撤销一次删除，把一个已被清走的任务连同本进程的历史又写回去。
     """
     if stored is None:
-        return Verdict.ABSENT if base == 0 else Verdict.DIVERGED
+        return Verdict.ABSENT if durable is None and base == 0 else Verdict.DIVERGED
     n = stored.status_version
+    known = base if durable is None else max(base, durable)
     mine = n - base  # 存储里属于本进程的条数
-    if mine < 0 or mine > len(local):
+    if n < known or mine > len(local):
         return Verdict.DIVERGED
     if base and holder is not None and stored.owner != holder:
         return Verdict.DIVERGED
-    if base:
-        # 底子（版本 <= base）不比；历史按版本升序，版本 > base 的是一段后缀。
-        tail = [record for record in history if record.version > base]
-    else:
-        # 提交的任务：整段历史都得是本进程的，条数也必须正好是 n（不多不少，不接受缺头）。
-        if len(history) != n:
-            return Verdict.DIVERGED
-        tail = list(history)
-    if tail != list(local[:mine]):
+    # 在线历史：一段连续的版本 first .. n（空的表示全都归档了，first = n + 1）；缺的头只能是确认过的版本。
+    first = history[0].version if history else n + 1
+    if first < 1 or first - 1 > known or first + len(history) - 1 != n:
         return Verdict.DIVERGED
+    for offset, record in enumerate(history):
+        version = first + offset
+        if record.version != version:
+            return Verdict.DIVERGED
+        # 底子（版本 <= base）不比：本进程没有它们。
+        if version > base and record != local[version - base - 1]:
+            return Verdict.DIVERGED
     if mine and local[mine - 1].to_status is not stored.status:
         return Verdict.DIVERGED
     if not mine and local and local[0].from_status is not stored.status:

@@ -70,7 +70,9 @@ def _plain_version(entry: int | _TaskState | None) -> int | None:
 class _TaskState:
     """一个任务写穿的记账里"不平常"的那一份（``WriteThrough._tasks`` 的值；平常的只是一个 int，见那里）。"""
 
-    persisted_version: int | None  # None：存储里还没有这个任务（create 失败过）
+    # 存储已确认到的版本。记账里的任务都确认在存储里存在过（create 已确认，或从存储认领来），所以总有一个
+    # 版本：读回时不见了的按隔离处理、不重建（``_converge``）。
+    persisted_version: int
     # 上一次写的结果未知（连接中途断了、或撞了冲突/重复 id——可能是自己那次丢了回执的写）：下次先读回再写。
     uncertain: bool = False
     # 被隔离：存储里这个任务已被别人改写。此后不再写它，对外报告以存储为准。
@@ -638,26 +640,23 @@ class WriteThrough:
                     self._mark_behind(machine)
                     return False
             persisted = entry if state is None else state.persisted_version
-            assert persisted is None or isinstance(persisted, int)
+            assert isinstance(persisted, int)
             if persisted == snapshot.status_version:
                 if state is not None:  # 推迟写的 running 刚了结 / 读回确认已追平：标记都清了就换回 int
                     self._written(task_id, persisted)
                 break
             try:
-                if persisted is None:
-                    self.store.create(snapshot, machine.transitions)
+                if record is not None and record.version == persisted + 1 == snapshot.status_version:
+                    transitions: tuple[Transition, ...] = (record,)
                 else:
-                    if record is not None and record.version == persisted + 1 == snapshot.status_version:
-                        transitions: tuple[Transition, ...] = (record,)
-                    else:
-                        transitions = machine.transitions_since(persisted)
-                    if self.commits is None:
-                        # 不经组提交：存储的写穿入口（与 save 同一语义；内存存储在锁内相对上一版检查，见
-                        # TaskStore._save_direct）。
-                        self.store._save_direct(snapshot, persisted, transitions)
-                    else:
-                        # 组提交：与同一时刻别的任务的迁移合进一个写事务；只在这一项提交之后返回。
-                        self.commits.save(SaveRequest(snapshot, persisted, transitions))
+                    transitions = machine.transitions_since(persisted)
+                if self.commits is None:
+                    # 不经组提交：存储的写穿入口（与 save 同一语义；内存存储在锁内相对上一版检查，见
+                    # TaskStore._save_direct）。
+                    self.store._save_direct(snapshot, persisted, transitions)
+                else:
+                    # 组提交：与同一时刻别的任务的迁移合进一个写事务；只在这一项提交之后返回。
+                    self.commits.save(SaveRequest(snapshot, persisted, transitions))
             except (ConcurrencyConflict, DuplicateTaskId):
                 state = self._mark_uncertain(task_id)  # 读回再判：是自己先前那次写成功了，还是别人改写了
                 if state is None:  # 写的同时被 forget 了（不再归本进程管）：不再追
@@ -666,7 +665,7 @@ class WriteThrough:
             except TaskError as exc:
                 # 结果未知（也可能根本没写进去）：下次先读回，不拿旧版本盲目重放。
                 self._mark_uncertain(task_id)
-                self.record(task_id, "create" if persisted is None else "save", exc)
+                self.record(task_id, "save", exc)
                 self._mark_behind(machine)
                 return False
             self._written(task_id, snapshot.status_version)
@@ -758,17 +757,29 @@ class WriteThrough:
         return base, machine.transitions_since(base), self.owner
 
     def _converge(self, machine: StateMachine, state: _TaskState) -> bool:
-        """读回存储里的快照与历史，与本进程的历史对照。返回 False 表示被隔离（已记下）。"""
+        """读回存储里的快照与历史，与本进程的历史对照。返回 False 表示被隔离（已记下）。
+
+        对照从"存储已确认到的版本"（``state.persisted_version``）起要求记录在线，之前的只在仍在线时逐条核对
+        （``compare`` 的 ``durable``）。为什么不是整段历史：提交的任务原来整段按位置对照，运行得比保留窗口还久
+        的任务（早期历史被 Archiver 归档出在线库）读回时"缺头"，一次其实写成了的写也被判成别人的改写——本进程
+        从此停写，存储停在旧状态直到被判 lost。为什么是确认到的版本、而不是"最老的在线记录"：确认过的版本是
+        存储按 expect_version 核对后收下的，记录只追加，无需再看；结果未知的那次写带的记录（确认版本之后）才是
+        要判定的，它们必须在线——若连它们也被归档了就无从判断，宁可按隔离处理。只按"最老的在线记录"起对照，
+        等于接受任何在线部分恰好对得上的存储，包括确认过的写已经不见了的那种。
+
+        这个任务总是确认在存储里存在过（提交时 create 已确认；认领来的本来就在存储里），所以读回时不见了只能是
+        被删了（``prune``、归档器整体归档终态任务、手工删除）：按隔离处理、记一条 fenced，绝不重新 create——
+        那等于替运维撤销一次删除（``compare`` 在给了 ``durable`` 时从不返回 ABSENT）。"""
         task_id = machine.task_id
         stored = self.store.get(task_id)
         history = self.store.history(task_id) if stored is not None else []
         base, local, holder = self._local_since_base(machine)
-        verdict = compare(local, stored, history, base=base, holder=holder)
-        if verdict is Verdict.DIVERGED:
+        verdict = compare(local, stored, history, base=base, holder=holder, durable=state.persisted_version)
+        if verdict is not Verdict.PREFIX or stored is None:
             self._fence(machine, state, stored, history)
             return False
-        # ABSENT：create 没写进去，重新 create；PREFIX：那些写都成功了，从存储的版本接着写。
-        state.persisted_version = None if stored is None else stored.status_version
+        # PREFIX：那些写都成功了，从存储的版本接着写。
+        state.persisted_version = stored.status_version
         state.uncertain = False
         return True
 
@@ -780,8 +791,11 @@ class WriteThrough:
         state.uncertain = False
         with self._lock:
             self._behind.pop(machine.task_id, None)
-        if stored is None:  # 读回时它又不见了（被 prune 了）：同样不再写
-            text = "本节点被隔离（fenced）：存储中这个任务已被别人删除；本地结果不再写入"
+        if stored is None:  # 读回时它不见了（prune、归档清理、手工删除）：不再写，也绝不重建
+            text = (
+                "本节点被隔离（fenced）：存储中这个任务已被删除（prune / 归档清理 / 手工删除）；"
+                "本地结果不再写入，也不会重建它。如仍需要这个结果，请核对后用新的 task_id 重新提交"
+            )
         else:
             base, local, holder = self._local_since_base(machine)
             text = fenced_text(machine.snapshot, local, stored, history, base=base, holder=holder)
@@ -860,9 +874,7 @@ class WriteThrough:
             side_written = dict(self._side_written) if self._side_written else {}
         for snapshot in snapshots:
             state = tasks.get(snapshot.task_id)
-            if state is None or (
-                isinstance(state, _TaskState) and (state.persisted_version is None or state.fenced)
-            ):
+            if state is None or (isinstance(state, _TaskState) and state.fenced):
                 continue  # 被隔离的任务在存储里归别人了：不再替它续租、写进度
             fields: dict[str, object] = {}
             last_progress, last_heartbeat = side_written.get(snapshot.task_id, _NOTHING_WRITTEN)

@@ -189,7 +189,8 @@ def check_transitions(task_id: str | None, transitions: Sequence[Transition]) ->
 def validate_save(snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]) -> None:
     """save() 的参数一致性：迁移记录必须正好覆盖 expect_version+1 .. snapshot.status_version。
 
-    各后端在写入之前调用它，保证历史不会因调用方的错误而出现空洞或重复。
+    各后端在写入之前调用它，保证历史不会因调用方的错误而出现空洞或重复。没有迁移记录时快照版本必须等于
+    expect_version（只改不涉及状态的字段）：版本前进了却不带记录，存储里的历史就缺了那几版（``_check_no_jump``）。
     """
     _check_expect_version(snapshot, expect_version)
     if transitions:
@@ -197,6 +198,8 @@ def validate_save(snapshot: TaskSnapshot, expect_version: int, transitions: Sequ
         _check_record_versions(snapshot, expect_version, transitions)
         check_transitions(snapshot.task_id, transitions)
         _check_last_record(snapshot, transitions)
+    else:
+        _check_no_jump(snapshot, expect_version)
 
 
 def validate_checked_save(
@@ -216,6 +219,8 @@ def validate_checked_save(
     if transitions:
         _check_record_versions(snapshot, expect_version, transitions)
         _check_last_record(snapshot, transitions)
+    else:
+        _check_no_jump(snapshot, expect_version)
 
 
 def _check_expect_version(snapshot: TaskSnapshot, expect_version: int) -> None:
@@ -224,6 +229,25 @@ def _check_expect_version(snapshot: TaskSnapshot, expect_version: int) -> None:
     if snapshot.status_version < expect_version:
         raise ConfigurationError(
             f"快照版本 {snapshot.status_version} 小于 expect_version {expect_version}：版本号只能前进"
+        )
+
+
+def _check_no_jump(snapshot: TaskSnapshot, expect_version: int) -> None:
+    """（没有随附迁移记录）快照版本必须就是 expect_version。
+
+    为什么要单独查：版本号的检查原来只在"有记录"时做，于是 ``save(v2 的快照, expect_version=0)`` 什么记录
+    也不带就能通过——存储把快照写到 v2，历史里却一条也没有。历史没有空洞（每一版都有一条记录说明它从哪来）
+    是存储的基本承诺（持久层实现指南 §2.2）：读回对照、归档、``StateMachine.from_snapshot`` 都靠它。这一条
+    放在所有后端共用的入参检查里，任何后端、任何写入口（save / save_many / 写穿的 ``_save_direct`` /
+    认领时一并提交的 save）都拒绝它。"""
+    if snapshot.status_version != expect_version:
+        missing = f"{expect_version + 1}" + (
+            f" … {snapshot.status_version}" if snapshot.status_version > expect_version + 1 else ""
+        )
+        raise ConfigurationError(
+            f"快照版本 {snapshot.status_version} 比 expect_version {expect_version} 新，"
+            f"却没有随 save 提交迁移记录：历史不能有空洞——请把版本 {missing} 的迁移记录随 save 一起提交；"
+            "只改不涉及状态的字段时，快照版本应保持 expect_version 不变"
         )
 
 

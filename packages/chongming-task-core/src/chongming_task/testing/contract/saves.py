@@ -143,6 +143,31 @@ class SaveCases(ContractBase):
             self.assertIsInstance(result, ConfigurationError)
         self.assertNeverSaved(store, "s-own")
 
+    def test_save_refuses_a_version_jump_without_records(self) -> None:
+        """快照版本前进了、却一条迁移记录也不带：ConfigurationError，什么也不写。否则存储里快照到了 v2、历史却
+        是空的——"历史没有空洞，每一版都有记录说明它从哪来"（持久层实现指南 §2.2）就破了。单独的 save、
+        save_many 与混合批里的一项、写穿入口 ``_save_direct`` 都一样；版本不变、不带记录的 save 照常合法
+        （``test_save_without_version_bump``）。"""
+        store = self.open_store()
+        base = snap("s-jump")
+        store.create(base)
+        nxt, records = walk(base, S.QUEUED, S.STARTING)
+        for expect in (0, 1):
+            with self.subTest(expect=expect), self.assertRaises(ConfigurationError) as caught:
+                store.save(nxt, expect_version=expect)
+            self.assertIn("迁移记录", str(caught.exception))
+        (result,) = store.save_many([SaveRequest(nxt, 0, ())])
+        self.assertIsInstance(result, ConfigurationError)
+        created, (mixed,) = store.write_many([], [SaveRequest(nxt, 0, ())])
+        self.assertEqual(created, [])
+        self.assertIsInstance(mixed, ConfigurationError)
+        with self.assertRaises(ConfigurationError):
+            store._save_direct(nxt, 0, ())
+        self.assertNeverSaved(store, "s-jump")
+        # 拦下之后，带上那两条记录的同一次写照常成功。
+        store.save(nxt, expect_version=0, transitions=records)
+        self.assertVersions(store, "s-jump", [1, 2])
+
     def test_save_without_version_bump(self) -> None:
         store = self.open_store()
         base, records = walk(snap("s-same"), S.QUEUED)
