@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import random
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -541,6 +543,39 @@ def test_idle_worker_thread_takes_the_next_submit() -> None:
     worker = _thread(idents[0])
     assert worker is not None and worker.daemon
     c.close()
+
+
+class _Payload:
+    """任务参数：能被弱引用，用来看它什么时候被释放。"""
+
+
+def test_an_idle_worker_thread_keeps_no_task_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """空闲等待的工作线程不引用它跑过的尝试：控制器关掉、没人再引用之后，它的任务连同参数马上就能回收，
+    不必等这条线程接到下一个活或空闲超时（issue 17：否则整个控制器与它在管的全部任务要多活到那时，
+    再由某一次全量回收整片扫掉）。两个任务都看：第一个是新建线程时交给它的，第二个是交接给空闲线程的
+    （第一个跑完的线程已在空闲栈里）。"""
+    monkeypatch.setattr(thread_executor, "IDLE_WORKER_TIMEOUT", 60.0)  # 测量期间线程一定还在空闲栈里
+    c = Controller(max_parallel=1)
+    idents: list[int] = []
+
+    def take(ctx: object, payload: _Payload) -> None:
+        idents.append(threading.get_ident())
+
+    c.register("take", take)
+    refs = []
+    for _ in range(2):
+        payload = _Payload()
+        refs.append(weakref.ref(payload))
+        c.wait(c.submit("take", payload).task_id, timeout=5)
+        del payload
+        wait_until(lambda: getattr(_thread(idents[-1]), "name", None) == thread_executor.IDLE_THREAD_NAME)
+    c.close()
+    del c
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
+    for ident in set(idents):  # 跑过它们的线程仍在空闲等待（所以上面看的不是"线程已退出"）
+        worker = _thread(ident)
+        assert worker is not None and worker.name == thread_executor.IDLE_THREAD_NAME
 
 
 def test_abandoned_thread_is_never_reused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -77,7 +77,9 @@ def _thread_name(attempt: LocalAttempt) -> str:
 
 
 def _spawn(attempt: ThreadAttempt) -> None:
-    threading.Thread(target=_worker, args=(attempt,), name=_thread_name(attempt), daemon=True).start()
+    # 交给线程的是一个列表而不是尝试本身：Thread 在 run() 返回之前一直持有 args，线程空闲等待时
+    # 它也不能再引用跑完的尝试（见 _worker 里 del attempt 的说明）；列表由 _worker 清空。
+    threading.Thread(target=_worker, args=([attempt],), name=_thread_name(attempt), daemon=True).start()
 
 
 def _hand_off(attempt: ThreadAttempt) -> None:
@@ -91,25 +93,30 @@ def _hand_off(attempt: ThreadAttempt) -> None:
     parked.wake.release()
 
 
-def _wait_for_work(parked: _Parked) -> ThreadAttempt | None:
-    """进空闲栈等下一个尝试；超时（或栈已满）返回 None，线程随后退出。"""
+def _wait_for_work(parked: _Parked, pending: list[ThreadAttempt]) -> bool:
+    """进空闲栈等下一个尝试，等到就放进 ``pending``；超时（或栈已满）返回 False，线程随后退出。
+
+    放进调用方的列表而不是返回它：调用方不必再用一个局部变量接住它，那个变量会在下一次空闲等待时
+    还引用着这次的尝试（见 _worker）。"""
     with _idle_lock:
         if len(_idle) >= MAX_IDLE_WORKERS:
-            return None
+            return False
         _idle.append(parked)
     threading.current_thread().name = IDLE_THREAD_NAME
     if not parked.wake.acquire(timeout=IDLE_WORKER_TIMEOUT):
         with _idle_lock:
             if parked in _idle:  # 没人来取：从栈里撤下，退出
                 _idle.remove(parked)
-                return None
+                return False
         parked.wake.acquire()  # 超时的同一刻被取走了：交接者马上会放进尝试并释放
     attempt, parked.attempt = parked.attempt, None
-    return attempt
+    if attempt is None:  # 交接者总是先放进尝试再释放锁；没有尝试就按"没等到"处理（线程退出）
+        return False
+    pending.append(attempt)
+    return True
 
 
-def _worker(first: ThreadAttempt) -> None:
-    pending = [first]
+def _worker(pending: list[ThreadAttempt]) -> None:
     parked: _Parked | None = None
     while True:
         while pending:
@@ -126,12 +133,16 @@ def _worker(first: ThreadAttempt) -> None:
                 for rest in pending:
                     _spawn(rest)
                 return
+        # 空闲等待之前放下最后一次尝试（这里的局部变量、线程的 args 都不再引用它；见 _spawn）：否则这条
+        # 线程最多 IDLE_WORKER_TIMEOUT 秒里一直引用着它——经它的事件回调引用着 TaskRun，再经控制器的钩子
+        # 引用着整个控制器与它在管的全部任务（连同任务的参数与返回值）。控制器早已关闭、没人再引用它时，这
+        # 一大片对象本该马上释放，却要等这条线程接到下一个活才变成垃圾，那时它们已进了最老的一代，由之后
+        # 某一次全量回收整片扫掉：那次回收的停顿（五万个任务约半秒）落在不相干的下一批任务头上（issue 17）。
+        del attempt
         if parked is None:
             parked = _Parked()
-        next_attempt = _wait_for_work(parked)
-        if next_attempt is None:
+        if not _wait_for_work(parked, pending):
             return
-        pending.append(next_attempt)
 
 
 class ThreadAttempt(LocalAttempt):
