@@ -48,6 +48,7 @@ from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TERMINAL_STATUSES, TaskStatus
 from chongming_task.stores.postgres import _archive, _claim, _logs, _partitions, _schema, _sql
 from chongming_task.stores.postgres._codec import (
+    SNAPSHOTS,
     TASK_COLUMNS,
     TRANSITIONS,
     array_literal,
@@ -1300,7 +1301,11 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         ``scalar``：只有一条迁移记录时按标量参数写它（``Sql.save_one``）。"""
         snapshot, transitions = request.snapshot, request.transitions
         expect_version, lease_expired_before = request.expect_version, request.lease_expired_before
-        params = task_params(snapshot)
+        # 只编码 save 写的列（``SNAPSHOTS.save_params``，与 SQLite 的 save 同一份）：配方是只在 create 时写的列，
+        # save 的语句根本不引用它，整份编码（``task_params``）每次 save 都白白把配方参数做一遍 JSON 编码与
+        # 可存储性检查——worker 每个任务的终态 save 里最贵的一项。
+        params = SNAPSHOTS.save_params(snapshot)
+        params["task_id"] = snapshot.task_id
         params["expect_version"] = expect_version
         leased = lease_expired_before is not None
         if leased:
