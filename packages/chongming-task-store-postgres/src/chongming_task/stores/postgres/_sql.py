@@ -255,6 +255,8 @@ class Sql:
         )
         # 待认领的持久任务：同一条语句里插入成功才 pg_notify（见 _claim.create_notify_sql）。
         self.create_notify = create_notify_sql(self.create)
+        # enqueue() 的建任务（待认领、只带 queued 那一条迁移记录）：通知 + 迁移记录按标量参数写。
+        self.create_one_notify = create_notify_sql(self.create_one)
         # create_many：一批任务一条语句（一次往返、一次事务）。任务行按列数组 unnest，已存在的 id 被
         # ON CONFLICT 跳过、不出现在 RETURNING 里（它们是 DuplicateTaskId）；迁移记录只为真正插入的任务写入，
         # 与逐个 create 的 "WHERE EXISTS (SELECT 1 FROM ins)" 同一规则：重复的那一项什么也不写。
