@@ -27,6 +27,7 @@ from chongming_task.stores.postgres import _schema
 from chongming_task.stores.postgres._codec import (
     TASK_COLUMNS,
     TRANSITION_COLUMNS,
+    array_literal,
     split_dt,
     trusted_snapshot_from_row,
 )
@@ -264,7 +265,9 @@ def claim_statement(s: str, request: QueuedClaim) -> tuple[str, dict[str, Any]] 
         return None
     until, until_off = split_dt(request.lease_until)
     params = {
-        "names": names,
+        # 名字集合以数组的文本字面量传（语句里 ::text[]）：列表参数每次执行都要 psycopg 逐个元素找 dumper
+        # （纯 Python），worker 每认领一次就付一遍；一段文本直接发出去，服务器按 text[] 的输入函数解析。
+        "names": _names_literal(tuple(names)),
         "buckets": buckets,
         "limit": request.limit,
         "holder": request.holder,
@@ -272,6 +275,15 @@ def claim_statement(s: str, request: QueuedClaim) -> tuple[str, dict[str, Any]] 
         "until_off": until_off,
     }
     return claim_sql(s, by_bucket=buckets is not None), params
+
+
+@functools.lru_cache(maxsize=64)
+def _names_literal(names: tuple[str, ...]) -> str:
+    """升序的任务名 → ``text[]`` 的文本字面量（``array_literal``：每个元素加引号、转义）。worker 每次认领的
+    名字集合都一样：按它缓存。"""
+    literal = array_literal(names)
+    assert literal is not None
+    return literal
 
 
 def claimed_snapshots(rows: list[Any]) -> list[TaskSnapshot]:
