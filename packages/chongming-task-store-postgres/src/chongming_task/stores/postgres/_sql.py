@@ -163,7 +163,23 @@ def transition_params(transitions: Sequence[Transition]) -> dict[str, Any]:
 
 def rows_param(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """已编好的迁移记录行（``TRANSITIONS.params``）→ ``{"t_rows": JSON 文本}``。"""
-    return {"t_rows": json.dumps(rows, ensure_ascii=False, default=_json_value, separators=(",", ":"))}
+    return {"t_rows": _encode_rows(rows)}
+
+
+def _rows_encoder() -> Any:
+    """与 ``json.dumps(rows, ensure_ascii=False, default=_json_value, separators=(",", ":"))`` 逐字相同的
+    编码函数，复用一个 C 编码器对象：带非默认参数的 ``json.dumps`` 每次都新建一个 ``JSONEncoder`` 和一个
+    带查环 ``markers`` 的 C 编码器（worker 每个任务的终态 save 一次）。不查循环引用：行是
+    ``TRANSITIONS.params`` 刚编出的一层字典，值只有文本、整数与时间，不可能有环。没有 C 加速时照旧 dumps。"""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython 总有 C 加速
+        return lambda rows: json.dumps(rows, ensure_ascii=False, default=_json_value, separators=(",", ":"))
+    encode = make(None, _json_value, json.encoder.encode_basestring, None, ":", ",", False, False, True)
+    join = "".join
+    return lambda rows: join(encode(rows, 0))
+
+
+_encode_rows = _rows_encoder()
 
 
 TOUCH_MANY_COLUMNS = {
