@@ -662,3 +662,19 @@ def test_json_text_writes_exponent_floats_in_fixed_point_exactly_when_the_value_
     for value in fixed + [build(0) for _ in range(2000)]:
         assert json_text(value, "outcome") == reference(value), value
     assert json_text(1e17, "outcome") == "100000000000000000.0"
+
+
+def test_history_rows_encode_exactly_like_json_dumps() -> None:
+    """迁移记录的 JSON 参数（``_sql.rows_param``）复用一个 C 编码器：与原来的 ``json.dumps(...,
+    default=_json_value)`` 逐字相同（时间经 isoformat、非 ASCII 原样、NULL）。"""
+    import json
+
+    from chongming_task.stores.postgres import _sql
+    from chongming_task.stores.postgres._codec import TRANSITIONS
+    from chongming_task.testing.contract._base import snap, walk
+
+    _, records = walk(snap('任务\u2028"x'), TaskStatus.QUEUED, TaskStatus.STARTING, TaskStatus.RUNNING)
+    rows = [TRANSITIONS.params(record) for record in records]
+    expected = json.dumps(rows, ensure_ascii=False, default=_sql._json_value, separators=(",", ":"))
+    assert _sql.rows_param(rows) == {"t_rows": expected}
+    assert _sql.rows_param([]) == {"t_rows": "[]"}
