@@ -1382,7 +1382,8 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         text = f"SELECT status, count(*) FROM {self._sql.s}.tasks{where} GROUP BY status"
 
         def run(conn: Conn) -> v.TaskStats:
-            rows = conn.execute(text, params).fetchall()
+            # 连接上复用的游标（见 _cursor）：看板与探针每隔几毫秒到几秒就调一次 stats()，不必每次新建游标。
+            rows = _cursor(conn).execute(text, params).fetchall()
             return v.TaskStats({TaskStatus(status): int(n) for status, n in rows})
 
         return self._read(run)
