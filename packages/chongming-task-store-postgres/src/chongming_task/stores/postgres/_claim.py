@@ -167,8 +167,9 @@ def save_claim_start_sql(s: str, save_sql: str, save_result: str, *, by_bucket: 
     事务、一次往返、一次提交。
 
     ``save_sql`` 以 ``save_result``（"改到几行、任务在不在"的那句 SELECT）结尾：去掉它，接上认领并开始的
-    三个 CTE（名字与参数加 ``c_`` 前缀），最后一句照旧交回 save 的两列，后面跟认领到的行（LEFT JOIN：一行
-    也没认领到时仍有一行，认领的列为 NULL）。
+    CTE（名字与参数加 ``c_`` 前缀；save 带迁移记录时认领的那条并进 save 的 ``hist``，只接挑行与写行两个，
+    见下面的注释），最后一句照旧交回 save 的两列，后面跟认领到的行（LEFT JOIN：一行也没认领到时仍有一行，
+    认领的列为 NULL）。
 
     为什么 save 是认领的前提、怎样做到：挑行带 ``EXISTS (SELECT 1 FROM upd)``——save 的 UPDATE 改到了那一行
     才挑（版本不符时 upd 为空，认领什么也不挑，整条语句什么也不写，与单独一次失败的 save 相同）。同一条语句
