@@ -678,3 +678,17 @@ def test_history_rows_encode_exactly_like_json_dumps() -> None:
     expected = json.dumps(rows, ensure_ascii=False, default=_sql._json_value, separators=(",", ":"))
     assert _sql.rows_param(rows) == {"t_rows": expected}
     assert _sql.rows_param([]) == {"t_rows": "[]"}
+
+
+def test_queued_notice_payload_is_what_json_dumps_writes() -> None:
+    """入队通知的载荷（``_claim.notice_params``）直接拼成文本：与 ``json.dumps`` 逐字相同（task_id 转义、
+    桶号整数或 null），listener 照旧按 JSON 解析。"""
+    import json
+
+    from chongming_task.stores.postgres._claim import notice_params
+    from chongming_task.testing.contract._base import snap
+
+    for task_id, bucket in (("t-1", None), ('任务"\\\u2028x', 7), ("a", 0), ("b", 2**40)):
+        payload = notice_params("channel", snap(task_id).evolve(bucket=bucket))["notice_payload"]
+        assert payload == json.dumps({"kind": "queued", "task_id": task_id, "bucket": bucket})
+        assert json.loads(payload) == {"kind": "queued", "task_id": task_id, "bucket": bucket}
