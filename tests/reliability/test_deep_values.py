@@ -44,6 +44,37 @@ def test_depth_measure_is_exact_and_not_recursive() -> None:
         loads_bounded("不是 JSON", what="x")
 
 
+def test_depth_measure_agrees_with_the_recursive_definition() -> None:
+    """量深度的循环只把容器入栈（标量在父容器里就地略过）：对随机的嵌套值、各个上限，结论与按定义
+    递归算出的深度（标量 0 层，容器 = 1 + 子项的最大深度）逐一相同。"""
+    import random
+
+    def depth(value: Any) -> int:
+        if isinstance(value, dict):
+            return 1 + max((depth(child) for child in value.values()), default=0)
+        if isinstance(value, (list, tuple)):
+            return 1 + max((depth(child) for child in value), default=0)
+        return 0
+
+    rng = random.Random(11)
+
+    def build(level: int) -> Any:
+        roll = rng.random()
+        if level > 7 or roll < 0.35:
+            return rng.choice([1, "s", None, 2.5, True])
+        if roll < 0.65:
+            return [build(level + 1) for _ in range(rng.randint(0, 4))]
+        if roll < 0.8:
+            return tuple(build(level + 1) for _ in range(rng.randint(0, 3)))
+        return {str(index): build(level + 1) for index in range(rng.randint(0, 4))}
+
+    for _ in range(3000):
+        value = build(0)
+        measured = depth(value)
+        for limit in range(10):
+            assert json_depth_exceeds(value, limit) == (measured > limit), (value, limit)
+
+
 @pytest.mark.parametrize("executor", [InlineExecutor(), ThreadExecutor(), ProcessExecutor()], ids=repr)
 def test_a_2000_deep_result_is_result_invalid_not_a_dead_worker(executor: Any) -> None:
     outcome = run_task(deep_result, executor=executor)

@@ -312,3 +312,44 @@ def test_cli_refuses_unstorable_values_with_exit_1(tmp_path: Path, args: list[st
     if db.exists():
         with sqlite3.connect(db) as raw:
             assert raw.execute("SELECT count(*) FROM tasks").fetchone() == (0,)
+
+
+def test_check_json_value_encodes_exactly_like_the_strict_encoder() -> None:
+    """``check_json_value`` 复用一个不查循环引用的 C 编码器（``_base_checks._strict_encoder``）：对随机的值
+    （非字符串键、非 ASCII、大整数、IntEnum、元组）输出与 ``json.JSONEncoder(ensure_ascii=False,
+    allow_nan=False, separators=(",", ":")).encode`` 逐字相同；NaN、不可序列化的值、元组键照旧是
+    ConfigurationError，带环的值在量深度时就被拒绝。"""
+    import enum
+    import json
+    import random
+
+    from chongming_task.core.storage.checks import check_json_value
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    reference = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    rng = random.Random(5)
+    pieces: list[Any] = [1, -5, 2**70, 2.5, 1e17, "é中\u2028", 'a"b\\', None, True, False, "", Level.HIGH]
+
+    def build(level: int) -> Any:
+        if level > 4 or rng.random() < 0.3:
+            return rng.choice(pieces)
+        roll = rng.random()
+        if roll < 0.4:
+            return [build(level + 1) for _ in range(rng.randint(0, 3))]
+        if roll < 0.55:
+            return tuple(build(level + 1) for _ in range(rng.randint(0, 3)))
+        keys = [rng.choice(["k", "é", 1, 2.5, True, None]) for _ in range(rng.randint(0, 3))]
+        return {key: build(level + 1) for key in keys}
+
+    for _ in range(5000):
+        value = build(0)
+        assert check_json_value(value) == reference.encode(value), value
+    for bad in (float("nan"), [float("inf")], {"a": object()}, {(1, 2): 1}, b"x", {1, 2}):
+        with pytest.raises(ConfigurationError, match="必须可 JSON 序列化"):
+            check_json_value(bad)
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    with pytest.raises(ConfigurationError, match="嵌套太深"):
+        check_json_value(cyclic)

@@ -256,6 +256,31 @@ def test_every_save_statement_shape_composes_with_the_claim(store: PostgresTaskS
         chained(SaveRequest(stopping, 2, (record,), lease_expired_before=LEASE - timedelta(hours=1)))
     left = [s.task_id for s in store.query() if s.status is S.QUEUED and s.owner is None]
     assert sorted(left) == ["next-4", "next-5"]
+    # 每个认领到的任务都有它那条 queued → starting（save 带迁移记录时它并进 save 的那条 INSERT，
+    # 见 save_claim_start_sql）：版本、触发、时刻（连偏移）与 start_claimed 算出的一样。
+    for task_id in ("next-0", "next-1", "next-2", "next-3"):
+        started = store.get(task_id)
+        assert started is not None and started.status is S.STARTING
+        history = store.history(task_id)
+        assert history and history[-1].version == started.status_version
+        queued = started.evolve(
+            status=S.QUEUED, status_version=started.status_version - 1, attempt=0, started_at=None
+        )
+        begun = start_claimed(queued, ClaimStart(at=LEASE, executor="thread"))
+        assert begun is not None
+        assert _record(history[-1]) == _record(begun[1][-1])
+
+
+def test_a_save_with_history_and_the_claim_share_one_history_insert(store: PostgresTaskStore) -> None:
+    """save 带迁移记录时，认领的 queued → starting 并进 save 的那条 INSERT（UNION ALL），整条语句只有一个
+    写迁移记录表的节点；不带记录的 save 照旧由认领自己的 CTE 写。"""
+    from chongming_task.stores.postgres import _claim
+
+    sql = store._sql
+    for text, inserts in ((sql.save, 1), (sql.save_one, 1), (sql.save_leased, 1), (sql.save_no_history, 1)):
+        composed = _claim.save_claim_start_sql(sql.s, text, sql.save_result, by_bucket=False)
+        assert composed.count("INSERT INTO") == inserts, composed
+        assert ("UNION ALL" in composed) == (text != sql.save_no_history)
 
 
 def test_writes_reuse_one_cursor_per_pooled_connection(

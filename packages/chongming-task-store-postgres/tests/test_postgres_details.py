@@ -624,3 +624,71 @@ def test_touch_many_merges_repeats_like_updates_in_order(store: PostgresTaskStor
     store.touch_many([("tr-1", {"heartbeat_at": beat + timedelta(seconds=1)})])  # 其余数组全是 NULL
     again = store.get("tr-1")
     assert again is not None and again.last_heartbeat_at == beat + timedelta(seconds=1)
+
+
+def test_json_text_writes_exponent_floats_in_fixed_point_exactly_when_the_value_has_one() -> None:
+    """jsonb 把 ``1e+17`` 读回成整数：带指数的浮点数改写成定点。判定先看文本里有没有"数字 e 数字"
+    （``_EXPONENT``）再遍历值；结果与"总是遍历值"逐字相同——字符串里的 "1e5"、键里的 e 都不算。"""
+    import json
+    import random
+
+    from chongming_task.stores.postgres._codec import _has_exponent_float, _plain_json
+
+    def reference(value: object) -> str:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return _plain_json(value) if _has_exponent_float(value) else text
+
+    fixed = [
+        1e17,
+        -2.5e300,
+        1.5e-07,
+        {"name": "x1e5", "kwargs": {"e": 1}},
+        ["1e+17", 1e16, 2.0],
+        {"k": [1.0629773069210299e17]},
+        {"1E5": "2e-3"},
+        0.0001,
+        123456789.0,
+    ]
+    rng = random.Random(7)
+    pieces = [1, 2.5, 1e17, 3e-9, "e", "1e5", "E9", None, True, -7e22, 1.0]
+
+    def build(depth: int) -> object:
+        if depth > 3 or rng.random() < 0.3:
+            return rng.choice(pieces)
+        if rng.random() < 0.5:
+            return [build(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {f"k{index}e": build(depth + 1) for index in range(rng.randint(0, 3))}
+
+    for value in fixed + [build(0) for _ in range(2000)]:
+        assert json_text(value, "outcome") == reference(value), value
+    assert json_text(1e17, "outcome") == "100000000000000000.0"
+
+
+def test_history_rows_encode_exactly_like_json_dumps() -> None:
+    """迁移记录的 JSON 参数（``_sql.rows_param``）复用一个 C 编码器：与原来的 ``json.dumps(...,
+    default=_json_value)`` 逐字相同（时间经 isoformat、非 ASCII 原样、NULL）。"""
+    import json
+
+    from chongming_task.stores.postgres import _sql
+    from chongming_task.stores.postgres._codec import TRANSITIONS
+    from chongming_task.testing.contract._base import snap, walk
+
+    _, records = walk(snap('任务\u2028"x'), TaskStatus.QUEUED, TaskStatus.STARTING, TaskStatus.RUNNING)
+    rows = [TRANSITIONS.params(record) for record in records]
+    expected = json.dumps(rows, ensure_ascii=False, default=_sql._json_value, separators=(",", ":"))
+    assert _sql.rows_param(rows) == {"t_rows": expected}
+    assert _sql.rows_param([]) == {"t_rows": "[]"}
+
+
+def test_queued_notice_payload_is_what_json_dumps_writes() -> None:
+    """入队通知的载荷（``_claim.notice_params``）直接拼成文本：与 ``json.dumps`` 逐字相同（task_id 转义、
+    桶号整数或 null），listener 照旧按 JSON 解析。"""
+    import json
+
+    from chongming_task.stores.postgres._claim import notice_params
+    from chongming_task.testing.contract._base import snap
+
+    for task_id, bucket in (("t-1", None), ('任务"\\\u2028x', 7), ("a", 0), ("b", 2**40)):
+        payload = notice_params("channel", snap(task_id).evolve(bucket=bucket))["notice_payload"]
+        assert payload == json.dumps({"kind": "queued", "task_id": task_id, "bucket": bucket})
+        assert json.loads(payload) == {"kind": "queued", "task_id": task_id, "bucket": bucket}

@@ -27,6 +27,7 @@ from chongming_task.stores.postgres import _schema
 from chongming_task.stores.postgres._codec import (
     TASK_COLUMNS,
     TRANSITION_COLUMNS,
+    array_literal,
     split_dt,
     trusted_snapshot_from_row,
 )
@@ -124,10 +125,13 @@ def claim_start_sql(s: str, *, by_bucket: bool) -> str:
     )
 
 
-def _claim_start_ctes(s: str, *, by_bucket: bool, prefix: str = "", guard: str = "") -> str:
+def _claim_start_ctes(
+    s: str, *, by_bucket: bool, prefix: str = "", guard: str = "", history: bool = True
+) -> str:
     """``claim_start_sql`` 的三个 CTE（挑行、写持有者并开始、写迁移记录）。``prefix`` 加在 CTE 名字与
     占位参数的名字前面（与 save 的 CTE / 参数拼进同一条语句时不重名，见 ``save_claim_start_sql``）；
-    ``guard`` 是挑行的附加条件。"""
+    ``guard`` 是挑行的附加条件；``history=False`` 时不要第三个（迁移记录由调用方并进别的 INSERT，
+    见 ``_history_rows``）。"""
     bucket = " AND bucket = ANY(%(buckets)s::integer[])" if by_bucket else ""
     returning = ", ".join(f"t.{c}" for c in TASK_COLUMNS)
     queued, starting = TaskStatus.QUEUED.value, TaskStatus.STARTING.value
@@ -140,10 +144,13 @@ def _claim_start_ctes(s: str, *, by_bucket: bool, prefix: str = "", guard: str =
         f"{upd} AS (UPDATE {s}.tasks AS t SET owner = %(holder)s, lease_owner = %(holder)s, "
         f"lease_until = %(until)s, lease_until_off = %(until_off)s, {_START_SETS} "
         f"FROM {picked} WHERE t.task_id = {picked}.task_id AND t.owner IS NULL AND t.status = '{queued}' "
-        f"RETURNING {returning}), "
-        f"{hist} AS (INSERT INTO {s}.transitions ({', '.join(_HISTORY)}) "
-        f"SELECT {', '.join(_HISTORY.values())} FROM {upd} WHERE status = '{starting}')"
+        f"RETURNING {returning})"
     )
+    if history:
+        ctes += (
+            f", {hist} AS (INSERT INTO {s}.transitions ({', '.join(_HISTORY)}) "
+            f"SELECT {', '.join(_HISTORY.values())} FROM {upd} WHERE status = '{starting}')"
+        )
     if prefix:
         ctes = re.sub(r"%\((\w+)\)s", rf"%({prefix}\1)s", ctes)
     return ctes
@@ -160,8 +167,9 @@ def save_claim_start_sql(s: str, save_sql: str, save_result: str, *, by_bucket: 
     事务、一次往返、一次提交。
 
     ``save_sql`` 以 ``save_result``（"改到几行、任务在不在"的那句 SELECT）结尾：去掉它，接上认领并开始的
-    三个 CTE（名字与参数加 ``c_`` 前缀），最后一句照旧交回 save 的两列，后面跟认领到的行（LEFT JOIN：一行
-    也没认领到时仍有一行，认领的列为 NULL）。
+    CTE（名字与参数加 ``c_`` 前缀；save 带迁移记录时认领的那条并进 save 的 ``hist``，只接挑行与写行两个，
+    见下面的注释），最后一句照旧交回 save 的两列，后面跟认领到的行（LEFT JOIN：一行也没认领到时仍有一行，
+    认领的列为 NULL）。
 
     为什么 save 是认领的前提、怎样做到：挑行带 ``EXISTS (SELECT 1 FROM upd)``——save 的 UPDATE 改到了那一行
     才挑（版本不符时 upd 为空，认领什么也不挑，整条语句什么也不写，与单独一次失败的 save 相同）。同一条语句
@@ -170,14 +178,55 @@ def save_claim_start_sql(s: str, save_sql: str, save_result: str, *, by_bucket: 
     assert save_sql.endswith(save_result), save_sql
     head = save_sql[: -len(save_result)].rstrip()
     guard = " AND task_id <> %(task_id)s AND EXISTS (SELECT 1 FROM upd)"
+    # save 写迁移记录时（它的最后一个 CTE 是 hist），认领的那条 queued → starting 并进同一条 INSERT
+    # （UNION ALL），不再自成一个 CTE：服务器上每条语句少一个写表节点（一次 INSERT 的执行器准备、
+    # 分区路由与索引插入的准备）。认领的 CTE 不能被前面的 CTE 引用（非 RECURSIVE 的 WITH 只能引用在它
+    # 之前的），所以 hist 挪到认领的 CTE 之后；同一条语句里各 CTE 的执行先后不由书写顺序决定，语义不变。
+    merged = f", hist AS ({_HISTORY_INSERT_OPEN.format(s=s)}"
+    at = head.rfind(merged)
+    conflict = " ON CONFLICT DO NOTHING)"
+    merge = at >= 0 and head.endswith(conflict)
+    history = head[at + len(", hist AS (") : -len(conflict)] if merge else ""
+    if merge:
+        head = head[:at]
     # guard 里的 %(task_id)s 是 save 的参数：先拼好认领的 CTE（它们的占位参数加前缀），再把 guard 放进去。
     marker = "\x00guard\x00"
-    ctes = _claim_start_ctes(s, by_bucket=by_bucket, prefix=_SAVED_PREFIX, guard=marker).replace(
-        marker, guard
-    )
+    ctes = _claim_start_ctes(
+        s, by_bucket=by_bucket, prefix=_SAVED_PREFIX, guard=marker, history=not merge
+    ).replace(marker, guard)
+    if merge:
+        ctes += f", hist AS ({history} UNION ALL {_history_rows(_SAVED_PREFIX)}{conflict}"
     return (
         f"{head}, {ctes} {save_result}, c.* FROM (SELECT 1) AS one LEFT JOIN {_SAVED_PREFIX}upd AS c ON true"
     )
+
+
+_HISTORY_INSERT_OPEN = "INSERT INTO {s}.transitions (" + ", ".join(TRANSITION_COLUMNS) + ") SELECT "
+"""save 的迁移记录 INSERT 的开头（``_sql.transitions_insert`` / ``one_transition_insert``：列按
+``TRANSITION_COLUMNS`` 的顺序）：据此在 save 的语句里认出它，把认领的那条并进去。"""
+
+_HISTORY_TYPES = {
+    "trigger": "text",
+    "actor": "text",
+    "reason": "text",
+    "at": "timestamptz",
+    "at_off": "bigint",
+}
+"""并进 UNION ALL 时，``_HISTORY`` 里参数与 NULL 的显式类型（与 save 那一半的列类型一致，不靠推断）。"""
+
+
+def _history_rows(prefix: str) -> str:
+    """认领并开始的那条迁移记录（``_HISTORY``），作为并进 save 的迁移记录 INSERT 的 UNION ALL 一支：
+    列按 ``TRANSITION_COLUMNS`` 的顺序，参数加 ``prefix``，只为真的开始了的行写（与 ``hist`` CTE
+    同一条件）。"""
+    values = []
+    for column in TRANSITION_COLUMNS:
+        value = _HISTORY[column]
+        if column in _HISTORY_TYPES:
+            value = f"{value}::{_HISTORY_TYPES[column]}"
+        values.append(re.sub(r"%\((\w+)\)s", rf"%({prefix}\1)s", value))
+    starting = TaskStatus.STARTING.value
+    return f"SELECT {', '.join(values)} FROM {prefix}upd WHERE status = '{starting}'"
 
 
 def claim_start_statement(
@@ -217,7 +266,9 @@ def claim_statement(s: str, request: QueuedClaim) -> tuple[str, dict[str, Any]] 
         return None
     until, until_off = split_dt(request.lease_until)
     params = {
-        "names": names,
+        # 名字集合以数组的文本字面量传（语句里 ::text[]）：列表参数每次执行都要 psycopg 逐个元素找 dumper
+        # （纯 Python），worker 每认领一次就付一遍；一段文本直接发出去，服务器按 text[] 的输入函数解析。
+        "names": _names_literal(tuple(names)),
         "buckets": buckets,
         "limit": request.limit,
         "holder": request.holder,
@@ -225,6 +276,15 @@ def claim_statement(s: str, request: QueuedClaim) -> tuple[str, dict[str, Any]] 
         "until_off": until_off,
     }
     return claim_sql(s, by_bucket=buckets is not None), params
+
+
+@functools.lru_cache(maxsize=64)
+def _names_literal(names: tuple[str, ...]) -> str:
+    """升序的任务名 → ``text[]`` 的文本字面量（``array_literal``：每个元素加引号、转义）。worker 每次认领的
+    名字集合都一样：按它缓存。"""
+    literal = array_literal(names)
+    assert literal is not None
+    return literal
 
 
 def claimed_snapshots(rows: list[Any]) -> list[TaskSnapshot]:
@@ -256,9 +316,18 @@ def create_notify_sql(create_sql: str) -> str:
     )
 
 
+_json_string = json.encoder.encode_basestring_ascii
+
+
 def notice_params(channel: str, snapshot: TaskSnapshot) -> dict[str, str]:
     """``create_notify_sql`` 的两个参数。"""
-    payload = json.dumps({"kind": QUEUED_NOTICE, "task_id": snapshot.task_id, "bucket": snapshot.bucket})
+    # 与 json.dumps({"kind": ..., "task_id": ..., "bucket": ...}) 逐字相同，只是不为每次入队新建一个
+    # C 编码器：task_id 按 JSON 字符串转义（ASCII），桶号是整数或 null。
+    bucket = snapshot.bucket
+    payload = (
+        f'{{"kind": "{QUEUED_NOTICE}", "task_id": {_json_string(snapshot.task_id)}, '
+        f'"bucket": {"null" if bucket is None else int(bucket)}}}'
+    )
     return {"notice_channel": channel, "notice_payload": payload}
 
 

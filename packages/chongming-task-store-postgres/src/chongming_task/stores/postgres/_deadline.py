@@ -58,7 +58,8 @@ class Deadlines:
         self._name = name
         # 每次存储调用登记、注销各拿一次这把锁，锁下只有字典操作（看门线程扫描也只是几步比较）：用让出 GIL
         # 的锁，几个写线程同时登记时不排成车队（core/locks.py）。
-        self._cond = threading.Condition(YieldingLock())  # type: ignore[arg-type]
+        self._lock = YieldingLock()
+        self._cond = threading.Condition(self._lock)  # type: ignore[arg-type]
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
@@ -68,7 +69,12 @@ class Deadlines:
 
     def arm(self, fd: int, seconds: float) -> tuple[int, _Call]:
         call = _Call(time.monotonic() + seconds, fd)
-        with self._cond:
+        # 每次存储调用登记、注销各一次：直接用底层锁的快路径（core/locks.py 说明的写法），不经 Condition 与
+        # YieldingLock 的 __enter__ / __exit__ 两层 Python 调用。notify 只要求持有同一把锁。
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
             key = next(self._ids)
             self._calls[key] = call
             if self._thread is None and not self._closed:
@@ -81,11 +87,18 @@ class Deadlines:
                 # 时是 inf）：叫醒它重算。醒得更早时不叫——它醒来重扫会看到这一条；每次调用都叫醒它曾让每个
                 # 存储调用多一次线程切换。
                 self._cond.notify()
+        finally:
+            lock.release()
         return key, call
 
     def disarm(self, key: int) -> None:
-        with self._cond:
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
             self._calls.pop(key, None)
+        finally:
+            lock.release()
 
     def close(self) -> None:
         with self._cond:

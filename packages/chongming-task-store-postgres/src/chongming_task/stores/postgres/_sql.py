@@ -163,7 +163,23 @@ def transition_params(transitions: Sequence[Transition]) -> dict[str, Any]:
 
 def rows_param(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """已编好的迁移记录行（``TRANSITIONS.params``）→ ``{"t_rows": JSON 文本}``。"""
-    return {"t_rows": json.dumps(rows, ensure_ascii=False, default=_json_value, separators=(",", ":"))}
+    return {"t_rows": _encode_rows(rows)}
+
+
+def _rows_encoder() -> Any:
+    """与 ``json.dumps(rows, ensure_ascii=False, default=_json_value, separators=(",", ":"))`` 逐字相同的
+    编码函数，复用一个 C 编码器对象：带非默认参数的 ``json.dumps`` 每次都新建一个 ``JSONEncoder`` 和一个
+    带查环 ``markers`` 的 C 编码器（worker 每个任务的终态 save 一次）。不查循环引用：行是
+    ``TRANSITIONS.params`` 刚编出的一层字典，值只有文本、整数与时间，不可能有环。没有 C 加速时照旧 dumps。"""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython 总有 C 加速
+        return lambda rows: json.dumps(rows, ensure_ascii=False, default=_json_value, separators=(",", ":"))
+    encode = make(None, _json_value, json.encoder.encode_basestring, None, ":", ",", False, False, True)
+    join = "".join
+    return lambda rows: join(encode(rows, 0))
+
+
+_encode_rows = _rows_encoder()
 
 
 TOUCH_MANY_COLUMNS = {
@@ -255,6 +271,8 @@ class Sql:
         )
         # 待认领的持久任务：同一条语句里插入成功才 pg_notify（见 _claim.create_notify_sql）。
         self.create_notify = create_notify_sql(self.create)
+        # enqueue() 的建任务（待认领、只带 queued 那一条迁移记录）：通知 + 迁移记录按标量参数写。
+        self.create_one_notify = create_notify_sql(self.create_one)
         # create_many：一批任务一条语句（一次往返、一次事务）。任务行按列数组 unnest，已存在的 id 被
         # ON CONFLICT 跳过、不出现在 RETURNING 里（它们是 DuplicateTaskId）；迁移记录只为真正插入的任务写入，
         # 与逐个 create 的 "WHERE EXISTS (SELECT 1 FROM ins)" 同一规则：重复的那一项什么也不写。

@@ -48,6 +48,7 @@ from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TERMINAL_STATUSES, TaskStatus
 from chongming_task.stores.postgres import _archive, _claim, _logs, _partitions, _schema, _sql
 from chongming_task.stores.postgres._codec import (
+    SNAPSHOTS,
     TASK_COLUMNS,
     TRANSITIONS,
     array_literal,
@@ -1276,16 +1277,19 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         checks.check_transitions(snapshot.task_id, transitions)
         params = task_params(snapshot)
         task_id = snapshot.task_id
-        if notify and _claim.claimable(snapshot):
-            statement = self._sql.create_notify
-            params.update(_transition_params(transitions))
-            params.update(_claim.notice_params(self._channel, snapshot))
-        elif len(transitions) == 1:
-            statement = self._sql.create_one
+        # 迁移记录上面刚查过：编码时不再经 ``transition_params``（它会把 check_transitions 再跑一遍）。
+        if len(transitions) == 1:
+            # 最常见：只带 queued 那一条（enqueue() 也是）——迁移记录按标量参数写（见 one_transition_insert）。
             params.update(_sql.one_transition_params(transitions[0]))
+            one = True
         else:
-            statement = self._sql.create
-            params.update(_transition_params(transitions))
+            params.update(rows_param([TRANSITIONS.params(record) for record in transitions]))
+            one = False
+        if notify and _claim.claimable(snapshot):
+            statement = self._sql.create_one_notify if one else self._sql.create_notify
+            params.update(_claim.notice_params(self._channel, snapshot))
+        else:
+            statement = self._sql.create_one if one else self._sql.create
 
         def judge(conn: Conn, row: Any) -> TaskError | None:
             if row is None or row[0] == 0:
@@ -1300,7 +1304,11 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         ``scalar``：只有一条迁移记录时按标量参数写它（``Sql.save_one``）。"""
         snapshot, transitions = request.snapshot, request.transitions
         expect_version, lease_expired_before = request.expect_version, request.lease_expired_before
-        params = task_params(snapshot)
+        # 只编码 save 写的列（``SNAPSHOTS.save_params``，与 SQLite 的 save 同一份）：配方是只在 create 时
+        # 写的列，save 的语句根本不引用它，整份编码（``task_params``）每次 save 都白白把配方参数做一遍
+        # JSON 编码与可存储性检查——worker 每个任务的终态 save 里最贵的一项。
+        params = SNAPSHOTS.save_params(snapshot)
+        params["task_id"] = snapshot.task_id
         params["expect_version"] = expect_version
         leased = lease_expired_before is not None
         if leased:
@@ -1309,7 +1317,8 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             params.update(_sql.one_transition_params(transitions[0]))
             statement = self._sql.save_one
         elif transitions:
-            params.update(_transition_params(transitions))
+            # 入参已检查（见上）：不经 ``transition_params``，它会把 check_transitions 再跑一遍。
+            params.update(rows_param([TRANSITIONS.params(record) for record in transitions]))
             statement = self._sql.save_leased if leased else self._sql.save
         else:
             statement = self._sql.save_no_history_leased if leased else self._sql.save_no_history
@@ -1373,7 +1382,8 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         text = f"SELECT status, count(*) FROM {self._sql.s}.tasks{where} GROUP BY status"
 
         def run(conn: Conn) -> v.TaskStats:
-            rows = conn.execute(text, params).fetchall()
+            # 连接上复用的游标（见 _cursor）：看板与探针每隔几毫秒到几秒就调一次 stats()，不必每次新建游标。
+            rows = _cursor(conn).execute(text, params).fetchall()
             return v.TaskStats({TaskStatus(status): int(n) for status, n in rows})
 
         return self._read(run)
