@@ -52,6 +52,8 @@ _SHORT_COMMIT = SUCCESSOR_GRACE
 """最近提交的平均墙钟短于它时排队者才定时睡（提交长的存储照旧由提交叫醒下一个写者）。取宽限本身而不是更短：
 负载下 SQLite 的提交平均在 0.1–2.3 ms 之间来回（2 核机、负载 5），门槛取 1 ms 时一半的时间退回旧做法。"""
 
+_UNMEASURED = float("inf")
+
 
 class Pending:
     """组提交里排着的一项（:meth:`GroupCommit.enqueue` 的返回值）。"""
@@ -87,7 +89,7 @@ class GroupCommit:
         self._pending: list[Pending] = []
         self._active = 0  # 正在写的写者数
         # 最近几次提交的平均墙钟（秒，指数滑动平均）；还没量过时当作很长（排队者照旧由提交叫醒）
-        self._commit_seconds = float("inf")
+        self._commit_seconds = _UNMEASURED
         self.batches = 0  # 写了几个事务（测试与基准看合并得怎样）
         self.items = 0  # 经它写的项数
 
@@ -199,7 +201,7 @@ class GroupCommit:
                 with self._lock:
                     previous = self._commit_seconds
                     self._commit_seconds = (
-                        elapsed if previous == float("inf") else previous + (elapsed - previous) / 8
+                        elapsed if previous == _UNMEASURED else previous + (elapsed - previous) / 8
                     )
                     self._active -= 1
                     for member in batch:  # 这一批的调用方：各自的那一项已写完（或整批失败）
