@@ -20,6 +20,7 @@ from chongming_task.errors import (
     TaskError,
 )
 from chongming_task.models import TaskSnapshot, Transition
+from chongming_task.runtime import group_commit
 from chongming_task.runtime.group_commit import GroupCommit, Pending
 from chongming_task.storage import SaveRequest
 from chongming_task.stores.memory import InMemoryTaskStore
@@ -168,6 +169,171 @@ def test_a_commit_wakes_only_its_own_callers_and_the_next_writer() -> None:
     assert store.transactions[0] == ["lead"] and [len(t) for t in store.transactions[1:]] == [2, 2, 2]
     assert sorted(x for t in store.transactions[1:] for x in t) == [f"w{i}" for i in range(6)]
     assert commits.sleeps == {f"w{i}": 1 for i in range(6)}, commits.sleeps
+
+
+class HeldStore(InMemoryTaskStore):
+    """内存存储（提交只要几微秒）；``hold()`` 之后的下一次写停在闸门上，记下每个事务写了哪些任务。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: threading.Event | None = None
+        self.holding = threading.Event()
+        self.transactions: list[list[str]] = []
+
+    def hold(self) -> threading.Event:
+        self.gate = threading.Event()
+        self.holding.clear()
+        return self.gate
+
+    def _pass_gate(self) -> None:
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            self.holding.set()
+            assert gate.wait(10)
+
+    def save(self, snapshot: TaskSnapshot, **kwargs: Any) -> None:
+        self._pass_gate()
+        self.transactions.append([snapshot.task_id])
+        super().save(snapshot, **kwargs)
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        self._pass_gate()
+        self.transactions.append(sorted(r.snapshot.task_id for r in requests))
+        out: list[TaskError | None] = []
+        for r in requests:  # 不经 self.save：这一批已记成一个事务
+            try:
+                InMemoryTaskStore.save(
+                    self, r.snapshot, expect_version=r.expect_version, transitions=r.transitions
+                )
+            except TaskError as exc:
+                out.append(exc)
+            else:
+                out.append(None)
+        return out
+
+
+class CountingWakes(CountingSleeps):
+    """另记下一次提交叫醒了几个还没写完的排队者（"接着当写者"的那一下）。"""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.successor_wakes = 0
+
+    def _wake(self, item: Pending) -> None:  # type: ignore[override]
+        if not item.done and item.waiter is not None:
+            self.successor_wakes += 1
+        GroupCommit._wake(item)
+
+
+def _short_commits(store: HeldStore, commits: GroupCommit) -> None:
+    """先写几次（内存存储的提交只要几微秒）：组提交量到的提交墙钟很短。"""
+    for i in range(3):
+        commits.save(_queued(store, f"warm{i}")[0])
+    assert commits._commit_seconds < group_commit._SHORT_COMMIT
+
+
+def _wait_asleep(commits: GroupCommit, task_id: str) -> Pending:
+    for _ in range(1000):
+        with commits._lock:
+            for item in commits._pending:
+                if item.request is not None and item.request.snapshot.task_id == task_id and item.waiter:
+                    return item
+        threading.Event().wait(0.002)
+    raise AssertionError(f"{task_id} 没有排进队列睡下")
+
+
+def test_after_a_short_commit_the_queued_caller_is_not_woken_and_leads_by_itself_after_the_grace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """提交一向很短时，一次提交之后不叫醒还没被捎走的排队者（它要等 GIL、回来的写者多半已捎走它，白醒一次）；
+    没人回来时它自己到点醒来当写者。旧做法在这里叫醒它（successor_wakes == 1）。宽限放大到 0.5 秒：开闸
+    之前它不会先到点（与机器负载无关）。"""
+    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", 0.5)
+    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", 0.25)
+    store = HeldStore()
+    commits = CountingWakes(store, writers=1)
+    _short_commits(store, commits)
+    gate = store.hold()
+    leader, leader_threads = _run_followers(commits, [_queued(store, "lead")[0]])
+    assert store.holding.wait(10)
+    follower, follower_threads = _run_followers(commits, [_queued(store, "w")[0]])
+    _wait_asleep(commits, "w")
+    started = time.monotonic()
+    gate.set()
+    for thread in [*leader_threads, *follower_threads]:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert leader == {"lead": "committed"} and follower == {"w": "committed"}
+    assert commits.successor_wakes == 0
+    assert commits.sleeps["w"] == 1  # 定时睡一次，醒来时没有写者在写：自己当写者
+    assert store.transactions[-2:] == [["lead"], ["w"]]
+    assert time.monotonic() - started < 5
+
+
+def test_the_writer_coming_back_takes_the_queued_item_and_its_caller_sleeps_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """逐个 submit 的形状：写者（提交线程）提交完马上带着下一项回来，把提交期间排进来的项捎进自己的下一批；
+    那个排队者只睡一次、只被它自己那一批叫醒。宽限放大到 5 秒，与线程调度无关。"""
+    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", 5.0)
+    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", 2.5)
+    store = HeldStore()
+    commits = CountingWakes(store, writers=1)
+    _short_commits(store, commits)
+    first, second, queued = _queued(store, "lead1")[0], _queued(store, "lead2")[0], _queued(store, "w")[0]
+    gate = store.hold()
+    outcome: list[str] = []
+
+    def submitter() -> None:
+        commits.save(first)
+        commits.save(second)
+        outcome.append("done")
+
+    thread = threading.Thread(target=submitter)
+    thread.start()
+    assert store.holding.wait(10)
+    follower, follower_threads = _run_followers(commits, [queued])
+    _wait_asleep(commits, "w")
+    gate.set()
+    for t in [thread, *follower_threads]:
+        t.join(10)
+        assert not t.is_alive()
+    assert outcome == ["done"] and follower == {"w": "committed"}
+    assert store.transactions[-2:] == [["lead1"], ["lead2", "w"]]
+    assert commits.successor_wakes == 0
+    assert commits.sleeps["w"] == 1
+
+
+def test_a_queued_caller_whose_grace_ends_during_a_long_commit_waits_for_that_commit_to_wake_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """宽限到点时写者还在写（这次提交比平常长）：排队者改为不定时睡，由那次提交叫醒、接着当写者——定时醒来
+    至多一次，不在长提交里每隔一个宽限空转一次（到点之后提交又停了 10 个宽限，它只睡了两次）。"""
+    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", 0.05)
+    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", 0.025)
+    store = HeldStore()
+    commits = CountingWakes(store, writers=1)
+    _short_commits(store, commits)
+    gate = store.hold()
+    leader, leader_threads = _run_followers(commits, [_queued(store, "lead")[0]])
+    assert store.holding.wait(10)
+    follower, follower_threads = _run_followers(commits, [_queued(store, "w")[0]])
+    item = _wait_asleep(commits, "w")
+    for _ in range(1000):
+        if item.patient:
+            break
+        threading.Event().wait(0.002)
+    assert item.patient
+    threading.Event().wait(0.5)  # 再停 10 个宽限：不定时睡着，不会每个宽限醒一次
+    assert follower == {} and commits.sleeps["w"] == 2
+    gate.set()
+    for thread in [*leader_threads, *follower_threads]:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert leader == {"lead": "committed"} and follower == {"w": "committed"}
+    assert commits.successor_wakes == 1  # 那次提交叫醒了它
+    assert commits.sleeps["w"] == 2
+    assert store.transactions[-2:] == [["lead"], ["w"]]
 
 
 def test_a_conflict_is_reported_to_its_own_caller_only() -> None:
