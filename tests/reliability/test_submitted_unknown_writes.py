@@ -225,6 +225,9 @@ def test_a_submitted_task_deleted_during_an_unknown_write_is_fenced_never_recrea
         rounds = controller.persist_failures
         threading.Event().wait(0.3)
         assert store.get(TASK) is None and store.history(TASK) == [], "被删除的任务被重建了"
+        # 对外的查询以存储为准：get 与 list_tasks 都说它不在了（本地结果只在 run 句柄上）
+        assert controller.get(TASK) is None, controller.get(TASK)
+        assert all(s.task_id != TASK for s in controller.list_tasks())
         assert controller.persist_failures == rounds
         assert running.failures() == [("save", TASK), ("fenced", TASK)], controller.persist_failures
         assert running.run.status is S.SUCCEEDED and running.runs == 1

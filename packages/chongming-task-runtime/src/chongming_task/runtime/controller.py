@@ -1450,8 +1450,11 @@ class Controller(ClosesOnExit):
         run = self._runs.get(task_id)
         if run is not None:
             # 被隔离（fenced）的任务以存储为准（docs/distributed.md §7.3）；本地结果仍在 run 句柄上。
-            fenced = self._link.fenced_view(task_id)
-            return fenced if fenced is not None else run.snapshot
+            # 存储里已没有它（被 prune / 归档清理删掉、因此被隔离）时也以存储为准、返回 None，与
+            # list_tasks 一致：不能把一个不再写入、也不会重建的任务的本地快照当成它还在。
+            if self._link.is_fenced(task_id):
+                return self._link.get(task_id)
+            return run.snapshot
         return self._link.get(task_id)
 
     def list_tasks(

@@ -129,9 +129,9 @@ class LocalLink:
     def get(self, task_id: str) -> TaskSnapshot | None:
         return None
 
-    def fenced_view(self, task_id: str) -> TaskSnapshot | None:
-        """本进程持有、但已被隔离的任务在存储里的记录（对外报告以它为准）；没被隔离返回 None。"""
-        return None
+    def is_fenced(self, task_id: str) -> bool:
+        """本进程持有的这个任务是否已被隔离（此后对外报告以存储里的记录为准，见 Controller.get）。"""
+        return False
 
     def query(self, query: TaskQuery, local: LocalSnapshots) -> list[TaskSnapshot]:
         return query.apply(local())
@@ -404,11 +404,8 @@ class StoreLink(LocalLink):
     def get(self, task_id: str) -> TaskSnapshot | None:
         return self._store.get(task_id)
 
-    def fenced_view(self, task_id: str) -> TaskSnapshot | None:
-        # 被隔离的任务：存储里的记录是集群的结论（本地真相在 TaskRun 句柄与 fenced 记录里）。
-        if not self._write.is_fenced(task_id):
-            return None
-        return self._store.get(task_id)
+    def is_fenced(self, task_id: str) -> bool:
+        return self._write.is_fenced(task_id)
 
     def query(self, query: TaskQuery, local: LocalSnapshots) -> list[TaskSnapshot]:
         results = self._store.query(query)
