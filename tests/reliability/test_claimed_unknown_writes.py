@@ -17,22 +17,22 @@ worker 认领的任务，本进程的状态机只凭存储里版本 V 的快照�
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from reliability_support import check_history, wait_until
+from unknown_writes import Fault, faulty_saves
 
 from chongming_task import Controller, TaskStatus
 from chongming_task.clock import SYSTEM_CLOCK
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim
-from chongming_task.errors import StoreError
-from chongming_task.models import TaskSnapshot, Transition
+from chongming_task.models import TaskSnapshot
 from chongming_task.runtime.taskrun import TaskRun, mark_lease_expired
-from chongming_task.storage import SaveRequest, TaskStore
+from chongming_task.storage import TaskStore
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.stores.sqlite import SqliteTaskStore
 
@@ -40,75 +40,6 @@ S = TaskStatus
 WORKER = "w"
 TASK = "t"
 SETTLE = 15.0
-
-
-class Fault:
-    """一次性的故障：下一次带着走到 ``target`` 的迁移记录、由 worker 写的 save 失败（见模块说明）。"""
-
-    def __init__(
-        self, target: TaskStatus, *, commit: bool, meanwhile: Callable[[TaskStore], None] | None = None
-    ) -> None:
-        self.target = target
-        self.commit = commit
-        self.meanwhile = meanwhile
-        self.fired = 0
-        self._lock = threading.Lock()
-
-    def take(self, requests: Sequence[SaveRequest]) -> bool:
-        with self._lock:
-            if self.fired:
-                return False
-            for request in requests:
-                if request.snapshot.owner == WORKER and any(
-                    t.to_status is self.target for t in request.transitions
-                ):
-                    self.fired += 1
-                    return True
-            return False
-
-    def fire(self, store: TaskStore, write: Callable[[], Any]) -> Any:
-        if self.commit:
-            write()
-        if self.meanwhile is not None:
-            self.meanwhile(store)
-        raise StoreError("注入的故障：连接在提交中途断了（server closed the connection unexpectedly）")
-
-
-def faulty_saves(base: type[Any]) -> type[Any]:
-    """覆盖 save / save_many：worker 认领与 starting 分开写（``starts_on_claim`` 不成立），写穿的每次 save
-    （直接的、组提交的）都经过这里。"""
-
-    class FaultySaves(base):  # type: ignore[misc, valid-type]
-        fault: Fault | None = None
-
-        def save(
-            self,
-            snapshot: TaskSnapshot,
-            *,
-            expect_version: int,
-            transitions: Sequence[Transition] = (),
-            lease_expired_before: datetime | None = None,
-        ) -> None:
-            def write() -> None:
-                super(FaultySaves, self).save(
-                    snapshot,
-                    expect_version=expect_version,
-                    transitions=transitions,
-                    lease_expired_before=lease_expired_before,
-                )
-
-            fault = self.fault
-            if fault is not None and fault.take([SaveRequest(snapshot, expect_version, tuple(transitions))]):
-                fault.fire(self, write)
-            write()
-
-        def save_many(self, requests: Sequence[SaveRequest]) -> list[Any]:
-            fault = self.fault
-            if fault is not None and fault.take(requests):
-                return fault.fire(self, lambda: super(FaultySaves, self).save_many(requests))  # type: ignore[no-any-return]
-            return super().save_many(requests)  # type: ignore[no-any-return]
-
-    return FaultySaves
 
 
 def faulty_chain(base: type[Any]) -> type[Any]:
@@ -249,7 +180,7 @@ def test_a_claimed_task_whose_save_had_an_unknown_outcome_converges(
     """认领与 starting 分开写（claim_queued，再由写穿写 starting / running / 终态）。"""
     store = open_faulty(faulty_saves)
     enqueue(store)
-    store.fault = Fault(target, commit=commit)
+    store.fault = Fault(target, commit=commit, owner=WORKER)
     body = Body()
     worker = serve(store, body, until=in_sync(store))
     assert store.fault.fired == 1
@@ -264,7 +195,7 @@ def test_a_terminal_save_chained_with_the_next_claim_with_an_unknown_outcome_con
     结果未知。"""
     store = open_faulty(faulty_chain)
     enqueue(store)
-    store.fault = Fault(S.SUCCEEDED, commit=commit)
+    store.fault = Fault(S.SUCCEEDED, commit=commit, owner=WORKER)
     body = Body()
     worker = serve(store, body, until=in_sync(store))
     assert worker.starts_on_claim and store.saves_on_claim, "前提：走的是合并的认领路径"
@@ -330,7 +261,7 @@ def test_a_claimed_task_rewritten_by_someone_else_during_the_outage_is_still_fen
 ) -> None:
     store = open_faulty(faulty_saves)
     enqueue(store)
-    store.fault = Fault(target, commit=commit, meanwhile=meanwhile)
+    store.fault = Fault(target, commit=commit, meanwhile=meanwhile, owner=WORKER)
     body = Body()
     worker = serve(
         store, body, until=lambda w: fenced(w) and (r := local_run(w)) is not None and r.snapshot.is_terminal

@@ -16,20 +16,19 @@ SQLite 与 PostgreSQL 上各跑一遍。
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from reliability_support import wait_until
+from unknown_writes import Fault, faulty_saves
 
 from chongming_task import Controller, TaskStatus
 from chongming_task.core.archive import Archiver, merged_history
-from chongming_task.errors import StoreError
-from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.runtime.taskrun import TaskRun
-from chongming_task.storage import SaveRequest, TaskStore
+from chongming_task.storage import TaskStore
 from chongming_task.stores.memory import InMemoryTaskStore
 from chongming_task.stores.sqlite import SqliteTaskStore
 
@@ -38,82 +37,17 @@ TASK = "t"
 SETTLE = 15.0
 
 
-class Fault:
-    """一次性的故障：下一次带着走到 ``target`` 的迁移记录的 save 失败（见模块说明）。"""
-
-    def __init__(
-        self, target: TaskStatus, *, commit: bool, meanwhile: Callable[[TaskStore], None] | None = None
-    ) -> None:
-        self.target = target
-        self.commit = commit
-        self.meanwhile = meanwhile
-        self.fired = 0
-        self._lock = threading.Lock()
-
-    def take(self, requests: Sequence[SaveRequest]) -> bool:
-        with self._lock:
-            if self.fired:
-                return False
-            if any(t.to_status is self.target for request in requests for t in request.transitions):
-                self.fired += 1
-                return True
-            return False
-
-    def fire(self, store: TaskStore, write: Callable[[], Any]) -> Any:
-        if self.commit:
-            write()
-        if self.meanwhile is not None:
-            self.meanwhile(store)
-        raise StoreError("注入的故障：连接在提交中途断了（server closed the connection unexpectedly）")
-
-
-def faulty(base: type[Any]) -> type[Any]:
-    """覆盖 save / save_many：写穿的每次 save（内存存储直接写的、SQL 后端经组提交的）都经过这里。"""
-
-    class FaultySaves(base):  # type: ignore[misc, valid-type]
-        fault: Fault | None = None
-
-        def save(
-            self,
-            snapshot: TaskSnapshot,
-            *,
-            expect_version: int,
-            transitions: Sequence[Transition] = (),
-            lease_expired_before: datetime | None = None,
-        ) -> None:
-            def write() -> None:
-                super(FaultySaves, self).save(
-                    snapshot,
-                    expect_version=expect_version,
-                    transitions=transitions,
-                    lease_expired_before=lease_expired_before,
-                )
-
-            fault = self.fault
-            if fault is not None and fault.take([SaveRequest(snapshot, expect_version, tuple(transitions))]):
-                fault.fire(self, write)
-            write()
-
-        def save_many(self, requests: Sequence[SaveRequest]) -> list[Any]:
-            fault = self.fault
-            if fault is not None and fault.take(requests):
-                return fault.fire(self, lambda: super(FaultySaves, self).save_many(requests))  # type: ignore[no-any-return]
-            return super().save_many(requests)  # type: ignore[no-any-return]
-
-    return FaultySaves
-
-
 @pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     kind = request.param
     if kind == "memory":
-        opened = faulty(InMemoryTaskStore)()
+        opened = faulty_saves(InMemoryTaskStore)()
     elif kind == "sqlite":
-        opened = faulty(SqliteTaskStore)(str(tmp_path / "submitted.db"))
+        opened = faulty_saves(SqliteTaskStore)(str(tmp_path / "submitted.db"))
     else:
         from chongming_task.stores.postgres import PostgresTaskStore
 
-        opened = faulty(PostgresTaskStore).from_url(request.getfixturevalue("pg_url"))
+        opened = faulty_saves(PostgresTaskStore).from_url(request.getfixturevalue("pg_url"))
     yield opened
     opened.close()
 
