@@ -315,7 +315,7 @@ def test_cli_refuses_unstorable_values_with_exit_1(tmp_path: Path, args: list[st
 
 
 def test_check_json_value_encodes_exactly_like_the_strict_encoder() -> None:
-    """``check_json_value`` 复用一个不查循环引用的 C 编码器（``_base_checks._strict_encoder``）：对随机的值
+    """``check_json_value`` 复用一个不查循环引用的 C 编码器（``core/compact_json.py``）：对随机的值
     （非字符串键、非 ASCII、大整数、IntEnum、元组）输出与 ``json.JSONEncoder(ensure_ascii=False,
     allow_nan=False, separators=(",", ":")).encode`` 逐字相同；NaN、不可序列化的值、元组键照旧是
     ConfigurationError，带环的值在量深度时就被拒绝。"""

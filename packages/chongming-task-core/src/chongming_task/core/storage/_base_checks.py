@@ -7,13 +7,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from chongming_task.core.compact_json import acyclic_encoder
 from chongming_task.core.json_depth import check_json_depth
 from chongming_task.core.numbers import MAX_SECONDS, check_seconds
 from chongming_task.core.records import (
@@ -27,31 +27,11 @@ from chongming_task.core.records import (
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import Progress, TaskSnapshot, Transition
 
-# 非默认参数的 json.dumps 每次都要新建一个编码器；复用一个（JSONEncoder.encode 无状态，线程安全）。
-_STRICT_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
-def _strict_encoder() -> Callable[[Any], str]:
-    """与 ``_STRICT_JSON.encode`` 输出逐字相同的编码函数：直接复用一个 C 编码器对象。
-
-    为什么：``JSONEncoder.encode`` 每次调用都新建一个 C 编码器（``c_make_encoder``），还带着查循环引用的
-    ``markers`` 字典（每个容器一次 id 的登记与注销）——编码一个配方要约 12 µs，复用一个不带 markers 的
-    C 编码器约 4 µs（enqueue() 与 worker 的每个任务各要编几次）。为什么可以不查循环引用：
-    ``check_json_value`` 在编码之前已用 ``check_json_depth`` 量过深度，带环的值深度无限、在那里就被拒绝了，
-    到得了编码器的值都无环。不带 markers 的编码器没有可变状态，线程间共用安全。没有 C 加速时照旧用
-    ``_STRICT_JSON.encode``。
-    """
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # pragma: no cover - CPython 总有 C 加速
-        return _STRICT_JSON.encode
-    encode = make(
-        None, _STRICT_JSON.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
-    )
-    join = "".join
-    return lambda value: join(encode(value, 0))
-
-
-_encode_strict = _strict_encoder()
+# 严格的紧凑 JSON（不许 NaN / Infinity）：输出与 ``json.JSONEncoder(ensure_ascii=False, allow_nan=False,
+# separators=(",", ":")).encode`` 逐字相同。编码之前 check_json_value 已用 check_json_depth 量过深度：带环的值
+# 深度无限、在那里就被拒绝了，到得了编码器的值都无环，可以用不查循环引用的编码器（约快三倍，见
+# core/compact_json.py）。
+_encode_strict = acyclic_encoder(allow_nan=False)
 
 MAX_LEASE_SECONDS = MAX_SECONDS  # 与其它时长参数同一个上限（10 年）
 
@@ -87,7 +67,7 @@ def check_json_value(value: Any, *, what: str = "outcome", max_bytes: int = MAX_
     # 先量深度（非递归）：标准库编码器是递归的，过深的值抛的是 RecursionError，不是"不可序列化"。
     check_json_depth(value, what=what)
     try:
-        text = _encode_strict(value)  # 深度已量过（无环），见 _strict_encoder
+        text = _encode_strict(value)  # 深度已量过（无环），见 _encode_strict
     except (TypeError, ValueError, RecursionError) as exc:
         # 中文名词与"必须"之间不留空格；英文标识符（outcome、NodeRecord.info）后面照常空一格。
         gap = " " if what[-1:].isascii() else ""

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from decimal import Decimal
 from typing import Any
 
-from chongming_task.core.storage.checks import check_json_value, check_transitions
+from chongming_task.core.storage.checks import check_json_value
 from chongming_task.core.storage.columns import Column, Kind
 from chongming_task.core.storage.sql import (
     CommandCodec,
@@ -28,7 +28,7 @@ from chongming_task.core.storage.sql import (
 )
 from chongming_task.core.storage.values import NodeRecord
 from chongming_task.errors import ConfigurationError
-from chongming_task.models import TaskSnapshot, Transition
+from chongming_task.models import TaskSnapshot
 from chongming_task.states import TaskStatus
 
 _MICROSECOND = timedelta(microseconds=1)
@@ -265,12 +265,6 @@ snapshot_from_row = SNAPSHOTS.from_row
 trusted_snapshot_from_row = SNAPSHOTS.trusted_from_row
 
 
-def transition_rows(transitions: Sequence[Transition]) -> list[dict[str, Any]]:
-    """检查后逐条编成 {物理列名: 值}，供 ``jsonb_to_recordset(...)`` 一次插入多行（一条语句、一次往返）。"""
-    check_transitions(None, transitions)
-    return [TRANSITIONS.params(record) for record in transitions]
-
-
 transition_from_row = TRANSITIONS.from_row
 
 
@@ -310,7 +304,6 @@ __all__ = [
     "split_dt",
     "task_params",
     "transition_from_row",
-    "transition_rows",
     "trusted_snapshot_from_row",
     "unnest_element",
 ]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from chongming_task.core.compact_json import acyclic_encoder
+from chongming_task.core.storage.checks import check_transitions
 from chongming_task.core.storage.sql import RowCodec, escape_like
 from chongming_task.core.storage.values import TaskQuery
 from chongming_task.models import Transition
@@ -24,7 +25,6 @@ from chongming_task.stores.postgres._codec import (
     TRANSITION_COLUMNS,
     TRANSITIONS,
     check_text,
-    transition_rows,
     unnest_element,
 )
 
@@ -158,7 +158,14 @@ TRANSITION_COPY_TYPES, TRANSITION_COPY_JSONB = copy_types(TRANSITIONS)
 def transition_params(transitions: Sequence[Transition]) -> dict[str, Any]:
     """迁移记录 → ``{"t_rows": JSON 文本}``（见 ``transitions_insert``）。文本的合法性（NUL 等）先检查；
     ensure_ascii=False：孤立的代理项在编码成 UTF-8 时报错，与别的文本参数走同一条"存不下"的路径。"""
-    return rows_param(transition_rows(transitions))
+    check_transitions(None, transitions)
+    return checked_transition_params(transitions)
+
+
+def checked_transition_params(transitions: Sequence[Transition]) -> dict[str, Any]:
+    """``transition_params`` 去掉检查：给刚 ``check_transitions`` 过这些记录的调用方（create、save），
+    不再把同样的检查跑第二遍。"""
+    return rows_param([TRANSITIONS.params(record) for record in transitions])
 
 
 def rows_param(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -166,20 +173,10 @@ def rows_param(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"t_rows": _encode_rows(rows)}
 
 
-def _rows_encoder() -> Any:
-    """与 ``json.dumps(rows, ensure_ascii=False, default=_json_value, separators=(",", ":"))`` 逐字相同的
-    编码函数，复用一个 C 编码器对象：带非默认参数的 ``json.dumps`` 每次都新建一个 ``JSONEncoder`` 和一个
-    带查环 ``markers`` 的 C 编码器（worker 每个任务的终态 save 一次）。不查循环引用：行是
-    ``TRANSITIONS.params`` 刚编出的一层字典，值只有文本、整数与时间，不可能有环。没有 C 加速时照旧 dumps。"""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # pragma: no cover - CPython 总有 C 加速
-        return lambda rows: json.dumps(rows, ensure_ascii=False, default=_json_value, separators=(",", ":"))
-    encode = make(None, _json_value, json.encoder.encode_basestring, None, ":", ",", False, False, True)
-    join = "".join
-    return lambda rows: join(encode(rows, 0))
-
-
-_encode_rows = _rows_encoder()
+# 与 ``json.dumps(rows, ensure_ascii=False, default=_json_value, separators=(",", ":"))`` 逐字相同，复用一个
+# C 编码器（worker 每个任务的终态 save 编一次，见 core/compact_json.py）。不查循环引用：行是
+# ``TRANSITIONS.params`` 刚编出的一层字典，值只有文本、整数与时间，不可能有环。
+_encode_rows = acyclic_encoder(_json_value, allow_nan=True)
 
 
 TOUCH_MANY_COLUMNS = {
@@ -664,6 +661,7 @@ __all__ = [
     "TRANSITION_COPY_JSONB",
     "TRANSITION_COPY_TYPES",
     "Sql",
+    "checked_transition_params",
     "copy_row",
     "copy_types",
     "numbered",

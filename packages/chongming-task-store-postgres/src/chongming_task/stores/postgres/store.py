@@ -1283,7 +1283,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             params.update(_sql.one_transition_params(transitions[0]))
             one = True
         else:
-            params.update(rows_param([TRANSITIONS.params(record) for record in transitions]))
+            params.update(_sql.checked_transition_params(transitions))
             one = False
         if notify and _claim.claimable(snapshot):
             statement = self._sql.create_one_notify if one else self._sql.create_notify
@@ -1317,8 +1317,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             params.update(_sql.one_transition_params(transitions[0]))
             statement = self._sql.save_one
         elif transitions:
-            # 入参已检查（见上）：不经 ``transition_params``，它会把 check_transitions 再跑一遍。
-            params.update(rows_param([TRANSITIONS.params(record) for record in transitions]))
+            params.update(_sql.checked_transition_params(transitions))  # 入参已检查（见上）
             statement = self._sql.save_leased if leased else self._sql.save
         else:
             statement = self._sql.save_no_history_leased if leased else self._sql.save_no_history
