@@ -608,7 +608,8 @@ _EQUAL_FILTERS = ("bucket", "owner", "pipeline_id")
 
 _FILTER_CLAUSES: dict[str, str] = {
     "statuses": "status = ANY(%(statuses)s::text[])",
-    "tag": "tags @> ARRAY[%(tag)s::text]",
+    # 标签索引只收有标签的行（_schema.UNTAGGED）：子句带上同一条件，规划器才能用它（语义不变）。
+    "tag": f"tags @> ARRAY[%(tag)s::text] AND {_schema.UNTAGGED}",
     **{name: f"{name} = %({name})s" for name in _EQUAL_FILTERS},
     "buckets": "bucket = ANY(%(buckets)s::bigint[])",
     "created_after": "created_at > %(created_after)s",
