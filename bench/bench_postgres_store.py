@@ -247,19 +247,9 @@ FROM (SELECT i, CASE WHEN i %% 50 = 7 THEN 'running' WHEN i %% 33 = 5 THEN 'queu
 
 def _plan_indexes(dsn: str, store: PostgresTaskStore, query: TaskQuery) -> str:
     """``store.query(query)`` 那条语句的执行计划里出现的索引名（没有就是顺序扫描）。"""
-    from chongming_task.stores.postgres import _sql as pg_sql
-
-    where, params = pg_sql.where_clause(query)
-    direction = "DESC" if query.order is QueryOrder.NEWEST_FIRST else "ASC"
-    text = (
-        f"EXPLAIN (FORMAT JSON) SELECT {store._sql.task_cols} FROM {store._sql.s}.tasks{where} "
-        f"ORDER BY created_at {direction}, task_id {direction}"
-    )
-    if query.limit is not None:
-        text += " LIMIT %(limit)s"
-        params["limit"] = query.limit
+    text, params = store._sql.query(query)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        plan = conn.execute(text, params).fetchone()[0]
+        plan = conn.execute(f"EXPLAIN (FORMAT JSON) {text}", params).fetchone()[0]
     names: list[str] = []
 
     def walk(node: dict[str, object]) -> None:

@@ -1395,15 +1395,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         query = v.as_query(query)
         if query.limit == 0:
             return []
-        where, params = _sql.where_clause(query)
-        direction = "DESC" if query.order is v.QueryOrder.NEWEST_FIRST else "ASC"
-        text = (
-            f"SELECT {self._sql.task_cols} FROM {self._sql.s}.tasks{where} "
-            f"ORDER BY created_at {direction}, task_id {direction}"
-        )
-        if query.limit is not None:
-            text += " LIMIT %(limit)s"
-            params["limit"] = query.limit
+        text, params = self._sql.query(query)
 
         def run(conn: Conn) -> list[TaskSnapshot]:
             return [snapshot_from_row(row) for row in conn.execute(text, params).fetchall()]
