@@ -791,12 +791,14 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 if _schema.outdated_indexes(conn, self._schema):
                     for statement in _schema.index_upgrade_statements(self._schema):
                         conn.execute(statement)
-        except pg_errors.InsufficientPrivilege:
+        except (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction) as exc:
+            # 不是表的属主（或连到了只读的备库）：换不了也不拦着打开——索引的形状只影响快慢。
             logger.warning(
-                "schema %r 的 tasks 表还是旧的索引形状，而角色 %r 不是表的属主、换不了：任务读写照常，"
+                "schema %r 的 tasks 表还是旧的索引形状，而角色 %r 换不了（%s）：任务读写照常，"
                 "只是每次写入多维护几个索引；请让表的属主执行一次：%s",
                 self._schema,
                 conn.info.user,
+                (str(exc).strip().splitlines() or [""])[0],
                 ";\n".join(_schema.index_upgrade_statements(self._schema)),
             )
             return
