@@ -140,7 +140,7 @@ def index_upgrade_statements(schema: str) -> list[str]:
     让没有建表权限的运维角色在属主迁移之前启动不了。
 
     锁：CREATE INDEX（不是 CONCURRENTLY：它不能在事务里执行）对 tasks 持 SHARE 锁到事务提交——建索引的
-    那几秒里别的会话能读、不能写（100 万行的表上一个部分索引约一两秒，见 bench/README.md pg14 一节）；
+    那几秒里别的会话能读、不能写（100 万行的表上整个换下来约 1.6 秒，见 bench/README.md pg14 一节）；
     DROP INDEX 要 ACCESS EXCLUSIVE 锁，放在最后，提交时一起放掉。
     """
     s = quote_ident(schema)
