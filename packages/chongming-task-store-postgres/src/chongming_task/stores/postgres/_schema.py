@@ -108,7 +108,8 @@ SLIM_INDEXES: tuple[str, ...] = ("tasks_unsucceeded_idx", "tasks_tagged_idx")
 
 def slim_index_statements(schema: str) -> list[str]:
     """tasks 上只收"有查询要找的那些行版本"的索引（issue 17 / 19：每个任务的每次状态变化都写一个新的行版本，
-    它满足谓词的每个索引各插一项；状态、持有者、租约都在变，HOT 更新不可能，服务器 CPU 大半花在这里）。
+    它满足谓词的每个索引各插一项；状态、持有者、租约都在变，HOT 更新不可能。worker 路径每个任务两个行版本
+    要插的索引项由 8 + 9 减到 6 + 5，服务器 CPU 约少 5–10 %，见 bench/README.md pg14 一节）。
 
     * 状态：``status <> 'succeeded'`` 的部分索引。状态过滤要找的是少数几种状态（在管的、失败的、失联的：
       reconcile、check_cluster、worker 找未复活的 lost、看板按状态筛选）；成功是绝大多数任务的最终状态，
