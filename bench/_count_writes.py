@@ -121,6 +121,17 @@ def main() -> int:
             f"{(cpu1 - cpu0) / n * 1e3:.2f} ms/任务，服务器 CPU {(server1 - server0) / n * 1e3:.2f} ms/任务，"
             f"上下文切换 {(cs1 - cs0) / n:.1f} 次/任务，墙钟 {n / (wall1 - wall0):.0f} 任务/秒"
         )
+        # 存储都已关闭（后端退出时写出统计）：tasks 表上的更新有几次是 HOT 的、每个索引有多少项。
+        with psycopg.connect(url.split("?", 1)[0], autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                "WHERE schemaname = 'count' AND relname = 'tasks'"
+            ).fetchone()
+            indexes = conn.execute(
+                "SELECT count(*) FROM pg_indexes WHERE schemaname = 'count' AND tablename = 'tasks'"
+            ).fetchone()
+        if row is not None and indexes is not None:
+            print(f"tasks 表：插入 {row[0]}、更新 {row[1]}（其中 HOT {row[2]}），{indexes[0]} 个索引")
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')

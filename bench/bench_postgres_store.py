@@ -8,25 +8,33 @@
 * 写法基线：同样的写入用"朴素"的多语句事务（BEGIN / 带版本校验的 UPDATE / 逐条 INSERT 迁移记录 /
   COMMIT）完成。这正是 save 用一条 CTE 语句想省掉的往返。
 
-每次运行用一个临时 schema，结束时删除。只打印数字，不判对错。
+* 列表查询（issue 17 / 19，pg14）：1,000,000 行的 tasks 上几种常见的 ``query(...)``（与
+  bench_sqlite_store.py 的大文件同一分布），目标 ``query(statuses={RUNNING}, limit=50)`` ≤ 20 ms（中位数）；
+  另打印每条查询的执行计划用了哪些索引。``--big`` 只跑这一部分。
+
+每次运行用一个临时 schema，结束时删除。只打印数字，不判对错（列表查询打印是否达成目标）。
 """
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import _peers
 import psycopg
 from psycopg import sql
 
+from chongming_task.core.recipes import Recipe
+from chongming_task.core.storage.values import QueryOrder, TaskQuery
 from chongming_task.models import TaskSnapshot, Transition
-from chongming_task.states import TaskStatus
+from chongming_task.states import NON_TERMINAL_STATUSES, TaskStatus
 from chongming_task.stores.postgres import PostgresTaskStore
 from chongming_task.stores.postgres._codec import task_params
 from chongming_task.stores.postgres._sql import transition_params as _transition_params
@@ -201,8 +209,117 @@ def bench_notify(dsn: str, schema: str, rounds: int = 30) -> list[float]:
         holder.close()
 
 
+BIG_ROWS = 1_000_000
+LIST_GOAL_MS = 20.0
+
+
+def build_big_table(store: PostgresTaskStore, dsn: str, schema: str, rows: int) -> None:
+    """与 bench_sqlite_store.py 的大文件同一分布：2% running（一半租约已过期）、3% queued、其余四种终态
+    轮流；64 个桶、8 个 owner、100 个任务名、每 10 行一个 io 标签、每 20 行一个持久任务（带配方）。
+    一条 INSERT … SELECT generate_series 灌入（索引随插随建，与线上逐行写入时的形状相同），再 ANALYZE。"""
+    store.create(
+        TaskSnapshot(task_id="template", name="t", created_at=T0, recipe=Recipe("sync", args=(), kwargs={}))
+    )
+    s = sql.Identifier(schema)
+    statement = sql.SQL(
+        """INSERT INTO {s}.tasks (task_id, name, status, status_version, attempt, max_attempts, created_at,
+    created_at_off, started_at, started_at_off, finished_at, finished_at_off, tags, bucket, owner,
+    lease_owner, lease_until, lease_until_off, recipe)
+SELECT 'task-' || lpad(i::text, 8, '0'), 'sync-' || (i %% 100), st, 3, 1, 1,
+    %(t0)s + i * interval '1 second', 0,
+    %(t0)s + i * interval '1 second', 0,
+    CASE WHEN st IN ('running', 'queued') THEN NULL ELSE %(t0)s + (i + 5) * interval '1 second' END,
+    CASE WHEN st IN ('running', 'queued') THEN NULL ELSE 0 END,
+    CASE WHEN i %% 10 = 0 THEN ARRAY['io'] ELSE '{{}}'::text[] END, i %% 64,
+    'worker-' || (i %% 8), 'worker-' || (i %% 8),
+    CASE WHEN st = 'running' AND i %% 2 = 0 THEN now() + interval '1 hour'
+         ELSE %(t0)s + (i + 30) * interval '1 second' END, 0,
+    CASE WHEN i %% 20 = 0 THEN (SELECT recipe FROM {s}.tasks WHERE task_id = 'template') END
+FROM (SELECT i, CASE WHEN i %% 50 = 7 THEN 'running' WHEN i %% 33 = 5 THEN 'queued'
+    ELSE (ARRAY['succeeded', 'failed', 'stopped', 'cancelled'])[i %% 4 + 1] END AS st
+    FROM generate_series(0, %(last)s) AS i) AS g"""
+    ).format(s=s)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DELETE FROM {}.tasks").format(s))
+        conn.execute(statement, {"t0": T0, "last": rows - 1})
+        conn.execute(sql.SQL("VACUUM ANALYZE {}.tasks").format(s))
+
+
+def _plan_indexes(dsn: str, store: PostgresTaskStore, query: TaskQuery) -> str:
+    """``store.query(query)`` 那条语句的执行计划里出现的索引名（没有就是顺序扫描）。"""
+    text, params = store._sql.query(query)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        plan = conn.execute(f"EXPLAIN (FORMAT JSON) {text}", params).fetchone()[0]
+    names: list[str] = []
+
+    def walk(node: dict[str, object]) -> None:
+        if "Index Name" in node:
+            names.append(str(node["Index Name"]))
+        elif str(node.get("Node Type")) == "Seq Scan":
+            names.append("Seq Scan")
+        for child in node.get("Plans", []):  # type: ignore[union-attr]
+            walk(child)
+
+    walk(plan[0]["Plan"])
+    return "+".join(names)
+
+
+def bench_big_queries(dsn: str, schema: str) -> bool:
+    print(f"== 列表查询：{BIG_ROWS:,} 行的 tasks（目标 running 最新 50 条中位 ≤ {LIST_GOAL_MS:.0f} ms） ==")
+    store = PostgresTaskStore(dsn, schema=schema)
+    try:
+        started = time.perf_counter()
+        build_big_table(store, dsn, schema, BIG_ROWS)
+        print(f"  灌入并 ANALYZE 用时 {time.perf_counter() - started:.1f} s")
+        now = datetime.now(UTC)
+        newest = QueryOrder.NEWEST_FIRST
+        oldest = QueryOrder.OLDEST_FIRST
+        queries = {
+            "running 最新 50": TaskQuery(statuses=frozenset({S.RUNNING}), limit=50, order=newest),
+            "最新 50": TaskQuery(limit=50, order=newest),
+            "failed 最新 50": TaskQuery(statuses=frozenset({S.FAILED}), limit=50, order=newest),
+            "succeeded 最新 50": TaskQuery(statuses=frozenset({S.SUCCEEDED}), limit=50, order=newest),
+            "failed+queued 最新 50": TaskQuery(
+                statuses=frozenset({S.FAILED, S.QUEUED}), limit=50, order=newest
+            ),
+            "标签 io 最新 50": TaskQuery(tag="io", limit=50, order=newest),
+            "桶 7 最新 50": TaskQuery(bucket=7, limit=50, order=newest),
+            "名字前缀 sync-7 最新 50": TaskQuery(name_prefix="sync-7", limit=50, order=newest),
+            "持久 最新 50": TaskQuery(durable=True, limit=50, order=newest),
+            "reconcile（非终态、租约过期）": TaskQuery(
+                statuses=NON_TERMINAL_STATUSES, lease_expired_before=now, awaiting_claim=False, order=oldest
+            ),
+            "lost 持久（worker 维护）": TaskQuery(
+                statuses=frozenset({S.LOST}), durable=True, lease_expired_before=now, order=oldest
+            ),
+        }
+        goal_ms = math.inf
+        for label, query in queries.items():
+            store.query(query)  # 预热
+            samples = [timed(lambda q=query: store.query(q)) * 1000 for _ in range(15)]
+            p50 = statistics.median(samples)
+            if label == "running 最新 50":
+                goal_ms = p50
+            print(f"  {label:<28} 中位 {p50:8.2f} ms  [{_plan_indexes(dsn, store, query)}]")
+    finally:
+        store.close()
+    ok = goal_ms <= LIST_GOAL_MS
+    print(
+        f"  running 最新 50 中位 {goal_ms:.2f} ms"
+        f"（目标 ≤ {LIST_GOAL_MS:.0f} ms，{'达成' if ok else '未达成'}）"
+    )
+    return ok
+
+
+def timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
 def main() -> None:
-    dsn = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("CHONGMING_TEST_POSTGRES", "")
+    args = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
+    dsn = args[0] if args else os.environ.get("CHONGMING_TEST_POSTGRES", "")
     if not dsn:
         print("需要 DSN（参数或环境变量 CHONGMING_TEST_POSTGRES），跳过 Postgres 存储基准")
         return
@@ -210,10 +327,14 @@ def main() -> None:
         return
     schema = f"ct_bench_{secrets.token_hex(4)}"
     try:
+        if "--big" in sys.argv[1:]:
+            bench_big_queries(dsn, f"{schema}_big")
+            return
         run_all(dsn, schema)
     finally:  # 中途失败也不在共享的数据库里留下基准的 schema
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            for name in (schema, f"{schema}_big"):
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
 
 
 def run_all(dsn: str, schema: str) -> None:
@@ -240,6 +361,7 @@ def run_all(dsn: str, schema: str) -> None:
     print(f"  p50 {p50 * 1e3:.2f} ms   p99 {p99 * 1e3:.2f} ms", end="")
     verdict = "达成" if p50 <= 0.050 else "未达成"
     print(f"   （目标 p50 ≤ 50 ms，{verdict}；对比：1 秒轮询的平均等待 500 ms）")
+    bench_big_queries(dsn, f"{schema}_big")
 
 
 if __name__ == "__main__":

@@ -19,9 +19,11 @@ DDL 只在这里写一次：建表（``ensure_schema``）与"给运维的建表 
 
 from __future__ import annotations
 
+from typing import Any
+
 from chongming_task.core.storage.columns import LATER_COLUMNS
 from chongming_task.core.storage.values import CommandAction
-from chongming_task.states import TERMINAL_STATUSES, TaskStatus
+from chongming_task.states import TaskStatus
 from chongming_task.stores.postgres import _codec, _logs
 from chongming_task.stores.postgres._codec import _in_list
 
@@ -83,6 +85,80 @@ def later_ddl_statements(schema: str) -> list[str]:
         f"""CREATE INDEX IF NOT EXISTS tasks_durable_idx ON {s}.tasks (created_at, task_id)
     WHERE recipe IS NOT NULL""",
     ]
+
+
+SETTLED_STATUS = TaskStatus.SUCCEEDED.value
+"""状态索引不收的那个状态（见 ``slim_index_statements``）。"""
+
+UNTAGGED = "tags <> '{}'"
+"""标签索引的部分条件；``TaskQuery(tag=...)`` 的子句原样带上它（``_sql._FILTER_CLAUSES``），规划器才能证明
+查询落在索引里（它不会自己从 ``tags @> ARRAY[...]`` 推出数组非空）。"""
+
+DROPPED_INDEXES: tuple[str, ...] = (
+    "tasks_status_idx",
+    "tasks_tags_idx",
+    "tasks_lease_idx",
+    "tasks_finished_idx",
+)
+"""早先建在 tasks 上、换成了部分索引或删掉了的索引（见 ``slim_index_statements``）。"""
+
+SLIM_INDEXES: tuple[str, ...] = ("tasks_unsucceeded_idx", "tasks_tagged_idx")
+"""取代它们的部分索引的名字（可写打开旧库时补建，见 ``outdated_indexes``）。"""
+
+
+def slim_index_statements(schema: str) -> list[str]:
+    """tasks 上只收"有查询要找的那些行版本"的索引（issue 17 / 19：每个任务的每次状态变化都写一个新的行版本，
+    它满足谓词的每个索引各插一项；状态、持有者、租约都在变，HOT 更新不可能。worker 路径每个任务两个行版本
+    要插的索引项由 8 + 9 减到 6 + 5，服务器 CPU 约少 5–10 %，见 bench/README.md pg14 一节）。
+
+    * 状态：``status <> 'succeeded'`` 的部分索引。状态过滤要找的是少数几种状态（在管的、失败的、失联的：
+      reconcile、check_cluster、worker 找未复活的 lost、看板按状态筛选）；成功是绝大多数任务的最终状态，
+      按它过滤时这个索引毫无选择性，规划器本来就沿时间索引走或顺序扫描。于是每个任务最后、也最多的那个
+      行版本不再进状态索引。``status = ANY(常量数组)`` 只要数组里没有 succeeded，规划器就能证明它蕴含
+      ``status <> 'succeeded'``（查询参数在规划时是常量），含终态与非终态混合的集合也一样。
+    * 标签：GIN 对空数组也插一项"空"条目——每个没有标签的行版本都多一项。只收有标签的行；标签查询带上
+      同一条件（``UNTAGGED``），才用得上它。
+    * 不再有 ``lease_until`` 上的索引：产品里带"租约已过期"条件的查询全都同时按非终态或 lost 过滤，走状态
+      索引；终态行留着过期的租约，单按租约过滤没有选择性。少了它，只改租约、心跳、进度的更新（续租、
+      touch）不碰任何索引列，页内有空位时是 HOT 更新。
+    * 不再有 ``finished_at`` 上的索引：没有查询用它（prune 按 finished_at DESC NULLS LAST 排全部终态行、
+      归档沿主键按 task_id 分批、按 coalesce(finished_at, created_at) 过滤，都用不上），却让每个任务落终态时
+      多插一项（SQLite 后端早已删掉同一个索引，见它的 ``_DROPPED_INDEXES``）。
+    """
+    s = quote_ident(schema)
+    return [
+        f"""CREATE INDEX IF NOT EXISTS tasks_unsucceeded_idx ON {s}.tasks (status)
+    WHERE status <> '{SETTLED_STATUS}'""",
+        f"CREATE INDEX IF NOT EXISTS tasks_tagged_idx ON {s}.tasks USING gin (tags) WHERE {UNTAGGED}",
+    ]
+
+
+def index_upgrade_statements(schema: str) -> list[str]:
+    """把旧库 tasks 上的索引换成 ``slim_index_statements`` 的形状（幂等）：先建新的，再删旧的。
+
+    不升版本号：索引的形状不影响任何语句的结果，只影响快慢——旧包照常读写新形状的库（它的查询不依赖索引，
+    它也只在新库上建索引，不会把旧的补回来），新包只读打开旧形状的库也照常。升版本号反而会让旧包拒绝打开、
+    让没有建表权限的运维角色在属主迁移之前启动不了。
+
+    锁：CREATE INDEX（不是 CONCURRENTLY：它不能在事务里执行）对 tasks 持 SHARE 锁到事务提交——建索引的
+    那几秒里别的会话能读、不能写（100 万行的表上整个换下来约 1.6 秒，见 bench/README.md pg14 一节）；
+    DROP INDEX 要 ACCESS EXCLUSIVE 锁，放在最后，提交时一起放掉。
+    """
+    s = quote_ident(schema)
+    return [*slim_index_statements(schema), *(f"DROP INDEX IF EXISTS {s}.{name}" for name in DROPPED_INDEXES)]
+
+
+def outdated_indexes(conn: Any, schema: str) -> list[str]:
+    """tasks 上还是旧形状的索引：该删而还在的、该有而还没有的（名字排序）；没有 tasks 表时为空。"""
+    rows = conn.execute(
+        "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = 'tasks'", [schema]
+    ).fetchall()
+    found = {str(row[0]) for row in rows}
+    if not found:
+        return []
+    stale = [name for name in DROPPED_INDEXES if name in found]
+    stale += [name for name in SLIM_INDEXES if name not in found]
+    return sorted(stale)
 
 
 def _transition_columns() -> str:
@@ -160,7 +236,6 @@ def migration_sql(schema: str, from_version: int) -> str:
 def ddl_statements(schema: str) -> list[str]:
     """建表语句，按执行顺序。全部幂等（IF NOT EXISTS），在同一事务里执行。"""
     s = quote_ident(schema)
-    terminal = _in_list(sorted(status.value for status in TERMINAL_STATUSES))
     actions = _in_list([action.value for action in CommandAction])
     return [
         f"CREATE SCHEMA IF NOT EXISTS {s}",
@@ -172,16 +247,12 @@ def ddl_statements(schema: str) -> list[str]:
         # 列由列表推导（加字段 = 列表加一行 + 一次迁移）。
         _codec.SNAPSHOTS.create_table(f"{s}.tasks"),
         f"CREATE INDEX IF NOT EXISTS tasks_created_idx ON {s}.tasks (created_at, task_id)",
-        f"CREATE INDEX IF NOT EXISTS tasks_status_idx ON {s}.tasks (status)",
         f"CREATE INDEX IF NOT EXISTS tasks_name_idx ON {s}.tasks (name)",
-        f"CREATE INDEX IF NOT EXISTS tasks_tags_idx ON {s}.tasks USING gin (tags)",
         f"CREATE INDEX IF NOT EXISTS tasks_bucket_idx ON {s}.tasks (bucket) WHERE bucket IS NOT NULL",
         f"CREATE INDEX IF NOT EXISTS tasks_owner_idx ON {s}.tasks (owner) WHERE owner IS NOT NULL",
         f"""CREATE INDEX IF NOT EXISTS tasks_pipeline_idx ON {s}.tasks (pipeline_id)
     WHERE pipeline_id IS NOT NULL""",
-        f"CREATE INDEX IF NOT EXISTS tasks_lease_idx ON {s}.tasks (lease_until)",
-        f"""CREATE INDEX IF NOT EXISTS tasks_finished_idx ON {s}.tasks (finished_at)
-    WHERE status IN ({terminal})""",
+        *slim_index_statements(schema),
         *later_ddl_statements(schema),
         *transitions_ddl_statements(schema),
         f"""CREATE TABLE IF NOT EXISTS {s}.commands (
@@ -231,17 +302,24 @@ def grant_sql(schema: str, role: str) -> str:
 __all__ = [
     "DEFAULT_PARTITION",
     "DEFAULT_SCHEMA",
+    "DROPPED_INDEXES",
     "LATER_TASK_COLUMNS",
     "LEGACY_PARTITION",
     "MAX_IDENTIFIER_BYTES",
     "SCHEMA_VERSION",
+    "SETTLED_STATUS",
+    "SLIM_INDEXES",
+    "UNTAGGED",
     "ddl_statements",
     "grant_sql",
+    "index_upgrade_statements",
     "later_ddl_statements",
     "migration_sql",
     "migration_statements",
     "node_ddl_statements",
+    "outdated_indexes",
     "quote_ident",
     "schema_sql",
+    "slim_index_statements",
     "transitions_ddl_statements",
 ]

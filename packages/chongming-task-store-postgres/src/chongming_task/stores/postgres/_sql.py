@@ -9,7 +9,7 @@ from typing import Any
 from chongming_task.core.compact_json import acyclic_encoder
 from chongming_task.core.storage.checks import check_transitions
 from chongming_task.core.storage.sql import RowCodec, escape_like
-from chongming_task.core.storage.values import TaskQuery
+from chongming_task.core.storage.values import QueryOrder, TaskQuery
 from chongming_task.models import Transition
 from chongming_task.states import TaskStatus
 from chongming_task.stores.postgres import _schema
@@ -412,6 +412,19 @@ class Sql:
         self._save_batch: dict[int, str] = {}
         self._write_batch: dict[tuple[int, int], str] = {}
 
+    def query(self, query: TaskQuery) -> tuple[str, dict[str, Any]]:
+        """``query()`` 的语句与参数：过滤条件（``where_clause``）、按 (created_at, task_id) 排序、LIMIT。"""
+        where, params = where_clause(query)
+        direction = "DESC" if query.order is QueryOrder.NEWEST_FIRST else "ASC"
+        text = (
+            f"SELECT {self.task_cols} FROM {self.s}.tasks{where} "
+            f"ORDER BY created_at {direction}, task_id {direction}"
+        )
+        if query.limit is not None:
+            text += " LIMIT %(limit)s"
+            params["limit"] = query.limit
+        return text, params
+
     def save_batch(self, count: int) -> str:
         """组提交的 ``count`` 项 save（互不相同的任务、都不带租约条件）合成的一条语句（按项数渲染一次）。
 
@@ -608,7 +621,8 @@ _EQUAL_FILTERS = ("bucket", "owner", "pipeline_id")
 
 _FILTER_CLAUSES: dict[str, str] = {
     "statuses": "status = ANY(%(statuses)s::text[])",
-    "tag": "tags @> ARRAY[%(tag)s::text]",
+    # 标签索引只收有标签的行（_schema.UNTAGGED）：子句带上同一条件，规划器才能用它（语义不变）。
+    "tag": f"tags @> ARRAY[%(tag)s::text] AND {_schema.UNTAGGED}",
     **{name: f"{name} = %({name})s" for name in _EQUAL_FILTERS},
     "buckets": "bucket = ANY(%(buckets)s::bigint[])",
     "created_after": "created_at > %(created_after)s",

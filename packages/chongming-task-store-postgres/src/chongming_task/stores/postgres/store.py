@@ -618,6 +618,12 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                     _partitions.ensure_ahead_or_warn(conn, self._schema, at_open=True)
                 if version == _schema.SCHEMA_VERSION:
                     self._add_later_columns(conn)
+                if (
+                    version == _schema.SCHEMA_VERSION
+                    and self._create_schema != "never"
+                    and not self._readonly
+                ):
+                    self._slim_indexes(conn)
             except pg_errors.InsufficientPrivilege as exc:
                 raise self._privilege_error(conn, exc) from exc
             except psycopg.Error as exc:
@@ -768,6 +774,37 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 ["chongming_task.ddl:" + self._schema],
             )
             _claim.add_later_columns(conn, self._schema)
+
+    def _slim_indexes(self, conn: Conn) -> None:
+        """tasks 上的索引还是旧形状（全量的状态 / 标签索引、租约与结束时间的索引）时换成部分索引
+        （``_schema.slim_index_statements``）：可写打开时在咨询锁下、一个事务里换；只读与不许建表的打开不动。
+
+        只影响快慢，不影响结果：没有权限（不是表的属主）时只告警，任务读写照常。"""
+        if not _schema.outdated_indexes(conn, self._schema):
+            return
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    ["chongming_task.ddl:" + self._schema],
+                )
+                if _schema.outdated_indexes(conn, self._schema):
+                    for statement in _schema.index_upgrade_statements(self._schema):
+                        conn.execute(statement)
+        except (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction) as exc:
+            # 不是表的属主（或连到了只读的备库）：换不了也不拦着打开——索引的形状只影响快慢。
+            logger.warning(
+                "schema %r 的 tasks 表还是旧的索引形状，而角色 %r 换不了（%s）：任务读写照常，"
+                "只是每次写入多维护几个索引；请让表的属主执行一次：%s",
+                self._schema,
+                conn.info.user,
+                (str(exc).strip().splitlines() or [""])[0],
+                ";\n".join(_schema.index_upgrade_statements(self._schema)),
+            )
+            return
+        logger.info(
+            "schema %r 的 tasks 表已换成部分索引（%s）", self._schema, ", ".join(_schema.SLIM_INDEXES)
+        )
 
     def _add_logs_table(self, conn: Conn) -> None:
         """给日志表加入之前建的 schema 补建日志表（咨询锁下；没有建表权限时只告警：日志写入会失败并按
@@ -1360,15 +1397,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         query = v.as_query(query)
         if query.limit == 0:
             return []
-        where, params = _sql.where_clause(query)
-        direction = "DESC" if query.order is v.QueryOrder.NEWEST_FIRST else "ASC"
-        text = (
-            f"SELECT {self._sql.task_cols} FROM {self._sql.s}.tasks{where} "
-            f"ORDER BY created_at {direction}, task_id {direction}"
-        )
-        if query.limit is not None:
-            text += " LIMIT %(limit)s"
-            params["limit"] = query.limit
+        text, params = self._sql.query(query)
 
         def run(conn: Conn) -> list[TaskSnapshot]:
             return [snapshot_from_row(row) for row in conn.execute(text, params).fetchall()]
