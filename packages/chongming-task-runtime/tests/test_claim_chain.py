@@ -148,3 +148,32 @@ def test_a_local_controller_never_chains_a_claim() -> None:
     finally:
         controller.close()
     assert store.chains == []
+
+
+def test_a_name_registered_while_serving_is_claimed() -> None:
+    """worker 认领时按的名字集合是登记时换上的那一个（不再每次认领拿控制器锁重建）：serve 途中新登记的
+    名字，它的持久任务照样被认领、跑完；登记之前入队的也是。"""
+    store = InMemoryTaskStore()
+    ids = enqueue(store, lambda ctx, i: i, 2)
+    worker = Controller(2, store=store, owner="w")
+    worker.register("body", lambda ctx, i: i)
+    assert worker.registered_names == frozenset({"body"})
+    late_submitter = Controller(store=store, owner="late-submitter")
+    late_submitter.register("late", lambda ctx, i: i, durable=True)
+    late = late_submitter.enqueue("late", 7, task_id="late-0")
+    late_submitter.close()
+    stop = threading.Event()
+    serving = threading.Thread(target=worker.serve, args=(stop,), kwargs={"poll_interval": 0.02})
+    serving.start()
+    try:
+        wait_until(lambda: all((s := store.get(i)) is not None and s.status is S.SUCCEEDED for i in ids))
+        stored = store.get(late)
+        assert stored is not None and stored.status is S.QUEUED, "还没登记 late：不认领它"
+        worker.register("late", lambda ctx, i: i * 2)
+        assert worker.registered_names == frozenset({"body", "late"})
+        wait_until(lambda: (s := store.get(late)) is not None and s.status is S.SUCCEEDED)
+    finally:
+        stop.set()
+        serving.join(30)
+        worker.close()
+    assert not serving.is_alive()

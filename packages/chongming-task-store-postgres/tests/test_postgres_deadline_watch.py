@@ -89,3 +89,29 @@ def test_back_to_back_calls_do_not_wake_a_watcher_already_on_a_timed_wait(
     for _ in range(100):
         deadlines.disarm(deadlines.arm(a.fileno(), 30.0)[0])
     assert notifies[0] == 0
+
+
+def test_store_calls_on_one_connection_look_up_its_socket_once(
+    postgres_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """每次存储调用都给连接的套接字登记期限，切断前要核对 inode（描述符号会被复用）。inode 按连接记一次：
+    每次调用一次 ``fstat`` 是一次让出 GIL 的系统调用，就在发语句之前——两条执行槽线程时另一条趁机拿走
+    GIL，这条要等它跑完一段 Python 才发得出语句。一条连接上 30 次调用只查一次。"""
+    from chongming_task.stores.postgres import PostgresTaskStore, _deadline
+
+    store = PostgresTaskStore(postgres_dsn, schema=schema, min_size=1, max_size=1, network_timeout=30.0)
+    try:
+        store.get("warm-up")
+        looked_up: list[int] = []
+        real = _deadline.os.fstat
+
+        def counting(fd: int) -> object:
+            looked_up.append(fd)
+            return real(fd)
+
+        monkeypatch.setattr(_deadline.os, "fstat", counting)
+        for _ in range(30):
+            assert store.get("missing") is None
+        assert len(looked_up) <= 1, looked_up
+    finally:
+        store.close()

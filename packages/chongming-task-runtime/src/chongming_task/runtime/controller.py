@@ -451,6 +451,13 @@ class Controller(ClosesOnExit):
         with self._lock:
             return list(self._registry)
 
+    @property
+    def registered_names(self) -> frozenset[str]:
+        """已登记的任务名（worker 按它认领）。
+
+        不拿锁：登记时整个换成新集合，读到的总是某次登记之后的完整集合。"""
+        return self._registry.names
+
     # -- submit -------------------------------------------------------------------------------------
 
     def submit(

@@ -70,6 +70,14 @@ class TaskRegistry:
 
     def __init__(self) -> None:
         self._definitions: dict[str, TaskDefinition] = {}
+        self._names: frozenset[str] = frozenset()
+
+    @property
+    def names(self) -> frozenset[str]:
+        """已登记的名字（登记时更新的同一个 frozenset，读它不拷贝）。worker 每次认领都要这个集合：原来每次
+        拿控制器锁、拷一份定义列表、再建一个 frozenset。登记只增不减，每次登记换一个新集合，读到的总是某次
+        登记之后的完整集合。"""
+        return self._names
 
     def register(
         self, name: str, fn: Callable[..., Any], **options: Unpack[RegisterOptions]
@@ -111,6 +119,7 @@ class TaskRegistry:
         if definition.timeout is not None and not isinstance(definition.timeout, Timeout):
             raise ConfigurationError(f"timeout 必须是 Timeout(...)，收到 {definition.timeout!r}")
         self._definitions[name] = definition
+        self._names = self._names | {name}
         return definition
 
     def register_decorated(self, fn: Callable[..., Any]) -> TaskDefinition:

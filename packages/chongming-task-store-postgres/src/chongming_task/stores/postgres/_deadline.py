@@ -27,16 +27,21 @@ from chongming_task.core.locks import YieldingLock
 class _Call:
     __slots__ = ("deadline", "fd", "fired", "inode")
 
-    def __init__(self, deadline: float, fd: int) -> None:
+    def __init__(self, deadline: float, fd: int, inode: int | None) -> None:
         self.deadline = deadline
         self.fd = fd
         self.fired = False
         # 描述符号会被复用：调用途中驱动关掉了连接、别的线程又开了一个套接字，拿到的可能是同一个号。
         # 切之前核对 inode，只切登记时的那一个套接字。
-        try:
-            self.inode: int | None = os.fstat(fd).st_ino
-        except OSError:
-            self.inode = None
+        self.inode = inode
+
+
+def socket_inode(fd: int) -> int | None:
+    """``fd`` 此刻指向的套接字的 inode（``_cut`` 据它核对没切错套接字）；描述符已无效时 None。"""
+    try:
+        return os.fstat(fd).st_ino
+    except OSError:
+        return None
 
 
 def _cut(fd: int, inode: int | None) -> None:
@@ -67,8 +72,12 @@ class Deadlines:
         # 看门线程最迟什么时候醒（单调时钟；无限期地等时是 inf）。只在持锁时读写。
         self._wake_at = math.inf
 
-    def arm(self, fd: int, seconds: float) -> tuple[int, _Call]:
-        call = _Call(time.monotonic() + seconds, fd)
+    def arm(self, fd: int, seconds: float, inode: int | None = None) -> tuple[int, _Call]:
+        """登记一次在途调用。``inode``：调用方已知的该套接字的 inode（``socket_inode``，同一条连接的套接字
+        不变，可以按连接缓存）；不给时这里 ``fstat`` 一次。"""
+        if inode is None:
+            inode = socket_inode(fd)
+        call = _Call(time.monotonic() + seconds, fd, inode)
         # 每次存储调用登记、注销各一次：直接用底层锁的快路径（core/locks.py 说明的写法），不经 Condition 与
         # YieldingLock 的 __enter__ / __exit__ 两层 Python 调用。notify 只要求持有同一把锁。
         lock = self._lock
@@ -126,4 +135,4 @@ class Deadlines:
                         del self._calls[key]
 
 
-__all__ = ["Deadlines"]
+__all__ = ["Deadlines", "socket_inode"]

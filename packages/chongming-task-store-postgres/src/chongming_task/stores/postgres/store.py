@@ -62,7 +62,7 @@ from chongming_task.stores.postgres._codec import (
     task_params,
     transition_from_row,
 )
-from chongming_task.stores.postgres._deadline import Deadlines
+from chongming_task.stores.postgres._deadline import Deadlines, socket_inode
 from chongming_task.stores.postgres._listener import CommandListener, NoticeCallback
 from chongming_task.stores.postgres._sql import rows_param
 from chongming_task.stores.postgres._sql import transition_params as _transition_params
@@ -273,6 +273,7 @@ _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 _CURSOR = "_chongming_cursor"
+_SOCKET = "_chongming_socket"  # (描述符, inode)：见 PostgresTaskStore._arm
 
 
 def _cursor(conn: Conn) -> psycopg.Cursor[Any]:
@@ -963,7 +964,13 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             fd = conn.pgconn.socket
         except psycopg.Error:
             return None
-        return self._deadlines.arm(fd, self._network_timeout)
+        # 套接字的 inode 按连接记一次（同一条连接的描述符与套接字不变）：每次调用一次 fstat 是一次让出 GIL 的
+        # 系统调用，就在发语句之前——另一条执行槽线程趁机拿走 GIL，这条线程要等它跑完一段 Python 才发得出语句。
+        known: tuple[int, int | None] | None = getattr(conn, _SOCKET, None)
+        if known is None or known[0] != fd:
+            known = (fd, socket_inode(fd))
+            setattr(conn, _SOCKET, known)
+        return self._deadlines.arm(fd, self._network_timeout, known[1])
 
     def _acquire(self) -> Conn:
         """从池里借一条健康的连接。
