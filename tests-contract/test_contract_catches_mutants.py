@@ -11,11 +11,11 @@ import contextlib
 import dataclasses
 import io
 import re
+import threading
 import unittest
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from unittest import mock
 
 import pytest
 
@@ -316,7 +316,7 @@ class BatchChecksOnlyTheFirst(InMemoryTaskStore):
         for index, (snapshot, transitions) in enumerate(items):
             with contextlib.ExitStack() as stack:
                 if index:
-                    stack.enter_context(mock.patch.object(memory_checks, "check_snapshot", _unchecked))
+                    stack.enter_context(_swapped((memory_checks, "check_snapshot", _unchecked)))
                 try:
                     self.create(snapshot, transitions)
                 except TaskError as exc:
@@ -343,7 +343,7 @@ class SaveTrustsItsRecords(InMemoryTaskStore):
         transitions: Sequence[Transition] = (),
         lease_expired_before: datetime | None = None,
     ) -> None:
-        with mock.patch.object(memory_checks, "check_transitions", _trusting):
+        with _swapped((memory_checks, "check_transitions", _trusting)):
             super().save(
                 snapshot,
                 expect_version=expect_version,
@@ -352,7 +352,7 @@ class SaveTrustsItsRecords(InMemoryTaskStore):
             )
 
     def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
-        with mock.patch.object(memory_checks, "check_transitions", _trusting):
+        with _swapped((memory_checks, "check_transitions", _trusting)):
             return super().save_many(requests)
 
 
@@ -403,11 +403,43 @@ def _gap_blind(snapshot: TaskSnapshot, expect_version: int, transitions: Sequenc
 
 @contextlib.contextmanager
 def _gap_blind_checks() -> Iterator[None]:
-    with (
-        mock.patch.object(memory_checks, "validate_checked_save", _gap_blind),
-        mock.patch.object(_base_checks, "validate_checked_save", _gap_blind),
+    with _swapped(
+        (memory_checks, "validate_checked_save", _gap_blind),
+        (_base_checks, "validate_checked_save", _gap_blind),
     ):
         yield
+
+
+_SWAP_LOCK = threading.Lock()
+_SWAPPED: dict[tuple[int, str], list[Any]] = {}  # (id(对象), 名字) → [几个线程在用, 原物]
+
+
+@contextlib.contextmanager
+def _swapped(*swaps: tuple[object, str, object]) -> Iterator[None]:
+    """变种的方法执行期间把 ``对象.名字`` 换成替身（模块级的函数：对整个进程生效）。
+
+    为什么不直接 ``mock.patch``：契约里的并发用例让几个线程同时调用变种的方法，各自的 patch 记下进来那一刻
+    看到的函数——交错退出时（A 进、B 进、A 出、B 出）最后出去的那个把替身当成原物装回去，之后跑的别的用例
+    （未经改动的内存存储的契约）也就成了变种，偶发失败。这里按 (对象, 名字) 计数：第一个进来的换上，最后一个
+    出去的换回原物。"""
+    with _SWAP_LOCK:
+        for owner, name, replacement in swaps:
+            entry = _SWAPPED.get((id(owner), name))
+            if entry is None:
+                _SWAPPED[(id(owner), name)] = [1, getattr(owner, name)]
+                setattr(owner, name, replacement)
+            else:
+                entry[0] += 1
+    try:
+        yield
+    finally:
+        with _SWAP_LOCK:
+            for owner, name, _ in swaps:
+                entry = _SWAPPED[(id(owner), name)]
+                entry[0] -= 1
+                if entry[0] == 0:
+                    setattr(owner, name, entry[1])
+                    del _SWAPPED[(id(owner), name)]
 
 
 class SaveRewritesRecipe(InMemoryTaskStore):

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from chongming_task import Controller, SqliteTaskStore, Submit, TaskStatus
+from chongming_task.core.storage import commit_hooks
 from chongming_task.errors import (
     ConcurrencyConflict,
     ConfigurationError,
@@ -334,6 +335,124 @@ def test_a_queued_caller_whose_grace_ends_during_a_long_commit_waits_for_that_co
     assert commits.successor_wakes == 1  # 那次提交叫醒了它
     assert commits.sleeps["w"] == 2
     assert store.transactions[-2:] == [["lead"], ["w"]]
+
+
+class HookedStore(HeldStore):
+    """提交之前调用 ``commit_hooks.before_commit()`` 的存储（``calls_before_commit``，与 SQLite 相同）；记下
+    每次调用时刚写的是哪个事务。"""
+
+    calls_before_commit = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hooked: list[list[str]] = []
+
+    def _before_commit(self) -> None:
+        self.hooked.append(self.transactions[-1])
+        commit_hooks.before_commit()
+
+    def save(self, snapshot: TaskSnapshot, **kwargs: Any) -> None:
+        super().save(snapshot, **kwargs)
+        self._before_commit()
+
+    def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+        out = super().save_many(requests)
+        self._before_commit()
+        return out
+
+
+def _carried_by_the_writer(
+    store: HookedStore, commits: GroupCommit
+) -> tuple[dict[str, object], list[threading.Thread], dict[str, list[list[str]]]]:
+    """提交线程的形状：写者写 lead1 时 w 排进来睡下，写者带着 lead2 回来把 w 捎进自己的下一批。返回 w 的结果、
+    要 join 的线程、w 返回那一刻存储已调用过回调的事务（``hooked`` 的复制）。"""
+    first, second, queued = _queued(store, "lead1")[0], _queued(store, "lead2")[0], _queued(store, "w")[0]
+    gate = store.hold()
+    writer_done = threading.Event()
+
+    def writer() -> None:
+        commits.save(first)
+        commits.save(second)
+        writer_done.set()
+
+    results: dict[str, object] = {}
+    seen_at_return: dict[str, list[list[str]]] = {}
+
+    def follower() -> None:
+        commits.save(queued)
+        seen_at_return["w"] = list(store.hooked)
+        results["w"] = "committed"
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=follower)]
+    threads[0].start()
+    assert store.holding.wait(10)
+    threads[1].start()
+    _wait_asleep(commits, "w")
+    gate.set()
+    assert writer_done.wait(10)
+    assert store.transactions[-2:] == [["lead1"], ["lead2", "w"]]
+    return results, threads, seen_at_return
+
+
+def test_a_carried_caller_is_woken_just_before_the_next_transaction_commits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """存储在 COMMIT 之前调用回调时，写完 w 的那次提交不叫醒 w（写者线程接下来持着 GIL 跑 Python，w 醒来
+    只能在 GIL 上再睡一次），由下一个写事务在它的 COMMIT 之前叫醒。w 那一项早已提交；它只睡一次，醒在
+    lead3 那个事务的回调里。旧做法在 lead2 + w 提交之后立刻叫醒它。宽限放大到 5 秒：w 不会先到点自己醒。"""
+    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", 5.0)
+    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", 2.5)
+    store = HookedStore()
+    commits = CountingWakes(store, writers=1)
+    _short_commits(store, commits)
+    results, threads, seen_at_return = _carried_by_the_writer(store, commits)
+    threading.Event().wait(0.2)
+    assert results == {}, "推迟叫醒：下一个写事务之前 w 还睡着"
+    commits.save(_queued(store, "lead3")[0])
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert results == {"w": "committed"}
+    assert seen_at_return["w"][-1] == ["lead3"], "w 由 lead3 那个事务 COMMIT 之前的回调叫醒"
+    assert commits.sleeps["w"] == 1
+
+
+def test_a_carried_caller_whose_wake_was_deferred_wakes_by_itself_if_no_transaction_follows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """推迟叫醒之后再没有写事务（提交线程不再提交）：w 到自己的定时点醒来、发现那一项已写完、返回——不会一直
+    睡下去，也只睡一次。"""
+    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", 0.3)
+    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", 0.15)
+    store = HookedStore()
+    commits = CountingWakes(store, writers=1)
+    _short_commits(store, commits)
+    results, threads, _ = _carried_by_the_writer(store, commits)
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert results == {"w": "committed"}
+    assert commits.sleeps["w"] == 1
+    assert commits._deferred == [] or all(item.waiter is None for item in commits._deferred)
+
+
+def test_a_store_without_the_commit_hook_wakes_carried_callers_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """存储不调用回调（``calls_before_commit`` 为假，Postgres 与第三方后端的默认）：写完就叫醒，不推迟——否则
+    没人会在下一个 COMMIT 之前叫醒它，每个被捎带的调用方都要睡满宽限。"""
+    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", 5.0)
+    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", 2.5)
+    store = HookedStore()
+    store.calls_before_commit = False  # type: ignore[misc]
+    commits = CountingWakes(store, writers=1)
+    _short_commits(store, commits)
+    results, threads, _ = _carried_by_the_writer(store, commits)
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert results == {"w": "committed"}
+    assert commits.sleeps["w"] == 1
 
 
 def test_a_conflict_is_reported_to_its_own_caller_only() -> None:

@@ -788,6 +788,36 @@ def test_a_plain_transition_save_does_not_read_first() -> None:
         assert [s.task_id for s in store.query(TaskQuery(owner="node-b"))] == ["fast"]
 
 
+def test_every_write_transaction_calls_the_commit_hook_right_before_commit() -> None:
+    """``calls_before_commit``：每个写事务在 COMMIT 之前、本线程上调用一次 ``commit_hooks.before_commit()``
+    （组提交在那一刻叫醒上一批的调用方）；读不调用，本线程上没有登记回调时什么也不调用。"""
+    from chongming_task.core.storage import commit_hooks
+
+    assert SqliteTaskStore.calls_before_commit
+    with SqliteTaskStore(":memory:") as store:
+        events: list[str] = []
+        with store._pool.connection() as conn:  # 内存库只有一条连接：语句与回调按先后记进同一个列表
+            conn.set_trace_callback(lambda sql: events.append(sql.split()[0].upper()))
+        base = snap("hooked")
+        queued = base.evolve(status=TaskStatus.QUEUED, status_version=1)
+        record = Transition("hooked", TaskStatus.PENDING, TaskStatus.QUEUED, "submit", None, None, 1, T0)
+        previous = commit_hooks.install(lambda: events.append("HOOK"))
+        try:
+            store.create(base)
+            store.save_many([SaveRequest(queued, 0, [record])])
+            store.get("hooked")
+            store.history("hooked")
+        finally:
+            commit_hooks.install(previous)
+        store.create(snap("unhooked"))  # 回调已撤销：照常提交，不调用
+    assert events == [
+        *["BEGIN", "INSERT", "HOOK", "COMMIT"],
+        *["BEGIN", "UPDATE", "INSERT", "HOOK", "COMMIT"],
+        *["SELECT", "SELECT"],
+        *["BEGIN", "INSERT", "COMMIT"],
+    ], events
+
+
 def _queued_and_started(task_id: str, reason: str | None = None) -> SaveRequest:
     base = snap(task_id)
     started = base.evolve(status=TaskStatus.STARTING, status_version=2)

@@ -34,6 +34,7 @@ from typing import Any
 
 from chongming_task.core.locks import YieldingLock
 from chongming_task.core.records import PackedTransition, unpack_transition
+from chongming_task.core.storage import commit_hooks
 from chongming_task.errors import StoreError
 from chongming_task.models import TaskSnapshot
 from chongming_task.storage import SaveRequest, TaskStore
@@ -65,7 +66,8 @@ class Pending:
         self.request = request
         self.create = create
         self.taken = False  # 已被某个写者放进它的批次
-        # 排队者定时睡着（到点自己醒来看要不要当写者）：提交之后不必叫醒它（见 _sleep_locked）
+        # 调用方定时睡着、到点自己会醒：还没被捎走时提交不叫醒它去当写者；已被捎走时写完它的那次提交可以把
+        # 叫醒推迟到下一个写事务的 COMMIT 之前（见 _sleep_locked、GroupCommit._settle）
         self.self_waking = False
         # 定时睡过一次、到点时写者还在写（提交比平常长）：此后不再定时睡，由下一次提交叫醒它接着当写者
         self.patient = False
@@ -90,6 +92,10 @@ class GroupCommit:
         self._active = 0  # 正在写的写者数
         # 最近几次提交的平均墙钟（秒，指数滑动平均）；还没量过时当作很长（排队者照旧由提交叫醒）
         self._commit_seconds = _UNMEASURED
+        # 存储在写事务的 COMMIT 之前调用 commit_hooks.before_commit() 时，写完的一批里定时睡着的调用方
+        # 不在提交后立刻叫醒，而是记在这里，由下一个写事务在它的 COMMIT 之前叫醒（见 _settle）
+        self._defer_wakes = bool(getattr(store, "calls_before_commit", False))
+        self._deferred: list[Pending] = []
         self.batches = 0  # 写了几个事务（测试与基准看合并得怎样）
         self.items = 0  # 经它写的项数
 
@@ -163,11 +169,20 @@ class GroupCommit:
         ``bench_sqlite`` 的写法）这种"叫醒接班人"每任务 0.55 次、一次也没当成写者，每次白白两三次上下文切换。
         没人回来时它到点自己醒来当写者：多等至多 ``SUCCESSOR_GRACE``。到点时写者还在写（这次提交比平常长），
         它就改为不定时睡（``patient``），由那次提交照旧叫醒——定时醒来至多一次，长提交里不会反复空转。提交
-        本来就长的存储（平均墙钟不短于 ``_SHORT_COMMIT``，或还没量过）一直是原来的做法。"""
+        本来就长的存储（平均墙钟不短于 ``_SHORT_COMMIT``，或还没量过）一直是原来的做法。
+
+        **已被捎走的调用方在存储声明了 ``calls_before_commit`` 时也定时睡**（同一个宽限）：写完它那一项的提交
+        可以不立刻叫醒它，把叫醒推迟到下一个写事务的 COMMIT 之前（``_settle``、``_flush_deferred``）；没有
+        下一个事务时它到点自己醒来、看到那一项已写完就返回。到点时那一批还没写完，同样改为不定时睡、由那次提交
+        叫醒。"""
         waiter = _allocate_lock()
         waiter.acquire()
         item.waiter = waiter
-        timed = not item.taken and not item.patient and self._commit_seconds < _SHORT_COMMIT
+        timed = (
+            (not item.taken or self._defer_wakes)
+            and not item.patient
+            and self._commit_seconds < _SHORT_COMMIT
+        )
         item.self_waking = timed
         self._lock.release()
         woken = True
@@ -205,7 +220,13 @@ class GroupCommit:
                     )
                     self._active -= 1
                     for member in batch:  # 这一批的调用方：各自的那一项已写完（或整批失败）
-                        self._wake(member)
+                        if member.self_waking and self._defer_wakes:
+                            # 它定时睡着、到点自己会醒：叫醒推迟到下一个写事务的 COMMIT 之前
+                            # （_flush_deferred）。此刻叫醒它只能在 GIL 上再睡一次——本线程接下来
+                            # 一段都是 Python（见 commit_hooks）。
+                            self._deferred.append(member)
+                        else:
+                            self._wake(member)
                     # 有写者空位、还有没被捎走的项：叫醒其中第一个在等、且不会自己醒来的调用方，由它接着当写者
                     # （它捎上其余全部排着的项，包括 enqueue 进来、调用方还没开始等的那些）。定时睡着的排队者
                     # 不叫醒：它至多 SUCCESSOR_GRACE 后自己醒来，通常在那之前刚放下写者位置的线程已回来捎走它
@@ -218,9 +239,20 @@ class GroupCommit:
         if item.error is not None:
             raise item.error
 
+    def _flush_deferred(self) -> None:
+        """（存储在本线程的写事务 COMMIT 之前调用，见 commit_hooks）叫醒上一批推迟叫醒的调用方：它们那一项早已
+        提交，只是醒来的时机挪到了这一刻——正好赶上本线程在 COMMIT 里写盘、不持 GIL。"""
+        if not self._deferred:
+            return
+        with self._lock:
+            deferred, self._deferred = self._deferred, []
+            for member in deferred:
+                self._wake(member)  # 到点自己醒过的，waiter 已是 None：什么也不做
+
     def _commit(self, batch: list[Pending]) -> None:
         self.batches += 1
         self.items += len(batch)
+        previous = commit_hooks.install(self._flush_deferred) if self._defer_wakes else None
         try:
             only = batch[0] if len(batch) == 1 else None
             results: list[BaseException | None]
@@ -245,6 +277,9 @@ class GroupCommit:
                 item.error = exc
                 item.done = True
             return
+        finally:
+            if self._defer_wakes:
+                commit_hooks.install(previous)
         for item, error in zip(batch, results, strict=True):
             item.error = error
             item.done = True

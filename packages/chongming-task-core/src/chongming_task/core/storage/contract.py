@@ -141,6 +141,12 @@ class TaskStore(ClosesOnExit, ABC):
     事务，每个任务少一次提交（几个被改到的页只写一次 WAL）。只有把 ``write_many`` 覆盖成一个事务的存储才
     取 True：默认实现是两个事务，合批省不下提交。"""
 
+    calls_before_commit: ClassVar[bool] = False
+    """存储是否在本线程的每个写事务里、COMMIT 之前调用 ``commit_hooks.before_commit()``（见那里）。为真时
+    组提交把"一批写完、叫醒这一批里定时睡着的调用方"推迟到下一个写事务的 COMMIT 之前（那些调用方至多睡到
+    自己的定时到点，没有下一个事务也照样醒来）；为假（默认）时提交完立刻叫醒。只是叫醒的时机，与持久性无关：
+    调用方那一项在叫醒之前早已提交。"""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for public, hook in _HOOKS.items():

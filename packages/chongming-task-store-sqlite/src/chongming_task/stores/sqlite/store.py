@@ -20,6 +20,7 @@ from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
 from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim, start_claimed
+from chongming_task.core.storage.commit_hooks import before_commit
 from chongming_task.core.storage.contract import TaskStore, prepare_batch
 from chongming_task.core.storage.opening import CreateSchema, OpensReadonly, SchemaMissing, check_opening
 from chongming_task.core.storage.retention import RetentionByModule, RetentionModule
@@ -283,6 +284,8 @@ def _execute(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], mo
     conn.execute("BEGIN IMMEDIATE" if mode == "write" else "BEGIN")
     try:
         result = fn(conn)
+        if mode == "write":
+            before_commit()  # 组提交在这里叫醒上一批定时睡着的调用方（见 commit_hooks）
         conn.execute("COMMIT")
         return result
     except BaseException:
@@ -310,6 +313,8 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     group_commit_writers: ClassVar[int] = 1  # 一次只有一个写者：组提交排成一队、合批，不在写锁上互相等
     # 单个提交的 create 也经组提交：它反正要在写锁前与执行槽的 save 排队，合进一个事务少一次提交
     group_commit_creates: ClassVar[bool] = True
+    # 写事务的 COMMIT 之前调用 commit_hooks.before_commit()：组提交把叫醒上一批的调用方挪到那一刻（见那里）
+    calls_before_commit: ClassVar[bool] = True
 
     def __init__(
         self,
