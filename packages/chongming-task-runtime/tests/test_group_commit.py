@@ -394,24 +394,39 @@ def _carried_by_the_writer(
     return results, threads, seen_at_return
 
 
+def _carried_setup(
+    monkeypatch: pytest.MonkeyPatch, *, grace: float, short_commit: float, hook: bool = True
+) -> tuple[HookedStore, CountingWakes]:
+    """推迟叫醒几个用例的共同开头：给定宽限与"短提交"门槛，先写几次让组提交量到短提交；``hook=False`` 时存储
+    不调用 COMMIT 之前的回调（Postgres 与第三方后端的默认）。"""
+    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", grace)
+    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", short_commit)
+    store = HookedStore()
+    if not hook:
+        store.calls_before_commit = False  # type: ignore[misc]
+    commits = CountingWakes(store, writers=1)
+    _short_commits(store, commits)
+    return store, commits
+
+
+def _join_all(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+
+
 def test_a_carried_caller_is_woken_just_before_the_next_transaction_commits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """存储在 COMMIT 之前调用回调时，写完 w 的那次提交不叫醒 w（写者线程接下来持着 GIL 跑 Python，w 醒来
     只能在 GIL 上再睡一次），由下一个写事务在它的 COMMIT 之前叫醒。w 那一项早已提交；它只睡一次，醒在
     lead3 那个事务的回调里。旧做法在 lead2 + w 提交之后立刻叫醒它。宽限放大到 5 秒：w 不会先到点自己醒。"""
-    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", 5.0)
-    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", 2.5)
-    store = HookedStore()
-    commits = CountingWakes(store, writers=1)
-    _short_commits(store, commits)
+    store, commits = _carried_setup(monkeypatch, grace=5.0, short_commit=2.5)
     results, threads, seen_at_return = _carried_by_the_writer(store, commits)
     threading.Event().wait(0.2)
     assert results == {}, "推迟叫醒：下一个写事务之前 w 还睡着"
     commits.save(_queued(store, "lead3")[0])
-    for thread in threads:
-        thread.join(10)
-        assert not thread.is_alive()
+    _join_all(threads)
     assert results == {"w": "committed"}
     assert seen_at_return["w"][-1] == ["lead3"], "w 由 lead3 那个事务 COMMIT 之前的回调叫醒"
     assert commits.sleeps["w"] == 1
@@ -422,15 +437,9 @@ def test_a_carried_caller_whose_wake_was_deferred_wakes_by_itself_if_no_transact
 ) -> None:
     """推迟叫醒之后再没有写事务（提交线程不再提交）：w 到自己的定时点醒来、发现那一项已写完、返回——不会一直
     睡下去，也只睡一次。"""
-    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", 0.3)
-    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", 0.15)
-    store = HookedStore()
-    commits = CountingWakes(store, writers=1)
-    _short_commits(store, commits)
+    store, commits = _carried_setup(monkeypatch, grace=0.3, short_commit=0.15)
     results, threads, _ = _carried_by_the_writer(store, commits)
-    for thread in threads:
-        thread.join(10)
-        assert not thread.is_alive()
+    _join_all(threads)
     assert results == {"w": "committed"}
     assert commits.sleeps["w"] == 1
     assert commits._deferred == [] or all(item.waiter is None for item in commits._deferred)
@@ -441,16 +450,9 @@ def test_a_store_without_the_commit_hook_wakes_carried_callers_at_once(
 ) -> None:
     """存储不调用回调（``calls_before_commit`` 为假，Postgres 与第三方后端的默认）：写完就叫醒，不推迟——否则
     没人会在下一个 COMMIT 之前叫醒它，每个被捎带的调用方都要睡满宽限。"""
-    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", 5.0)
-    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", 2.5)
-    store = HookedStore()
-    store.calls_before_commit = False  # type: ignore[misc]
-    commits = CountingWakes(store, writers=1)
-    _short_commits(store, commits)
+    store, commits = _carried_setup(monkeypatch, grace=5.0, short_commit=2.5, hook=False)
     results, threads, _ = _carried_by_the_writer(store, commits)
-    for thread in threads:
-        thread.join(10)
-        assert not thread.is_alive()
+    _join_all(threads)
     assert results == {"w": "committed"}
     assert commits.sleeps["w"] == 1
 
