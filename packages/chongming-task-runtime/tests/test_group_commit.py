@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,28 @@ def _queued(store: InMemoryTaskStore, task_id: str) -> tuple[SaveRequest, TaskSn
     return SaveRequest(queued, 0, [record]), queued, record
 
 
+def _save_each(store: InMemoryTaskStore, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
+    """测试存储的 save_many / write_many：逐项按内存存储的 save 写（不经子类的闸门与记账），
+    逐项的错误按位置返回。"""
+    out: list[TaskError | None] = []
+    for r in requests:
+        try:
+            InMemoryTaskStore.save(
+                store, r.snapshot, expect_version=r.expect_version, transitions=r.transitions
+            )
+        except TaskError as exc:
+            out.append(exc)
+        else:
+            out.append(None)
+    return out
+
+
+def _join_all(threads: Iterable[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive(), "调用方不能永远等下去"
+
+
 def _run_followers(
     commits: GroupCommit, requests: list[SaveRequest]
 ) -> tuple[dict[str, object], list[threading.Thread]]:
@@ -107,9 +129,7 @@ def _behind_a_stuck_leader(
     _wait_pending(commits, len(followers))
     assert results == {}, "自己那一项还没提交，调用方不能返回"
     store.gate.set()
-    for thread in [*threads, *follower_threads]:
-        thread.join(10)
-        assert not thread.is_alive(), "调用方不能永远等下去"
+    _join_all([*threads, *follower_threads])
     assert leader == {leader_request.snapshot.task_id: "committed"}
     return commits, leader, results
 
@@ -161,9 +181,7 @@ def test_a_commit_wakes_only_its_own_callers_and_the_next_writer() -> None:
     results, follower_threads = _run_followers(commits, others)
     _wait_pending(commits, len(others))
     store.gate.set()
-    for thread in [*threads, *follower_threads]:
-        thread.join(10)
-        assert not thread.is_alive()
+    _join_all([*threads, *follower_threads])
     assert leader == {"lead": "committed"}
     assert results == {f"w{i}": "committed" for i in range(6)}
     # 排队的先后由线程调度决定：只看批次的形状（写者在前，之后三批各两项，每项恰好一次）
@@ -200,17 +218,7 @@ class HeldStore(InMemoryTaskStore):
     def save_many(self, requests: Sequence[SaveRequest]) -> list[TaskError | None]:
         self._pass_gate()
         self.transactions.append(sorted(r.snapshot.task_id for r in requests))
-        out: list[TaskError | None] = []
-        for r in requests:  # 不经 self.save：这一批已记成一个事务
-            try:
-                InMemoryTaskStore.save(
-                    self, r.snapshot, expect_version=r.expect_version, transitions=r.transitions
-                )
-            except TaskError as exc:
-                out.append(exc)
-            else:
-                out.append(None)
-        return out
+        return _save_each(self, requests)  # 不经 self.save：这一批已记成一个事务
 
 
 class CountingWakes(CountingSleeps):
@@ -226,11 +234,17 @@ class CountingWakes(CountingSleeps):
         GroupCommit._wake(item)
 
 
-def _short_commits(store: HeldStore, commits: GroupCommit) -> None:
-    """先写几次（内存存储的提交只要几微秒）：组提交量到的提交墙钟很短。"""
+def _short_commit_group(
+    monkeypatch: pytest.MonkeyPatch, store: HeldStore, *, grace: float, short_commit: float
+) -> CountingWakes:
+    """给定宽限与"短提交"门槛的组提交，先写几次（内存存储的提交只要几微秒）：它量到的提交墙钟很短。"""
+    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", grace)
+    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", short_commit)
+    commits = CountingWakes(store, writers=1)
     for i in range(3):
         commits.save(_queued(store, f"warm{i}")[0])
     assert commits._commit_seconds < group_commit._SHORT_COMMIT
+    return commits
 
 
 def _wait_asleep(commits: GroupCommit, task_id: str) -> Pending:
@@ -249,11 +263,8 @@ def test_after_a_short_commit_the_queued_caller_is_not_woken_and_leads_by_itself
     """提交一向很短时，一次提交之后不叫醒还没被捎走的排队者（它要等 GIL、回来的写者多半已捎走它，白醒一次）；
     没人回来时它自己到点醒来当写者。旧做法在这里叫醒它（successor_wakes == 1）。宽限放大到 0.5 秒：开闸
     之前它不会先到点（与机器负载无关）。"""
-    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", 0.5)
-    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", 0.25)
     store = HeldStore()
-    commits = CountingWakes(store, writers=1)
-    _short_commits(store, commits)
+    commits = _short_commit_group(monkeypatch, store, grace=0.5, short_commit=0.25)
     gate = store.hold()
     leader, leader_threads = _run_followers(commits, [_queued(store, "lead")[0]])
     assert store.holding.wait(10)
@@ -261,9 +272,7 @@ def test_after_a_short_commit_the_queued_caller_is_not_woken_and_leads_by_itself
     _wait_asleep(commits, "w")
     started = time.monotonic()
     gate.set()
-    for thread in [*leader_threads, *follower_threads]:
-        thread.join(10)
-        assert not thread.is_alive()
+    _join_all([*leader_threads, *follower_threads])
     assert leader == {"lead": "committed"} and follower == {"w": "committed"}
     assert commits.successor_wakes == 0
     assert commits.sleeps["w"] == 1  # 定时睡一次，醒来时没有写者在写：自己当写者
@@ -276,11 +285,8 @@ def test_the_writer_coming_back_takes_the_queued_item_and_its_caller_sleeps_once
 ) -> None:
     """逐个 submit 的形状：写者（提交线程）提交完马上带着下一项回来，把提交期间排进来的项捎进自己的下一批；
     那个排队者只睡一次、只被它自己那一批叫醒。宽限放大到 5 秒，与线程调度无关。"""
-    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", 5.0)
-    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", 2.5)
     store = HeldStore()
-    commits = CountingWakes(store, writers=1)
-    _short_commits(store, commits)
+    commits = _short_commit_group(monkeypatch, store, grace=5.0, short_commit=2.5)
     first, second, queued = _queued(store, "lead1")[0], _queued(store, "lead2")[0], _queued(store, "w")[0]
     gate = store.hold()
     outcome: list[str] = []
@@ -296,9 +302,7 @@ def test_the_writer_coming_back_takes_the_queued_item_and_its_caller_sleeps_once
     follower, follower_threads = _run_followers(commits, [queued])
     _wait_asleep(commits, "w")
     gate.set()
-    for t in [thread, *follower_threads]:
-        t.join(10)
-        assert not t.is_alive()
+    _join_all([thread, *follower_threads])
     assert outcome == ["done"] and follower == {"w": "committed"}
     assert store.transactions[-2:] == [["lead1"], ["lead2", "w"]]
     assert commits.successor_wakes == 0
@@ -310,11 +314,8 @@ def test_a_queued_caller_whose_grace_ends_during_a_long_commit_waits_for_that_co
 ) -> None:
     """宽限到点时写者还在写（这次提交比平常长）：排队者改为不定时睡，由那次提交叫醒、接着当写者——定时醒来
     至多一次，不在长提交里每隔一个宽限空转一次（到点之后提交又停了 10 个宽限，它只睡了两次）。"""
-    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", 0.05)
-    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", 0.025)
     store = HeldStore()
-    commits = CountingWakes(store, writers=1)
-    _short_commits(store, commits)
+    commits = _short_commit_group(monkeypatch, store, grace=0.05, short_commit=0.025)
     gate = store.hold()
     leader, leader_threads = _run_followers(commits, [_queued(store, "lead")[0]])
     assert store.holding.wait(10)
@@ -328,9 +329,7 @@ def test_a_queued_caller_whose_grace_ends_during_a_long_commit_waits_for_that_co
     threading.Event().wait(0.5)  # 再停 10 个宽限：不定时睡着，不会每个宽限醒一次
     assert follower == {} and commits.sleeps["w"] == 2
     gate.set()
-    for thread in [*leader_threads, *follower_threads]:
-        thread.join(10)
-        assert not thread.is_alive()
+    _join_all([*leader_threads, *follower_threads])
     assert leader == {"lead": "committed"} and follower == {"w": "committed"}
     assert commits.successor_wakes == 1  # 那次提交叫醒了它
     assert commits.sleeps["w"] == 2
@@ -394,34 +393,14 @@ def _carried_by_the_writer(
     return results, threads, seen_at_return
 
 
-def _carried_setup(
-    monkeypatch: pytest.MonkeyPatch, *, grace: float, short_commit: float, hook: bool = True
-) -> tuple[HookedStore, CountingWakes]:
-    """推迟叫醒几个用例的共同开头：给定宽限与"短提交"门槛，先写几次让组提交量到短提交；``hook=False`` 时存储
-    不调用 COMMIT 之前的回调（Postgres 与第三方后端的默认）。"""
-    monkeypatch.setattr(group_commit, "SUCCESSOR_GRACE", grace)
-    monkeypatch.setattr(group_commit, "_SHORT_COMMIT", short_commit)
-    store = HookedStore()
-    if not hook:
-        store.calls_before_commit = False  # type: ignore[misc]
-    commits = CountingWakes(store, writers=1)
-    _short_commits(store, commits)
-    return store, commits
-
-
-def _join_all(threads: list[threading.Thread]) -> None:
-    for thread in threads:
-        thread.join(10)
-        assert not thread.is_alive()
-
-
 def test_a_carried_caller_is_woken_just_before_the_next_transaction_commits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """存储在 COMMIT 之前调用回调时，写完 w 的那次提交不叫醒 w（写者线程接下来持着 GIL 跑 Python，w 醒来
     只能在 GIL 上再睡一次），由下一个写事务在它的 COMMIT 之前叫醒。w 那一项早已提交；它只睡一次，醒在
     lead3 那个事务的回调里。旧做法在 lead2 + w 提交之后立刻叫醒它。宽限放大到 5 秒：w 不会先到点自己醒。"""
-    store, commits = _carried_setup(monkeypatch, grace=5.0, short_commit=2.5)
+    store = HookedStore()
+    commits = _short_commit_group(monkeypatch, store, grace=5.0, short_commit=2.5)
     results, threads, seen_at_return = _carried_by_the_writer(store, commits)
     threading.Event().wait(0.2)
     assert results == {}, "推迟叫醒：下一个写事务之前 w 还睡着"
@@ -437,7 +416,8 @@ def test_a_carried_caller_whose_wake_was_deferred_wakes_by_itself_if_no_transact
 ) -> None:
     """推迟叫醒之后再没有写事务（提交线程不再提交）：w 到自己的定时点醒来、发现那一项已写完、返回——不会一直
     睡下去，也只睡一次。"""
-    store, commits = _carried_setup(monkeypatch, grace=0.3, short_commit=0.15)
+    store = HookedStore()
+    commits = _short_commit_group(monkeypatch, store, grace=0.3, short_commit=0.15)
     results, threads, _ = _carried_by_the_writer(store, commits)
     _join_all(threads)
     assert results == {"w": "committed"}
@@ -450,7 +430,9 @@ def test_a_store_without_the_commit_hook_wakes_carried_callers_at_once(
 ) -> None:
     """存储不调用回调（``calls_before_commit`` 为假，Postgres 与第三方后端的默认）：写完就叫醒，不推迟——否则
     没人会在下一个 COMMIT 之前叫醒它，每个被捎带的调用方都要睡满宽限。"""
-    store, commits = _carried_setup(monkeypatch, grace=5.0, short_commit=2.5, hook=False)
+    store = HookedStore()
+    store.calls_before_commit = False  # type: ignore[misc]
+    commits = _short_commit_group(monkeypatch, store, grace=5.0, short_commit=2.5)
     results, threads, _ = _carried_by_the_writer(store, commits)
     _join_all(threads)
     assert results == {"w": "committed"}
@@ -495,17 +477,8 @@ class GatedMixedStore(GatedStore):
             raise StoreError("写事务失败（测试）")
         self.transactions.append([s.task_id for s, _ in creates] + [r.snapshot.task_id for r in saves])
         created = InMemoryTaskStore.create_many(self, creates)
-        saved: list[TaskError | None] = []
-        for r in saves:  # 绕过 GatedStore.save（闸门、逐项记账）：这一批已记成一个事务
-            try:
-                InMemoryTaskStore.save(
-                    self, r.snapshot, expect_version=r.expect_version, transitions=r.transitions
-                )
-            except TaskError as exc:
-                saved.append(exc)
-            else:
-                saved.append(None)
-        return created, saved
+        # 绕过 GatedStore.save（闸门、逐项记账）：这一批已记成一个事务
+        return created, _save_each(self, saves)
 
 
 def _run_creators(
@@ -542,9 +515,7 @@ def _mixed_behind_a_stuck_leader(
     _wait_pending(commits, len(saves) + len(creates))
     assert created == {} and saved == {}, "自己那一项还没提交，调用方不能返回"
     store.gate.set()
-    for thread in [*threads, *save_threads, *create_threads]:
-        thread.join(10)
-        assert not thread.is_alive(), "调用方不能永远等下去"
+    _join_all([*threads, *save_threads, *create_threads])
     return created, saved
 
 
@@ -620,9 +591,7 @@ def test_submit_writes_its_create_through_the_group_commit_when_the_store_asks_f
         _wait_pending(commits, 1)  # 它的 create 排在组提交的队列里（不是直接 create）
         assert second == [] and store.get("second") is None, "create 还没提交，submit 不能返回"
         store.gate.set()
-        for thread in (first, submitter):
-            thread.join(10)
-            assert not thread.is_alive()
+        _join_all((first, submitter))
         assert c.wait_all(timeout=10)
     assert [t.to_status for t in store.history("second")] == [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
 
