@@ -134,9 +134,7 @@ def _create_month(conn: Any, schema: str, month: datetime) -> None:
     lower, upper = month, add_months(month, 1)
     with conn.transaction():
         conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ["chongming_task.ddl:" + schema]
-        )
+        _schema.lock_ddl(conn, schema)
         if conn.execute("SELECT to_regclass(%s)", [f"{s}.{name}"]).fetchone()[0] is not None:
             return
         stray = conn.execute(

@@ -161,6 +161,12 @@ def outdated_indexes(conn: Any, schema: str) -> list[str]:
     return sorted(stale)
 
 
+def lock_ddl(conn: Any, schema: str) -> None:
+    """在当前事务里拿 ``schema`` 的改表咨询锁（事务结束自动放）：建表、迁移、补列 / 补表、换索引、建分区
+    都在它下面做，两个节点同时启动时只有一个在改、另一个等它提交后看到改好的结果。"""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ["chongming_task.ddl:" + schema])
+
+
 def _transition_columns() -> str:
     # CHECK 约束显式命名：与第 1 版旧表上自动得到的名字相同，旧表才能挂成分区（ATTACH 按名字比对约束）。
     statuses = _in_list([status.value for status in TaskStatus])
@@ -314,6 +320,7 @@ __all__ = [
     "grant_sql",
     "index_upgrade_statements",
     "later_ddl_statements",
+    "lock_ddl",
     "migration_sql",
     "migration_statements",
     "node_ddl_statements",

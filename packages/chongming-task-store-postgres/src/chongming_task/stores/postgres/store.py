@@ -589,10 +589,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 if version is None:
                     self._refuse_creation(conn)
                     with conn.transaction():
-                        conn.execute(
-                            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                            ["chongming_task.ddl:" + self._schema],
-                        )
+                        _schema.lock_ddl(conn, self._schema)
                         version = self._read_version(conn)
                         if version is None:
                             self._create_tables(conn)
@@ -653,10 +650,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             raise self._migration_error(conn, version, "create_schema='never'：本程序不改表结构")
         try:
             with conn.transaction():
-                conn.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                    ["chongming_task.ddl:" + self._schema],
-                )
+                _schema.lock_ddl(conn, self._schema)
                 current = self._read_version(conn)
                 if current is None or current >= _schema.SCHEMA_VERSION:
                     return current if current is not None else version
@@ -740,10 +734,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         """
         try:
             with conn.transaction():
-                conn.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                    ["chongming_task.ddl:" + self._schema],
-                )
+                _schema.lock_ddl(conn, self._schema)
                 if not self._has_nodes_table(conn):
                     for statement in _schema.node_ddl_statements(self._schema):
                         conn.execute(statement)
@@ -770,10 +761,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 ddl=";\n".join(_schema.later_ddl_statements(self._schema)),
             )
         with conn.transaction():
-            conn.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                ["chongming_task.ddl:" + self._schema],
-            )
+            _schema.lock_ddl(conn, self._schema)
             _claim.add_later_columns(conn, self._schema)
 
     def _slim_indexes(self, conn: Conn) -> None:
@@ -785,10 +773,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             return
         try:
             with conn.transaction():
-                conn.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                    ["chongming_task.ddl:" + self._schema],
-                )
+                _schema.lock_ddl(conn, self._schema)
                 if _schema.outdated_indexes(conn, self._schema):
                     for statement in _schema.index_upgrade_statements(self._schema):
                         conn.execute(statement)
@@ -812,10 +797,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         旁路写入失败处理，任务照常运行）。只读打开从不走到这里。"""
         try:
             with conn.transaction():
-                conn.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                    ["chongming_task.ddl:" + self._schema],
-                )
+                _schema.lock_ddl(conn, self._schema)
                 if not _logs.has_tables(conn, self._log_sql):
                     for statement in _logs.ddl_statements(self._sql.s):
                         conn.execute(statement)
