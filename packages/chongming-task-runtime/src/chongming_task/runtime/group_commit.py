@@ -94,7 +94,7 @@ class GroupCommit:
         self._commit_seconds = _UNMEASURED
         # 存储在写事务的 COMMIT 之前调用 commit_hooks.before_commit() 时，写完的一批里定时睡着的调用方
         # 不在提交后立刻叫醒，而是记在这里，由下一个写事务在它的 COMMIT 之前叫醒（见 _settle）
-        self._defer_wakes = bool(getattr(store, "calls_before_commit", False))
+        self._defer_wakes = store.calls_before_commit
         self._deferred: list[Pending] = []
         self.batches = 0  # 写了几个事务（测试与基准看合并得怎样）
         self.items = 0  # 经它写的项数
