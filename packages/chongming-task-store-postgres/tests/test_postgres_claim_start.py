@@ -316,3 +316,76 @@ def test_writes_reuse_one_cursor_per_pooled_connection(
         assert [s.status for s in store.query() if s.status is not S.QUEUED].count(S.FAILED) == 10
     finally:
         store.close()
+
+
+def _rows_read_by_claim(plan: dict[str, object]) -> list[tuple[str, int, int]]:
+    """EXPLAIN (ANALYZE, FORMAT JSON) 的计划树里，认领的 UPDATE 读 tasks（别名 t）的每个扫描节点：
+    (节点类型, 实际读出的行数, 该节点所在连接被连接条件滤掉的行数)。"""
+    found: list[tuple[str, int, int]] = []
+
+    def walk(node: dict[str, object], removed: int) -> None:
+        removed = int(node.get("Rows Removed by Join Filter", 0)) or removed  # type: ignore[call-overload]
+        if node.get("Relation Name") == "tasks" and node.get("Alias") == "t":
+            found.append((str(node["Node Type"]), int(node["Actual Rows"]), removed))  # type: ignore[call-overload]
+        for child in node.get("Plans", ()):  # type: ignore[attr-defined]
+            walk(child, removed)
+
+    walk(plan["Plan"], 0)  # type: ignore[arg-type]
+    return found
+
+
+def test_a_claim_reads_only_the_rows_it_claims_even_without_statistics(
+    store: PostgresTaskStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """认领的 UPDATE 经主键找挑中的那一行，不读整个队列——哪怕表上还没有统计信息（新建的表、
+    ``autovacuum = off``、刚灌进一大批任务）。
+
+    原来的复查条件 ``t.owner IS NULL AND t.status = 'queued'`` 没有统计信息时按默认选择率估成一行，规划器
+    于是位图扫描出全部排队中的任务、再与挑中的那一行做连接过滤：300 个排队任务时每次认领读 300 行、滤掉
+    299 行（issue 19：worker 吞吐随队列变长而下降）。三种认领语句（只认领、认领并开始、终态 + 认领并开始）
+    都经公开的 ``claim_queued`` 发出；这里截下每条语句，在回滚的事务里 ``EXPLAIN ANALYZE`` 同一段文本与参数。
+    """
+    import psycopg
+
+    from chongming_task.storage import SaveRequest
+    from chongming_task.testing.contract._base import step
+
+    for index in range(300):
+        store.create(durable(f"queue-{index:03d}", seconds=index))
+    plans: list[tuple[str, list[tuple[str, int, int]]]] = []
+    original = psycopg.Cursor.execute
+
+    def explaining(
+        self: psycopg.Cursor[object], query: object, params: object = None, **kwargs: object
+    ) -> object:
+        if (
+            isinstance(query, str)
+            and "picked AS (SELECT task_id" in query
+            and not query.startswith("EXPLAIN")
+        ):
+            with self.connection.transaction(force_rollback=True):
+                cursor = self.connection.cursor()
+                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query, params)  # type: ignore[arg-type]
+                row = cursor.fetchone()
+                assert row is not None
+                plans.append((query[:60], _rows_read_by_claim(row[0][0])))
+        return original(self, query, params, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", explaining)
+    plain = store.claim_queued("w", names=NAMES, limit=2, lease_until=LEASE)
+    (current,) = store.claim_queued("w", names=NAMES, limit=1, lease_until=LEASE, start=ClaimStart(LEASE))
+    running, first = step(current, S.RUNNING)
+    failed, second = step(running, S.FAILED)
+    start = ClaimStart(LEASE, "thread", SaveRequest(failed, current.status_version, (first, second)))
+    chained = store.claim_queued("w", names=NAMES, limit=1, lease_until=LEASE, start=start)
+    monkeypatch.undo()
+    assert [s.task_id for s in plain] == ["queue-000", "queue-001"]
+    assert [s.task_id for s in chained] == ["queue-003"]
+    assert len(plans) == 3, plans
+    for query, scans in plans:
+        assert scans, f"计划里找不到认领的 UPDATE 对 tasks 的扫描：{query}"
+        for node, rows, removed in scans:
+            assert rows <= 2 and removed == 0, (
+                f"认领读了 {rows} 行 tasks（{node}）、连接条件滤掉 {removed} 行：应当只经主键读挑中的行"
+                f"（{query}）"
+            )

@@ -41,6 +41,20 @@ QUEUED_NOTICE = "queued"
 """NOTIFY 载荷里 ``kind`` 的值：有新的待认领持久任务（指令通知没有 kind）。"""
 
 
+def _recheck(condition: str) -> str:
+    """认领的 UPDATE 对挑中的行的复查条件，包成 ``(...) IS TRUE``：在 WHERE 里与原条件逐行等价（这几列
+    不为 NULL 时真假相同，为 NULL 时两者都不取这一行），写法上却既不是可走索引的条件、也推不出任何部分索引
+    的谓词——规划器只能经 ``t.task_id = picked.task_id`` 按主键找这一两行，复查只作过滤。
+
+    为什么（issue 19）：没有统计信息时（新建的表、``autovacuum = off`` 的服务器、一次灌进大量任务之后
+    autoanalyze 还没来得及跑），``status = 'queued' AND owner IS NULL`` 按默认选择率估成一行，规划器于是
+    拿 ``tasks_unsucceeded_idx`` 位图扫描出**全部**排队中的任务、再与挑中的那一行做连接过滤——每次认领
+    都把整个队列读一遍（1,000 个排队任务时 ``Rows Removed by Join Filter: 950``，一次认领约 1 ms 服务器
+    时间），worker 的吞吐随队列变长而下降。复查本身照旧：READ COMMITTED 下被别人先提交认领的行，
+    UPDATE 按最新版本重新核对整个 WHERE（EvalPlanQual），不会被第二次取走。"""
+    return f"({condition}) IS TRUE"
+
+
 @functools.lru_cache(maxsize=64)
 def claim_sql(s: str, *, by_bucket: bool) -> str:
     """认领语句的文本（按 schema 与有无桶过滤缓存：worker 每认领一次都要它，不每次重新拼）。"""
@@ -52,7 +66,8 @@ def claim_sql(s: str, *, by_bucket: bool) -> str:
         f"{bucket} ORDER BY priority DESC, created_at, task_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
         f"UPDATE {s}.tasks AS t SET owner = %(holder)s, lease_owner = %(holder)s, "
         "lease_until = %(until)s, lease_until_off = %(until_off)s "
-        f"FROM picked WHERE t.task_id = picked.task_id AND t.owner IS NULL RETURNING {returning}"
+        f"FROM picked WHERE t.task_id = picked.task_id AND {_recheck('t.owner IS NULL')} "
+        f"RETURNING {returning}"
     )
 
 
@@ -136,6 +151,7 @@ def _claim_start_ctes(
     returning = ", ".join(f"t.{c}" for c in TASK_COLUMNS)
     queued, starting = TaskStatus.QUEUED.value, TaskStatus.STARTING.value
     picked, upd, hist = f"{prefix}picked", f"{prefix}upd", f"{prefix}hist"
+    recheck = _recheck(f"t.owner IS NULL AND t.status = '{queued}'")
     ctes = (
         f"{picked} AS (SELECT task_id FROM {s}.tasks "
         f"WHERE status = '{queued}' AND owner IS NULL AND recipe IS NOT NULL "
@@ -143,7 +159,8 @@ def _claim_start_ctes(
         "ORDER BY priority DESC, created_at, task_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
         f"{upd} AS (UPDATE {s}.tasks AS t SET owner = %(holder)s, lease_owner = %(holder)s, "
         f"lease_until = %(until)s, lease_until_off = %(until_off)s, {_START_SETS} "
-        f"FROM {picked} WHERE t.task_id = {picked}.task_id AND t.owner IS NULL AND t.status = '{queued}' "
+        f"FROM {picked} WHERE t.task_id = {picked}.task_id "
+        f"AND {recheck} "
         f"RETURNING {returning})"
     )
     if history:
