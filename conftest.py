@@ -65,6 +65,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _compile_bytecode()
 
 
+@pytest.fixture(autouse=True)
+def _pytester_writes_bytecode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """用 pytester 在子进程里跑 pytest 的测试：子进程不继承 ``PYTHONDONTWRITEBYTECODE``。
+
+    为什么：pytest 给入口点注册的插件（hypothesis 的一百多个模块）做断言改写，改写结果只在允许写字节码时
+    缓存；不缓存时每个 pytest 子进程都要重新改写、编译一遍，负载 5 时约 3 秒（占子进程启动的大半）。这些
+    测试测的是本仓库的 conftest 钩子，与字节码缓存无关；缓存写进 .venv 与 pytester 的临时目录。"""
+    if "pytester" in request.fixturenames:
+        monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+
+
 def _required(env: str) -> bool:
     return os.environ.get(env, "").strip() not in ("", "0", "false", "no")
 
