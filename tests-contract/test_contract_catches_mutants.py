@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from chongming_task.core.records import pack_transition
 from chongming_task.core.storage import _base_checks
 from chongming_task.core.storage import checks as memory_checks
 from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim, claimable
@@ -61,8 +62,22 @@ class WriteThenCheckSave(InMemoryTaskStore):
     """save 先写快照与历史、后查版本：冲突时照样抛 ConcurrencyConflict，但脏数据已经落盘。"""
 
     def save(
-        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+        self,
+        snapshot: TaskSnapshot,
+        *,
+        expect_version: int,
+        transitions: Sequence[Transition] = (),
+        lease_expired_before: datetime | None = None,
     ) -> None:
+        if lease_expired_before is not None:
+            # 这个变种只改坏版本检查的先后；带租约条件的 save 照常（先查后写）
+            super().save(
+                snapshot,
+                expect_version=expect_version,
+                transitions=transitions,
+                lease_expired_before=lease_expired_before,
+            )
+            return
         with self._lock:
             row = self._row(snapshot.task_id)
             before = row.snapshot
@@ -73,7 +88,7 @@ class WriteThenCheckSave(InMemoryTaskStore):
                 lease_until=before.lease_until,
             )
             for record in transitions:
-                row.history.setdefault(record.version, record)
+                row.history.setdefault(record.version, pack_transition(record))
         if before.status_version != expect_version:
             raise ConcurrencyConflict("版本不符（可惜已经写进去了）")
 
@@ -82,9 +97,16 @@ class DropsTransitions(InMemoryTaskStore):
     """save 只写快照，随附的迁移记录被丢掉：历史出现空洞。"""
 
     def save(
-        self, snapshot: TaskSnapshot, *, expect_version: int, transitions: Sequence[Transition] = ()
+        self,
+        snapshot: TaskSnapshot,
+        *,
+        expect_version: int,
+        transitions: Sequence[Transition] = (),
+        lease_expired_before: datetime | None = None,
     ) -> None:
-        super().save(snapshot, expect_version=expect_version, transitions=())
+        super().save(
+            snapshot, expect_version=expect_version, transitions=(), lease_expired_before=lease_expired_before
+        )
 
 
 def _like_regex(prefix: str) -> re.Pattern[str]:
@@ -150,9 +172,9 @@ class CompletesForAnyone(InMemoryTaskStore):
     def complete_command(self, command_id: str, claimant: str) -> bool:
         with self._lock:
             command = self._commands.get(command_id)
-            if command is None or command.claimant is None:
+            if command is None or command.command.claimant is None:
                 return False
-            holder = command.claimant
+            holder = command.command.claimant
         return super().complete_command(command_id, holder)
 
 
@@ -162,7 +184,7 @@ class ClaimIgnoresLease(InMemoryTaskStore):
     def claim_commands(self, claimant: str, *, lease: float, limit: int = 100, **filters: Any) -> list[Any]:
         with self._lock:
             for command in self._pending.values():
-                command.lease_until = None
+                command.update(lease_until=None)
         return super().claim_commands(claimant, lease=lease, limit=limit, **filters)
 
 
@@ -173,9 +195,9 @@ class HolderFromCreate(InMemoryTaskStore):
         super().__init__(**kwargs)
         self._first_owner: dict[str, str | None] = {}
 
-    def create(self, snapshot: TaskSnapshot, **kwargs: Any) -> Any:
+    def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
         self._first_owner.setdefault(snapshot.task_id, snapshot.owner)
-        return super().create(snapshot, **kwargs)
+        super().create(snapshot, transitions)
 
     def _claim_commands(self, request: ClaimRequest) -> list[Any]:
         if request.holder is None:
@@ -520,15 +542,17 @@ class ClaimStartInventsItsOwnStart(InMemoryTaskStore):
                 started = snapshot.evolve(status=TaskStatus.STARTING, status_version=version)
                 row = self._rows[snapshot.task_id]
                 row.snapshot = started
-                row.history[version] = Transition(
-                    task_id=snapshot.task_id,
-                    from_status=TaskStatus.QUEUED,
-                    to_status=TaskStatus.STARTING,
-                    trigger="claim",
-                    actor=None,
-                    reason=None,
-                    version=version,
-                    at=start.at,
+                row.history[version] = pack_transition(
+                    Transition(
+                        task_id=snapshot.task_id,
+                        from_status=TaskStatus.QUEUED,
+                        to_status=TaskStatus.STARTING,
+                        trigger="claim",
+                        actor=None,
+                        reason=None,
+                        version=version,
+                        at=start.at,
+                    )
                 )
                 result.append(started)
         return result
