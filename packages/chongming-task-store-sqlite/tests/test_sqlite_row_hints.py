@@ -190,3 +190,57 @@ def test_create_copied_from_the_previous_one_with_an_unstorable_field_is_refused
     assert store.get("bad") is None
     assert store.get("good") == good
     assert {s.task_id for s in store.query(TaskQuery(tag="io"))} == {"first", "good"}
+
+
+def _bad_requests(a: TaskSnapshot) -> dict[str, SaveRequest]:
+    good = _step(a, S.STARTING, executor="thread")
+    record = good.transitions[0]
+    other = Transition("b", S.QUEUED, S.STARTING, "test", None, None, record.version, T0)
+    skipped = Transition("a", S.QUEUED, S.STARTING, "test", None, None, record.version + 1, T0)
+    return {
+        "wrong_version": SaveRequest(good.snapshot, good.expect_version, (skipped,)),
+        "other_task": SaveRequest(good.snapshot, good.expect_version, (other,)),
+        "not_a_record": SaveRequest(good.snapshot, good.expect_version, ("x",)),  # type: ignore[arg-type]
+        "last_status": SaveRequest(good.snapshot.evolve(status=S.RUNNING), good.expect_version, (record,)),
+        "no_records_but_newer": SaveRequest(good.snapshot, good.expect_version, ()),
+        "negative_expect": SaveRequest(good.snapshot, -1, (record,)),
+        "bool_expect": SaveRequest(good.snapshot, True, (record,)),
+        "lease_naive": SaveRequest(
+            good.snapshot, good.expect_version, (record,), lease_expired_before=datetime(2026, 1, 1)
+        ),
+        "text_too_long": SaveRequest(
+            good.snapshot.evolve(label="x" * 100_000), good.expect_version, (record,)
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "wrong_version",
+        "other_task",
+        "not_a_record",
+        "last_status",
+        "no_records_but_newer",
+        "negative_expect",
+        "bool_expect",
+        "lease_naive",
+        "text_too_long",
+    ],
+)
+def test_save_many_with_a_hint_refuses_exactly_like_the_full_check(store: SqliteTaskStore, case: str) -> None:
+    """组提交的 save 有提示时相对提示检查入参（``check_save_since``）：拒绝的入参、报错的类型与原文都与整份
+    检查（``check_save_request``）一字不差，这一项什么也没写。"""
+    from chongming_task.core.storage import checks
+
+    a = _saved(store, _step(_created(store, "a"), S.QUEUED))
+    assert store._hints.save_hint(a) is not None  # 有提示：走的正是相对提示的检查
+    bad = _bad_requests(a)[case]
+    with pytest.raises(ConfigurationError) as full:
+        checks.check_save_request(bad)
+    (result,) = store.save_many([bad])
+    assert isinstance(result, ConfigurationError)
+    assert str(result) == str(full.value)
+    stored = store.get("a")
+    assert stored is not None and (stored.status, stored.status_version) == (S.QUEUED, 1)
+    assert len(store.history("a")) == 1

@@ -1067,3 +1067,63 @@ def test_stored_time_text_always_has_six_digit_microseconds(value: datetime) -> 
         timespec="microseconds"
     )
     assert DIALECT.encode_time(created_at, value)[0] == expected
+
+
+@given(
+    st.datetimes(
+        timezones=st.sampled_from(
+            [UTC, timezone(timedelta(hours=8)), timezone(timedelta(hours=-3, minutes=-30, seconds=-15))]
+        )
+    ),
+    st.integers(min_value=-120_000_000, max_value=120_000_000),
+)
+@settings(max_examples=300, deadline=None)
+def test_time_columns_encode_exactly_like_isoformat_and_dt_key(value: datetime, offset_us: int) -> None:
+    """时间列的编码（UTC 时间走"记下最近一分钟"的快路径，别的时区照旧 isoformat）与
+    ``isoformat(timespec="microseconds")`` / ``dt_key`` 逐字相同：同一分钟里、跨分钟、微秒为零都一样，
+    经方言的钩子与编译好的整行编码都一样。"""
+    from chongming_task.core.storage.columns import COLUMNS_BY_NAME
+    from chongming_task.stores.sqlite._codec import DIALECT, SNAPSHOTS, dt_key
+
+    created_at = COLUMNS_BY_NAME["created_at"]  # 带排序键的时间列
+    started_at = COLUMNS_BY_NAME["started_at"]  # 不带排序键的时间列
+    try:
+        near = value + timedelta(microseconds=offset_us)
+    except OverflowError:
+        near = value
+    for moment in (value, near, value.replace(microsecond=0), near.replace(second=0, microsecond=0), value):
+        text = moment.isoformat(timespec="microseconds")
+        assert DIALECT.encode_time(created_at, moment) == (text, dt_key(moment))
+        assert DIALECT.encode_time(started_at, moment) == (text,)
+    snapshot = TaskSnapshot(task_id="t", name="n", created_at=value, started_at=near)
+    row = dict(zip(SNAPSHOTS.names, SNAPSHOTS.values(snapshot), strict=True))
+    assert (row["created_at"], row["created_key"]) == (
+        value.isoformat(timespec="microseconds"),
+        dt_key(value),
+    )
+    assert row["started_at"] == near.isoformat(timespec="microseconds")
+
+
+def test_utc_time_encoding_is_consistent_across_threads() -> None:
+    """快路径记着"最近一分钟"（前缀与排序键一起整个换上）：几条线程同时编码不同分钟的时刻，每一个都与
+    isoformat / dt_key 逐字相同（不会拼上别的线程那一分钟的前缀）。"""
+    from chongming_task.core.storage.columns import COLUMNS_BY_NAME
+    from chongming_task.stores.sqlite._codec import DIALECT, dt_key
+
+    created_at = COLUMNS_BY_NAME["created_at"]
+    base = datetime(2026, 12, 31, 23, 58, 59, 999_000, tzinfo=UTC)
+    wrong: list[tuple[datetime, Any]] = []
+
+    def encode(start: int) -> None:
+        for index in range(4_000):
+            moment = base + timedelta(seconds=(start * 37 + index * 13) % 180, microseconds=index)
+            got = DIALECT.encode_time(created_at, moment)
+            if got != (moment.isoformat(timespec="microseconds"), dt_key(moment)):
+                wrong.append((moment, got))
+
+    threads = [threading.Thread(target=encode, args=(start,)) for start in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []

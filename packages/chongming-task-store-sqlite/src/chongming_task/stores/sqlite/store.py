@@ -631,10 +631,20 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         return self._run_many("save_many", [partial(self._batched_save_tx, r) for r in requests])
 
     def _batched_save_tx(self, request: v.SaveRequest) -> _BatchedTx:
-        # 入参照常整份检查（可存储性检查本身很便宜：相对上一版只查变了的字段反而更贵，实测）；编码以同一
-        # 任务上一次准备好的快照为提示（见 _RowHints）。
-        checked = checks.check_save_request(request)
-        return self._save_tx(checked, batched=True, hint=self._hints.save_hint(checked.snapshot))
+        # 编码以同一任务上一次准备好的快照为提示（见 _RowHints）。有提示、又不带租约条件时（组提交里写穿的
+        # save 都是这样），入参检查也相对于它做（``checks.check_save_since``）：与 ``check_save_request`` 拒绝
+        # 同样的入参、报同样的错，只是可存储性只查与提示里不是同一个（也不相等）的字段——提示里的快照是整份
+        # 查过（或这样相对查过）才记下的，字段值不可变，相等的值可存储性相同。内存存储的 ``_save_direct``
+        # 相对存储里的上一版做的是同一件事。callgrind：每次 save 的检查约 28.5k → 20k 条指令。
+        hint = self._hints.save_hint(request.snapshot)
+        if hint is not None and request.lease_expired_before is None:
+            snapshot, expect_version = request.snapshot, request.expect_version
+            transitions = tuple(request.transitions)
+            checks.check_save_since(hint[0], snapshot, expect_version, transitions)
+            checked = v.SaveRequest(snapshot, expect_version, transitions)
+        else:
+            checked = checks.check_save_request(request)
+        return self._save_tx(checked, batched=True, hint=hint)
 
     def _run_many(self, what: str, prepare: Sequence[Callable[[], _BatchedTx]]) -> list[TaskError | None]:
         """一次写事务执行多项：某项抛 TaskError（版本冲突、任务不存在）只是它自己的结果，同批其余照常提交；
