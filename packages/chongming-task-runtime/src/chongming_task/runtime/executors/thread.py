@@ -166,7 +166,7 @@ class ThreadAttempt(LocalAttempt):
         relayed: list[ThreadAttempt] = []
         self.events.running(None)
         spec = self.spec
-        result = execute_body(spec.fn, self.context, spec.args, spec.kwargs, spec.retry)
+        result = execute_body(spec.fn, self._ctx, spec.args, spec.kwargs, spec.retry)
         _relay.pending = relayed
         try:
             self.events.finished(result)
