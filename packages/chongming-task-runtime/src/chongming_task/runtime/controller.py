@@ -1156,32 +1156,43 @@ class Controller(ClosesOnExit):
     # -- state-machine listener ----------------------------------------------------------------------
 
     def _on_run_transition(self, run: TaskRun, snapshot: TaskSnapshot, record: Transition) -> None:
-        """每个任务的状态机迁移之后（在任务锁内）由 TaskRun 调用。监听器绝不能把任务搞坏：出错只记日志。"""
+        """每个任务的状态机迁移之后（在任务锁内）由 TaskRun 调用。监听器绝不能把任务搞坏：出错只记日志。
+
+        终态与否按迁移的目标查一次集合（不经 ``snapshot.is_terminal`` 的两层属性调用）。非终态的迁移（每个
+        任务三次里的两次）就在这里写穿、发事件、记账，不再多转一层（issue 17）；终态交给 ``_on_terminal``。"""
         try:
-            self._on_transition(run.machine, snapshot, record)
+            if record.to_status in TERMINAL_STATUSES:
+                self._on_terminal(run.machine, snapshot, record)
+                return
+            self._link.on_transition(run.machine, snapshot, record)
+            if self._events.listeners:  # 没有监听器时连事件对象都不造
+                self._events.emit_transition(snapshot, record)
+            target = record.to_status
+            # 同 _account 开头的判定（占着槽、还在跑的迁移不改调度账本）：starting / running 不必再调它。
+            if target not in _STILL_RUNNING or (
+                target is not TaskStatus.STARTING and record.from_status is TaskStatus.QUEUED
+            ):
+                self._account(snapshot, record, landed=True)
         except Exception:
             logger.exception("处理任务 %s 的状态迁移时出错", snapshot.task_id)
 
-    def _on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
-        # 终态与否按迁移的目标查一次集合，不经 snapshot.is_terminal（两层属性调用；每个任务三次迁移、
-        # 这里原来要问两三遍，issue 17）。
-        terminal = record.to_status in TERMINAL_STATUSES
-        if terminal:
-            chain = self._claim_chain
-            # 排队数不加锁地读，只是个提示（_chain_next 在锁内复查）：有本地排队任务时额度照旧交给它们。
-            if (
-                chain is not None
-                and not self._scheduler.queued_count
-                and self._chain_next(machine, snapshot, record, chain)
-            ):
-                return
+    def _on_terminal(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
+        """终态迁移的写穿、事件与记账（在任务锁内，由 ``_on_run_transition`` 调用）。"""
+        chain = self._claim_chain
+        # 排队数不加锁地读，只是个提示（_chain_next 在锁内复查）：有本地排队任务时额度照旧交给它们。
+        if (
+            chain is not None
+            and not self._scheduler.queued_count
+            and self._chain_next(machine, snapshot, record, chain)
+        ):
+            return
         # 终态、且有排队任务等着这个额度时，终态的写先排进组提交、不等（write_later）：让出的额度就地启动
         # 下一个排队任务，它的 starting 那次 save 把这个终态一并捎上——每个任务少一次提交。额度是"交接"
         # 出去的（在跑的 + 排队的个数不变），所以 worker 按空位认领的数目不受影响；没有排队任务时照旧先写、
         # 后让额度（否则 worker 会在终态落库之前多认领一个）。终态在 finish() 返回之前不算落库："落地"的
         # 记账（wait_all 的唤醒）与事件都在它之后；TaskRun 的 wait() 由排在本监听器之后的 TaskRun 监听器
         # 唤醒，本监听器返回时 finish() 早已返回。排队数在这里不加锁地读，只是个提示：_account 在锁内复查。
-        finish = self._link.write_later(machine) if terminal and self._scheduler.queued_count else None
+        finish = self._link.write_later(machine) if self._scheduler.queued_count else None
         if finish is None:
             self._link.on_transition(machine, snapshot, record)
             if self._events.listeners:  # 没有监听器时连事件对象都不造

@@ -220,6 +220,20 @@ class TaskRun:
     ``stop()`` 不阻塞；``pause()`` 等确认并如实返回；``resume()`` 回到 running 或 queued（§4.3）。
     """
 
+    # 按需才有的字段，初值放在类上：构造时不必逐个写一遍（每个提交省九次属性写入），排队中的句柄实例字典也
+    # 更小。第一次赋值时成为实例字段，读到的总是本实例的值或这里的初值。
+    # 日志缓冲与"已落终态"事件都按需创建：排队中的任务可能成千上万，每个省下的几个容器对象
+    # 直接减轻循环 GC 的扫描量（在管任务越多越明显）。
+    _logs: deque[LogEntry] | None = None
+    _done_event: threading.Event | None = None
+    _is_done = False
+    _started = False
+    _attempt: _Attempt | None = None
+    _retry_timer: Timer | None = None
+    _retry_deadline: float | None = None
+    _retry_wake: threading.Event | None = None  # 只有 InlineExecutor 的重试等待用得到
+    _start_timer: Timer | None = None  # start 超时的排队那一段（见 watch_start_timeout）
+
     def __init__(
         self,
         fn: Callable[..., Any],
@@ -338,17 +352,7 @@ class TaskRun:
         # 不碰别的锁（控制器只把事件放进交付队列）。
         self._progress_hook = on_progress
         self._log_sink = log_sink
-        # 日志缓冲与"已落终态"事件都按需创建：排队中的任务可能成千上万，每个省下的几个容器对象
-        # 直接减轻循环 GC 的扫描量（在管任务越多越明显）。
-        self._logs: deque[LogEntry] | None = None
-        self._done_event: threading.Event | None = None
-        self._is_done = False
-        self._started = False
-        self._attempt: _Attempt | None = None
-        self._retry_timer: Timer | None = None
-        self._retry_deadline: float | None = None
-        self._retry_wake: threading.Event | None = None  # 只有 InlineExecutor 的重试等待用得到
-        self._start_timer: Timer | None = None  # start 超时的排队那一段（见 watch_start_timeout）
+        # _logs、_done_event、_attempt 与几个计时器字段的初值是类属性（见类体）：第一次用到时才成为实例字段。
         # 经 add_owner_listener 而不是 add_listener(self._on_transition)：
         # 不为每个任务常驻一个绑定方法（issue 17）
         machine.add_owner_listener(self, TaskRun._on_transition)
@@ -897,7 +901,8 @@ class TaskRun:
             attempt.cancel_timers()
         if attempt.running:
             self._sync_heartbeat_locked(attempt)
-        attempt.wake_pauser()
+        if attempt._pause_signal is not None:  # 同 wake_pauser()：绝大多数尝试从没人等暂停确认
+            attempt.wake_pauser()
 
     def _fail_or_retry_locked(self, failure: Failure, *, trigger: str | None = None) -> bool:
         """可重试且预算没用完 → retry_wait（返回"立即到期"与否）；否则 failed。
@@ -1060,7 +1065,7 @@ class TaskRun:
         attempt.synced_beat = beat
         clock = self.clock
         at = clock.now() - timedelta(seconds=max(0.0, clock.monotonic() - beat))
-        self.machine.update_side(heartbeat_at=at)
+        self.machine.note_heartbeat(at)
 
     # -- state-machine listener ---------------------------------------------------------------------
 
