@@ -41,7 +41,13 @@ from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.locks import YieldingLock
 from chongming_task.core.numbers import check_int, check_seconds
 from chongming_task.core.recipes import OnLost
-from chongming_task.core.records import MAX_PRIORITY, MIN_PRIORITY, check_tag_count, validate_task_id
+from chongming_task.core.records import (
+    MAX_ID_LENGTH,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    check_tag_count,
+    validate_task_id,
+)
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.storage.claiming import start_record
 from chongming_task.errors import ConfigurationError, DuplicateTaskId, TaskError
@@ -596,9 +602,17 @@ class Controller(ClosesOnExit):
             raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
         definition = self._registry.resolve(name)
         priority, all_tags = self._submit_fields(label, priority, tags, definition.tags)
-        bucket = self._bucket_for_submit(bucket_key)
+        # 不分桶、不限定归属（最常见）时桶就是 None，不为它调用 _bucket_for_submit（结果与报错都相同）。
+        bucket = (
+            None if bucket_key is None and self.owned_buckets is None else self._bucket_for_submit(bucket_key)
+        )
+        # 自动生成的 id = 登记时校验过的任务名 + "-" + 十六进制前缀 + 序号：只可能在长度上不合格（名字接近上限
+        # 时），其余规则（非空、无 NUL、可用 UTF-8 表示）由名字本身保证。所以只有给定的、或超长的才再校验。
         if task_id is None:
             task_id = f"{definition.name}-{self._id_prefix}{next(self._id_counter):06d}"
+            checked_id = len(task_id) <= MAX_ID_LENGTH
+        else:
+            checked_id = False
         retry = definition.retry
         recipe = None
         if durable if durable is not None else definition.durable:
@@ -633,7 +647,8 @@ class Controller(ClosesOnExit):
         template = None if shape is None else shapes.get(shape)  # type: ignore[union-attr]
         single = shapes is self._submit_shapes
         if template is not None:
-            validate_task_id(task_id)
+            if not checked_id:
+                validate_task_id(task_id)
             # 逐个提交的任务各自带此刻算的租约（批量的沿用模板的，由 create_many 按 _lease_floor 复核）。
             lease = self._link.lease_fields() if single else None
             machine = template.sibling(task_id, lock=threading.RLock(), lease=lease)  # 已是 queued
