@@ -168,6 +168,40 @@ class TaskContext:
         # 要走一层 Python 写的 __instancecheck__。
         if upstream is not None and upstream.__class__ is not dict and not isinstance(upstream, Mapping):
             raise ConfigurationError(f"upstream 必须是 {{节点 id: 返回值}} 字典，收到 {upstream!r}")
+        self._setup(task_id, name, attempt, clock, upstream, artifact_root, logs, events, artifact_hint)
+
+    @classmethod
+    def _trusted(
+        cls,
+        task_id: str,
+        name: str | None,
+        attempt: int,
+        clock: Clock | None,
+        upstream: Mapping[str, Any] | None,
+        artifact_root: str | Path | None,
+        logs: deque[LogEntry] | None,
+        events: ContextEvents | None,
+        artifact_hint: str | None,
+    ) -> TaskContext:
+        """执行器每次尝试造上下文的入口：参数都取自已校验过的快照与任务句柄（task_id、name 在提交时、
+        attempt 由状态机、upstream 是任务句柄自己的字典），不再逐项校验一遍（每次尝试省两次 id 检查与
+        几次类型判断，issue 17）。字段的设置与 ``__init__`` 是同一段代码（``_setup``）。"""
+        ctx = cls.__new__(cls)
+        ctx._setup(task_id, name, attempt, clock, upstream, artifact_root, logs, events, artifact_hint)
+        return ctx
+
+    def _setup(
+        self,
+        task_id: str,
+        name: str | None,
+        attempt: int,
+        clock: Clock | None,
+        upstream: Mapping[str, Any] | None,
+        artifact_root: str | Path | None,
+        logs: deque[LogEntry] | None,
+        events: ContextEvents | None,
+        artifact_hint: str | None,
+    ) -> None:
         self._task_id = task_id
         self._task_name = name or task_id
         self._attempt = attempt

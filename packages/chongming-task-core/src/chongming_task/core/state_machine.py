@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from types import MethodType
 from typing import Any, TypeVar
 
@@ -719,6 +719,15 @@ class StateMachine:
                 changes["lease_until"] = lease_until
             if changes:
                 self._snapshot = self._snapshot.evolve(**changes)
+            return self._snapshot
+
+    def note_heartbeat(self, heartbeat_at: datetime) -> TaskSnapshot:
+        """``update_side(heartbeat_at=...)`` 的单字段版本：受监督的执行每次结算都把最后一次心跳记进快照，
+        不必为一个字段走一遍五个可选参数的判定（检查与结果都相同）。"""
+        with self.lock:
+            if heartbeat_at.__class__ is not datetime or heartbeat_at.tzinfo is not UTC:
+                _check_aware("heartbeat_at", heartbeat_at)  # UTC 时间（真实时钟给的）显然合格，其余照常检查
+            self._snapshot = copy_with(self._snapshot, {"last_heartbeat_at": heartbeat_at})
             return self._snapshot
 
     # -- the explicit revivals and the one arbitrary jump ------------------------------------------

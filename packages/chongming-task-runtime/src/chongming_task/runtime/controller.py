@@ -41,7 +41,13 @@ from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.locks import YieldingLock
 from chongming_task.core.numbers import check_int, check_seconds
 from chongming_task.core.recipes import OnLost
-from chongming_task.core.records import MAX_PRIORITY, MIN_PRIORITY, check_tag_count, validate_task_id
+from chongming_task.core.records import (
+    MAX_ID_LENGTH,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    check_tag_count,
+    validate_task_id,
+)
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.storage.claiming import start_record
 from chongming_task.errors import ConfigurationError, DuplicateTaskId, TaskError
@@ -76,7 +82,7 @@ from chongming_task.runtime.worker import (
     ServeReport,
     Worker,
 )
-from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
+from chongming_task.states import SLOT_HOLDING_STATUSES, TERMINAL_STATUSES, TaskStatus
 from chongming_task.storage import CommandAction, QueryOrder, SaveRequest, TaskQuery, TaskStats, TaskStore
 
 logger = logging.getLogger("chongming_task.controller")
@@ -589,14 +595,24 @@ class Controller(ClosesOnExit):
         的状态机（提交的那台马上要启动），复制出的新任务换上此刻算的租约。用户给的值照样先经一次完整校验才会
         成为模板，之后命中模板的是与它相等的值，校验结果相同（task_id 每次单独校验）。
         """
-        with self._lock:
-            if self._closed:
-                raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
-            definition = self._registry.resolve(name)
+        # 不拿控制器锁：关闭与否只是提前报错（占 id 的 _reserve 在锁内复查，关闭之后的提交一个也进不来），
+        # 登记表按名字取是一次字典读（登记在锁内整项放入，读到的要么没有、要么是完整的定义）。每个提交少一次
+        # 加锁（issue 17）。
+        if self._closed:
+            raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
+        definition = self._registry.resolve(name)
         priority, all_tags = self._submit_fields(label, priority, tags, definition.tags)
-        bucket = self._bucket_for_submit(bucket_key)
+        # 不分桶、不限定归属（最常见）时桶就是 None，不为它调用 _bucket_for_submit（结果与报错都相同）。
+        bucket = (
+            None if bucket_key is None and self.owned_buckets is None else self._bucket_for_submit(bucket_key)
+        )
+        # 自动生成的 id = 登记时校验过的任务名 + "-" + 十六进制前缀 + 序号：只可能在长度上不合格（名字接近上限
+        # 时），其余规则（非空、无 NUL、可用 UTF-8 表示）由名字本身保证。所以只有给定的、或超长的才再校验。
         if task_id is None:
             task_id = f"{definition.name}-{self._id_prefix}{next(self._id_counter):06d}"
+            checked_id = len(task_id) <= MAX_ID_LENGTH
+        else:
+            checked_id = False
         retry = definition.retry
         recipe = None
         if durable if durable is not None else definition.durable:
@@ -631,7 +647,8 @@ class Controller(ClosesOnExit):
         template = None if shape is None else shapes.get(shape)  # type: ignore[union-attr]
         single = shapes is self._submit_shapes
         if template is not None:
-            validate_task_id(task_id)
+            if not checked_id:
+                validate_task_id(task_id)
             # 逐个提交的任务各自带此刻算的租约（批量的沿用模板的，由 create_many 按 _lease_floor 复核）。
             lease = self._link.lease_fields() if single else None
             machine = template.sibling(task_id, lock=threading.RLock(), lease=lease)  # 已是 queued
@@ -720,6 +737,18 @@ class Controller(ClosesOnExit):
                 taken.add(task_id)
             self._reserved_ids.update(taken)
 
+    def _reserve_one(self, run: TaskRun) -> None:
+        """``_reserve([run])`` 的单个版本（逐个 submit 的热路径，不造列表与集合）；判定、报错相同。"""
+        task_id = run.task_id
+        with self._lock:
+            if self._closed:
+                raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
+            existing = self._runs.get(task_id)
+            if existing is not None or task_id in self._reserved_ids:
+                status = existing.status if existing is not None else TaskStatus.QUEUED
+                raise DuplicateTaskId.for_existing(task_id, status)
+            self._reserved_ids.add(task_id)
+
     def _write_then_admit(
         self, run: TaskRun, write: Callable[[StateMachine], None], *, created: bool, start_here: bool = True
     ) -> None:
@@ -727,7 +756,7 @@ class Controller(ClosesOnExit):
 
         占位由 ``_admit`` 在登记的同一次加锁里放掉（没有"两边都查不到"的窗口，也不为放占位再加一次锁）；
         只有写失败时才在这里放。"""
-        self._reserve([run])
+        self._reserve_one(run)
         try:
             write(run.machine)
         except BaseException:
@@ -748,7 +777,10 @@ class Controller(ClosesOnExit):
         with self._lock:
             # 占位一直留到登记进 _runs 的这一刻（同一次加锁）：中间没有"两边都查不到"的窗口；
             # 没能登记的（落库失败的）由调用方放掉（_write_then_admit / _submit_batches）。
-            self._reserved_ids.difference_update(run.task_id for run in runs)
+            if len(runs) == 1:  # 逐个 submit：不为一个任务造生成器
+                self._reserved_ids.discard(runs[0].task_id)
+            else:
+                self._reserved_ids.difference_update(run.task_id for run in runs)
             if self._closed:
                 closed_meanwhile = True
             else:
@@ -779,7 +811,8 @@ class Controller(ClosesOnExit):
                 run.stop(reason="控制器已关闭，任务未执行")
             raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
         self._link.start_polling()  # 提交过任务的节点才认领指令、登记节点（幂等）
-        self._start_runs(to_start)
+        if to_start:
+            self._start_runs(to_start)
 
     def submit_many(
         self, submits: Iterable[Submit], *, batch_size: int = DEFAULT_SUBMIT_BATCH
@@ -1111,7 +1144,8 @@ class Controller(ClosesOnExit):
         self._scheduler.enqueue(
             snapshot.task_id, priority=snapshot.priority, bucket=snapshot.bucket, tags=snapshot.tags
         )
-        run.watch_start_timeout()
+        if run.timeout.start is not None:  # 多数任务没有 start 超时：不为它多一次调用
+            run.watch_start_timeout()
 
     @staticmethod
     def _requeue(run: TaskRun) -> None:
@@ -1137,31 +1171,43 @@ class Controller(ClosesOnExit):
     # -- state-machine listener ----------------------------------------------------------------------
 
     def _on_run_transition(self, run: TaskRun, snapshot: TaskSnapshot, record: Transition) -> None:
-        """每个任务的状态机迁移之后（在任务锁内）由 TaskRun 调用。监听器绝不能把任务搞坏：出错只记日志。"""
+        """每个任务的状态机迁移之后（在任务锁内）由 TaskRun 调用。监听器绝不能把任务搞坏：出错只记日志。
+
+        终态与否按迁移的目标查一次集合（不经 ``snapshot.is_terminal`` 的两层属性调用）。非终态的迁移（每个
+        任务三次里的两次）就在这里写穿、发事件、记账，不再多转一层（issue 17）；终态交给 ``_on_terminal``。"""
         try:
-            self._on_transition(run.machine, snapshot, record)
+            if record.to_status in TERMINAL_STATUSES:
+                self._on_terminal(run.machine, snapshot, record)
+                return
+            self._link.on_transition(run.machine, snapshot, record)
+            if self._events.listeners:  # 没有监听器时连事件对象都不造
+                self._events.emit_transition(snapshot, record)
+            target = record.to_status
+            # 同 _account 开头的判定（占着槽、还在跑的迁移不改调度账本）：starting / running 不必再调它。
+            if target not in _STILL_RUNNING or (
+                target is not TaskStatus.STARTING and record.from_status is TaskStatus.QUEUED
+            ):
+                self._account(snapshot, record, landed=True)
         except Exception:
             logger.exception("处理任务 %s 的状态迁移时出错", snapshot.task_id)
 
-    def _on_transition(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
-        if snapshot.is_terminal:
-            chain = self._claim_chain
-            # 排队数不加锁地读，只是个提示（_chain_next 在锁内复查）：有本地排队任务时额度照旧交给它们。
-            if (
-                chain is not None
-                and not self._scheduler.queued_count
-                and self._chain_next(machine, snapshot, record, chain)
-            ):
-                return
+    def _on_terminal(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
+        """终态迁移的写穿、事件与记账（在任务锁内，由 ``_on_run_transition`` 调用）。"""
+        chain = self._claim_chain
+        # 排队数不加锁地读，只是个提示（_chain_next 在锁内复查）：有本地排队任务时额度照旧交给它们。
+        if (
+            chain is not None
+            and not self._scheduler.queued_count
+            and self._chain_next(machine, snapshot, record, chain)
+        ):
+            return
         # 终态、且有排队任务等着这个额度时，终态的写先排进组提交、不等（write_later）：让出的额度就地启动
         # 下一个排队任务，它的 starting 那次 save 把这个终态一并捎上——每个任务少一次提交。额度是"交接"
         # 出去的（在跑的 + 排队的个数不变），所以 worker 按空位认领的数目不受影响；没有排队任务时照旧先写、
         # 后让额度（否则 worker 会在终态落库之前多认领一个）。终态在 finish() 返回之前不算落库："落地"的
         # 记账（wait_all 的唤醒）与事件都在它之后；TaskRun 的 wait() 由排在本监听器之后的 TaskRun 监听器
         # 唤醒，本监听器返回时 finish() 早已返回。排队数在这里不加锁地读，只是个提示：_account 在锁内复查。
-        finish = (
-            self._link.write_later(machine) if snapshot.is_terminal and self._scheduler.queued_count else None
-        )
+        finish = self._link.write_later(machine) if self._scheduler.queued_count else None
         if finish is None:
             self._link.on_transition(machine, snapshot, record)
             if self._events.listeners:  # 没有监听器时连事件对象都不造
@@ -1291,7 +1337,7 @@ class Controller(ClosesOnExit):
             if not carrying and scheduler.release(task_id):
                 # 空出的额度就地交给下一个排队任务，不必唤醒后台线程再转一手（吞吐的关键路径）。
                 to_start = scheduler.take_runnable()
-            if snapshot.is_terminal and landed:
+            if landed and target in TERMINAL_STATUSES:
                 self._landed_locked(task_id)
         if to_start:
             # 这里仍持有本任务的锁，去启动别的任务（拿它们的锁）不会成环：被启动的只可能是刚从

@@ -92,6 +92,8 @@ DEFAULT_PAUSE_TIMEOUT = 5.0
 
 DEFAULT_EXECUTOR = ThreadExecutor()
 
+_BASE_CHECK_SUBMITTABLE = Executor.check_submittable
+
 _NOT_STARTED = frozenset({S.PENDING, S.BLOCKED, S.QUEUED, S.RETRY_WAIT})
 
 # 超时失败的迁移记在哪个触发源下：历史里要看得出"这是哪一档超时"，而不是一次普通的 executor:failed。
@@ -218,6 +220,20 @@ class TaskRun:
     ``stop()`` 不阻塞；``pause()`` 等确认并如实返回；``resume()`` 回到 running 或 queued（§4.3）。
     """
 
+    # 按需才有的字段，初值放在类上：构造时不必逐个写一遍（每个提交省九次属性写入），排队中的句柄实例字典也
+    # 更小。第一次赋值时成为实例字段，读到的总是本实例的值或这里的初值。
+    # 日志缓冲与"已落终态"事件都按需创建：排队中的任务可能成千上万，每个省下的几个容器对象
+    # 直接减轻循环 GC 的扫描量（在管任务越多越明显）。
+    _logs: deque[LogEntry] | None = None
+    _done_event: threading.Event | None = None
+    _is_done = False
+    _started = False
+    _attempt: _Attempt | None = None
+    _retry_timer: Timer | None = None
+    _retry_deadline: float | None = None
+    _retry_wake: threading.Event | None = None  # 只有 InlineExecutor 的重试等待用得到
+    _start_timer: Timer | None = None  # start 超时的排队那一段（见 watch_start_timeout）
+
     def __init__(
         self,
         fn: Callable[..., Any],
@@ -252,10 +268,13 @@ class TaskRun:
         spec = task_spec(fn)
         if not isinstance(args, (tuple, list)):
             raise ConfigurationError(f"args 必须是元组（位置参数），收到 {args!r}；单个参数请写成 (x,)")
-        if kwargs is not None and not isinstance(kwargs, Mapping):
+        # 先认普通字典 / 默认执行器：对 Mapping、Executor 这两个 ABC 的 isinstance 要走一层 Python 写的
+        # __instancecheck__（控制器每次提交都传一个普通字典、多半用默认执行器）。
+        if kwargs is not None and kwargs.__class__ is not dict and not isinstance(kwargs, Mapping):
             raise ConfigurationError(f"kwargs 必须是字典，收到 {kwargs!r}")
-        executor = executor if executor is not None else DEFAULT_EXECUTOR
-        if not isinstance(executor, Executor):
+        if executor is None:
+            executor = DEFAULT_EXECUTOR
+        elif not isinstance(executor, Executor):
             raise ConfigurationError(
                 "executor 必须是 ThreadExecutor() / InlineExecutor() / ProcessExecutor() 之类的实例，"
                 f"收到 {executor!r}"
@@ -266,7 +285,7 @@ class TaskRun:
         timeout = timeout if timeout is not None else (spec.timeout if spec and spec.timeout else NO_TIMEOUT)
         if not isinstance(timeout, Timeout):
             raise ConfigurationError(f"timeout 必须是 Timeout(start=, per_attempt=, idle=)，收到 {timeout!r}")
-        if upstream is not None and not isinstance(upstream, Mapping):
+        if upstream is not None and upstream.__class__ is not dict and not isinstance(upstream, Mapping):
             raise ConfigurationError(f"upstream 必须是 {{节点 id: 返回值}} 字典，收到 {upstream!r}")
         if on_requeue is not None and not callable(on_requeue):
             raise ConfigurationError(f"on_requeue 必须是可调用对象，收到 {on_requeue!r}")
@@ -285,11 +304,17 @@ class TaskRun:
         self.artifact_hint = artifact_hint
         # 忘了 ctx 在提交时就说清楚（run_task / TaskRun / Controller.submit 都经过这里）。
         check_task_signature(fn, self.args, self.kwargs)
-        executor.check_submittable(
-            Submission(
-                fn, self.args, self.kwargs, {"upstream": self.upstream, "retry": retry, "timeout": timeout}
+        # 执行器没有自己的提交检查时（线程执行器）基类的检查只是"可调用"——上面已经查过：不为它造一个
+        # Submission 与一个字典（每个提交都走这里，issue 17）。
+        if type(executor).check_submittable is not _BASE_CHECK_SUBMITTABLE:
+            executor.check_submittable(
+                Submission(
+                    fn,
+                    self.args,
+                    self.kwargs,
+                    {"upstream": self.upstream, "retry": retry, "timeout": timeout},
+                )
             )
-        )
 
         if machine is None:
             check_int("priority", priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
@@ -313,6 +338,9 @@ class TaskRun:
                 raise ConfigurationError(f"task_id {task_id!r} 与传入状态机的 {machine.task_id!r} 不一致")
             clock = clock or machine.clock
         self.machine = machine
+        # task_id 从不改变：存成普通属性，不经 TaskRun.task_id → StateMachine.task_id 两层属性调用（控制器
+        # 每个任务要读它五六次，issue 17）。
+        self.task_id: str = machine.task_id
         self.clock: Clock = clock
         self._lock = machine.lock
         self._on_requeue = on_requeue
@@ -324,21 +352,11 @@ class TaskRun:
         # 不碰别的锁（控制器只把事件放进交付队列）。
         self._progress_hook = on_progress
         self._log_sink = log_sink
-        # 日志缓冲与"已落终态"事件都按需创建：排队中的任务可能成千上万，每个省下的几个容器对象
-        # 直接减轻循环 GC 的扫描量（在管任务越多越明显）。
-        self._logs: deque[LogEntry] | None = None
-        self._done_event: threading.Event | None = None
-        self._is_done = False
-        self._started = False
-        self._attempt: _Attempt | None = None
-        self._retry_timer: Timer | None = None
-        self._retry_deadline: float | None = None
-        self._retry_wake: threading.Event | None = None  # 只有 InlineExecutor 的重试等待用得到
-        self._start_timer: Timer | None = None  # start 超时的排队那一段（见 watch_start_timeout）
+        # _logs、_done_event、_attempt 与几个计时器字段的初值是类属性（见类体）：第一次用到时才成为实例字段。
         # 经 add_owner_listener 而不是 add_listener(self._on_transition)：
         # 不为每个任务常驻一个绑定方法（issue 17）
         machine.add_owner_listener(self, TaskRun._on_transition)
-        if machine.snapshot.is_terminal:
+        if machine.status in TERMINAL_STATUSES:
             self._is_done = True
 
     @property
@@ -347,10 +365,6 @@ class TaskRun:
         return Watchdog.for_clock(self.clock)
 
     # -- reading ------------------------------------------------------------------------------------
-
-    @property
-    def task_id(self) -> str:
-        return self.machine.task_id
 
     @property
     def name(self) -> str:
@@ -817,7 +831,7 @@ class TaskRun:
             self._close_attempt_locked(attempt)
             machine = self.machine
             status = machine.status
-            if status.is_terminal:  # 控制器等外部写者已经给了终态
+            if status in TERMINAL_STATUSES:  # 控制器等外部写者已经给了终态
                 return
             if status is S.PAUSED:
                 machine.mark_running(trigger=TRIGGER_CARRIER_EXITED, reason="载体在暂停中结束")
@@ -887,7 +901,8 @@ class TaskRun:
             attempt.cancel_timers()
         if attempt.running:
             self._sync_heartbeat_locked(attempt)
-        attempt.wake_pauser()
+        if attempt._pause_signal is not None:  # 同 wake_pauser()：绝大多数尝试从没人等暂停确认
+            attempt.wake_pauser()
 
     def _fail_or_retry_locked(self, failure: Failure, *, trigger: str | None = None) -> bool:
         """可重试且预算没用完 → retry_wait（返回"立即到期"与否）；否则 failed。
@@ -1050,7 +1065,7 @@ class TaskRun:
         attempt.synced_beat = beat
         clock = self.clock
         at = clock.now() - timedelta(seconds=max(0.0, clock.monotonic() - beat))
-        self.machine.update_side(heartbeat_at=at)
+        self.machine.note_heartbeat(at)
 
     # -- state-machine listener ---------------------------------------------------------------------
 

@@ -142,16 +142,17 @@ class Executor(ABC):
 
 
 def build_context(spec: AttemptSpec, events: ContextEvents) -> TaskContext:
-    return TaskContext(
+    # 规格里的值都来自已校验的快照与任务句柄（见 TaskContext._trusted）：不再逐项校验。
+    return TaskContext._trusted(
         spec.task_id,
-        name=spec.name,
-        attempt=spec.attempt,
-        clock=spec.clock,
-        upstream=spec.upstream,
-        artifact_root=spec.artifact_root,
-        logs=spec.logs,
-        events=events,
-        artifact_hint=spec.artifact_hint,
+        spec.name,
+        spec.attempt,
+        spec.clock,
+        spec.upstream,
+        spec.artifact_root,
+        spec.logs,
+        events,
+        spec.artifact_hint,
     )
 
 
@@ -222,11 +223,12 @@ class LocalAttempt(ContextHandle, AttemptHandle):
         """在当前线程里报告就位、执行任务体、报告结束。"""
         spec = self.spec
         self.events.running(None)
-        result = execute_body(spec.fn, self.context, spec.args, spec.kwargs, spec.retry)
+        result = execute_body(spec.fn, self._ctx, spec.args, spec.kwargs, spec.retry)
         self.events.finished(result)
 
     def last_beat(self) -> float:
-        return self.heartbeat
+        # 直接读上下文的字段（同 ``heartbeat``，不经 Read 描述符的一层 Python 调用）：每次结算都读一次。
+        return self._ctx._beat
 
 
 __all__ = [
