@@ -30,7 +30,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -152,8 +152,23 @@ ARTIFACT_HINT = "请给 Controller(artifact_dir=...) 传产物根目录（它管
 """Controller 管的任务没配产物目录时的提示：指向 Controller 自己的参数，而不是 TaskRun 的。"""
 
 
+_CLOSED = "控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller"
+"""关闭之后再提交、入队或接手任务得到的错误：处处同一句。"""
+
 # 占着执行槽、载体在跑的状态（不含 paused：排队中暂停的任务从未占槽，要走下面的完整判定）。
 _STILL_RUNNING = frozenset(SLOT_HOLDING_STATUSES - {TaskStatus.PAUSED})
+
+
+def _changes_books(record: Transition) -> bool:
+    """这次迁移要不要改调度账本（入队、让额度、记落地）。占着槽、还在跑的迁移（starting，以及不是从 queued
+    来的 running / pausing / stopping）不改：每个任务的四次迁移里有两次不必去拿控制器锁。
+
+    ``_account`` 据它提前返回，迁移监听器据它连 ``_account`` 都不调——同一条规则只写在这里。"""
+    target = record.to_status
+    return target not in _STILL_RUNNING or (
+        target is not TaskStatus.STARTING and record.from_status is TaskStatus.QUEUED
+    )
+
 
 _SUBMIT_SHAPES_MAX = 64
 """逐个 submit() 的快照模板最多存这么多种形状（满了清空）：常见用法只有几种形状，逐任务不同的 label 只是
@@ -523,7 +538,7 @@ class Controller(ClosesOnExit):
                 "enqueue() 需要共享存储：任务要由别的 worker 认领，请用 Controller(store=...) 构造"
             )
         if self._closed:
-            raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
+            raise ConfigurationError(_CLOSED)
         validate_task_id(name, what="任务名")
         with self._lock:
             definition = self._registry.resolve(name) if name in self._registry else None
@@ -599,7 +614,7 @@ class Controller(ClosesOnExit):
         # 登记表按名字取是一次字典读（登记在锁内整项放入，读到的要么没有、要么是完整的定义）。每个提交少一次
         # 加锁（issue 17）。
         if self._closed:
-            raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
+            raise ConfigurationError(_CLOSED)
         definition = self._registry.resolve(name)
         priority, all_tags = self._submit_fields(label, priority, tags, definition.tags)
         # 不分桶、不限定归属（最常见）时桶就是 None，不为它调用 _bucket_for_submit（结果与报错都相同）。
@@ -725,15 +740,11 @@ class Controller(ClosesOnExit):
         重复的）→ DuplicateTaskId，一个也不占。"""
         with self._lock:
             if self._closed:
-                raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
+                raise ConfigurationError(_CLOSED)
             taken: set[str] = set()
             for run in runs:
                 task_id = run.task_id
-                existing = self._runs.get(task_id)
-                if existing is not None or task_id in self._reserved_ids or task_id in taken:
-                    # 建议按已有任务的真实状态给（还在跑 / 已成功 / 已结束）；别的线程正在提交的算"仍在进行"
-                    status = existing.status if existing is not None else TaskStatus.QUEUED
-                    raise DuplicateTaskId.for_existing(task_id, status)
+                self._refuse_taken_locked(task_id, taken)
                 taken.add(task_id)
             self._reserved_ids.update(taken)
 
@@ -742,12 +753,17 @@ class Controller(ClosesOnExit):
         task_id = run.task_id
         with self._lock:
             if self._closed:
-                raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
-            existing = self._runs.get(task_id)
-            if existing is not None or task_id in self._reserved_ids:
-                status = existing.status if existing is not None else TaskStatus.QUEUED
-                raise DuplicateTaskId.for_existing(task_id, status)
+                raise ConfigurationError(_CLOSED)
+            self._refuse_taken_locked(task_id, ())
             self._reserved_ids.add(task_id)
+
+    def _refuse_taken_locked(self, task_id: str, taken: Collection[str]) -> None:
+        """（持控制器锁）id 已登记、正被别的线程提交、或在本批 ``taken`` 里 → DuplicateTaskId。"""
+        existing = self._runs.get(task_id)
+        if existing is not None or task_id in self._reserved_ids or task_id in taken:
+            # 建议按已有任务的真实状态给（还在跑 / 已成功 / 已结束）；别的线程正在提交的算"仍在进行"
+            status = existing.status if existing is not None else TaskStatus.QUEUED
+            raise DuplicateTaskId.for_existing(task_id, status)
 
     def _write_then_admit(
         self, run: TaskRun, write: Callable[[StateMachine], None], *, created: bool, start_here: bool = True
@@ -809,7 +825,7 @@ class Controller(ClosesOnExit):
             # 落库期间控制器被关闭：任务已写进存储，如实落 stopped（写穿），而不是留一个没人管的排队任务。
             for run in runs:
                 run.stop(reason="控制器已关闭，任务未执行")
-            raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
+            raise ConfigurationError(_CLOSED)
         self._link.start_polling()  # 提交过任务的节点才认领指令、登记节点（幂等）
         if to_start:
             self._start_runs(to_start)
@@ -1082,7 +1098,7 @@ class Controller(ClosesOnExit):
             # 转移表里 starting 没有直达 stopped 的边：与在跑的任务被停止一样经 stopping。
             machine.mark_stopping(reason="控制器已关闭，任务未执行")
             machine.mark_stopped(reason="控制器已关闭，任务未执行")
-            raise ConfigurationError("控制器已关闭（close() 之后不再接受提交）；请新建一个 Controller")
+            raise ConfigurationError(_CLOSED)
         self._link.start_polling()
         launch()
         return run
@@ -1173,26 +1189,28 @@ class Controller(ClosesOnExit):
     def _on_run_transition(self, run: TaskRun, snapshot: TaskSnapshot, record: Transition) -> None:
         """每个任务的状态机迁移之后（在任务锁内）由 TaskRun 调用。监听器绝不能把任务搞坏：出错只记日志。
 
-        终态与否按迁移的目标查一次集合（不经 ``snapshot.is_terminal`` 的两层属性调用）。非终态的迁移（每个
-        任务三次里的两次）就在这里写穿、发事件、记账，不再多转一层（issue 17）；终态交给 ``_on_terminal``。"""
+        终态与否按迁移的目标查一次集合（不经 ``snapshot.is_terminal`` 的两层属性调用）。终态先看能不能交给
+        认领链或推迟写（``_terminal_handed_over``）；其余（非终态，以及照常写的终态）都走同一条路：写穿、
+        发事件、需要时记账（issue 17：每个任务三次迁移里两次不再多转一层）。"""
         try:
-            if record.to_status in TERMINAL_STATUSES:
-                self._on_terminal(run.machine, snapshot, record)
+            machine = run.machine
+            if record.to_status in TERMINAL_STATUSES and self._terminal_handed_over(
+                machine, snapshot, record
+            ):
                 return
-            self._link.on_transition(run.machine, snapshot, record)
+            self._link.on_transition(machine, snapshot, record)
             if self._events.listeners:  # 没有监听器时连事件对象都不造
                 self._events.emit_transition(snapshot, record)
-            target = record.to_status
-            # 同 _account 开头的判定（占着槽、还在跑的迁移不改调度账本）：starting / running 不必再调它。
-            if target not in _STILL_RUNNING or (
-                target is not TaskStatus.STARTING and record.from_status is TaskStatus.QUEUED
-            ):
+            if _changes_books(record):
                 self._account(snapshot, record, landed=True)
         except Exception:
             logger.exception("处理任务 %s 的状态迁移时出错", snapshot.task_id)
 
-    def _on_terminal(self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition) -> None:
-        """终态迁移的写穿、事件与记账（在任务锁内，由 ``_on_run_transition`` 调用）。"""
+    def _terminal_handed_over(
+        self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition
+    ) -> bool:
+        """（在任务锁内）终态迁移能不能不照常"先写、后让额度"：交给认领链，或推迟写、把额度就地交给排队任务。
+        返回 True：写穿、事件与记账都已在这里做完；False：调用方照常做。"""
         chain = self._claim_chain
         # 排队数不加锁地读，只是个提示（_chain_next 在锁内复查）：有本地排队任务时额度照旧交给它们。
         if (
@@ -1200,7 +1218,7 @@ class Controller(ClosesOnExit):
             and not self._scheduler.queued_count
             and self._chain_next(machine, snapshot, record, chain)
         ):
-            return
+            return True
         # 终态、且有排队任务等着这个额度时，终态的写先排进组提交、不等（write_later）：让出的额度就地启动
         # 下一个排队任务，它的 starting 那次 save 把这个终态一并捎上——每个任务少一次提交。额度是"交接"
         # 出去的（在跑的 + 排队的个数不变），所以 worker 按空位认领的数目不受影响；没有排队任务时照旧先写、
@@ -1209,11 +1227,7 @@ class Controller(ClosesOnExit):
         # 唤醒，本监听器返回时 finish() 早已返回。排队数在这里不加锁地读，只是个提示：_account 在锁内复查。
         finish = self._link.write_later(machine) if self._scheduler.queued_count else None
         if finish is None:
-            self._link.on_transition(machine, snapshot, record)
-            if self._events.listeners:  # 没有监听器时连事件对象都不造
-                self._events.emit_transition(snapshot, record)
-            self._account(snapshot, record, landed=True)
-            return
+            return False
         try:
             handed_over = self._account(snapshot, record, landed=False)
         finally:
@@ -1225,6 +1239,7 @@ class Controller(ClosesOnExit):
                 self._landed_locked(snapshot.task_id)
         else:
             self._account(snapshot, record, landed=True)
+        return True
 
     def _chain_next(
         self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition, chain: ClaimChain
@@ -1310,14 +1325,10 @@ class Controller(ClosesOnExit):
 
         ``landed=False``（终态还没落库）时只做"把额度交接给排队任务"：此刻没有排队任务就什么也不做、
         返回 False（调用方等终态落库后再以 ``landed=True`` 记一次）。"""
+        if not _changes_books(record):
+            return True  # 占着槽、还在跑的迁移：不入队、不让额度、不落地
         task_id = snapshot.task_id
         target = record.to_status
-        if target in _STILL_RUNNING and (
-            target is TaskStatus.STARTING or record.from_status is not TaskStatus.QUEUED
-        ):
-            # 占着槽、还在跑的迁移（starting / running / pausing / stopping）：不入队、不让额度、不落地，
-            # 调度账本没有要改的——每个任务的四次迁移里有两次不必去拿控制器锁。
-            return True
         with self._lock:
             scheduler = self._scheduler
             if not landed and not scheduler.queued_count:
