@@ -460,7 +460,7 @@ class WriteThrough:
         state = self._promote(task_id)
         assert state is not None  # 上面刚读到它（任务锁在我们手里，别人不会改它）
         transitions = _records_since(machine, expected, snapshot.status_version, (), record)
-        state.lazy = commits.enqueue(SaveRequest(snapshot, expected, transitions))
+        state.lazy = commits.enqueue(SaveRequest._write_through(snapshot, expected, transitions))
         due = self.clock.monotonic() + LAZY_RUNNING_DELAY
         with self._lock:
             self._lazy[task_id] = (due, machine)
@@ -558,7 +558,7 @@ class WriteThrough:
             return None
         expected, carried = handoff
         transitions = _records_since(machine, expected, snapshot.status_version, carried, record)
-        item = commits.enqueue(SaveRequest(snapshot, expected, transitions))
+        item = commits.enqueue(SaveRequest._write_through(snapshot, expected, transitions))
 
         def finish() -> bool:
             return self._after_write(machine, snapshot, lambda: commits.finish(item))
@@ -688,7 +688,7 @@ class WriteThrough:
                     self.store._save_direct(snapshot, persisted, transitions)
                 else:
                     # 组提交：与同一时刻别的任务的迁移合进一个写事务；只在这一项提交之后返回。
-                    self.commits.save(SaveRequest(snapshot, persisted, transitions))
+                    self.commits.save(SaveRequest._write_through(snapshot, persisted, transitions))
             except (ConcurrencyConflict, DuplicateTaskId):
                 state = self._mark_uncertain(task_id)  # 读回再判：是自己先前那次写成功了，还是别人改写了
                 if state is None:  # 写的同时被 forget 了（不再归本进程管）：不再追
