@@ -95,3 +95,19 @@ def test_check_save_checks_each_record_once() -> None:
         calls.clear()
         checks.validate_save(STARTED, 0, RECORDS)
         assert calls == [None, "t"], "公开的 validate_save 单独调用时仍自己查记录（第三方后端直接用它）"
+
+
+def test_the_write_through_save_request_equals_the_constructed_one_and_stays_frozen() -> None:
+    """``SaveRequest._write_through``（写穿热路径，不经冻结 dataclass 的 __init__）造出的一项与构造函数造出的
+    逐字段相等（租约条件是 None）、同样改不了字段、同样能 ``dataclasses.replace``。"""
+    from chongming_task.core.storage.values import SaveRequest
+
+    snapshot, transitions = walk(snap("t"), TaskStatus.QUEUED, TaskStatus.STARTING)
+    fast = SaveRequest._write_through(snapshot, 1, tuple(transitions[1:]))
+    made = SaveRequest(snapshot, 1, tuple(transitions[1:]))
+    assert fast == made
+    assert dataclasses.astuple(fast) == dataclasses.astuple(made)
+    assert fast.lease_expired_before is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.expect_version = 2  # type: ignore[misc]
+    assert dataclasses.replace(fast, expect_version=2).expect_version == 2

@@ -16,6 +16,7 @@ import pytest
 from chongming_runtime_test_support import wait_until
 
 from chongming_task import Controller, SqliteTaskStore, TaskStatus
+from chongming_task.core.state_machine import StateMachine
 from chongming_task.errors import TaskError
 from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.runtime import persistence
@@ -294,3 +295,32 @@ def test_a_worker_keeps_claiming_while_a_claimed_task_waits_for_its_starting_com
     serving.join(30)
     worker.close()
     submitter.close()
+
+
+# -- 写穿交出去的记录用手里现成的（persistence._records_since） ----------------------------------------------
+
+
+def test_the_records_handed_to_the_store_are_the_ones_at_hand_when_they_line_up() -> None:
+    """推迟写的 running 与交出的终态那两次写：手里的记录（撤回的 running、刚发生的终态）正好接上存储里的版本
+    时原样交出（同一批对象，不从紧凑历史再现造）；接不上（中间缺一条、不是最新的一条）时与
+    ``transitions_since`` 逐条相同。"""
+    machine = StateMachine.create("t", "noop", lock=threading.RLock())
+    machine.mark_queued()
+    machine.mark_starting(executor="thread")
+    seen: list[Transition] = []
+    machine.add_listener(lambda snapshot, record: seen.append(record))
+    machine.mark_running()
+    running = seen[-1]
+    # running 那一次：存储在 starting（版本 2），手里正是 2 → 3 这一条
+    assert persistence._records_since(machine, 2, 3, (), running)[0] is running
+    machine.mark_succeeded()
+    done = seen[-1]
+    # 终态那一次：撤回的 running 加上刚发生的终态，正好补上 2 → 4
+    handed = persistence._records_since(machine, 2, 4, (running,), done)
+    assert handed[0] is running and handed[1] is done
+    assert handed == machine.transitions_since(2)
+    # 接不上：存储落后两条、手里只有终态 → 照常从历史里取，一条不缺
+    assert persistence._records_since(machine, 2, 4, (), done) == machine.transitions_since(2)
+    assert persistence._records_since(machine, 1, 4, (running,), done) == machine.transitions_since(1)
+    # 手里的不是最新的一条 → 照常取
+    assert persistence._records_since(machine, 2, 4, (), running) == machine.transitions_since(2)

@@ -1225,7 +1225,7 @@ class Controller(ClosesOnExit):
         # 后让额度（否则 worker 会在终态落库之前多认领一个）。终态在 finish() 返回之前不算落库："落地"的
         # 记账（wait_all 的唤醒）与事件都在它之后；TaskRun 的 wait() 由排在本监听器之后的 TaskRun 监听器
         # 唤醒，本监听器返回时 finish() 早已返回。排队数在这里不加锁地读，只是个提示：_account 在锁内复查。
-        finish = self._link.write_later(machine) if self._scheduler.queued_count else None
+        finish = self._link.write_later(machine, record) if self._scheduler.queued_count else None
         if finish is None:
             return False
         try:

@@ -96,6 +96,8 @@ class GroupCommit:
         # 不在提交后立刻叫醒，而是记在这里，由下一个写事务在它的 COMMIT 之前叫醒（见 _settle）
         self._defer_wakes = store.calls_before_commit
         self._deferred: list[Pending] = []
+        # 每次提交都登记的回调：绑定方法只造一次（每次 ``self._flush_deferred`` 都是一个新的方法对象）
+        self._flush_hook = self._flush_deferred
         self.batches = 0  # 写了几个事务（测试与基准看合并得怎样）
         self.items = 0  # 经它写的项数
 
@@ -252,7 +254,7 @@ class GroupCommit:
     def _commit(self, batch: list[Pending]) -> None:
         self.batches += 1
         self.items += len(batch)
-        previous = commit_hooks.install(self._flush_deferred) if self._defer_wakes else None
+        previous = commit_hooks.install(self._flush_hook) if self._defer_wakes else None
         try:
             only = batch[0] if len(batch) == 1 else None
             results: list[BaseException | None]

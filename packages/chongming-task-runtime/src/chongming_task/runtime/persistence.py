@@ -98,6 +98,28 @@ CREATE_ATTEMPTS = 3
 """提交时的 create 最多试几次（只在读回确认"没写进去"时才重试）。"""
 
 
+def _records_since(
+    machine: StateMachine, expected: int, version: int, carried: Sequence[Transition], record: Transition
+) -> Sequence[Transition]:
+    """（持有 machine.lock）版本 ``expected`` 之后、直到 ``version`` 的迁移记录，与
+    ``machine.transitions_since(expected)`` 逐条相同：手里现成的记录——撤回的推迟写那一项带着的 ``carried``
+    加上刚发生的那条 ``record``——正好首尾相接地补上这一段时直接用它们，否则照常从状态机的历史里取。
+
+    为什么：``transitions_since`` 每条记录都从紧凑历史现造一个 Transition（``unpack_transition``），而写穿
+    推迟写的 running、交出终态的那两次写要的正是监听器刚拿到的记录与撤回的那一条——逐个 submit 时每个任务
+    省三次现造（issue 17）。记录都是不可变的同一批对象（状态机发给监听器的那条，就是它之后解包出的那条的
+    等值对象），存储收到的内容一字不差。"""
+    first = carried[0].version if carried else record.version
+    if (
+        record.version == version
+        and first == expected + 1
+        and len(carried) == version - expected - 1
+        and (not carried or carried[-1].version == version - 1)
+    ):
+        return (*carried, record) if carried else (record,)
+    return machine.transitions_since(expected)
+
+
 class _CreateItems(Sequence[tuple[TaskSnapshot, Sequence[Transition]]]):
     """``store.create_many`` 的入参：(快照, 迁移记录) 对按需现造，不为每个任务预先存一个元组。
 
@@ -401,7 +423,7 @@ class WriteThrough:
             record.from_status is _STARTING
             and record.to_status is _RUNNING
             and snapshot.pid is None  # 子进程的 pid 要尽快落库（父进程死后据此找孤儿进程），照常写
-            and self._write_lazily(machine)
+            and self._write_lazily(machine, record)
         ):
             return
         self.sync(machine, record)
@@ -428,7 +450,7 @@ class WriteThrough:
         self._written(task_id, snapshot.status_version)
         self._caught_up(task_id, snapshot)
 
-    def _write_lazily(self, machine: StateMachine) -> bool:
+    def _write_lazily(self, machine: StateMachine, record: Transition) -> bool:
         snapshot = machine.snapshot
         commits = self.commits
         expected = _plain_version(self._tasks.get(snapshot.task_id))
@@ -437,7 +459,8 @@ class WriteThrough:
         task_id = snapshot.task_id
         state = self._promote(task_id)
         assert state is not None  # 上面刚读到它（任务锁在我们手里，别人不会改它）
-        state.lazy = commits.enqueue(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
+        transitions = _records_since(machine, expected, snapshot.status_version, (), record)
+        state.lazy = commits.enqueue(SaveRequest._write_through(snapshot, expected, transitions))
         due = self.clock.monotonic() + LAZY_RUNNING_DELAY
         with self._lock:
             self._lazy[task_id] = (due, machine)
@@ -517,7 +540,7 @@ class WriteThrough:
                 if isinstance(state, _TaskState) and state.lazy is not None:
                     self.sync(machine)
 
-    def sync_later(self, machine: StateMachine) -> Callable[[], bool] | None:
+    def sync_later(self, machine: StateMachine, record: Transition) -> Callable[[], bool] | None:
         """把这次写先排进组提交、不等（调用方持有 machine.lock）；返回"等它提交并收尾"的函数，调用方必须
         在放开 machine.lock 之前调用它（返回值同 :meth:`sync`）。不是最常见的情形（还没落库过、结果未知要先
         读回、被隔离、已经追平）时返回 None：调用方照常 :meth:`sync`。
@@ -530,10 +553,12 @@ class WriteThrough:
         if commits is None:
             return None  # 存储不做组提交（内存存储）：没有可以捎带的提交，照常 sync
         snapshot = machine.snapshot
-        expected = self._handoff_version(snapshot)
-        if expected is None:
+        handoff = self._handoff(snapshot)
+        if handoff is None:
             return None
-        item = commits.enqueue(SaveRequest(snapshot, expected, machine.transitions_since(expected)))
+        expected, carried = handoff
+        transitions = _records_since(machine, expected, snapshot.status_version, carried, record)
+        item = commits.enqueue(SaveRequest._write_through(snapshot, expected, transitions))
 
         def finish() -> bool:
             return self._after_write(machine, snapshot, lambda: commits.finish(item))
@@ -552,29 +577,36 @@ class WriteThrough:
         runtime/fencing.py）。所以合并的提交整个失败时，这个任务的写穿与一次失败的 save 一模一样。
         """
         snapshot = machine.snapshot
-        expected = self._handoff_version(snapshot)
-        if expected is None:
+        handoff = self._handoff(snapshot)
+        if handoff is None:
             return None
+        expected = handoff[0]
         request = SaveRequest(snapshot, expected, machine.transitions_since(expected))
         return self._after_write(machine, snapshot, lambda: write(request))
 
-    def _handoff_version(self, snapshot: TaskSnapshot) -> int | None:
+    def _handoff(self, snapshot: TaskSnapshot) -> tuple[int, Sequence[Transition]] | None:
         """（持有该任务的锁）``sync_later`` / ``sync_with`` 的共同前提：这次写是最常见的情形、可以交给别人
-        提交时，返回存储里的版本（交出去的那一项的 expect_version）；否则 None，调用方照常 :meth:`sync`。
+        提交时，返回 (存储里的版本——交出去的那一项的 expect_version, 撤回的推迟写那一项带着的迁移记录)；
+        否则 None，调用方照常 :meth:`sync`。
 
-        推迟写的 running 还没被捎走时先撤回它（交出去的这一项连同 running 的记录一起写）；已被某个写者捎走
-        就不交（sync 先等它的结果）。还没落库过、结果未知要先读回、被隔离、已经追平的也不交。"""
+        推迟写的 running 还没被捎走时先撤回它（交出去的这一项连同 running 的记录一起写：撤回的那几条记录原样
+        交还，``sync_later`` 不必再从状态机的紧凑历史里现造一遍）；已被某个写者捎走就不交（sync 先等它的
+        结果）。还没落库过、结果未知要先读回、被隔离、已经追平的也不交。"""
         task_id = snapshot.task_id
         state = self._tasks.get(task_id)
+        carried: Sequence[Transition] = ()
         if isinstance(state, _TaskState) and state.lazy is not None:
             commits = self.commits
-            if commits is None or not commits.withdraw(state.lazy):
+            lazy = state.lazy
+            if commits is None or not commits.withdraw(lazy):
                 return None
             self._drop_lazy(task_id, state)
+            if lazy.request is not None and lazy.request.expect_version == state.persisted_version:
+                carried = lazy.request.transitions
         expected = _plain_version(state)
         if expected is None or expected == snapshot.status_version:
             return None
-        return expected
+        return expected, carried
 
     def _after_write(self, machine: StateMachine, snapshot: TaskSnapshot, write: Callable[[], None]) -> bool:
         """（持有 machine.lock）执行一次交给别人提交的写（组提交的 ``finish``、worker 合并的认领提交），
@@ -656,7 +688,7 @@ class WriteThrough:
                     self.store._save_direct(snapshot, persisted, transitions)
                 else:
                     # 组提交：与同一时刻别的任务的迁移合进一个写事务；只在这一项提交之后返回。
-                    self.commits.save(SaveRequest(snapshot, persisted, transitions))
+                    self.commits.save(SaveRequest._write_through(snapshot, persisted, transitions))
             except (ConcurrencyConflict, DuplicateTaskId):
                 state = self._mark_uncertain(task_id)  # 读回再判：是自己先前那次写成功了，还是别人改写了
                 if state is None:  # 写的同时被 forget 了（不再归本进程管）：不再追

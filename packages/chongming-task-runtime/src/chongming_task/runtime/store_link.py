@@ -62,7 +62,7 @@ def _no_lease_fields() -> Mapping[str, object]:
     return _NO_FIELDS
 
 
-def _never_later(machine: StateMachine) -> Callable[[], bool] | None:
+def _never_later(machine: StateMachine, record: Transition) -> Callable[[], bool] | None:
     """没有可以捎带的提交（没有存储，或存储不做组提交）：不必推迟，调用方照常 on_transition。"""
     return None
 
@@ -82,7 +82,7 @@ class LocalLink:
     on_transition: Callable[[StateMachine, TaskSnapshot, Transition], None]
     """每次迁移（在任务锁内）：写穿存储。是实例属性而不是方法：有存储时它就是写穿对象的那个方法本身，
     每次迁移少一层转手（issue 17）。"""
-    write_later: Callable[[StateMachine], Callable[[], bool] | None]
+    write_later: Callable[[StateMachine, Transition], Callable[[], bool] | None]
     """这次迁移的写先排进组提交、不等（见 ``WriteThrough.sync_later``）；返回"等它提交"的函数，None 表示
     不能推迟（调用方照常 on_transition）。"""
 

@@ -283,6 +283,25 @@ class SaveRequest:
     transitions: Sequence[Transition] = ()
     lease_expired_before: datetime | None = None
 
+    @classmethod
+    def _write_through(
+        cls, snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
+    ) -> SaveRequest:
+        """写穿热路径专用（不带租约条件）：与 ``SaveRequest(snapshot, expect_version, transitions)`` 相等的
+        一项，只是不经冻结 dataclass 的 ``__init__``——它逐个字段调用 ``object.__setattr__``，约 700 ns；直接
+        填实例字典约 220 ns。写穿每个任务造三个（推迟写的 running、starting、交出的终态）。字段照样只能读、
+        不能改（冻结的 ``__setattr__`` 不变）；这里不做任何检查，``__init__`` 本来也不做。"""
+        request: SaveRequest = _new_object(cls)
+        fields = request.__dict__
+        fields["snapshot"] = snapshot
+        fields["expect_version"] = expect_version
+        fields["transitions"] = transitions
+        fields["lease_expired_before"] = None
+        return request
+
+
+_new_object = object.__new__
+
 
 @dataclass(frozen=True)
 class CommandSubmission:
