@@ -235,3 +235,31 @@ def test_role_without_owner_rights_keeps_the_checks(
     assert _table_checks(admin, schema) == []
     with PostgresTaskStore(role_dsn, schema=schema) as store:
         assert store.history("ops") == records
+
+
+def test_a_running_store_recovers_when_another_process_converts(
+    postgres_dsn: str, schema: str, admin: Any, limited_role: tuple[str, str]
+) -> None:
+    """一个不是属主的进程开着（没换、告警），之后属主打开把列换成域：前者连接上已预备的读语句结果类型变了。
+    它最多失败一次（StoreError，原因是 FeatureNotSupported），连接被丢掉，下一次就好——不会在同一条连接上
+    一直失败到连接到龄（psycopg 不把失败的预备语句移出缓存，见 store._discard_if_stale_plans）。"""
+    role, role_dsn = limited_role
+    PostgresTaskStore(postgres_dsn, schema=schema).close()
+    _pre_domain(admin, schema)
+    for statement in PostgresTaskStore.grant_sql(schema, role).strip().splitlines():
+        admin.execute(statement)
+    running = PostgresTaskStore(role_dsn, schema=schema, min_size=1, max_size=1)
+    try:
+        snapshot, records = _history("live", 3, T0)
+        running.create(snapshot, records)
+        for _ in range(8):  # 超过 psycopg 的 prepare_threshold：读快照的语句在这条连接上预备好了
+            assert running.get("live") == snapshot
+        PostgresTaskStore(postgres_dsn, schema=schema).close()  # 属主打开：换成域
+        assert _table_checks(admin, schema) == []
+        with pytest.raises(StoreError, match="cached plan must not change result type") as caught:
+            running.get("live")
+        assert isinstance(caught.value.__cause__, pg_errors.FeatureNotSupported)
+        assert running.get("live") == snapshot
+        assert running.history("live") == records
+    finally:
+        running.close()

@@ -226,9 +226,10 @@ def domain_upgrade_statements(schema: str) -> list[str]:
     耗时是重建那两个部分索引加核对扫描的时间（bench/README.md 第十六轮 pg16 一节有实测）。
 
     **正在运行的进程**：列的类型变了，它们连接上已预备的、结果里有这几列的语句（读快照、认领、读历史）
-    下一次执行时 PostgreSQL 报一次 ``cached plan must not change result type``（psycopg 随即丢掉这条预备
-    语句，再下一次重新预备就好了）——相当于每条连接每种语句一次短暂的存储故障。和第 1 → 2 版一样，
-    升级前先停掉旧进程；之后新开的连接不受影响。
+    执行时 PostgreSQL 报 ``cached plan must not change result type``。psycopg 不把失败的预备语句移出缓存，
+    所以旧版本（换域之前）的进程在这条连接上**每次**都失败，直到连接到龄被池换掉（psycopg_pool 默认 1 小时）；
+    本版本的进程丢掉这条连接（``store._discard_if_stale_plans``），每条连接只失败一次。所以和第 1 → 2 版
+    一样：升级前先停掉旧版本的进程。
     """
     s = quote_ident(schema)
     by_table: dict[str, list[str]] = {}

@@ -293,6 +293,21 @@ def _cursor(conn: Conn) -> psycopg.Cursor[Any]:
     return cursor
 
 
+def _discard_if_stale_plans(conn: Conn, exc: psycopg.Error) -> None:
+    """连接上已预备的语句的结果类型被改表改掉了（``cached plan must not change result type``，
+    SQLSTATE 0A000）：关掉这条连接，让池丢掉它、下次借一条新的。
+
+    为什么：状态列从 text 换成域（``_schema.domain_upgrade_statements``，别的进程在它自己打开时换）之后，
+    这条连接上每条结果里带这几列的预备语句都会这样失败——psycopg 不把失败的语句移出它的预备缓存，不处理
+    的话同一条连接上以后每次都失败，直到连接到龄被池换掉。错误发生在绑定参数时，语句没有执行，所以本次调用
+    照常报 StoreError（调用方按存储故障处理），之后的调用用新连接、重新预备，就好了。"""
+    if isinstance(exc, pg_errors.FeatureNotSupported) and "cached plan must not change result type" in str(
+        exc
+    ):
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
 def _rollback_quietly(conn: Conn) -> None:
     """调用途中出错：连接若停在事务里就回滚（与 ``with conn:`` 相同）；回滚本身出错只记日志，
     不掩盖原来的异常。"""
@@ -800,8 +815,8 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         与换索引一样不升版本号：同样的值被接受、同样的值被拒绝（同一个 SQLSTATE），旧包照常读写换过的库
         （结果里的列类型，PostgreSQL 报的是域的基础类型），所以只影响快慢（每条写 tasks / transitions 的语句
         少一次约束表达式的重新编译，见 ``_codec.PostgresDialect``）。没有权限（不是表的属主）时只告警，
-        旧的 CHECK 照样保护数据。正在运行的旧进程会在每条已预备的语句上失败一次，见
-        ``domain_upgrade_statements``。"""
+        旧的 CHECK 照样保护数据。正在运行的旧版本进程换完之后读不了（每条已预备的语句都失败到连接到龄），
+        所以升级前先停掉它们，见 ``domain_upgrade_statements``。"""
         if not _schema.untyped_columns(conn, self._schema):
             return
         try:
@@ -932,6 +947,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 if conn.pgconn.transaction_status != _IDLE:
                     conn.commit()
             except psycopg.Error as exc:
+                _discard_if_stale_plans(conn, exc)
                 if armed is not None and armed[1].fired:
                     raise StoreNoReply(
                         f"{self._network_timeout:g} 秒内没有收到 PostgreSQL 的回复（{self._display}）："
