@@ -7,13 +7,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from chongming_task.core.archive import Archiver, merged_history, verify_archive
 from chongming_task.core.storage.opening import SchemaPrivilegeError
 from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TaskStatus as S
-from chongming_task.stores.postgres import PostgresTaskStore, _partitions
+from chongming_task.stores.postgres import PostgresTaskStore, _partitions, _schema
 
 pytestmark = pytest.mark.postgres
 
@@ -140,8 +141,24 @@ _V1_TRANSITIONS = """CREATE TABLE {s}.transitions (
 )"""
 
 
+def pre_domain_tasks(admin: Any, schema: str) -> None:
+    """把 tasks 的状态与版本列改回域之前（第 1 版起直到第十六轮）的样子：text / bigint 加表上的 CHECK，
+    名字是当时自动得到的 tasks_status_check / tasks_status_version_check。"""
+    s = f'"{schema}"'
+    statuses = ", ".join(f"'{status.value}'" for status in S)
+    admin.execute(
+        f"ALTER TABLE {s}.tasks ALTER COLUMN status TYPE text, ALTER COLUMN status_version TYPE bigint, "
+        f"ADD CONSTRAINT tasks_status_check CHECK (status IN ({statuses})), "
+        "ADD CONSTRAINT tasks_status_version_check CHECK (status_version >= 0)"
+    )
+
+
+def drop_domains(admin: Any, schema: str) -> None:
+    admin.execute(f'DROP DOMAIN "{schema}".task_status, "{schema}".nonnegative_bigint')
+
+
 def _make_v1(admin: Any, postgres_dsn: str, schema: str) -> dict[str, list[Transition]]:
-    """按第 1 版的布局（迁移记录是普通表）造一个带数据的旧库。"""
+    """按第 1 版的布局（迁移记录是普通表，状态列是带 CHECK 的 text、没有域）造一个带数据的旧库。"""
     store = PostgresTaskStore(postgres_dsn, schema=schema)
     expected: dict[str, list[Transition]] = {}
     try:
@@ -158,6 +175,8 @@ def _make_v1(admin: Any, postgres_dsn: str, schema: str) -> dict[str, list[Trans
     admin.execute(_V1_TRANSITIONS.format(s=s, statuses=statuses))
     admin.execute(f"INSERT INTO {s}.transitions SELECT * FROM {s}.saved")
     admin.execute(f"DROP TABLE {s}.saved")
+    pre_domain_tasks(admin, schema)
+    drop_domains(admin, schema)
     admin.execute(f"UPDATE {s}.schema_version SET version = 1")
     return expected
 
@@ -172,8 +191,21 @@ def test_version_1_schema_is_migrated_in_place_keeping_its_rows(
         assert _relkind(admin, schema, "transitions") == "p"
         assert "transitions_v1" in _partition_names(admin, schema), "旧表整张挂成一个分区"
         assert admin.execute(f'SELECT version FROM "{schema}".schema_version').fetchone()[0] == 2
+        # 状态列在挂上之前换成了域（分区的列类型必须与分区表相同），旧表上的 CHECK 随之删掉。
+        with store.pool.connection() as conn:
+            assert _schema.untyped_columns(conn, schema) == []
+        checks = admin.execute(
+            "SELECT count(*) FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND k.contype = 'c' "
+            "AND c.relname IN ('tasks', 'transitions', 'transitions_v1')",
+            [schema],
+        ).fetchone()[0]
+        assert checks == 0
+        assert [store.get(task_id).status_version for task_id in expected] == [30] * 5  # type: ignore[union-attr]
         for task_id, records in expected.items():
             assert store.history(task_id) == records
+        with pytest.raises(psycopg.errors.CheckViolation):  # 挂上的旧分区照样拒绝错误的状态
+            admin.execute(f'UPDATE "{schema}".transitions_v1 SET to_status = %s', ["bogus"])
         # 旧分区里的行照样能写、能按 (task_id, version) 幂等追加、能归档。
         store.append([expected["old-0"][0]])
         assert store.history("old-0") == expected["old-0"]

@@ -492,10 +492,16 @@ class SnapshotCodec(RowCodec):
         _set_attribute(snapshot, "__dict__", state)  # frozen dataclass：绕过它的 __setattr__
         return snapshot
 
-    def create_table(self, table: str) -> str:
+    def create_table(self, table: str, dialect: SqlDialect | None = None) -> str:
         """``CREATE TABLE IF NOT EXISTS <table> (...)``，列由列表推导（第 1 版之后补的列不在里面，
-        见 ``add_later_columns``：已发布的建表语句逐字不变）。"""
-        body = ",\n".join(self.dialect.column_lines(c for c in self.logical if not c.added_later))
+        见 ``add_later_columns``：已发布的建表语句逐字不变）。
+
+        ``dialect``：写列定义用的方言，默认本编解码器的。PostgreSQL 传一个知道 schema 的方言实例：它把
+        状态列写成 schema 里的域类型（类型名要按 schema 限定，而编解码器的方言是全局共用、不知道 schema 的）。
+        """
+        body = ",\n".join(
+            (dialect or self.dialect).column_lines(c for c in self.logical if not c.added_later)
+        )
         return f"CREATE TABLE IF NOT EXISTS {table} (\n{body}\n)"
 
     def add_later_columns(self, table: str, *, if_not_exists: bool) -> list[str]:

@@ -16,8 +16,8 @@
    机器同时认领，每个认领者跳过别人正锁着的行，互不等待、也绝不拿到同一条指令。租约过期后
    指令可被重新取走（deliveries 加一）。
 3. **原生类型。** outcome / failure / progress / payload 是 jsonb，时间是 timestamptz，标签是
-   带 GIN 索引的 ``text[]``，状态是带 CHECK 约束的 text。timestamptz 只存时刻不存偏移，所以
-   每个时间列旁有一个 ``*_off`` 列记下原始 UTC 偏移，带任意偏移的时间逐微秒连同偏移往返。
+   带 GIN 索引的 ``text[]``，状态是 schema 里带约束的域（text + 15 个合法值）。timestamptz 只存时刻
+   不存偏移，所以每个时间列旁有一个 ``*_off`` 列记下原始 UTC 偏移，带任意偏移的时间逐微秒连同偏移往返。
    jsonb 把数字存为 numeric：写成指数形式的大浮点（如 ``1e20``）读回来是数值相等的 int，
    ``-0.0`` 读回 ``0.0``——数值相等，但类型/符号与 SQLite（存原文）不同。
 4. **即时指令（LISTEN/NOTIFY）。** ``submit_command`` 在同一条语句里 ``pg_notify``（频道由 schema

@@ -14,7 +14,10 @@ DDL 只在这里写一次：建表（``ensure_schema``）与"给运维的建表 
   的 ``str`` 比较逐条一致；数据库默认排序规则（如 en_US.UTF-8）会让大小写、标点的顺序与参照语义不同。
 * 每个 timestamptz 旁边一个 ``*_off`` 列记下原始 UTC 偏移（微秒）。timestamptz 只存时刻、不存
   偏移，而契约要求带任意偏移的时间逐微秒、连同偏移一起往返。
-* status / action 用带 CHECK 的 text 而不是 enum：将来增加状态只需改约束，不必 ALTER TYPE。
+* status / action 不用 enum：将来增加状态只需改约束，不必 ALTER TYPE。状态列（tasks.status、
+  transitions.from_status / to_status）与 tasks.status_version 的类型是 schema 里带约束的域
+  （``domain_ddl_statements``），action 是带 CHECK 的 text（commands 只在下发指令时写，不在热路径上）。
+  为什么是域而不是表上的 CHECK：见 ``_codec.PostgresDialect``；旧库的换法见 ``domain_upgrade_statements``。
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from chongming_task.core.storage.columns import LATER_COLUMNS
 from chongming_task.core.storage.values import CommandAction
 from chongming_task.states import TaskStatus
 from chongming_task.stores.postgres import _codec, _logs
-from chongming_task.stores.postgres._codec import _in_list
+from chongming_task.stores.postgres._codec import NONNEGATIVE_DOMAIN, STATUS_DOMAIN, PostgresDialect, _in_list
 
 SCHEMA_VERSION = 2
 """本程序写出、也只认得的表结构版本。数据库里的版本更高 → 明确报错，而不是按旧结构乱写。
@@ -167,13 +170,108 @@ def lock_ddl(conn: Any, schema: str) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ["chongming_task.ddl:" + schema])
 
 
-def _transition_columns() -> str:
-    # CHECK 约束显式命名：与第 1 版旧表上自动得到的名字相同，旧表才能挂成分区（ATTACH 按名字比对约束）。
+def _domains() -> list[tuple[str, str, str]]:
+    """(域名, 基础类型, 约束表达式)。约束名一律是 ``<域名>_check``。"""
     statuses = _in_list([status.value for status in TaskStatus])
+    return [(STATUS_DOMAIN, "text", f"VALUE IN ({statuses})"), (NONNEGATIVE_DOMAIN, "bigint", "VALUE >= 0")]
+
+
+def domain_ddl_statements(schema: str) -> list[str]:
+    """建表之前建好两个域（见 ``_codec.PostgresDialect``）。
+
+    CREATE DOMAIN 没有 IF NOT EXISTS：包在 DO 块里、已存在就跳过，建表脚本整体照旧幂等（运维重复执行
+    ``schema_sql`` 不报错）。与 CREATE TABLE IF NOT EXISTS 一样，不核对已有同名对象的定义。
+    """
+    s = quote_ident(schema)
+    return [
+        f"""DO $domain$
+BEGIN
+    CREATE DOMAIN {s}.{name} AS {base} CONSTRAINT {name}_check CHECK ({check});
+EXCEPTION WHEN duplicate_object THEN NULL;
+END
+$domain$"""
+        for name, base, check in _domains()
+    ]
+
+
+TYPED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("tasks", "status", STATUS_DOMAIN),
+    ("tasks", "status_version", NONNEGATIVE_DOMAIN),
+    ("transitions", "from_status", STATUS_DOMAIN),
+    ("transitions", "to_status", STATUS_DOMAIN),
+)
+"""(表, 列, 域)：用域类型代替表上 CHECK 约束的四列。"""
+
+_OLD_CHECKS: dict[str, tuple[str, ...]] = {
+    "tasks": ("tasks_status_check", "tasks_status_version_check"),
+    "transitions": ("transitions_from_status_check", "transitions_to_status_check"),
+}
+"""换成域之前这几列上的 CHECK 约束（第 1 版起的自动命名；第 2 版的分区表显式用了同样的名字）。"""
+
+
+def domain_upgrade_statements(schema: str) -> list[str]:
+    """把旧库（第 1 版，或域之前建的第 2 版）的四列从"text / bigint + 表上的 CHECK"换成域（一个事务内）。
+
+    不能直接 ``ALTER COLUMN ... TYPE 带约束的域``：PostgreSQL 要逐行检查约束，于是整表重写（tasks、
+    每个迁移记录分区、连同索引）。所以分三步：
+
+    1. 先建**没有约束**的域。text → 以 text 为基础类型的无约束域是二进制兼容的转换，``ALTER COLUMN TYPE``
+       只改目录，不重写表（分区表逐个分区同样）；索引能原样沿用，只有谓词里引用了 status 的两个部分索引
+       （``tasks_unsucceeded_idx``、``tasks_claimable_idx``）会按定义重建。
+    2. 同一条 ALTER TABLE 里先删掉表上的旧 CHECK（分区表上删，分区继承来的一并删掉）。
+    3. 再给域加上约束：PostgreSQL 对用到这个域的每张表（每个分区）扫一遍核对已有的行——只读、不重写；
+       有一行不合法就整个事务回滚，什么也没改。
+
+    锁：ALTER TABLE 对 tasks、transitions 及其全部分区持 ACCESS EXCLUSIVE 锁到事务提交（读写都等），
+    耗时是重建那两个部分索引加核对扫描的时间（bench/README.md 第十六轮 pg16 一节有实测）。
+
+    **正在运行的进程**：列的类型变了，它们连接上已预备的、结果里有这几列的语句（读快照、认领、读历史）
+    执行时 PostgreSQL 报 ``cached plan must not change result type``。psycopg 不把失败的预备语句移出缓存，
+    所以旧版本（换域之前）的进程在这条连接上**每次**都失败，直到连接到龄被池换掉（psycopg_pool 默认 1 小时）；
+    本版本的进程丢掉这条连接（``store._discard_if_stale_plans``），每条连接只失败一次。所以和第 1 → 2 版
+    一样：升级前先停掉旧版本的进程。
+    """
+    s = quote_ident(schema)
+    by_table: dict[str, list[str]] = {}
+    for table, column, domain in TYPED_COLUMNS:
+        by_table.setdefault(table, []).append(f"ALTER COLUMN {column} TYPE {s}.{domain}")
+    return [
+        *(f"CREATE DOMAIN {s}.{name} AS {base}" for name, base, _ in _domains()),
+        *(
+            f"ALTER TABLE {s}.{table} "
+            + ", ".join([*(f"DROP CONSTRAINT IF EXISTS {name}" for name in _OLD_CHECKS[table]), *alters])
+            for table, alters in by_table.items()
+        ),
+        *(
+            f"ALTER DOMAIN {s}.{name} ADD CONSTRAINT {name}_check CHECK ({check})"
+            for name, _, check in _domains()
+        ),
+    ]
+
+
+def untyped_columns(conn: Any, schema: str) -> list[str]:
+    """四列里还不是域类型的（``表.列``，按 ``TYPED_COLUMNS`` 的顺序）；表不存在时为空。"""
+    s = quote_ident(schema)
+    values = ", ".join(["(%s, %s, %s, %s)"] * len(TYPED_COLUMNS))
+    params = [
+        p
+        for i, (table, column, domain) in enumerate(TYPED_COLUMNS)
+        for p in (i, f"{s}.{table}", column, f"{s}.{domain}")
+    ]
+    rows = conn.execute(
+        f"SELECT w.rel, w.col FROM (VALUES {values}) AS w(i, rel, col, typ) "
+        "JOIN pg_attribute a ON a.attrelid = to_regclass(w.rel) AND a.attname = w.col AND NOT a.attisdropped "
+        "WHERE a.atttypid IS DISTINCT FROM to_regtype(w.typ) ORDER BY w.i",
+        params,
+    ).fetchall()
+    return [f"{str(rel).rsplit('.', 1)[-1]}.{col}" for rel, col in rows]
+
+
+def _transition_columns(s: str) -> str:
     return f"""    task_id text COLLATE "C" NOT NULL,
     version bigint NOT NULL,
-    from_status text NOT NULL CONSTRAINT transitions_from_status_check CHECK (from_status IN ({statuses})),
-    to_status text NOT NULL CONSTRAINT transitions_to_status_check CHECK (to_status IN ({statuses})),
+    from_status {s}.{STATUS_DOMAIN} NOT NULL,
+    to_status {s}.{STATUS_DOMAIN} NOT NULL,
     trigger text NOT NULL,
     actor text,
     reason text,
@@ -189,7 +287,7 @@ def transitions_ddl_statements(schema: str) -> list[str]:
     s = quote_ident(schema)
     return [
         f"""CREATE TABLE IF NOT EXISTS {s}.transitions (
-{_transition_columns()},
+{_transition_columns(s)},
     PRIMARY KEY (task_id, version, at)
 ) PARTITION BY RANGE (at)""",
         f"CREATE TABLE IF NOT EXISTS {s}.{DEFAULT_PARTITION} PARTITION OF {s}.transitions DEFAULT",
@@ -221,6 +319,9 @@ END
 $migrate$"""
     return {
         1: [
+            # 先在旧的普通表上把状态列换成域（不重写表，见 domain_upgrade_statements）：新的分区表按域建，
+            # ATTACH 要求分区的列类型与分区表逐列相同。
+            *domain_upgrade_statements(schema),
             f"ALTER TABLE {s}.transitions RENAME TO {legacy}",
             # 分区的主键必须与分区表的一致（含分区键 at）：换成 (task_id, version, at)，ATTACH 直接沿用。
             f"ALTER TABLE {s}.{legacy} DROP CONSTRAINT transitions_pkey",
@@ -250,8 +351,9 @@ def ddl_statements(schema: str) -> list[str]:
     version integer NOT NULL,
     installed_at timestamptz NOT NULL DEFAULT now()
 )""",
-        # 列由列表推导（加字段 = 列表加一行 + 一次迁移）。
-        _codec.SNAPSHOTS.create_table(f"{s}.tasks"),
+        *domain_ddl_statements(schema),
+        # 列由列表推导（加字段 = 列表加一行 + 一次迁移）；状态与版本列是上面的域（方言按 schema 限定类型名）。
+        _codec.SNAPSHOTS.create_table(f"{s}.tasks", PostgresDialect(s)),
         f"CREATE INDEX IF NOT EXISTS tasks_created_idx ON {s}.tasks (created_at, task_id)",
         f"CREATE INDEX IF NOT EXISTS tasks_name_idx ON {s}.tasks (name)",
         f"CREATE INDEX IF NOT EXISTS tasks_bucket_idx ON {s}.tasks (bucket) WHERE bucket IS NOT NULL",
@@ -315,8 +417,11 @@ __all__ = [
     "SCHEMA_VERSION",
     "SETTLED_STATUS",
     "SLIM_INDEXES",
+    "TYPED_COLUMNS",
     "UNTAGGED",
     "ddl_statements",
+    "domain_ddl_statements",
+    "domain_upgrade_statements",
     "grant_sql",
     "index_upgrade_statements",
     "later_ddl_statements",
@@ -329,4 +434,5 @@ __all__ = [
     "schema_sql",
     "slim_index_statements",
     "transitions_ddl_statements",
+    "untyped_columns",
 ]

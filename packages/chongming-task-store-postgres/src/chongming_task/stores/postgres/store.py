@@ -293,6 +293,21 @@ def _cursor(conn: Conn) -> psycopg.Cursor[Any]:
     return cursor
 
 
+def _discard_if_stale_plans(conn: Conn, exc: psycopg.Error) -> None:
+    """连接上已预备的语句的结果类型被改表改掉了（``cached plan must not change result type``，
+    SQLSTATE 0A000）：关掉这条连接，让池丢掉它、下次借一条新的。
+
+    为什么：状态列从 text 换成域（``_schema.domain_upgrade_statements``，别的进程在它自己打开时换）之后，
+    这条连接上每条结果里带这几列的预备语句都会这样失败——psycopg 不把失败的语句移出它的预备缓存，不处理
+    的话同一条连接上以后每次都失败，直到连接到龄被池换掉。错误发生在绑定参数时，语句没有执行，所以本次调用
+    照常报 StoreError（调用方按存储故障处理），之后的调用用新连接、重新预备，就好了。"""
+    if isinstance(exc, pg_errors.FeatureNotSupported) and "cached plan must not change result type" in str(
+        exc
+    ):
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
 def _rollback_quietly(conn: Conn) -> None:
     """调用途中出错：连接若停在事务里就回滚（与 ``with conn:`` 相同）；回滚本身出错只记日志，
     不掩盖原来的异常。"""
@@ -622,6 +637,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                     and not self._readonly
                 ):
                     self._slim_indexes(conn)
+                    self._typed_statuses(conn)
             except pg_errors.InsufficientPrivilege as exc:
                 raise self._privilege_error(conn, exc) from exc
             except psycopg.Error as exc:
@@ -792,6 +808,36 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             "schema %r 的 tasks 表已换成部分索引（%s）", self._schema, ", ".join(_schema.SLIM_INDEXES)
         )
 
+    def _typed_statuses(self, conn: Conn) -> None:
+        """状态与版本列还是"text / bigint + 表上的 CHECK"（域之前建的库）时换成域类型
+        （``_schema.domain_upgrade_statements``）：可写打开时在咨询锁下、一个事务里换；只读与不许建表的打开不动。
+
+        与换索引一样不升版本号：同样的值被接受、同样的值被拒绝（同一个 SQLSTATE），旧包照常读写换过的库
+        （结果里的列类型，PostgreSQL 报的是域的基础类型），所以只影响快慢（每条写 tasks / transitions 的语句
+        少一次约束表达式的重新编译，见 ``_codec.PostgresDialect``）。没有权限（不是表的属主）时只告警，
+        旧的 CHECK 照样保护数据。正在运行的旧版本进程换完之后读不了（每条已预备的语句都失败到连接到龄），
+        所以升级前先停掉它们，见 ``domain_upgrade_statements``。"""
+        if not _schema.untyped_columns(conn, self._schema):
+            return
+        try:
+            with conn.transaction():
+                _schema.lock_ddl(conn, self._schema)
+                if _schema.untyped_columns(conn, self._schema):
+                    for statement in _schema.domain_upgrade_statements(self._schema):
+                        conn.execute(statement)
+        except (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction) as exc:
+            logger.warning(
+                "schema %r 的状态列还是带 CHECK 约束的 text，而角色 %r 换不了域类型（%s）：任务读写照常，"
+                "只是每条写入多编译一次约束；请在停掉旧进程之后让表的属主执行一次：%s",
+                self._schema,
+                conn.info.user,
+                (str(exc).strip().splitlines() or [""])[0],
+                ";\n".join(_schema.domain_upgrade_statements(self._schema)),
+            )
+            return
+        columns = ", ".join(f"{table}.{column}" for table, column, _ in _schema.TYPED_COLUMNS)
+        logger.info("schema %r 的状态与版本列已换成域类型（%s）", self._schema, columns)
+
     def _add_logs_table(self, conn: Conn) -> None:
         """给日志表加入之前建的 schema 补建日志表（咨询锁下；没有建表权限时只告警：日志写入会失败并按
         旁路写入失败处理，任务照常运行）。只读打开从不走到这里。"""
@@ -901,6 +947,7 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 if conn.pgconn.transaction_status != _IDLE:
                     conn.commit()
             except psycopg.Error as exc:
+                _discard_if_stale_plans(conn, exc)
                 if armed is not None and armed[1].fired:
                     raise StoreNoReply(
                         f"{self._network_timeout:g} 秒内没有收到 PostgreSQL 的回复（{self._display}）："
