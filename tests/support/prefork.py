@@ -7,7 +7,9 @@
 ``python_popen(argv, **kwargs)`` 与 ``subprocess.Popen([sys.executable, *argv], **kwargs)`` 用法相同（返回的
 就是一个 ``subprocess.Popen`` 子类：pid、stdin/stdout/stderr 管道、poll / wait / communicate / kill /
 send_signal / returncode 语义相同，被 SIGKILL 的 returncode 是 -9）；``python_run`` 对应 ``subprocess.run``。
-``argv`` 是解释器之后的部分：``[script, *args]`` 或 ``["-c", code, *args]``。
+``argv`` 是解释器之后的部分：``[script, *args]`` 或 ``["-c", code, *args]``；控制台脚本
+（``.venv/bin/chongming-task``）就是一个 Python 脚本，照 ``[脚本路径, *args]`` 跑，
+``sys.argv[0]`` 与直接执行它时相同。
 
 环境变量 ``CHONGMING_TEST_PREFORK=0`` 时退回真正的 ``subprocess.Popen``（排查"是不是模板进程的问题"时用）。
 """
@@ -18,6 +20,7 @@ import json
 import os
 import select
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -65,7 +68,10 @@ class PreforkServer:
     def fork(self, argv: list[str], env: dict[str, str], cwd: str | None, fds: list[int]) -> int:
         request = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
         with self._lock:
-            socket.send_fds(self._sock, [request], fds)
+            # 长度前缀（8 字节）与 fd 一起发，正文随后：流式 socket 不保留消息边界，
+            # 参数可以很长（100 KB 的 URL）。
+            socket.send_fds(self._sock, [struct.pack("!Q", len(request))], fds)
+            self._sock.sendall(request)
             return int(self._readline())
 
     def close(self) -> None:
@@ -84,11 +90,15 @@ class ForkedPopen(subprocess.Popen[Any]):
     ``_try_wait`` / ``_internal_poll`` 读这根管道代替 waitpid，之后的换算（``_handle_exitstatus``）沿用基类。
     """
 
-    def __init__(self, server: PreforkServer, argv: Sequence[str], **kwargs: Any) -> None:
+    def __init__(
+        self, server: PreforkServer, argv: Sequence[str | bytes | os.PathLike[str]], **kwargs: Any
+    ) -> None:
         self._server = server
         self._status_fd = -1
         self._status = b""
-        super().__init__([sys.executable, *argv], **kwargs)
+        # 字节参数（非 UTF-8 的 argv）按新解释器的规则解成 str（文件系统编码 + surrogateescape）；JSON 把
+        # 孤立的代理字符转义成 \udcxx，子进程里还原成同一个 str——与新解释器的 sys.argv 一致。
+        super().__init__([sys.executable, *(os.fsdecode(arg) for arg in argv)], **kwargs)
 
     def _execute_child(  # type: ignore[override]
         self,
@@ -191,7 +201,7 @@ def close_shared_server() -> None:
             _server = None
 
 
-def python_popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+def python_popen(argv: Sequence[str | bytes | os.PathLike[str]], **kwargs: Any) -> subprocess.Popen[Any]:
     """``subprocess.Popen([sys.executable, *argv], **kwargs)``，但经预导入的模板进程 fork。"""
     if not _enabled():
         return subprocess.Popen([sys.executable, *argv], **kwargs)
@@ -199,7 +209,7 @@ def python_popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
 
 
 def python_run(
-    argv: Sequence[str],
+    argv: Sequence[str | bytes | os.PathLike[str]],
     *,
     input: Any = None,
     timeout: float | None = None,

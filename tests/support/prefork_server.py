@@ -32,6 +32,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import sys
 import threading
 import types
@@ -102,6 +103,17 @@ def _become_child(
     return compile(source, filename, "exec", dont_inherit=True), main.__dict__
 
 
+def _receive(control: socket.socket, size: int) -> bytes:
+    """从流式 socket 读满 size 个字节（请求的正文跟在长度前缀之后，可能分几次到达）。"""
+    data = b""
+    while len(data) < size:
+        chunk = control.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            raise SystemExit("客户端在请求中途断开")
+        data += chunk
+    return data
+
+
 def serve(control_fd: int) -> tuple[types.CodeType, dict[str, Any]] | None:
     """模板的主循环；只在 fork 出的子进程里返回（要执行的代码与它的全局命名空间）。"""
     control = socket.socket(fileno=control_fd)
@@ -133,10 +145,11 @@ def serve(control_fd: int) -> tuple[types.CodeType, dict[str, Any]] | None:
                     os.close(fd)
         if control not in readable:
             continue
-        message, fds, _, _ = socket.recv_fds(control, 1 << 20, 4)
-        if not message:  # 客户端（pytest）走了：模板跟着退出，已经在跑的子进程不受影响
+        header, fds, _, _ = socket.recv_fds(control, 8, 4)
+        if not header:  # 客户端（pytest）走了：模板跟着退出，已经在跑的子进程不受影响
             return None
-        request = json.loads(message)
+        header += _receive(control, 8 - len(header))
+        request = json.loads(_receive(control, struct.unpack("!Q", header)[0]))
         pid = os.fork()
         if pid == 0:
             signal.set_wakeup_fd(-1)
