@@ -5,7 +5,8 @@
 
 协议（控制 socket 上一问一答，客户端持锁串行）：
 
-* 请求：一段 JSON（``argv``：解释器之后的参数，即 ``[script, *args]`` 或 ``["-c", code, *args]``；``env``；
+* 请求：一段 JSON（``argv``：解释器之后的参数，即 ``[script, *args]``、``["-c", code, *args]`` 或
+  ``["-m", module, *args]``；``env``；
   ``cwd``）加 SCM_RIGHTS 附带的四个 fd：子进程的 stdin / stdout / stderr，以及"退出状态"管道的写端；
 * 回答：子进程的 pid（十进制）。子进程退出后，本进程把 ``waitpid`` 得到的原始状态（十进制一行）写进那个
   管道再关掉——客户端据此得到与 ``subprocess.Popen`` 完全相同的 returncode（被 SIGKILL 就是 -9）。
@@ -80,6 +81,10 @@ def _become_child(
     argv: list[str] = request["argv"]
     if argv[0] == "-c":
         source, filename, sys.argv, first = argv[1], "<string>", ["-c", *argv[2:]], ""
+    elif argv[0] == "-m":
+        # 与 ``python -m mod`` 相同：sys.path[0] 是当前目录，runpy 把 sys.argv[0] 换成模块文件的路径。
+        source = f"import runpy\nrunpy._run_module_as_main({argv[1]!r})\n"
+        filename, sys.argv, first = "<string>", ["-m", *argv[2:]], os.getcwd()
     else:
         path = argv[0]
         with open(path, "rb") as handle:
@@ -97,8 +102,12 @@ def _become_child(
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     if filename != "<string>":
-        main.__file__ = filename
+        main.__file__ = os.path.abspath(filename)  # 3.9 起 ``python x.py`` 的 __main__.__file__ 是绝对路径
         main.__dict__["__cached__"] = None
+    mp_process = sys.modules.get("multiprocessing.process")
+    if mp_process is not None:
+        # multiprocessing 在导入时记下的启动目录（spawn 的子进程据此找 __main__）：换成子进程的当前目录。
+        mp_process.ORIGINAL_DIR = os.path.abspath(os.getcwd())  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
     return compile(source, filename, "exec", dont_inherit=True), main.__dict__
 
