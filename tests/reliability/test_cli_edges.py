@@ -129,6 +129,14 @@ class Holder:
             if "starting → running" in line or not line:
                 break
         assert any("starting → running" in line for line in seen), "".join(seen)
+        # 终端打印"→ running"时这条迁移还在写穿的路上（先发事件、随后落库）：等存储里也是 running，测试
+        # 再从另一个终端看它。以前每条命令都是新起的解释器，启动的零点几秒恰好盖住了这段间隙。
+        while time.monotonic() < deadline:
+            with SqliteTaskStore(db) as store:
+                snapshot = store.get(task_id)
+            if snapshot is not None and snapshot.status.value == "running":
+                break
+            time.sleep(0.02)
 
     def finish(self) -> tuple[int, str]:
         out, _ = self.proc.communicate(timeout=30)

@@ -127,9 +127,9 @@ class ForkedPopen(subprocess.Popen[Any]):
         fds.append(errwrite if errwrite != -1 else 2)
         status_r, status_w = os.pipe()
         try:
-            pid = self._server.fork(
-                list(args[1:]), environment, None if cwd is None else os.fspath(cwd), [*fds, status_w]
-            )
+            # 没给 cwd 时与 Popen 相同：子进程在本进程此刻的当前目录（不是模板启动时的目录）。
+            directory = os.getcwd() if cwd is None else os.fspath(cwd)
+            pid = self._server.fork(list(args[1:]), environment, directory, [*fds, status_w])
         except BaseException:
             os.close(status_r)
             raise
