@@ -44,6 +44,12 @@ REQUIRE_BROWSER_ENV = "CHONGMING_REQUIRE_BROWSER"
 _ROOT = Path(__file__).resolve().parent
 _BYTECODE_DIRS = ("packages", "tests", "tests-contract", "examples")
 
+# 起 Python 子进程的测试共用的工具（tests/support/prefork.py：经预导入的模板进程 fork，省掉每个子进程的
+# 解释器启动与导入）。以 --import-mode=importlib 运行时 pytest 不改 sys.path，这里显式放进去。
+_SUPPORT = _ROOT / "tests" / "support"
+if _SUPPORT.is_dir() and str(_SUPPORT) not in sys.path:
+    sys.path.insert(0, str(_SUPPORT))
+
 
 def _compile_bytecode() -> None:
     """``PYTHONDONTWRITEBYTECODE`` 设置时（CI 与开发机的环境里都可能有），导入系统从不写 .pyc：套件里每个
@@ -63,6 +69,11 @@ def _compile_bytecode() -> None:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     _compile_bytecode()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if "prefork" in sys.modules:  # 用过模板进程才有它；关掉控制 socket，模板随之退出
+        sys.modules["prefork"].close_shared_server()
 
 
 @pytest.fixture(autouse=True)

@@ -17,11 +17,11 @@
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from prefork import python_run
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 MARKER = "doc-snippets: runnable"
@@ -79,9 +79,8 @@ SNIPPETS = runnable_snippets()
 def test_snippet_runs(doc: str, line: int, code: str, tmp_path: Path) -> None:
     script = tmp_path / "snippet.py"
     script.write_text(code, encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=SNIPPET_TIMEOUT
-    )
+    # 经预导入的模板进程 fork（tests/support/prefork.py），省掉解释器启动与导入。
+    result = python_run([str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=SNIPPET_TIMEOUT)
     assert result.returncode == 0, (
         f"docs/{doc} 第 {line} 行开始的 python 代码块运行失败（退出码 {result.returncode}）\n"
         f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
+
+from prefork import python_run
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -23,9 +23,8 @@ def test_quick_start_runs_as_shown(tmp_path: Path) -> None:
         script.write_text(code, encoding="utf-8")
         # 两遍，同一个目录：第二遍面对的是第一遍留下的 quickstart.db（用户照着 README 再跑一次就是这样）。
         for attempt in ("第一遍", "第二遍"):
-            result = subprocess.run(
-                [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60
-            )
+            # 经预导入的模板进程 fork（tests/support/prefork.py），省掉解释器启动与导入。
+            result = python_run([str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
             assert result.returncode == 0, (
                 f"README 第 {index + 1} 段 python 代码{attempt}失败：\n{result.stderr}"
             )

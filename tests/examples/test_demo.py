@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+
+from prefork import python_run
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.py"
 
 
 def test_demo_runs_main_job_on_sqlite(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
-    result = subprocess.run(
-        [sys.executable, str(DEMO), str(db)], capture_output=True, text=True, timeout=120, cwd=tmp_path
-    )
+    # 经预导入的模板进程 fork（tests/support/prefork.py），省掉解释器启动与导入。
+    result = python_run([str(DEMO), str(db)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "== 实时任务表" in out

@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from prefork import python_run
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NUMBERED = sorted(EXAMPLES.glob("[0-9][0-9]_*.py"))
@@ -34,9 +34,8 @@ def _run(
     env = {k: v for k, v in os.environ.items() if k not in _CONTROLLED_ENV}
     env.update(extra_env or {})
     env["PYTHONUNBUFFERED"] = "1"
-    return subprocess.run(
-        [sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT
-    )
+    # 经预导入的模板进程 fork（tests/support/prefork.py），省掉解释器启动与导入。
+    return python_run([str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
 
 
 def _check(result: subprocess.CompletedProcess[str], script: Path, cwd: Path) -> None:

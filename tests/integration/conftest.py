@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prefork import python_popen
 
 WORKER = Path(__file__).with_name("node_worker.py")
 
 
 class WorkerProcess:
     def __init__(self, args: list[str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), *args],
+        # 经预导入的模板进程 fork（tests/support/prefork.py），省掉每个工作节点的解释器启动与导入。
+        self.proc = python_popen(
+            [str(WORKER), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import subprocess
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prefork import python_popen, python_run
 
 from chongming_task import TaskStatus, open_store
 from chongming_task.core.triggers import TRIGGER_RECONCILE
@@ -52,7 +52,6 @@ class Workers:
 
     def start(self, owner: str, buckets: str | None, *, slots: int = 4, lease_ttl: float = 1.0) -> None:
         args = [
-            sys.executable,
             "-m",
             "chongming_task.cli",
             "--store",
@@ -65,7 +64,8 @@ class Workers:
         if buckets is not None:
             args += ["--owned-buckets", buckets]
         log = open(self.tmp / f"{owner}.log", "w")  # noqa: SIM115 - 随进程一起关
-        self.procs[owner] = subprocess.Popen(
+        # 经预导入的模板进程 fork（tests/support/prefork.py），省掉解释器启动与导入。
+        self.procs[owner] = python_popen(
             args, env=_env(owner, self.effects), stdout=log, stderr=log, text=True
         )
 
@@ -90,7 +90,6 @@ class Workers:
 
 def _submit(url: str, effects: str, count: int, pause: float) -> None:
     script = [
-        sys.executable,
         str(HERE / "durable_proc_tasks.py"),
         "submit",
         url,
@@ -98,7 +97,7 @@ def _submit(url: str, effects: str, count: int, pause: float) -> None:
         str(NUM_BUCKETS),
     ]
     env = _env("submitter", effects)
-    done = subprocess.run([*script, str(pause)], env=env, capture_output=True, text=True, timeout=300)
+    done = python_run([*script, str(pause)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "SUBMITTED" in done.stdout, done.stderr
 
 

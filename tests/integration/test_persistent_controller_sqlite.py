@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prefork import python_run
 
 from chongming_task import (
     Controller,
@@ -355,8 +356,6 @@ def test_wait_returns_only_after_the_terminal_state_is_in_the_store(db: str) -> 
 def test_pipeline_nodes_are_visible_to_another_process(db: str) -> None:
     """管道节点是普通任务：写穿到 SQLite 后，另一个 OS 进程的 list_tasks 看得到它们。"""
     import json
-    import subprocess
-    import sys
 
     from chongming_task import Pipeline
 
@@ -375,8 +374,9 @@ def test_pipeline_nodes_are_visible_to_another_process(db: str) -> None:
         "print(json.dumps([[s.node_id, s.status.value, s.pipeline_id] for s in rows]))\n"
         "c.close(close_store=True)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script, db, run.pipeline_id],
+    # 经预导入的模板进程 fork（tests/support/prefork.py），省掉解释器启动与导入。
+    result = python_run(
+        ["-c", script, db, run.pipeline_id],
         capture_output=True,
         text=True,
         timeout=60,

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from prefork import python_popen, python_run
 
 from chongming_task import SqliteTaskStore, StateMachine
 from chongming_task.cli.errors import ERROR_CODES, MAX_ERROR_CHARS, mask_secrets, secrets_in
@@ -51,7 +52,20 @@ def cli(
         if limit_memory is not None:
             resource.setrlimit(resource.RLIMIT_AS, (limit_memory, limit_memory))
 
-    return subprocess.run(
+    if limit_memory is not None:  # 限地址空间要一个新进程（模板 fork 的子进程已经映射了全部预导入的模块）
+        return subprocess.run(
+            [EXE, *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            env=env_for(env),
+            preexec_fn=preexec,
+        )
+    # 控制台脚本就是一个 Python 脚本：经预导入的模板进程 fork 着跑（tests/support/prefork.py），省掉每条
+    # 命令的解释器启动与导入；sys.argv[0] 仍是 EXE 的路径，程序名照旧是 chongming-task。
+    return python_run(
         [EXE, *args],
         cwd=cwd,
         capture_output=True,
@@ -59,7 +73,6 @@ def cli(
         errors="replace",
         timeout=timeout,
         env=env_for(env),
-        preexec_fn=preexec if limit_memory is not None else None,
     )
 
 
@@ -102,7 +115,7 @@ class Holder:
     """另一个终端里前台 run 的持有者进程（resident：收到停止请求后正常返回）。"""
 
     def __init__(self, db: Path, task_id: str, cwd: Path) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = python_popen(
             [EXE, "--db", str(db), "--owner", "holder", "run", "--tasks", "cli_test_tasks", "resident",
              "--task-id", task_id],
             cwd=cwd, env=env_for(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -116,6 +129,14 @@ class Holder:
             if "starting → running" in line or not line:
                 break
         assert any("starting → running" in line for line in seen), "".join(seen)
+        # 终端打印"→ running"时这条迁移还在写穿的路上（先发事件、随后落库）：等存储里也是 running，测试
+        # 再从另一个终端看它。以前每条命令都是新起的解释器，启动的零点几秒恰好盖住了这段间隙。
+        while time.monotonic() < deadline:
+            with SqliteTaskStore(db) as store:
+                snapshot = store.get(task_id)
+            if snapshot is not None and snapshot.status.value == "running":
+                break
+            time.sleep(0.02)
 
     def finish(self) -> tuple[int, str]:
         out, _ = self.proc.communicate(timeout=30)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prefork import python_run
 
 from chongming_task import SqliteTaskStore, StateMachine
 
@@ -20,7 +21,8 @@ def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.
     exe = shutil.which("chongming-task", path=os.path.dirname(sys.executable)) or "chongming-task"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CHONGMING_TASK_")}
     full_env.update(env or {})
-    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=60, env=full_env)
+    # 控制台脚本经预导入的模板进程 fork 着跑（tests/support/prefork.py），省掉解释器启动与导入。
+    return python_run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=60, env=full_env)
 
 
 def assert_clear_failure(result: subprocess.CompletedProcess[str]) -> str:

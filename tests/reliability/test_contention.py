@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prefork import python_popen
 from reliability_support import check_history, percentile, report
 
 from chongming_task import StateMachine, TaskStatus, open_store
@@ -47,9 +47,9 @@ def run_contention(url: str, kind: str, workdir: Path, figures_dir: Path) -> dic
         try:
             for i, out in enumerate(outs):
                 procs.append(
-                    subprocess.Popen(
+                    # 经预导入的模板进程 fork（tests/support/prefork.py）；20 秒的争用从统一的起跑时刻算起。
+                    python_popen(
                         [
-                            sys.executable,
                             str(WORKER),
                             url,
                             str(i),

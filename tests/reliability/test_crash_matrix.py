@@ -18,7 +18,9 @@
 3. 死进程持有的、未完成的指令在指令租约过期后全部可被重新认领（deliveries 递增），
    已完成的不会再被投递。
 
-两条试验"车道"并行（各自一个 SQLite 文件 / 一个 Postgres schema），把墙钟时间压在两分钟左右。
+四条试验"车道"并行（各自一个 SQLite 文件 / 一个 Postgres schema）。一次试验的大半是等：等杀的时机、等存储
+静止、等任务租约与指令租约（1 秒）过期——测试进程与工作节点合起来只用一个核的一小部分（两条车道时 CPU 约是
+墙钟的 15%），所以四条车道把每个矩阵的墙钟减半（第十六轮：SQLite 53 → 24 秒），试验数与检查不变。
 
 另有一组"进程执行器监督进程"试验（issue 22.3）：工作节点用 ProcessExecutor（spawn / forkserver 交替），
 被杀前记下它的全部后代进程（任务子进程、forkserver），被杀后除了上面三条，还要求这些后代在
@@ -32,7 +34,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prefork import python_popen
 from reliability_support import check_history, expected_reconcile, peek_commands, report
 
 from chongming_task import CommandAction, Controller, TaskStatus, open_store
@@ -56,7 +58,8 @@ LEASE_TTL = 0.5
 COMMAND_LEASE = max(LEASE_TTL, 1.0)  # Controller 认领指令的租约：max(lease_ttl, 1 秒)
 SCENARIOS = ("random", "submit", "save", "paused", "stopping", "retry_wait", "command_held")
 TRIALS_PER_SCENARIO = 8
-LANES = 2
+LANES = 4
+PROCESS_LANES = 2  # 进程执行器车道：每个任务一个 spawn 的解释器，CPU 吃满；四条反而更慢（19 → 26 秒）
 TARGET_TIMEOUT = 6.0
 
 
@@ -108,8 +111,10 @@ class WorkerProcess:
     """crash_worker.py 子进程 + 一个读 stdout 的线程（行事件可被等待）。"""
 
     def __init__(self, url: str, owner: str, prefix: str, seed: int, executor: str = "thread") -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), url, owner, prefix, str(seed), str(LEASE_TTL), executor],
+        # 经预导入的模板进程 fork（tests/support/prefork.py）：每次试验省掉解释器启动与导入，被杀的照样是
+        # 一个独立的 OS 进程，READY 照样在打开存储、建好 Controller 之后才打印。
+        self.proc = python_popen(
+            [str(WORKER), url, owner, prefix, str(seed), str(LEASE_TTL), executor],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -345,11 +350,12 @@ def run_matrix(
     scenarios: tuple[str, ...] = SCENARIOS,
     trials_per_scenario: int = TRIALS_PER_SCENARIO,
     executor_for: Callable[[int], str] = lambda index: "thread",
+    lane_count: int = LANES,
 ) -> dict[str, Any]:
     plan = [(scenario, n) for n in range(trials_per_scenario) for scenario in scenarios]
-    lanes: list[list[tuple[int, str]]] = [[] for _ in range(LANES)]
+    lanes: list[list[tuple[int, str]]] = [[] for _ in range(lane_count)]
     for index, (scenario, _) in enumerate(plan):
-        lanes[index % LANES].append((index, scenario))
+        lanes[index % lane_count].append((index, scenario))
     started = time.monotonic()
 
     def run_lane(lane: int) -> list[Trial]:
@@ -369,8 +375,8 @@ def run_matrix(
                 console_store.close()
         return results
 
-    with ThreadPoolExecutor(max_workers=LANES) as pool:
-        trials = [t for lane_results in pool.map(run_lane, range(LANES)) for t in lane_results]
+    with ThreadPoolExecutor(max_workers=lane_count) as pool:
+        trials = [t for lane_results in pool.map(run_lane, range(lane_count)) for t in lane_results]
     by_scenario: dict[str, dict[str, Any]] = {}
     for scenario in scenarios:
         group = [t for t in trials if t.scenario == scenario]
@@ -444,6 +450,7 @@ def test_crash_matrix_process_executor_supervisors(tmp_path: Path, figures_dir: 
         scenarios=PROCESS_SCENARIOS,
         trials_per_scenario=3,
         executor_for=lambda index: "process:forkserver" if index % 2 else "process:spawn",
+        lane_count=PROCESS_LANES,
     )
     assert figures["trials"] == len(PROCESS_SCENARIOS) * 3
     assert figures["child_processes_at_kill"] > 0, f"没有一次试验杀在子进程活着的时候：{figures}"

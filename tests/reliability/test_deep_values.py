@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prefork import python_run
 from process_tasks import deep_result, nested
 
 from chongming_task import Controller, FailureKind, ProcessExecutor, TaskStatus, run_task
@@ -120,7 +120,8 @@ def test_cli_arg_with_20000_deep_json_is_one_clear_line(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHONGMING_TASK_")}
     env["PYTHONPATH"] = str(tmp_path)
     deep = "[" * 20_000 + "]" * 20_000
-    result = subprocess.run(
+    # 控制台脚本经预导入的模板进程 fork 着跑（tests/support/prefork.py）。
+    result = python_run(
         [exe, "--store", "memory://", "run", "--tasks", "deep_tasks", "echo", "--arg", f"data={deep}"],
         cwd=tmp_path,
         capture_output=True,

@@ -16,12 +16,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prefork import python_popen
 from reliability_support import check_history
 
 from chongming_task import open_store
@@ -51,8 +51,9 @@ def read_ack(path: Path) -> tuple[list[tuple[str, int]], bool, list[tuple[str, i
 
 def run_trial(url: str, ack: Path, rng: random.Random, stall: bool = False) -> tuple[int, bool]:
     stall_at = rng.randrange(5, 40) if stall else 0
-    proc = subprocess.Popen(
-        [sys.executable, str(WORKER), url, str(ack), str(TASKS), str(stall_at)],
+    # 经预导入的模板进程 fork（tests/support/prefork.py），省掉每次试验的解释器启动与导入。
+    proc = python_popen(
+        [str(WORKER), url, str(ack), str(TASKS), str(stall_at)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prefork import python_run
 
 from chongming_task import (
     ConfigurationError,
@@ -296,7 +296,8 @@ def test_cli_refuses_unstorable_values_with_exit_1(tmp_path: Path, args: list[st
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHONGMING_TASK_")}
     env["PYTHONPATH"] = str(tmp_path)
     db = tmp_path / "tasks.db"
-    result = subprocess.run(
+    # 控制台脚本经预导入的模板进程 fork 着跑（tests/support/prefork.py）。
+    result = python_run(
         [exe, "--db", str(db), "run", "--tasks", "unstorable_tasks", "echo", *args],
         cwd=tmp_path,
         capture_output=True,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from prefork import python_popen, python_run
 
 from chongming_task.cli import cli
 
@@ -80,8 +81,9 @@ class CliProcess:
     """另一个终端里的 chongming-task（真实 OS 进程）。stderr 逐行读，用来等"→ running"。"""
 
     def __init__(self, args: Sequence[str], cwd: Path, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            cli_argv(*args), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        # 经预导入的模板进程 fork（tests/support/prefork.py）：省掉每条命令的解释器启动与导入。
+        self.proc = python_popen(
+            cli_argv(*args)[1:], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         self.stderr_lines: list[str] = []
 
@@ -122,8 +124,8 @@ def spawn_cli(tmp_path: Path) -> Iterator[Callable[..., CliProcess]]:
 
 
 def _run_cli(*args: str, cwd: Path, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        cli_argv(*args), cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout
+    return python_run(
+        cli_argv(*args)[1:], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout
     )
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prefork import python_popen, python_run
 
 from chongming_task.stores.sqlite import SqliteTaskStore
 
@@ -163,8 +164,9 @@ class Walkthrough:
 
     def run(self, command: Command) -> None:
         args, with_exit = argv_for(command.text)
-        proc = subprocess.run(
-            self.cli_argv(*args), cwd=self.workdir, env=self.env, stdout=subprocess.PIPE,
+        # 经预导入的模板进程 fork（tests/support/prefork.py），省掉每条命令的解释器启动与导入。
+        proc = python_run(
+            self.cli_argv(*args)[1:], cwd=self.workdir, env=self.env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, timeout=60,
         )  # fmt: skip
         output = proc.stdout + (f"退出码 {proc.returncode}\n" if with_exit else "")
@@ -172,8 +174,8 @@ class Walkthrough:
 
     def start(self, command: Command) -> None:
         args, with_exit = argv_for(command.text)
-        proc = subprocess.Popen(
-            self.cli_argv(*args), cwd=self.workdir, env=self.env, stdout=subprocess.PIPE,
+        proc = python_popen(
+            self.cli_argv(*args)[1:], cwd=self.workdir, env=self.env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         assert proc.stdout is not None

@@ -56,6 +56,7 @@ def test_scrape_a_real_run_process_and_check_counters_against_history(
         "--db", db, "run", "--tasks", TASKS, "resident", "--task-id", "metered", "--metrics-port", str(port)
     )  # fmt: skip
     node.wait_for_stderr("starting → running")
+    wait_until(lambda: status_of(db, "metered") == "running")  # "→ running" 落库之后再从另一个终端暂停
     assert run_cli("--db", db, "pause", "metered", cwd=tmp_path).returncode == 0
     wait_until(lambda: status_of(db, "metered") == "paused")
     assert run_cli("--db", db, "resume", "metered", cwd=tmp_path).returncode == 0

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from chongming_task import open_store
+
 pytestmark = pytest.mark.postgres
 TASKS = "cli_test_tasks"
 
@@ -28,6 +30,12 @@ def pg_url(postgres_dsn: str) -> Iterator[str]:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+def _stored_status(url: str, task_id: str) -> str | None:
+    with open_store(url) as store:
+        snapshot = store.get(task_id)
+    return None if snapshot is None else snapshot.status.value
+
+
 def test_run_and_stop_across_processes_on_postgres(
     pg_url: str, tmp_path: Path, spawn_cli: Any, run_cli: Any, wait_until: Any
 ) -> None:
@@ -36,6 +44,8 @@ def test_run_and_stop_across_processes_on_postgres(
         "run", "--tasks", TASKS, "resident", "--task-id", "pg-worker", "--bucket-key", "orders",
     )  # fmt: skip
     node.wait_for_stderr("starting → running")
+    # 终端打印"→ running"时这条迁移还在写穿的路上：等 Postgres 里也是 running，再从另一个终端列出。
+    wait_until(lambda: _stored_status(pg_url, "pg-worker") == "running")
     listed = run_cli("--store", pg_url, "--json", "ps", "--status", "running", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert [t["task_id"] for t in json.loads(listed.stdout)] == ["pg-worker"]

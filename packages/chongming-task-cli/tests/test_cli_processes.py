@@ -22,6 +22,9 @@ def test_two_terminals_run_then_stop_from_another(
         "run", "--tasks", TASKS, "resident", "--task-id", "orders-worker", "--bucket-key", "orders",
     )  # fmt: skip
     node.wait_for_stderr("starting → running")
+    # 终端打印"→ running"时这条迁移还在写穿的路上（先发事件、随后落库）：等存储里也是 running，再从另一个
+    # 终端看。以前每条命令都是新起的解释器，约 0.3–1 秒的启动恰好盖住了这段间隙。
+    wait_until(lambda: status_of(db, "orders-worker") == "running")
     status = run_cli("--db", db, "--owned-buckets", "0-15", "--json", "status", "orders-worker", cwd=tmp_path)
     assert status.returncode == 0, status.stderr
     snapshot = json.loads(status.stdout)
@@ -106,6 +109,7 @@ def test_pause_across_processes_is_unconfirmed(
     db = str(tmp_path / "tasks.db")
     node = spawn_cli("--db", db, "--owner", "node-a", "run", "--tasks", TASKS, "resident", "--task-id", "p")
     node.wait_for_stderr("starting → running")
+    wait_until(lambda: status_of(db, "p") == "running")  # 同上：等"→ running"落库再从另一个终端暂停
     paused = run_cli("--db", db, "pause", "p", cwd=tmp_path)
     assert paused.returncode == 0 and "未确认" in paused.stdout
     wait_until(lambda: status_of(db, "p") == "paused")

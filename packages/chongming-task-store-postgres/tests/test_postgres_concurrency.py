@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prefork import python_popen
 
 from chongming_task.stores.postgres import PostgresTaskStore, _schema
 from chongming_task.testing.store_contract import snap
@@ -24,10 +24,9 @@ pytestmark = pytest.mark.postgres
 
 def _run_together(commands: list[list[str]], timeout: float = 120.0) -> list[dict[str, Any]]:
     """启动全部子进程，等它们都 ready 后同时放行，收集每个进程最后一行 JSON。"""
+    # 经预导入的模板进程 fork（tests/support/prefork.py），省掉解释器启动与导入。
     procs = [
-        subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+        python_popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for cmd in commands
     ]
     try:
@@ -68,7 +67,7 @@ def test_eight_threads_times_two_processes_claim_every_command_exactly_once(
     finally:
         store.close()
 
-    worker = [sys.executable, str(worker_script), "claim", postgres_dsn, schema, "8", "120"]
+    worker = [str(worker_script), "claim", postgres_dsn, schema, "8", "120"]
     results = _run_together([worker, worker])
 
     errors = [e for r in results for e in r["errors"]]
@@ -126,7 +125,7 @@ def test_threads_in_one_process_share_the_pool_without_double_delivery(
 def test_concurrent_first_connection_ddl_does_not_race(
     postgres_dsn: str, schema: str, worker_script: Path, admin: Any
 ) -> None:
-    worker = [sys.executable, str(worker_script), "ddl", postgres_dsn, schema]
+    worker = [str(worker_script), "ddl", postgres_dsn, schema]
     results = _run_together([worker] * 5)
     assert [r for r in results if not r["ok"]] == []
     rows = admin.execute(f'SELECT version FROM "{schema}".schema_version').fetchall()

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -196,12 +197,26 @@ def test_no_index_covers_what_lease_renewals_and_touches_write(
             store.touch("held", lease_owner="w", lease_until=T0 + timedelta(seconds=second))
     finally:
         store.close()  # 后端退出时把统计写进共享内存
-    row = admin.execute(
-        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
-        "WHERE schemaname = %s AND relname = 'tasks'",
-        [schema],
-    ).fetchone()
+    row = _updates_once_flushed(admin, schema, expected_updates=5)
     assert row == (5, 5), "一页里只有这一行，五次续租都应是 HOT 更新"
+
+
+def _updates_once_flushed(admin: Any, schema: str, expected_updates: int) -> tuple[int, int] | None:
+    """tasks 表的 (n_tup_upd, n_tup_hot_upd)，等到 expected_updates 次更新都已计入再读（至多 10 秒）。
+
+    为什么要等：客户端关掉连接就返回了，服务器上那个后端进程退出时（PG 15 起在 before_shmem_exit 里）才把
+    这些计数写进共享内存；机器很忙时统计视图可能在它退出之前被读到，读到的是 (0, 0) 或没有这一行。一个后端的
+    两个计数是同一次写进去的，所以 n_tup_upd 到齐时 n_tup_hot_upd 也已到齐——之后的断言照旧比较两者。"""
+    deadline = time.monotonic() + 10
+    while True:
+        row = admin.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+            "WHERE schemaname = %s AND relname = 'tasks'",
+            [schema],
+        ).fetchone()
+        if (row is not None and row[0] >= expected_updates) or time.monotonic() > deadline:
+            return None if row is None else (int(row[0]), int(row[1]))
+        time.sleep(0.02)
 
 
 _OLD_INDEXES = {
