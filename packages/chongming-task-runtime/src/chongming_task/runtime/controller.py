@@ -65,6 +65,7 @@ from chongming_task.runtime.durable import (
 from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent
 from chongming_task.runtime.executors.base import Executor
 from chongming_task.runtime.gc_pause import gc_paused
+from chongming_task.runtime.interruptible import wait_slice
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
 from chongming_task.runtime.pipeline_host import NodeSubmit
@@ -1665,7 +1666,8 @@ class Controller(ClosesOnExit):
                     raise TimeoutError(
                         f"等待超时：还有 {len(self._unfinished)} 个任务没落终态；任务状态未改变"
                     )
-                self._settled.wait(remaining)
+                # 主线程按片等：信号交给了别的线程时 Ctrl-C 也立刻生效（runtime/interruptible.py）
+                self._settled.wait(wait_slice(remaining))
             runs = list(self._runs.values())
         # 上千个结果对象全都活着、一个也不是垃圾：造它们时碰上的全量回收只是把在管的任务扫一遍（几十毫秒），
         # 与 submit_many 同一条规则暂停循环 GC（runtime/gc_pause.py），退出时恢复。

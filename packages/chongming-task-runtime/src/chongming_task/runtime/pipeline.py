@@ -35,6 +35,7 @@ from chongming_task.core.numbers import check_seconds
 from chongming_task.errors import CircularDependency, ConfigurationError, TaskError
 from chongming_task.models import Outcome, TaskSnapshot, Transition, validate_task_id
 from chongming_task.policies import AggregationPolicy, JoinMode
+from chongming_task.runtime.interruptible import wait_event
 from chongming_task.states import TaskStatus
 
 if TYPE_CHECKING:
@@ -358,7 +359,7 @@ class PipelineRun:
         """等全部节点落终态。超时抛 TimeoutError，不改变任何状态。"""
         check_seconds("wait() 的 timeout", timeout, low=0.0, low_open=False, allow_none=True)
         deadline = None if timeout is None else time.monotonic() + timeout
-        if not self._done.wait(timeout):
+        if not wait_event(self._done.wait, timeout):  # 主线程按片等：Ctrl-C 立刻生效
             raise TimeoutError(f"等待管道 {self.pipeline_id!r} 超时（{timeout} 秒）；状态未改变")
         for run in self._runs.values():
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -79,6 +79,7 @@ from chongming_task.runtime.executors.base import (
     Submission,
 )
 from chongming_task.runtime.executors.thread import ThreadExecutor
+from chongming_task.runtime.interruptible import wait_event
 from chongming_task.runtime.signature import check_task_signature
 from chongming_task.runtime.supervisor import Timer, Watchdog
 from chongming_task.runtime.task_logs import LogSink
@@ -485,7 +486,7 @@ class TaskRun:
         ``timeout`` 是调用方愿意等的真实秒数，与注入的 clock 无关。
         """
         _number("wait() 的 timeout", timeout, allow_none=True)
-        if not self.done_event.wait(timeout):
+        if not wait_event(self.done_event.wait, timeout):  # 主线程按片等：Ctrl-C 立刻生效
             raise TimeoutError(
                 f"等待任务 {self.task_id!r} 超时（{timeout} 秒）；任务状态未改变，"
                 f"当前为 {self.machine.status.value}。要停止它请调用 stop()"
