@@ -785,28 +785,16 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         （``_schema.slim_index_statements``）：可写打开时在咨询锁下、一个事务里换；只读与不许建表的打开不动。
 
         只影响快慢，不影响结果：没有权限（不是表的属主）时只告警，任务读写照常。"""
-        if not _schema.outdated_indexes(conn, self._schema):
-            return
-        try:
-            with conn.transaction():
-                _schema.lock_ddl(conn, self._schema)
-                if _schema.outdated_indexes(conn, self._schema):
-                    for statement in _schema.index_upgrade_statements(self._schema):
-                        conn.execute(statement)
-        except (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction) as exc:
-            # 不是表的属主（或连到了只读的备库）：换不了也不拦着打开——索引的形状只影响快慢。
-            logger.warning(
-                "schema %r 的 tasks 表还是旧的索引形状，而角色 %r 换不了（%s）：任务读写照常，"
-                "只是每次写入多维护几个索引；请让表的属主执行一次：%s",
-                self._schema,
-                conn.info.user,
-                (str(exc).strip().splitlines() or [""])[0],
-                ";\n".join(_schema.index_upgrade_statements(self._schema)),
+        if self._upgrade_in_place(
+            conn,
+            lambda: bool(_schema.outdated_indexes(conn, self._schema)),
+            _schema.index_upgrade_statements(self._schema),
+            "schema %r 的 tasks 表还是旧的索引形状，而角色 %r 换不了（%s）：任务读写照常，"
+            "只是每次写入多维护几个索引；请让表的属主执行一次：%s",
+        ):
+            logger.info(
+                "schema %r 的 tasks 表已换成部分索引（%s）", self._schema, ", ".join(_schema.SLIM_INDEXES)
             )
-            return
-        logger.info(
-            "schema %r 的 tasks 表已换成部分索引（%s）", self._schema, ", ".join(_schema.SLIM_INDEXES)
-        )
 
     def _typed_statuses(self, conn: Conn) -> None:
         """状态与版本列还是"text / bigint + 表上的 CHECK"（域之前建的库）时换成域类型
@@ -817,26 +805,43 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         少一次约束表达式的重新编译，见 ``_codec.PostgresDialect``）。没有权限（不是表的属主）时只告警，
         旧的 CHECK 照样保护数据。正在运行的旧版本进程换完之后读不了（每条已预备的语句都失败到连接到龄），
         所以升级前先停掉它们，见 ``domain_upgrade_statements``。"""
-        if not _schema.untyped_columns(conn, self._schema):
-            return
+        if self._upgrade_in_place(
+            conn,
+            lambda: bool(_schema.untyped_columns(conn, self._schema)),
+            _schema.domain_upgrade_statements(self._schema),
+            "schema %r 的状态列还是带 CHECK 约束的 text，而角色 %r 换不了域类型（%s）：任务读写照常，"
+            "只是每条写入多编译一次约束；请在停掉旧进程之后让表的属主执行一次：%s",
+        ):
+            columns = ", ".join(f"{table}.{column}" for table, column, _ in _schema.TYPED_COLUMNS)
+            logger.info("schema %r 的状态与版本列已换成域类型（%s）", self._schema, columns)
+
+    def _upgrade_in_place(
+        self, conn: Conn, needed: Callable[[], bool], statements: Sequence[str], refused: str
+    ) -> bool:
+        """不升版本号、只影响快慢的原地升级（换索引、换域类型）共用的做法：需要时在咨询锁下、一个事务里
+        重查一遍再执行 ``statements``（两个进程同时打开只有一个真的做）。返回这次是否做了。
+
+        没有权限（不是表的属主，或连到了只读的备库）时不拦着打开：按 ``refused``（参数依次是 schema、角色、
+        错误的第一行、要由属主执行的语句）告警一次，返回 False。"""
+        if not needed():
+            return False
         try:
             with conn.transaction():
                 _schema.lock_ddl(conn, self._schema)
-                if _schema.untyped_columns(conn, self._schema):
-                    for statement in _schema.domain_upgrade_statements(self._schema):
-                        conn.execute(statement)
+                if not needed():
+                    return False
+                for statement in statements:
+                    conn.execute(statement)
         except (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction) as exc:
             logger.warning(
-                "schema %r 的状态列还是带 CHECK 约束的 text，而角色 %r 换不了域类型（%s）：任务读写照常，"
-                "只是每条写入多编译一次约束；请在停掉旧进程之后让表的属主执行一次：%s",
+                refused,
                 self._schema,
                 conn.info.user,
                 (str(exc).strip().splitlines() or [""])[0],
-                ";\n".join(_schema.domain_upgrade_statements(self._schema)),
+                ";\n".join(statements),
             )
-            return
-        columns = ", ".join(f"{table}.{column}" for table, column, _ in _schema.TYPED_COLUMNS)
-        logger.info("schema %r 的状态与版本列已换成域类型（%s）", self._schema, columns)
+            return False
+        return True
 
     def _add_logs_table(self, conn: Conn) -> None:
         """给日志表加入之前建的 schema 补建日志表（咨询锁下；没有建表权限时只告警：日志写入会失败并按
