@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefork import python_popen, python_run
@@ -52,20 +53,14 @@ def cli(
         if limit_memory is not None:
             resource.setrlimit(resource.RLIMIT_AS, (limit_memory, limit_memory))
 
-    if limit_memory is not None:  # 限地址空间要一个新进程（模板 fork 的子进程已经映射了全部预导入的模块）
-        return subprocess.run(
-            [EXE, *args],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            env=env_for(env),
-            preexec_fn=preexec,
-        )
     # 控制台脚本就是一个 Python 脚本：经预导入的模板进程 fork 着跑（tests/support/prefork.py），省掉每条
-    # 命令的解释器启动与导入；sys.argv[0] 仍是 EXE 的路径，程序名照旧是 chongming-task。
-    return python_run(
+    # 命令的解释器启动与导入；sys.argv[0] 仍是 EXE 的路径，程序名照旧是 chongming-task。限地址空间要一个
+    # 新进程（模板 fork 的子进程已经映射了全部预导入的模块）。
+    run: Any = python_run
+    extra: dict[str, Any] = {}
+    if limit_memory is not None:
+        run, extra = subprocess.run, {"preexec_fn": preexec}
+    result: subprocess.CompletedProcess[str] = run(
         [EXE, *args],
         cwd=cwd,
         capture_output=True,
@@ -73,7 +68,9 @@ def cli(
         errors="replace",
         timeout=timeout,
         env=env_for(env),
+        **extra,
     )
+    return result
 
 
 def error_line(result: subprocess.CompletedProcess[str], code: int = 1) -> str:
