@@ -202,12 +202,6 @@ TYPED_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 """(表, 列, 域)：用域类型代替表上 CHECK 约束的四列。"""
 
-_OLD_CHECKS: dict[str, tuple[str, ...]] = {
-    "tasks": ("tasks_status_check", "tasks_status_version_check"),
-    "transitions": ("transitions_from_status_check", "transitions_to_status_check"),
-}
-"""换成域之前这几列上的 CHECK 约束（第 1 版起的自动命名；第 2 版的分区表显式用了同样的名字）。"""
-
 
 def domain_upgrade_statements(schema: str) -> list[str]:
     """把旧库（第 1 版，或域之前建的第 2 版）的四列从"text / bigint + 表上的 CHECK"换成域（一个事务内）。
@@ -232,16 +226,15 @@ def domain_upgrade_statements(schema: str) -> list[str]:
     一样：升级前先停掉旧版本的进程。
     """
     s = quote_ident(schema)
-    by_table: dict[str, list[str]] = {}
+    # 旧的 CHECK 是 PostgreSQL 自动起的名字 ``<表>_<列>_check``（第 2 版的分区表显式用了同样的名字）。
+    drops: dict[str, list[str]] = {}
+    alters: dict[str, list[str]] = {}
     for table, column, domain in TYPED_COLUMNS:
-        by_table.setdefault(table, []).append(f"ALTER COLUMN {column} TYPE {s}.{domain}")
+        drops.setdefault(table, []).append(f"DROP CONSTRAINT IF EXISTS {table}_{column}_check")
+        alters.setdefault(table, []).append(f"ALTER COLUMN {column} TYPE {s}.{domain}")
     return [
         *(f"CREATE DOMAIN {s}.{name} AS {base}" for name, base, _ in _domains()),
-        *(
-            f"ALTER TABLE {s}.{table} "
-            + ", ".join([*(f"DROP CONSTRAINT IF EXISTS {name}" for name in _OLD_CHECKS[table]), *alters])
-            for table, alters in by_table.items()
-        ),
+        *(f"ALTER TABLE {s}.{table} " + ", ".join([*drops[table], *alters[table]]) for table in drops),
         *(
             f"ALTER DOMAIN {s}.{name} ADD CONSTRAINT {name}_check CHECK ({check})"
             for name, _, check in _domains()

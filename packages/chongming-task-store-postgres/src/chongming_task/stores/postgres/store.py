@@ -800,11 +800,11 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         """状态与版本列还是"text / bigint + 表上的 CHECK"（域之前建的库）时换成域类型
         （``_schema.domain_upgrade_statements``）：可写打开时在咨询锁下、一个事务里换；只读与不许建表的打开不动。
 
-        与换索引一样不升版本号：同样的值被接受、同样的值被拒绝（同一个 SQLSTATE），旧包照常读写换过的库
-        （结果里的列类型，PostgreSQL 报的是域的基础类型），所以只影响快慢（每条写 tasks / transitions 的语句
-        少一次约束表达式的重新编译，见 ``_codec.PostgresDialect``）。没有权限（不是表的属主）时只告警，
-        旧的 CHECK 照样保护数据。正在运行的旧版本进程换完之后读不了（每条已预备的语句都失败到连接到龄），
-        所以升级前先停掉它们，见 ``domain_upgrade_statements``。"""
+        与换索引一样不升版本号：同样的值被接受、同样的值被拒绝（同一个 SQLSTATE），旧包新开的连接
+        照常读写换过的库（结果里的列类型，PostgreSQL 报的是域的基础类型），所以只影响快慢（每条写
+        tasks / transitions 的语句少一次约束表达式的重新编译，见 ``_codec.PostgresDialect``）。
+        没有权限（不是表的属主）时只告警，旧的 CHECK 照样保护数据。正在运行的旧版本进程换完之后读不了
+        （每条已预备的语句都失败到连接到龄），所以升级前先停掉它们，见 ``domain_upgrade_statements``。"""
         if self._upgrade_in_place(
             conn,
             lambda: bool(_schema.untyped_columns(conn, self._schema)),

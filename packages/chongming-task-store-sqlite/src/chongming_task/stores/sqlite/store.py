@@ -640,15 +640,16 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         if hint is not None and request.lease_expired_before is None:
             snapshot, expect_version = request.snapshot, request.expect_version
             transitions = request.transitions
-            if transitions.__class__ is tuple:
-                # 写穿交来的记录本来就是元组（最常见）：入参原样就是检查过的那一项，不再为它另造一个
-                # SaveRequest（冻结的 dataclass，每造一个要四次 object.__setattr__）。
-                checks.check_save_since(hint[0], snapshot, expect_version, transitions)
-                checked = request
-            else:
+            if transitions.__class__ is not tuple:
                 transitions = tuple(transitions)
-                checks.check_save_since(hint[0], snapshot, expect_version, transitions)
-                checked = v.SaveRequest(snapshot, expect_version, transitions)
+            checks.check_save_since(hint[0], snapshot, expect_version, transitions)
+            # 写穿交来的记录本来就是元组（最常见）：入参原样就是检查过的那一项，不再为它另造一个
+            # SaveRequest（冻结的 dataclass，每造一个要四次 object.__setattr__）。
+            checked = (
+                request
+                if transitions is request.transitions
+                else v.SaveRequest(snapshot, expect_version, transitions)
+            )
         else:
             checked = checks.check_save_request(request)
         return self._save_tx(checked, batched=True, hint=hint)
