@@ -211,21 +211,19 @@ def run(
 # -- sim: 一张表、合成的写入流 -------------------------------------------------------------------------
 
 _SIM_AT = "2026-12-07T04:39:59.110852+00:00"
+
+
+def _full_row(task: str, version: int) -> tuple[Any, ...]:
+    """一条完整的迁移记录（八列，与 transitions 表相同）。"""
+    return (task, version, "queued", "starting", "scheduler:dispatched", None, None, _SIM_AT)
+
+
 _SIM_LAYOUTS: dict[str, tuple[tuple[str, ...], str, Callable[[str, int], tuple[Any, ...]]]] = {
     # 现在的迁移记录表：索引型 b 树，主键 (task_id, version)。
     "without-rowid": (
         (f"CREATE TABLE t ({_TRANSITION_COLUMNS}, PRIMARY KEY (task_id, version)) WITHOUT ROWID",),
         "INSERT OR IGNORE INTO t VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        lambda task, version: (
-            task,
-            version,
-            "queued",
-            "starting",
-            "scheduler:dispatched",
-            None,
-            None,
-            _SIM_AT,
-        ),
+        _full_row,
     ),
     # 同上，但行只有三列（task_id、version、整数时刻）：行的大小对拆页的影响。
     "without-rowid-narrow": (
@@ -245,31 +243,13 @@ _SIM_LAYOUTS: dict[str, tuple[tuple[str, ...], str, Callable[[str, int], tuple[A
             "CREATE UNIQUE INDEX t_by_task ON t (task_id, version)",
         ),
         "INSERT OR IGNORE INTO t VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        lambda task, version: (
-            task,
-            version,
-            "queued",
-            "starting",
-            "scheduler:dispatched",
-            None,
-            None,
-            _SIM_AT,
-        ),
+        _full_row,
     ),
     # 只有 rowid 表（没有任何按任务查的办法）：下限。
     "rowid-only": (
         (f"CREATE TABLE t ({_TRANSITION_COLUMNS})",),
         "INSERT INTO t VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        lambda task, version: (
-            task,
-            version,
-            "queued",
-            "starting",
-            "scheduler:dispatched",
-            None,
-            None,
-            _SIM_AT,
-        ),
+        _full_row,
     ),
 }
 
