@@ -108,3 +108,43 @@ def test_watcher_draws_the_bar_while_running() -> None:
     gate.set()
     watcher.follow()
     controller.close()
+
+
+def test_second_interrupt_before_close_starts_does_not_wait_later() -> None:
+    """第二下 Ctrl-C 落在"正在停止"提示之后、close() 开始之前：命令收尾时的那次 close() 不能再等满窗口。
+
+    CI 上撞到过（stop 36）：那次 close() 从头开始，等了 graceful_stop 整整 5 秒。这里让提示行本身抛出
+    KeyboardInterrupt，确定地复现"close() 还没开始"这一刻。
+    """
+    import threading
+    import time
+
+    from chongming_task.cli.cmd_run import _close_after_interrupt
+
+    release = threading.Event()
+
+    def deaf(ctx: Any) -> None:
+        release.wait(30)  # 从不 checkpoint：优雅停止等不到它
+
+    class _Interrupted(LiveDisplay):
+        def line(self, text: str) -> None:
+            if text.startswith("收到 SIGINT"):
+                raise KeyboardInterrupt
+            super().line(text)
+
+    controller = Controller(graceful_stop=5.0)
+    controller.register("deaf", deaf)
+    run = controller.submit("deaf", task_id="deaf")
+    try:
+        deadline = time.monotonic() + 5
+        while run.status.value != "running" and time.monotonic() < deadline:
+            run.done_event.wait(0.01)
+        display = _Interrupted(io.StringIO())
+        assert _close_after_interrupt(controller, _Watcher(run, display, 5.0), display, "SIGINT") is False
+        assert controller.closed
+        started = time.monotonic()
+        controller.close(reason="命令收尾")  # AppState.close 做的那次
+        assert time.monotonic() - started < 1.0
+    finally:
+        release.set()
+        controller.close()

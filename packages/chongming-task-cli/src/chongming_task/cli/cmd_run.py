@@ -421,6 +421,10 @@ def _close_after_interrupt(
         display.line(f"收到 {signame}：正在停止任务 {watcher.run.task_id}（最多等 {wait:g} 秒）…")
         controller.close(reason=f"命令行收到 {signame}", close_store=True)
     except (KeyboardInterrupt, SignalStop):
+        # 第二下可能在上面那行提示之后、close() 置位"已关闭"之前到达：那样 close() 根本没开始，命令收尾
+        # （AppState.close）会再调一次并等满整个窗口。这里以 0 秒窗口关一次：没开始的就现在开始（停任务、
+        # 不等），已经在关的这次调用什么也不做。
+        controller.close(reason=f"命令行再次收到 {signame}", timeout=0)
         display.finish()
         click.echo(
             f"再次中断：不再等待收尾。任务 {watcher.run.task_id} 可能停在 {watcher.run.status.value}，"
