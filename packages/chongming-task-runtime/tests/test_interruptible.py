@@ -127,3 +127,41 @@ def test_run_task_stops_the_task_and_raises_promptly() -> None:
     left.clear()
     assert _elapsed_until_interrupt(lambda: run_task(spinning)) < PROMPT
     assert left.wait(10)  # 停止请求真的送到了任务
+
+
+def test_close_waiting_for_a_slow_listener_is_interrupted_promptly() -> None:
+    """close() 先把已发生的事件送完（最多 5 秒）：监听器卡住时，主线程等的是事件交付——同样要按片等。"""
+    release = threading.Event()
+    in_listener = threading.Event()
+
+    def stuck(event: object) -> None:
+        in_listener.set()
+        release.wait(30)
+
+    c = Controller()
+    c.add_listener(stuck)
+    c.register("quick", lambda ctx: None)
+    try:
+        c.submit("quick", task_id="q").wait(timeout=5)
+        assert in_listener.wait(5)
+        assert _elapsed_until_interrupt(lambda: c.close(timeout=0)) < PROMPT
+    finally:
+        release.set()
+        c.close()
+
+
+def test_join_thread_keeps_the_timeout_and_returns_when_the_thread_ends() -> None:
+    from chongming_task.runtime.interruptible import join_thread
+
+    stop = threading.Event()
+    worker = threading.Thread(target=lambda: stop.wait(30), daemon=True)
+    worker.start()
+    started = time.monotonic()
+    join_thread(worker, 0.35)  # 跨好几片仍等满超时
+    assert time.monotonic() - started >= 0.35 and worker.is_alive()
+    stop.set()
+    join_thread(worker, None)
+    assert not worker.is_alive()
+    sleeper = threading.Thread(target=time.sleep, args=(TIMEOUT,), daemon=True)
+    sleeper.start()
+    assert _elapsed_until_interrupt(lambda: join_thread(sleeper, TIMEOUT)) < PROMPT

@@ -65,7 +65,7 @@ from chongming_task.runtime.durable import (
 from chongming_task.runtime.events import EventHub, Listener, ProgressEvent, StoreErrorEvent
 from chongming_task.runtime.executors.base import Executor
 from chongming_task.runtime.gc_pause import gc_paused
-from chongming_task.runtime.interruptible import wait_slice
+from chongming_task.runtime.interruptible import join_thread, wait_slice
 from chongming_task.runtime.persistence import PersistFailure
 from chongming_task.runtime.pipeline import Pipeline, PipelineRun, submit_pipeline
 from chongming_task.runtime.pipeline_host import NodeSubmit
@@ -1722,10 +1722,10 @@ class Controller(ClosesOnExit):
             self._stop_loop.set()
             self._wake.set()
             if self._loop is not threading.current_thread():
-                self._loop.join(timeout=5.0)
+                join_thread(self._loop, 5.0)
             retention = self._retention_thread
             if retention is not None:
-                retention.join(timeout=self.graceful_stop)  # 正在归档就等它一会儿；中断了下次也能续跑
+                join_thread(retention, self.graceful_stop)  # 正在归档就等它一会儿；中断了下次也能续跑
             self._link.shutdown()
         if close_store:
             self._link.close_store()

@@ -37,6 +37,7 @@ from datetime import datetime
 from chongming_task.core.readonly import Read
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import FailureKind, Progress, TaskSnapshot, Transition
+from chongming_task.runtime.interruptible import join_thread, wait_slice
 from chongming_task.states import TaskStatus
 
 logger = logging.getLogger("chongming_task.events")
@@ -339,7 +340,7 @@ class EventHub:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         return False
-                    self._flushed.wait(remaining)
+                    self._flushed.wait(wait_slice(remaining))  # 主线程按片等：Ctrl-C 立刻生效
             finally:
                 self._flushers -= 1
         return True
@@ -354,7 +355,7 @@ class EventHub:
             self._flushed.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+            join_thread(thread, timeout)
 
     def _doze(self, level: int, timeout: float) -> None:
         """交付线程睡一觉：``_IDLE``（不限时，队列里来了事件、flush 或 close 叫醒）或 ``_NAPPING``（攒批，
