@@ -263,3 +263,39 @@ def test_a_running_store_recovers_when_another_process_converts(
         assert running.history("live") == records
     finally:
         running.close()
+
+
+def test_live_old_version_nodes_postpone_the_conversion(
+    postgres_dsn: str, schema: str, admin: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """滚动升级：还有没写 feature_level（旧代码）的活节点时，新进程的可写打开不换域类型（换了它们已预备的
+    读语句会全部失败），告警点名；它们心跳过期之后，下一次打开再换。新代码的节点与早已过期的记录不拦。"""
+    from chongming_task.core.storage.values import NodeRecord
+    from chongming_task.core.version import NODE_FEATURE_LEVEL
+
+    now = datetime.now(UTC)
+
+    def node(owner: str, expires: datetime, **info: Any) -> NodeRecord:
+        beat = min(now, expires - timedelta(seconds=30))  # 过期的记录：心跳在更早
+        return NodeRecord(owner, None, 64, beat, expires, {"hostname": "h", "pid": 1, **info})
+
+    with PostgresTaskStore(postgres_dsn, schema=schema) as store:
+        store.publish_node(node("old-a", now + timedelta(hours=1), version="0.1.0"))
+        store.publish_node(node("old-b", now + timedelta(hours=1), feature_level="1"))  # 不是数字：不算
+        store.publish_node(node("new", now + timedelta(hours=1), feature_level=NODE_FEATURE_LEVEL))
+        store.publish_node(node("gone", now - timedelta(minutes=1)))
+    _pre_domain(admin, schema)
+
+    with caplog.at_level(logging.WARNING, logger="chongming_task"):
+        PostgresTaskStore(postgres_dsn, schema=schema).close()
+    untyped = _schema.untyped_columns(admin, schema)
+    assert len(untyped) == len(_schema.TYPED_COLUMNS), "有旧节点活着：一列也不换"
+    warned = [r.getMessage() for r in caplog.records if "旧版本的节点活着" in r.getMessage()]
+    assert len(warned) == 1 and "（old-a, old-b）" in warned[0], warned
+    assert "ALTER TABLE" in warned[0]
+
+    with PostgresTaskStore(postgres_dsn, schema=schema) as store:
+        for owner in ("old-a", "old-b"):  # 旧进程停掉：心跳不再续，记录过期
+            store.publish_node(node(owner, now - timedelta(seconds=1)))
+    with PostgresTaskStore(postgres_dsn, schema=schema) as store, store.pool.connection() as conn:
+        assert _schema.untyped_columns(conn, schema) == []

@@ -28,7 +28,7 @@ from typing import Any
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.numbers import check_int, check_seconds
 from chongming_task.core.storage.claiming import awaits_claim
-from chongming_task.core.version import __version__
+from chongming_task.core.version import NODE_FEATURE_LEVEL, __version__
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import TaskSnapshot
 from chongming_task.policies import DEFAULT_NUM_BUCKETS, BucketPolicy
@@ -356,8 +356,14 @@ def _find_orphans(
 
 
 def default_node_info() -> dict[str, Any]:
-    """节点记录里默认的 info：主机名、pid、chongming-task 版本。"""
-    return {"hostname": socket.gethostname(), "pid": os.getpid(), "version": __version__}
+    """节点记录里默认的 info：主机名、pid、chongming-task 版本、这份代码承受得了的原地升级等级
+    （``feature_level``，见 ``core.version.NODE_FEATURE_LEVEL``）。"""
+    return {
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "version": __version__,
+        "feature_level": NODE_FEATURE_LEVEL,
+    }
 
 
 def node_record(

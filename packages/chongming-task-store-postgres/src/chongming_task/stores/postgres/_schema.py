@@ -260,6 +260,22 @@ def untyped_columns(conn: Any, schema: str) -> list[str]:
     return [f"{str(rel).rsplit('.', 1)[-1]}.{col}" for rel, col in rows]
 
 
+def live_nodes_below(conn: Any, schema: str, level: int, now: Any) -> list[str]:
+    """``nodes`` 里此刻还活着（``expires_at`` 晚于 ``now``）、而 ``info.feature_level`` 低于 ``level`` 的
+    节点（owner，排序）：它们跑的是承受不了某种原地升级的旧代码（``core.version.NODE_FEATURE_LEVEL``）。
+    节点表不存在时为空。"""
+    s = quote_ident(schema)
+    if conn.execute("SELECT to_regclass(%s)", [f"{s}.nodes"]).fetchone()[0] is None:
+        return []
+    rows = conn.execute(
+        f"SELECT owner FROM {s}.nodes WHERE expires_at > %s AND "
+        "COALESCE(CASE WHEN jsonb_typeof(info -> 'feature_level') = 'number' "
+        "THEN (info ->> 'feature_level')::numeric END, 0) < %s ORDER BY owner",
+        [now, level],
+    ).fetchall()
+    return [str(row[0]) for row in rows]
+
+
 def _transition_columns(s: str) -> str:
     return f"""    task_id text COLLATE "C" NOT NULL,
     version bigint NOT NULL,

@@ -36,6 +36,7 @@ from chongming_task.core.storage.opening import (
     check_opening,
 )
 from chongming_task.core.storage.retention import RetentionByModule, RetentionModule
+from chongming_task.core.version import NODE_FEATURE_LEVEL
 from chongming_task.errors import (
     ConcurrencyConflict,
     ConfigurationError,
@@ -819,7 +820,22 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         照常读写换过的库（结果里的列类型，PostgreSQL 报的是域的基础类型），所以只影响快慢（每条写
         tasks / transitions 的语句少一次约束表达式的重新编译，见 ``_codec.PostgresDialect``）。
         没有权限（不是表的属主）时只告警，旧的 CHECK 照样保护数据。正在运行的旧版本进程换完之后读不了
-        （每条已预备的语句都失败到连接到龄），所以升级前先停掉它们，见 ``domain_upgrade_statements``。"""
+        （每条已预备的语句都失败到连接到龄），所以升级前先停掉它们，见 ``domain_upgrade_statements``；
+        ``nodes`` 里还有活着的旧代码节点（``info.feature_level`` 不到 1）时这次不换，告警说是哪些节点，
+        等它们停掉（或心跳过期）之后下一次可写打开再换——滚动升级时先上线的新进程不会打断还没换下的旧进程。"""
+        if not _schema.untyped_columns(conn, self._schema):
+            return
+        old_nodes = _schema.live_nodes_below(conn, self._schema, NODE_FEATURE_LEVEL, self._clock.now())
+        if old_nodes:
+            logger.warning(
+                "schema %r 的状态列还是带 CHECK 约束的 text，但还有旧版本的节点活着（%s）：现在换成域类型会让"
+                "它们已预备的读语句全部失败，所以这次不换，任务读写照常。等这些节点停掉（或心跳过期）之后，"
+                "下一次可写打开会自动换；也可以在停掉它们之后让表的属主执行：%s",
+                self._schema,
+                ", ".join(old_nodes),
+                ";\n".join(_schema.domain_upgrade_statements(self._schema)),
+            )
+            return
         if self._upgrade_in_place(
             conn,
             lambda: bool(_schema.untyped_columns(conn, self._schema)),
