@@ -170,20 +170,15 @@ def _put(
     （快照不可变）：直接存调用方这份，不复制；有一个不同时也存调用方这份，另记下存储里的那组值，读时才合成
     （见 ``_Row``）。
     """
-    new, old = snapshot.__dict__, current.__dict__
-    if (
-        scalar is new["outcome"]
-        and new["progress"] is old["progress"]
-        and new["last_heartbeat_at"] is old["last_heartbeat_at"]
-        and new["lease_owner"] is old["lease_owner"]
-        and new["lease_until"] is old["lease_until"]
-        and new["recipe"] is old["recipe"]
-    ):
+    new = snapshot.__dict__
+    kept = _kept(current.__dict__)
+    # 五个沿用字段逐个"是同一个对象"：两个元组由 C 逐项比（map(is_)），不在 Python 里写五次取值与比较。
+    if scalar is new["outcome"] and all(map(operator.is_, _kept(new), kept)):
         row._snapshot, row._sides = snapshot, None  # 最常见：什么都不用换，直接存调用方这份
     else:
         # 有不同：不复制快照，先存调用方这份加存储自己的那组值，读时才合成（见 _Row）。
         row._snapshot = snapshot
-        row._sides = (scalar, *_kept(old))  # 配方只由 create 写入，同样沿用
+        row._sides = (scalar, *kept)  # 配方只由 create 写入，同样沿用
     row.outcome_text = text
     # 同 _add_history，只是内联（写穿每次迁移都走这里，省两层函数调用）。
     history = row.history
