@@ -1151,3 +1151,25 @@ def test_long_history_past_the_tuple_limit_keeps_every_record_in_order() -> None
     assert history[-1].to_status is S.SUCCEEDED
     assert machine.transitions_since(len(history) - 2) == history[-2:]
     assert isinstance(machine._transitions, list)
+
+
+def test_succeeded_with_heartbeat_equals_heartbeat_then_succeeded() -> None:
+    """结算的快路径（心跳与 succeeded 一份快照）与"先 note_heartbeat、再 mark_succeeded"结果逐字段相同：
+    同一条迁移记录、同一份快照，监听器看到的也一样；不合格的心跳照样被拒，且什么都不改。"""
+    seen: dict[str, list[tuple[TaskSnapshot, Transition]]] = {"two": [], "one": []}
+    clock = FakeClock()
+    two, one = drive_to(S.RUNNING, clock), drive_to(S.RUNNING, FakeClock())  # 两台走过同样的时刻
+    two.add_listener(lambda snap, rec: seen["two"].append((snap, rec)))
+    one.add_listener(lambda snap, rec: seen["one"].append((snap, rec)))
+    beat = clock.now() - timedelta(seconds=1)
+    two.note_heartbeat(beat)
+    expected = two.mark_succeeded(outcome={"rows": 3})
+    got = one.mark_succeeded_with_heartbeat({"rows": 3}, beat)
+    assert got == expected and got.last_heartbeat_at == beat
+    assert one.transitions == two.transitions
+    assert seen["one"] == seen["two"]
+    naive = drive_to(S.RUNNING)
+    before = (naive.snapshot, naive.transitions)
+    with pytest.raises(ConfigurationError):
+        naive.mark_succeeded_with_heartbeat(None, beat.replace(tzinfo=None))
+    assert (naive.snapshot, naive.transitions) == before

@@ -12,6 +12,7 @@ import operator
 import traceback as traceback_module
 from dataclasses import dataclass, field, fields
 from datetime import datetime
+from itertools import compress as _compress
 from typing import Any, ClassVar
 
 from chongming_task.core.numbers import check_number
@@ -546,6 +547,8 @@ _TEXT_FIELD_LIMITS: tuple[tuple[str, int], ...] = tuple(
 _STORABLE_FIELDS = operator.itemgetter(*(name for name, _ in _TEXT_FIELD_LIMITS), "tags")
 """``check_storable_fields`` 检查的文本字段与标签，按实例字典取成一个元组
 （``check_storable_changes`` 的快速判定）。"""
+_TEXT_INDEXES = range(len(_TEXT_FIELD_LIMITS))
+_TEXT_LIMIT_AT = tuple(limit for _, limit in _TEXT_FIELD_LIMITS)
 
 
 def check_storable_fields(snapshot: TaskSnapshot) -> None:
@@ -586,17 +589,19 @@ def check_storable_changes(previous: TaskSnapshot, snapshot: TaskSnapshot) -> No
         if new["priority"] is not old["priority"]:
             check_priority(new["priority"])
         return
-    # 有变的（写穿时每个任务一次：starting 记下执行器名）：逐项对照已取出的两个元组（zip 到文本字段为止，
-    # 末项是标签），短的纯 ASCII 文本就地判定——与 check_storable_fields 同一个判据，其余交给
-    # check_storable_text。
-    for (name, limit), value, was in zip(_TEXT_FIELD_LIMITS, new_values, old_values, strict=False):
-        if (
-            value is not was
-            and value is not None
-            and not (
-                value.__class__ is str and len(value) <= limit and value.isascii() and "\x00" not in value
-            )
+    # 有变的（写穿时每个任务一次：starting 记下执行器名）：哪几项不是同一个对象由 compress /
+    # map(is_not) 在 C 里挑出（下标到文本字段为止，末项是标签），只有它们进 Python 的循环体（通常一项；
+    # 原来十几个字段逐个在 Python 里比，issue 17）。短的纯 ASCII 文本就地判定——与 check_storable_fields
+    # 同一个判据，其余交给 check_storable_text。
+    for index in _compress(_TEXT_INDEXES, map(operator.is_not, new_values, old_values)):
+        value = new_values[index]
+        if value is not None and not (
+            value.__class__ is str
+            and len(value) <= _TEXT_LIMIT_AT[index]
+            and value.isascii()
+            and "\x00" not in value
         ):
+            name, limit = _TEXT_FIELD_LIMITS[index]
             check_storable_text(name, value, limit=limit)
     if new["priority"] is not old["priority"]:
         check_priority(new["priority"])

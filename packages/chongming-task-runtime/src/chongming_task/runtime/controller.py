@@ -160,17 +160,6 @@ _CLOSED = "控制器已关闭（close() 之后不再接受提交）；请新建�
 _STILL_RUNNING = frozenset(SLOT_HOLDING_STATUSES - {TaskStatus.PAUSED})
 
 
-def _changes_books(record: Transition) -> bool:
-    """这次迁移要不要改调度账本（入队、让额度、记落地）。占着槽、还在跑的迁移（starting，以及不是从 queued
-    来的 running / pausing / stopping）不改：每个任务的四次迁移里有两次不必去拿控制器锁。
-
-    ``_account`` 据它提前返回，迁移监听器据它连 ``_account`` 都不调——同一条规则只写在这里。"""
-    target = record.to_status
-    return target not in _STILL_RUNNING or (
-        target is not TaskStatus.STARTING and record.from_status is TaskStatus.QUEUED
-    )
-
-
 _SUBMIT_SHAPES_MAX = 64
 """逐个 submit() 的快照模板最多存这么多种形状（满了清空）：常见用法只有几种形状，逐任务不同的 label 只是
 不再命中模板（每次照常逐字段校验），内存不随提交数增长。"""
@@ -717,7 +706,8 @@ class Controller(ClosesOnExit):
         # 控制器的迁移处理经 TaskRun 的 on_transition 钩子调用，排在 TaskRun 自己的处理之前：TaskRun 在终态时
         # 叫醒 wait() 的调用方，到那一刻存储必须已经写穿（否则 wait() 返回后别的进程还读到旧状态）。钩子是
         # 控制器的同一个绑定方法（构造时建一次），不是每个任务一个监听器对象（issue 17）。
-        return TaskRun(
+        # 经 TaskRun._controlled：这些值都由控制器构造 / 登记时查过（每次提交照样查参数签名）。
+        return TaskRun._controlled(
             definition.fn,
             args,
             kwargs,
@@ -1195,14 +1185,19 @@ class Controller(ClosesOnExit):
         发事件、需要时记账（issue 17：每个任务三次迁移里两次不再多转一层）。"""
         try:
             machine = run.machine
-            if record.to_status in TERMINAL_STATUSES and self._terminal_handed_over(
-                machine, snapshot, record
-            ):
+            target = record.to_status
+            if target in TERMINAL_STATUSES and self._terminal_handed_over(machine, snapshot, record):
                 return
             self._link.on_transition(machine, snapshot, record)
             if self._events.listeners:  # 没有监听器时连事件对象都不造
                 self._events.emit_transition(snapshot, record)
-            if _changes_books(record):
+            # 这次迁移要不要改调度账本（入队、让额度、记落地）——这条规则只写在这里：占着槽、还在跑的
+            # 迁移（starting，以及不是从 queued 来的 running / pausing / stopping）不改，每个任务的三四次
+            # 迁移里有两次不必去拿控制器锁，也不调 _account（它只为改账本的迁移调用）。就地判定、不另调
+            # 一个函数（issue 17）。
+            if target not in _STILL_RUNNING or (
+                target is not TaskStatus.STARTING and record.from_status is TaskStatus.QUEUED
+            ):
                 self._account(snapshot, record, landed=True)
         except Exception:
             logger.exception("处理任务 %s 的状态迁移时出错", snapshot.task_id)
@@ -1325,9 +1320,10 @@ class Controller(ClosesOnExit):
         """迁移之后的调度记账：入队、让出额度（就地启动下一个）；``landed``：终态已落库，可以记"落地"。
 
         ``landed=False``（终态还没落库）时只做"把额度交接给排队任务"：此刻没有排队任务就什么也不做、
-        返回 False（调用方等终态落库后再以 ``landed=True`` 记一次）。"""
-        if not _changes_books(record):
-            return True  # 占着槽、还在跑的迁移：不入队、不让额度、不落地
+        返回 False（调用方等终态落库后再以 ``landed=True`` 记一次）。
+
+        只为改账本的迁移调用（终态，或 ``_on_run_transition`` 按那里写的规则筛过的）——占着槽、还在跑的迁移
+        不入队、不让额度、不落地，调用方根本不调它，这里不再为每个任务重判一遍（issue 17）。"""
         task_id = snapshot.task_id
         target = record.to_status
         with self._lock:

@@ -33,7 +33,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -292,31 +292,19 @@ class TaskRun:
             raise ConfigurationError(f"on_requeue 必须是可调用对象，收到 {on_requeue!r}")
         if on_transition is not None and not callable(on_transition):
             raise ConfigurationError(f"on_transition 必须是可调用对象，收到 {on_transition!r}")
-        self.fn = fn
-        self.args: tuple[Any, ...] = tuple(args)
-        self.kwargs: dict[str, Any] = dict(kwargs or {})
-        self.executor = executor
-        self.retry = retry
-        self.timeout = timeout
-        self.graceful_stop = _number("graceful_stop", graceful_stop, allow_none=False) or 0.0
-        self.pause_timeout = _number("pause_timeout", pause_timeout, allow_none=False) or 0.0
-        self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
-        self.upstream: dict[str, Any] = dict(upstream or {})
-        self.artifact_hint = artifact_hint
-        # 忘了 ctx 在提交时就说清楚（run_task / TaskRun / Controller.submit 都经过这里）。
-        check_task_signature(fn, self.args, self.kwargs)
-        # 执行器没有自己的提交检查时（线程执行器）基类的检查只是"可调用"——上面已经查过：不为它造一个
-        # Submission 与一个字典（每个提交都走这里，issue 17）。
-        if type(executor).check_submittable is not _BASE_CHECK_SUBMITTABLE:
-            executor.check_submittable(
-                Submission(
-                    fn,
-                    self.args,
-                    self.kwargs,
-                    {"upstream": self.upstream, "retry": retry, "timeout": timeout},
-                )
-            )
-
+        self._assign(
+            fn,
+            tuple(args),
+            dict(kwargs or {}),
+            executor,
+            retry,
+            timeout,
+            _number("graceful_stop", graceful_stop, allow_none=False) or 0.0,
+            _number("pause_timeout", pause_timeout, allow_none=False) or 0.0,
+            None if artifact_dir is None else Path(artifact_dir),
+            dict(upstream or {}),
+            artifact_hint,
+        )
         if machine is None:
             check_int("priority", priority, low=MIN_PRIORITY, high=MAX_PRIORITY)
             resolved_name = name or (spec.name if spec else getattr(fn, "__name__", None) or "task")
@@ -338,6 +326,105 @@ class TaskRun:
             if task_id is not None and task_id != machine.task_id:
                 raise ConfigurationError(f"task_id {task_id!r} 与传入状态机的 {machine.task_id!r} 不一致")
             clock = clock or machine.clock
+        self._attach(machine, clock, on_requeue, on_transition, on_progress, log_sink)
+
+    @classmethod
+    def _controlled(
+        cls,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        machine: StateMachine,
+        executor: Executor | None,
+        retry: RetryPolicy | None,
+        timeout: Timeout | None,
+        graceful_stop: float,
+        artifact_dir: Path | None,
+        artifact_hint: str,
+        clock: Clock,
+        upstream: Mapping[str, Any] | None,
+        on_requeue: Callable[[TaskRun], None],
+        on_transition: Callable[[TaskRun, TaskSnapshot, Transition], None],
+        on_progress: Callable[[TaskSnapshot], None],
+        log_sink: LogSink | None,
+    ) -> TaskRun:
+        """Controller 给自己管的任务造句柄的入口（``Controller._make_run``）：与 ``TaskRun(...)`` 同样的字段、
+        同样的每次提交检查（参数签名、执行器自己的提交检查），只是不再重查控制器构造 / 登记时已查过的东西——
+        任务函数与它的 retry / timeout（``register`` 查过）、执行器（控制器构造时）、产物目录（已是 Path）、
+        几个钩子（控制器自己的方法）、状态机（控制器刚造的）、pause_timeout（默认值）。每个提交省下十来次
+        isinstance / callable 判断与一次数值检查（issue 17）。graceful_stop 是控制器的公开属性，照常检查。
+        """
+        if upstream is not None and upstream.__class__ is not dict and not isinstance(upstream, Mapping):
+            raise ConfigurationError(f"upstream 必须是 {{节点 id: 返回值}} 字典，收到 {upstream!r}")
+        run: TaskRun = cls.__new__(cls)
+        if retry is None or timeout is None:  # 与 __init__ 同样的缺省：取 @task 上的，再取"不重试 / 不限时"
+            spec = task_spec(fn)
+            if retry is None:
+                retry = spec.retry if spec and spec.retry else NO_RETRY
+            if timeout is None:
+                timeout = spec.timeout if spec and spec.timeout else NO_TIMEOUT
+        run._assign(
+            fn,
+            tuple(args),  # 已是元组时不复制（同一个对象）
+            dict(kwargs),
+            DEFAULT_EXECUTOR if executor is None else executor,
+            retry,
+            timeout,
+            _number("graceful_stop", graceful_stop, allow_none=False) or 0.0,
+            DEFAULT_PAUSE_TIMEOUT,
+            artifact_dir,
+            dict(upstream or {}),
+            artifact_hint,
+        )
+        run._attach(machine, clock, on_requeue, on_transition, on_progress, log_sink)
+        return run
+
+    def _assign(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        executor: Executor,
+        retry: RetryPolicy,
+        timeout: Timeout,
+        graceful_stop: float,
+        pause_timeout: float,
+        artifact_dir: Path | None,
+        upstream: dict[str, Any],
+        artifact_hint: str | None,
+    ) -> None:
+        """（构造的前一半，参数都已查过、已是自己的副本）记下执行所需的字段，做每次提交都要的两项检查。"""
+        self.fn = fn
+        self.args: tuple[Any, ...] = args
+        self.kwargs: dict[str, Any] = kwargs
+        self.executor = executor
+        self.retry = retry
+        self.timeout = timeout
+        self.graceful_stop = graceful_stop
+        self.pause_timeout = pause_timeout
+        self.artifact_dir = artifact_dir
+        self.upstream: dict[str, Any] = upstream
+        self.artifact_hint = artifact_hint
+        # 忘了 ctx 在提交时就说清楚（run_task / TaskRun / Controller.submit 都经过这里）。
+        check_task_signature(fn, args, kwargs)
+        # 执行器没有自己的提交检查时（线程执行器）基类的检查只是"可调用"——上面已经查过：不为它造一个
+        # Submission 与一个字典（每个提交都走这里，issue 17）。
+        if type(executor).check_submittable is not _BASE_CHECK_SUBMITTABLE:
+            executor.check_submittable(
+                Submission(fn, args, kwargs, {"upstream": upstream, "retry": retry, "timeout": timeout})
+            )
+
+    def _attach(
+        self,
+        machine: StateMachine,
+        clock: Clock,
+        on_requeue: Callable[[TaskRun], None] | None,
+        on_transition: Callable[[TaskRun, TaskSnapshot, Transition], None] | None,
+        on_progress: Callable[[TaskSnapshot], None] | None,
+        log_sink: LogSink | None,
+    ) -> None:
+        """（构造的后一半）接上状态机与几个钩子，登记本任务的迁移监听器。"""
         self.machine = machine
         # task_id 从不改变：存成普通属性，不经 TaskRun.task_id → StateMachine.task_id 两层属性调用（控制器
         # 每个任务要读它五六次，issue 17）。
@@ -829,9 +916,22 @@ class TaskRun:
         with self._lock:
             if attempt is not self._attempt or attempt.settled:
                 return
-            self._close_attempt_locked(attempt)
+            beat_at = self._close_attempt_locked(attempt, note_beat=False)
             machine = self.machine
             status = machine.status
+            kind = result.kind
+            if status is S.RUNNING and kind is ResultKind.RETURNED and attempt.timeout_failure is None:
+                # 最常见的结局：running 里正常返回、没有超时。最后一次心跳与 succeeded 并成一份快照（见
+                # StateMachine.mark_succeeded_with_heartbeat），与下面"先记心跳、再 mark_succeeded"结果相同。
+                if beat_at is None:
+                    machine.mark_succeeded(outcome=result.value)
+                else:
+                    machine.mark_succeeded_with_heartbeat(result.value, beat_at)
+                if self._is_done and not self._logs:
+                    self._logs = None  # 同下
+                return
+            if beat_at is not None:  # 其余结局照旧：先把心跳记进快照，再判定
+                machine.note_heartbeat(beat_at)
             if status in TERMINAL_STATUSES:  # 控制器等外部写者已经给了终态
                 return
             if status is S.PAUSED:
@@ -841,7 +941,6 @@ class TaskRun:
             elif status is S.STARTING and result.kind is ResultKind.RETURNED:
                 machine.mark_running()
             status = machine.status
-            kind = result.kind
             failure = result.failure
             # 正常返回只有两种情形算成功：没有超时，或有人按了停止（stopping → succeeded，§4.4）。
             # 超时发出的停止请求被任务以 return 响应时，结果仍是 timeout_* 失败（§6）——否则超时等于没设。
@@ -894,16 +993,22 @@ class TaskRun:
         if retry_due_now:
             self._on_retry_due(None)
 
-    def _close_attempt_locked(self, attempt: _Attempt) -> None:
+    def _close_attempt_locked(self, attempt: _Attempt, *, note_beat: bool = True) -> datetime | None:
         """这次尝试到此为止（结果到了，或优雅窗口用尽放弃了它）：之后迟到的报告一律忽略。
-        先把最后一次心跳记进快照，再叫醒等暂停确认的一方让它重新判定。"""
+        先把最后一次心跳记进快照，再叫醒等暂停确认的一方让它重新判定。
+
+        ``note_beat=False``：心跳不在这里记，返回它（没有新心跳时返回 None），由调用方（``_settle``）在同一次
+        持锁之内记下——最常见的结局里与终态迁移并成一份快照。被叫醒的一方要拿任务锁，看不到两步之间。"""
         attempt.settled = True
         if attempt.timers:  # 同上：没有定时器就没有要撤的（不为空字典拷一份键列表）
             attempt.cancel_timers()
-        if attempt.running:
-            self._sync_heartbeat_locked(attempt)
+        beat_at = self._heartbeat_locked(attempt) if attempt.running else None
+        if note_beat and beat_at is not None:
+            self.machine.note_heartbeat(beat_at)
+            beat_at = None
         if attempt._pause_signal is not None:  # 同 wake_pauser()：绝大多数尝试从没人等暂停确认
             attempt.wake_pauser()
+        return beat_at
 
     def _fail_or_retry_locked(self, failure: Failure, *, trigger: str | None = None) -> bool:
         """可重试且预算没用完 → retry_wait（返回"立即到期"与否）；否则 failed。
@@ -1057,16 +1162,22 @@ class TaskRun:
             self._arm_timeout_locked(attempt, FailureKind.TIMEOUT_IDLE, self.timeout.idle)
 
     def _sync_heartbeat_locked(self, attempt: _Attempt) -> None:
+        at = self._heartbeat_locked(attempt)
+        if at is not None:
+            self.machine.note_heartbeat(at)
+
+    def _heartbeat_locked(self, attempt: _Attempt) -> datetime | None:
+        """载体记下的最近一次心跳（换算成墙钟时间）；与上次记进快照的相同（或没有载体）时返回 None。
+        返回了就算"已同步"：调用方必须在同一次持锁之内把它记进快照。"""
         handle = attempt.handle
         if handle is None:
-            return
+            return None
         beat = handle.last_beat()
         if beat == attempt.synced_beat:
-            return
+            return None
         attempt.synced_beat = beat
         clock = self.clock
-        at = clock.now() - timedelta(seconds=max(0.0, clock.monotonic() - beat))
-        self.machine.note_heartbeat(at)
+        return clock.now() - timedelta(seconds=max(0.0, clock.monotonic() - beat))
 
     # -- state-machine listener ---------------------------------------------------------------------
 
@@ -1077,6 +1188,12 @@ class TaskRun:
 
     def _on_transition(self, snapshot: TaskSnapshot, record: Transition) -> None:
         hook = self._transition_hook
+        if record.to_status not in TERMINAL_STATUSES and not self._is_done:
+            # 最常见（每个任务三次迁移里的两次）：不是终态、也不是复活——_after_transition 什么也不做，
+            # 不去调它。
+            if hook is not None:
+                hook(self, snapshot, record)
+            return
         if hook is None:
             self._after_transition(record)
             return
