@@ -121,3 +121,48 @@ def test_memory_and_readonly_stores_start_no_checkpoint_thread(tmp_path: Path) -
         assert readonly.get("missing") is None
     assert set(_checkpoint_threads()) == before
     assert os.path.exists(db)
+
+
+def test_a_forced_checkpoint_catches_up_without_the_writer_queue_first() -> None:
+    """WAL 超过 FORCE_FRAMES 时，占写者队列的那一次之前先不占队列地追几遍，直到某一遍只拷了几十页：
+    占队列时只剩那一遍期间追加的页（bench/README.md 第十七轮 sq17）。占队列的那一次照样恰好一次。"""
+    from chongming_task.stores.sqlite import _checkpoint as ck
+
+    # 每一遍 PASSIVE 返回它开始那一刻的 WAL 页数：第一遍 2,400 页，之后每遍期间追加的越来越少。
+    logs = iter([2_400, 2_900, 3_050, 3_090, 3_100])
+    calls: list[tuple[bool, int]] = []
+
+    def checkpoint(exclusive: bool) -> tuple[int, int, int]:
+        log = calls[-1][1] if exclusive else next(logs)
+        calls.append((exclusive, log))
+        return (0, log, log)
+
+    checkpointer = ck.BackgroundCheckpointer(checkpoint, "test")
+    assert checkpointer._checkpoint_once() == 2_400
+    # 2,400 → 2,900（+500）→ 3,050（+150）→ 3,090（+40 ≤ CATCH_UP_LEFT，停）→ 占队列拷完
+    assert calls == [(False, 2_400), (False, 2_900), (False, 3_050), (False, 3_090), (True, 3_090)]
+    assert checkpointer._last_log == 0  # 占队列拷完之后，下一轮从 0 数起（与原来相同）
+
+    # 追不上（每遍都追加几百页）时至多追 CATCH_UP_PASSES 遍，然后照样占队列拷完：WAL 的上限不变。
+    calls.clear()
+    logs = iter([2_500 + 400 * i for i in range(10)])
+    assert ck.BackgroundCheckpointer(checkpoint, "test")._checkpoint_once() == 2_500
+    assert [exclusive for exclusive, _ in calls] == [False] * (1 + ck.CATCH_UP_PASSES) + [True]
+
+    # 追的某一遍没做成（-1：别的连接正在做检查点）：不再追，直接占队列。
+    calls.clear()
+
+    def busy(exclusive: bool) -> tuple[int, int, int]:
+        calls.append((exclusive, 0))
+        if exclusive:
+            return (0, 10, 10)
+        return (0, 2_500, 2_500) if len(calls) == 1 else (1, -1, -1)
+
+    assert ck.BackgroundCheckpointer(busy, "test")._checkpoint_once() == 2_500
+    assert [exclusive for exclusive, _ in calls] == [False, False, True]
+
+    # 没超过 FORCE_FRAMES：一遍 PASSIVE 就完，不追也不占队列（与原来相同）。
+    calls.clear()
+    logs = iter([1_200])
+    assert ck.BackgroundCheckpointer(checkpoint, "test")._checkpoint_once() == 1_200
+    assert calls == [(False, 1_200)]
