@@ -146,7 +146,7 @@ class BackgroundCheckpointer:
             log = int(row[1])
             forced = log > FORCE_FRAMES
             if forced:
-                self._catch_up(log)
+                self._catch_up(log, log - self._last_log if log >= self._last_log else log)
                 self._checkpoint(True)
         except Exception:
             # 检查点失败不致命：WAL 先长着，下一轮再试（存储关闭之后的那一次也走到这里）。
@@ -160,24 +160,34 @@ class BackgroundCheckpointer:
         self._last_log = 0 if forced else log
         return added
 
-    def _catch_up(self, log: int) -> None:
-        """占写者队列之前，不占队列地再拷几遍：每一遍只拷上一遍期间新追加的页，一遍比一遍少；某一遍只拷到
-        不多于 ``CATCH_UP_LEFT`` 页（它很短，期间追加的页也少）、或做满 ``CATCH_UP_PASSES`` 遍为止。
-        ``log`` 是上一遍开始时 WAL 的页数（PASSIVE 拷到它开始那一刻的末尾，返回的正是那时的页数，所以"还剩
-        多少"只能由下一遍的页数减这一遍的得知）。
+    def _catch_up(self, log: int, copied: int) -> None:
+        """占写者队列之前，不占队列地再拷几遍：每一遍只拷上一遍期间新追加的页。只在"拷得比写得快"时追：
+        每一遍拷的页都要不到上一遍的一半（一遍比一遍短），到某一遍只拷了不多于 ``CATCH_UP_LEFT`` 页、或做满
+        ``CATCH_UP_PASSES`` 遍为止。``log`` 是第一遍开始时 WAL 的页数，``copied`` 是第一遍拷的页数（上一次
+        检查点之后新增的页）。PASSIVE 拷到它开始那一刻的末尾、返回的正是那时的页数，所以一遍"拷了多少"要由
+        下一遍的页数减这一遍的得知；第一遍期间追加了多少，按这期间的写事务数乘每次提交的页数估。
 
-        为什么：占着写者队列的那一次期间，本进程的每个写者都在排队——提交线程等着自己的 create 落库（submit
-        不返回），执行槽等着 starting 落库（任务体不开始）。原来它要拷的是第一遍 PASSIVE 期间追加的全部页
-        （逐个 submit 的基准里每轮约 30 次、每次约 500 页，见 bench/README.md 第十七轮 sq17）。先不占队列地
-        追几遍，占队列的那一次只剩几十页。拷回的页、WAL 从头复用的时机、WAL 的上限都不变（追的几遍只是把原来
-        占队列时要拷的页提前拷了；追的期间 WAL 至多再长几百页）。"""
+        为什么追：占着写者队列的那一次期间，本进程的每个写者都在排队——提交线程等着自己的 create 落库（submit
+        不返回），执行槽等着 starting 落库（任务体不开始）。原来它要拷的是第一遍期间追加的全部页（逐个 submit
+        的基准里每轮约 30 次、每次约 500 页，见 bench/README.md 第十七轮 sq17）；追过之后只剩几十页。
+
+        为什么要"减半"才接着追：追的每一遍期间写者照常追加，WAL 照长。拷得比写得快时这些页一遍比一遍少，
+        合计不到第一遍期间追加的那么多（WAL 的峰值至多比原来多一个检查点间隔的页）；写得比拷得快时（机器
+        很挤、fsync 很慢）追下去 WAL 只会越来越长——那时不追，照原来的做法直接占队列拷完。拷回的页与持久性
+        不变：追的几遍只是把原来占队列时要拷的页提前拷了。"""
+        with self._lock:
+            during = self._commits  # 第一遍期间的写事务数（_loop 在第一遍之前清零）
+            per_commit = TARGET_FRAMES / self._interval
+        if during * per_commit * 2 > copied:
+            return  # 第一遍期间追加的页估计不少于它拷的一半：拷不过写，不追
         for _ in range(CATCH_UP_PASSES):
             row = self._checkpoint(False)
             if row is None or row[1] is None or row[1] < 0:
                 return  # 这一遍没做成（-1：别的连接正在做检查点）：交给占队列的那一次
-            if row[1] - log <= CATCH_UP_LEFT or row[1] < log:
-                return  # 这一遍只拷了几十页（期间追加的更少）；或 WAL 已从头复用（别的连接拷完了）
-            log = row[1]
+            fresh = row[1] - log  # 这一遍拷的页 = 上一遍期间追加的页
+            if row[1] < log or fresh <= CATCH_UP_LEFT or fresh * 2 > copied:
+                return  # WAL 已从头复用；或只剩几十页；或没有减半（写得比拷得快）：交给占队列的那一次
+            copied, log = fresh, row[1]
 
     def close(self, timeout: float = 5.0) -> None:
         """停下线程；正在做的那一次检查点做完再返回（最多等 ``timeout`` 秒）。"""
