@@ -8,6 +8,7 @@ import sqlite3
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -121,3 +122,61 @@ def test_memory_and_readonly_stores_start_no_checkpoint_thread(tmp_path: Path) -
         assert readonly.get("missing") is None
     assert set(_checkpoint_threads()) == before
     assert os.path.exists(db)
+
+
+def test_a_forced_checkpoint_catches_up_without_the_writer_queue_first() -> None:
+    """WAL 超过 FORCE_FRAMES 时，占写者队列的那一次之前先不占队列地追几遍，直到某一遍只拷了几十页：
+    占队列时只剩那一遍期间追加的页（bench/README.md 第十七轮 sq17）。只在拷得比写得快时追（每一遍拷的页
+    不到上一遍的一半），否则照原来的做法直接占队列——追下去 WAL 只会更长。占队列的那一次照样恰好一次。"""
+    from chongming_task.stores.sqlite import _checkpoint as ck
+
+    logs: Iterator[int] = iter(())
+    calls: list[tuple[bool, int]] = []
+
+    def checkpoint(exclusive: bool) -> tuple[int, int, int]:
+        log = calls[-1][1] if exclusive else next(logs)
+        calls.append((exclusive, log))
+        return (0, log, log)
+
+    def kinds() -> list[bool]:
+        return [exclusive for exclusive, _ in calls]
+
+    # 每一遍 PASSIVE 返回它开始那一刻的 WAL 页数：第一遍 2,400 页，之后每遍期间追加的越来越少。
+    logs = iter([2_400, 2_900, 3_050, 3_090, 3_100])
+    checkpointer = ck.BackgroundCheckpointer(checkpoint, "test")
+    assert checkpointer._checkpoint_once() == 2_400
+    # 2,400 → 2,900（+500）→ 3,050（+150）→ 3,090（+40 ≤ CATCH_UP_LEFT，停）→ 占队列拷完
+    assert calls == [(False, 2_400), (False, 2_900), (False, 3_050), (False, 3_090), (True, 3_090)]
+    assert checkpointer._last_log == 0  # 占队列拷完之后，下一轮从 0 数起（与原来相同）
+
+    # 没有减半（写得比拷得快）：不再追，占队列拷完。WAL 不因为追而一直变长。
+    calls.clear()
+    logs = iter([2_500 + 400 * i for i in range(10)])
+    assert ck.BackgroundCheckpointer(checkpoint, "test")._checkpoint_once() == 2_500
+    assert kinds() == [False, False, False, True]  # +400（不到 2,500 的一半，接着追）、+400（没减半，停）
+
+    # 第一遍期间的写事务估计追加了不少于它拷的一半（200 次 × 每次 10 页 × 2 > 2,400）：一遍也不追。
+    calls.clear()
+    logs = iter([2_400, 2_900])
+    slow = ck.BackgroundCheckpointer(checkpoint, "test")
+    slow._commits = 200  # _loop 在第一遍之前清零，第一遍期间照常由 committed() 数上来
+    assert slow._checkpoint_once() == 2_400
+    assert calls == [(False, 2_400), (True, 2_400)]
+
+    # 追的某一遍没做成（-1：别的连接正在做检查点）：不再追，直接占队列。
+    calls.clear()
+
+    def busy(exclusive: bool) -> tuple[int, int, int]:
+        calls.append((exclusive, 0))
+        if exclusive:
+            return (0, 10, 10)
+        return (0, 2_500, 2_500) if len(calls) == 1 else (1, -1, -1)
+
+    assert ck.BackgroundCheckpointer(busy, "test")._checkpoint_once() == 2_500
+    assert kinds() == [False, False, True]
+
+    # 没超过 FORCE_FRAMES：一遍 PASSIVE 就完，不追也不占队列（与原来相同）。
+    calls.clear()
+    logs = iter([1_200])
+    assert ck.BackgroundCheckpointer(checkpoint, "test")._checkpoint_once() == 1_200
+    assert calls == [(False, 1_200)]

@@ -733,6 +733,36 @@ def test_pool_reuses_connections_and_close_closes_them(db: Path) -> None:
     assert "closed" in repr(store)
 
 
+def test_writes_go_through_one_reused_cursor_per_pooled_connection(db: Path) -> None:
+    """写事务的 BEGIN / COMMIT、create 的 INSERT、save 快速路径的 UPDATE 与迁移记录的 INSERT 都经连接上那一个
+    复用的游标（``_Connection.writes``），不为每条语句现造游标；读照旧用各自的新游标，结果不受下一条写影响。"""
+    store = SqliteTaskStore(db)
+    try:
+        with store._pool.connection() as conn:
+            real = conn.writes
+            routed: list[str] = []
+
+            class Spy:
+                def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+                    routed.append(sql.split()[0].upper())
+                    return real.execute(sql, params)
+
+            conn.writes = Spy()  # type: ignore[assignment]
+        first = snap("a")
+        store.create(first)
+        record = Transition("a", TaskStatus.PENDING, TaskStatus.QUEUED, "submit", None, None, 1, T0)
+        store.save(
+            first.evolve(status_version=1, status=TaskStatus.QUEUED), expect_version=0, transitions=[record]
+        )
+        # create：BEGIN、INSERT 任务行、COMMIT；save：BEGIN、带前提的 UPDATE、迁移记录的 INSERT、COMMIT
+        assert routed == ["BEGIN", "INSERT", "COMMIT", "BEGIN", "UPDATE", "INSERT", "COMMIT"]
+        assert store.get("a") is not None and store.get("a").status is TaskStatus.QUEUED  # type: ignore[union-attr]
+        assert routed[-1] == "COMMIT"  # 读不经复用的游标
+        assert [t.version for t in store.history("a")] == [1]
+    finally:
+        store.close()
+
+
 def test_tag_rows_follow_saves_that_change_tags_or_created_at() -> None:
     with SqliteTaskStore(":memory:") as store:
         first = snap("a", tags=frozenset({"io"}))

@@ -40,6 +40,12 @@ BEHIND = 4
 FORCE_FRAMES = 2 * TARGET_FRAMES
 """WAL 超过这么多页还没拷完时，占着本进程的写者队列再做一次（见 ``_checkpoint_once``）。"""
 
+CATCH_UP_PASSES = 4
+"""占写者队列的那一次之前，至多再做几次不占队列的 PASSIVE（见 ``_catch_up``）。"""
+
+CATCH_UP_LEFT = 64
+"""没拷回的页不多于这么多时就不再追，直接占队列拷完（几十页是亚毫秒级的活）。"""
+
 Checkpoint = Callable[[bool], Any]
 """执行一次 ``PRAGMA wal_checkpoint(PASSIVE)``（参数为真时占着本进程的写者队列），返回结果行
 (busy, WAL 页数, 已拷回页数)。"""
@@ -130,7 +136,8 @@ class BackgroundCheckpointer:
         写者不停时 PASSIVE 拷不完：它只拷开始那一刻之前的页，检查点期间别的线程又追加了新页，而 WAL 只有在
         全部拷回之后才会从头复用，否则一直变长（实测 3,000 个空任务涨到 90 MB）。所以 WAL 超过
         ``FORCE_FRAMES`` 页时，紧接着再做一次占着本进程写者队列的检查点：这一次只拷刚才追加的那几页，
-        本进程没有写者插进来，能拷完，下一次提交就从头复用 WAL。它每隔几轮才有一次。
+        本进程没有写者插进来，能拷完，下一次提交就从头复用 WAL。它每隔几轮才有一次。占队列之前先不占队列地
+        追几遍（``_catch_up``），占队列时只剩几十页。
         """
         try:
             row = self._checkpoint(False)
@@ -139,6 +146,7 @@ class BackgroundCheckpointer:
             log = int(row[1])
             forced = log > FORCE_FRAMES
             if forced:
+                self._catch_up(log, log - self._last_log if log >= self._last_log else log)
                 self._checkpoint(True)
         except Exception:
             # 检查点失败不致命：WAL 先长着，下一轮再试（存储关闭之后的那一次也走到这里）。
@@ -151,6 +159,35 @@ class BackgroundCheckpointer:
         # 占着写者队列拷完之后，下一次提交就从头复用 WAL：下一轮从 0 数起。
         self._last_log = 0 if forced else log
         return added
+
+    def _catch_up(self, log: int, copied: int) -> None:
+        """占写者队列之前，不占队列地再拷几遍：每一遍只拷上一遍期间新追加的页。只在"拷得比写得快"时追：
+        每一遍拷的页都要不到上一遍的一半（一遍比一遍短），到某一遍只拷了不多于 ``CATCH_UP_LEFT`` 页、或做满
+        ``CATCH_UP_PASSES`` 遍为止。``log`` 是第一遍开始时 WAL 的页数，``copied`` 是第一遍拷的页数（上一次
+        检查点之后新增的页）。PASSIVE 拷到它开始那一刻的末尾、返回的正是那时的页数，所以一遍"拷了多少"要由
+        下一遍的页数减这一遍的得知；第一遍期间追加了多少，按这期间的写事务数乘每次提交的页数估。
+
+        为什么追：占着写者队列的那一次期间，本进程的每个写者都在排队——提交线程等着自己的 create 落库（submit
+        不返回），执行槽等着 starting 落库（任务体不开始）。原来它要拷的是第一遍期间追加的全部页（逐个 submit
+        的基准里每轮约 30 次、每次约 500 页，见 bench/README.md 第十七轮 sq17）；追过之后只剩几十页。
+
+        为什么要"减半"才接着追：追的每一遍期间写者照常追加，WAL 照长。拷得比写得快时这些页一遍比一遍少，
+        合计不到第一遍期间追加的那么多（WAL 的峰值至多比原来多一个检查点间隔的页）；写得比拷得快时（机器
+        很挤、fsync 很慢）追下去 WAL 只会越来越长——那时不追，照原来的做法直接占队列拷完。拷回的页与持久性
+        不变：追的几遍只是把原来占队列时要拷的页提前拷了。"""
+        with self._lock:
+            during = self._commits  # 第一遍期间的写事务数（_loop 在第一遍之前清零）
+            per_commit = TARGET_FRAMES / self._interval
+        if during * per_commit * 2 > copied:
+            return  # 第一遍期间追加的页估计不少于它拷的一半：拷不过写，不追
+        for _ in range(CATCH_UP_PASSES):
+            row = self._checkpoint(False)
+            if row is None or row[1] is None or row[1] < 0:
+                return  # 这一遍没做成（-1：别的连接正在做检查点）：交给占队列的那一次
+            fresh = row[1] - log  # 这一遍拷的页 = 上一遍期间追加的页
+            if row[1] < log or fresh <= CATCH_UP_LEFT or fresh * 2 > copied:
+                return  # WAL 已从头复用；或只剩几十页；或没有减半（写得比拷得快）：交给占队列的那一次
+            copied, log = fresh, row[1]
 
     def close(self, timeout: float = 5.0) -> None:
         """停下线程；正在做的那一次检查点做完再返回（最多等 ``timeout`` 秒）。"""
@@ -167,4 +204,12 @@ class BackgroundCheckpointer:
         return self._interval
 
 
-__all__ = ["BEHIND", "FIRST_INTERVAL", "FORCE_FRAMES", "TARGET_FRAMES", "BackgroundCheckpointer"]
+__all__ = [
+    "BEHIND",
+    "CATCH_UP_LEFT",
+    "CATCH_UP_PASSES",
+    "FIRST_INTERVAL",
+    "FORCE_FRAMES",
+    "TARGET_FRAMES",
+    "BackgroundCheckpointer",
+]

@@ -86,17 +86,34 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return _error_code(exc) & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
 
 
+class _Connection(sqlite3.Connection):
+    """本存储的连接：多带一个复用的游标 ``writes``，给结果当场就用完的写语句（BEGIN / COMMIT、INSERT、
+    只看 ``rowcount`` 的 UPDATE）用。
+
+    为什么：``Connection.execute`` 每条语句都现造一个游标（GC 追踪的对象，连接还要为它登记一个弱引用），
+    语句执行完就丢。这台机器上的 3.11 里稳定运行时一次约 3.3 µs，复用同一个游标约 0.75 µs（循环 GC 开着时，
+    现造的游标让第 0 代回收更频繁；关掉 GC 时两者只差约 0.2 µs）；逐个 submit 每任务 6 条这样的语句。
+    只用于结果不留到下一条语句之后的写：游标执行下一条语句时会重置上一条的结果，所以 SELECT 照旧各用
+    ``conn.execute`` 的新游标。同一时刻一条连接只有一个线程在用（连接池），游标也就只有它在用。"""
+
+    writes: sqlite3.Cursor
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.writes = self.cursor()
+
+
 class _Pool:
     """连接池。文件库：借出/归还，空闲连接最多留 ``max_idle`` 条。内存库：唯一一条连接，借出期间持锁。"""
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection], *, shared: bool, max_idle: int = 8) -> None:
+    def __init__(self, connect: Callable[[], _Connection], *, shared: bool, max_idle: int = 8) -> None:
         self._connect = connect
         self._shared = shared
         self._max_idle = max_idle
         self._lock = threading.Lock()
         self._serial = threading.Lock()
-        self._idle: list[sqlite3.Connection] = []
-        self._single: sqlite3.Connection | None = None
+        self._idle: list[_Connection] = []
+        self._single: _Connection | None = None
         self._closed = False
         self._generation = FORKS.generation
 
@@ -113,7 +130,7 @@ class _Pool:
             self._idle = []
             self._single = None
 
-    def acquire(self) -> sqlite3.Connection:
+    def acquire(self) -> _Connection:
         """借一条连接；用完必须 ``release``（哪怕出了异常）。``_run`` 每个事务都走这里：不经
         ``contextlib.contextmanager`` 的生成器（每次借还多一个生成器对象、几层调用）。"""
         if self._shared:
@@ -136,7 +153,7 @@ class _Pool:
             conn = self._connect()
         return conn
 
-    def release(self, conn: sqlite3.Connection) -> None:
+    def release(self, conn: _Connection) -> None:
         if self._shared:
             self._serial.release()
             return
@@ -150,7 +167,7 @@ class _Pool:
             conn.close()
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[sqlite3.Connection]:
+    def connection(self) -> Iterator[_Connection]:
         conn = self.acquire()
         try:
             yield conn
@@ -203,7 +220,7 @@ _CreateRows = tuple[str, tuple[Any, ...], list[tuple[Any, ...]], list[tuple[Any,
 # 一条迁移记录与它编码出的行（create_many 里下一条记录照抄同一对象字段的编码，见 RowCodec.values_like）。
 _EncodedTransition = tuple[Transition, tuple[Any, ...]]
 # 组提交里一项 save 的事务体：改任务行，把它的迁移记录行追加进第二个参数（由 _run_many 整批插入）。
-_BatchedTx = Callable[[sqlite3.Connection, list[tuple[Any, ...]]], None]
+_BatchedTx = Callable[[_Connection, list[tuple[Any, ...]]], None]
 # 任务行（TASK_COLUMNS 顺序的元组）里 created_key 的位置：标签行带着它（task_tags 按创建先后排序）。
 _CREATED_KEY_AT = schema.TASK_COLUMNS.index("created_key")
 transition_values = codec.TRANSITIONS.values  # 迁移记录 → TRANSITION_COLUMNS 顺序的一行（不经字典）
@@ -265,11 +282,11 @@ def _duplicate(task_id: str) -> DuplicateTaskId:
 
 
 def _insert_created(
-    conn: sqlite3.Connection, task_id: str, insert_task: tuple[str, list[Any]], tags: list[tuple[Any, ...]]
+    conn: _Connection, task_id: str, insert_task: tuple[str, list[Any]], tags: list[tuple[Any, ...]]
 ) -> None:
     """create 的任务行与标签行（迁移记录由调用方插）。id 已存在 → DuplicateTaskId，这一项什么也没写。"""
     try:
-        conn.execute(*insert_task)
+        conn.writes.execute(*insert_task)
     except sqlite3.IntegrityError as exc:
         if _error_code(exc) in (_SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE):
             raise _duplicate(task_id) from None
@@ -278,15 +295,16 @@ def _insert_created(
         conn.executemany(_sql.INSERT_TAG, tags)
 
 
-def _execute(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], mode: _Mode) -> T:
+def _execute(conn: _Connection, fn: Callable[[_Connection], T], mode: _Mode) -> T:
     if mode == "none":
         return fn(conn)
-    conn.execute("BEGIN IMMEDIATE" if mode == "write" else "BEGIN")
+    writes = conn.writes  # 复用的游标（见 _Connection）：BEGIN / COMMIT 没有要留的结果
+    writes.execute("BEGIN IMMEDIATE" if mode == "write" else "BEGIN")
     try:
         result = fn(conn)
         if mode == "write":
             before_commit()  # 组提交在这里叫醒上一批定时睡着的调用方（见 commit_hooks）
-        conn.execute("COMMIT")
+        writes.execute("COMMIT")
         return result
     except BaseException:
         if conn.in_transaction:
@@ -407,13 +425,14 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         state = ", closed" if self._pool.closed else ""
         return f"SqliteTaskStore({self._path!r}{state})"
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self) -> _Connection:
         conn = sqlite3.connect(
             self._path,
             timeout=self._busy_timeout,
             isolation_level=None,  # 自己管事务：BEGIN IMMEDIATE / BEGIN / COMMIT
             check_same_thread=False,  # 连接在池里跨线程借还，但同一时刻只有一个线程在用
             cached_statements=256,
+            factory=_Connection,  # 带一个复用的游标（见 _Connection）
         )
         try:
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
@@ -431,7 +450,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             raise
         return conn
 
-    def _prepare(self, conn: sqlite3.Connection) -> None:
+    def _prepare(self, conn: _Connection) -> None:
         """首次打开：检查/建立表结构，然后切到 WAL。可重入——撞锁时整个重跑。
 
         先判定"能不能用、该不该建"，再动文件：别人的库、只读打开、不许建表时，文件一个字节都不改
@@ -511,7 +530,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             return StoreError(f"{where} 写入失败：磁盘已满（{exc}）")
         return StoreError(f"SQLite 操作失败（{what}，{where}）：{exc}")
 
-    def _run(self, what: str, fn: Callable[[sqlite3.Connection], T], mode: _Mode = "write") -> T:
+    def _run(self, what: str, fn: Callable[[_Connection], T], mode: _Mode = "write") -> T:
         """在一条连接上执行 ``fn``（按 mode 包在写事务 / 读事务里），撞锁则退避重试整个事务。"""
         started = time.monotonic()
         delay = _FIRST_BACKOFF
@@ -665,7 +684,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         if not work:
             return results
 
-        def tx(conn: sqlite3.Connection) -> dict[int, TaskError]:
+        def tx(conn: _Connection) -> dict[int, TaskError]:
             failed: dict[int, TaskError] = {}
             history: list[tuple[Any, ...]] = []
             for index, item in work:
@@ -674,8 +693,9 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 except TaskError as exc:
                     failed[index] = exc
             if history:
+                writes = conn.writes
                 for insert in _sql.insert_rows_without_nulls(_sql.INSERT_TRANSITION_HEAD, history):
-                    conn.execute(*insert)
+                    writes.execute(*insert)
             return failed
 
         for index, error in self._run(what, tx).items():
@@ -701,7 +721,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         task_id, row, tags, history = self._hinted_create_rows(snapshot, transitions)
         insert_task = _sql.insert_without_nulls(_sql.INSERT_TASK_HEAD, row)
 
-        def batched_tx(conn: sqlite3.Connection, batch_history: list[tuple[Any, ...]]) -> None:
+        def batched_tx(conn: _Connection, batch_history: list[tuple[Any, ...]]) -> None:
             _insert_created(conn, task_id, insert_task, tags)
             batch_history.extend(history)  # 任务行已写进去：它的记录由 _run_many 一并插入
 
@@ -709,17 +729,17 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
 
     def _create_tx(
         self, snapshot: TaskSnapshot, transitions: Sequence[Transition]
-    ) -> Callable[[sqlite3.Connection], None]:
+    ) -> Callable[[_Connection], None]:
         task_id, row, tags, history = self._hinted_create_rows(snapshot, transitions)
 
         # 行按 TASK_COLUMNS 顺序（见 _create_rows）：None 写成字面量 NULL（见 _sql）。
         insert_task = _sql.insert_without_nulls(_sql.INSERT_TASK_HEAD, row)
         inserts = [_sql.insert_without_nulls(_sql.INSERT_TRANSITION_HEAD, record) for record in history]
 
-        def tx(conn: sqlite3.Connection) -> None:
+        def tx(conn: _Connection) -> None:
             _insert_created(conn, task_id, insert_task, tags)
             for insert in inserts:
-                conn.execute(*insert)
+                conn.writes.execute(*insert)
 
         return tx
 
@@ -779,7 +799,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         batched: Literal[False] = False,
         hint: tuple[TaskSnapshot, tuple[Any, ...]] | None = None,
         checked: bool = True,
-    ) -> Callable[[sqlite3.Connection], None]: ...
+    ) -> Callable[[_Connection], None]: ...
 
     @overload
     def _save_tx(
@@ -798,7 +818,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         batched: bool = False,
         hint: tuple[TaskSnapshot, tuple[Any, ...]] | None = None,
         checked: bool = True,
-    ) -> Callable[[sqlite3.Connection], None] | _BatchedTx:
+    ) -> Callable[[_Connection], None] | _BatchedTx:
         """一次 save 的事务体（入参已检查：``_save`` 由基类检查，``save_many`` 逐项检查）。
         ``batched``：组提交里的一项——事务体不自己插迁移记录，而是在改完任务行之后把记录行交给调用方
         （``_run_many`` 整批合成多行 INSERT）。
@@ -839,14 +859,15 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             else _sql.guarded_save_update(row, plain_values, old_status, task_id, expect_version)
         )
 
-        def tx(conn: sqlite3.Connection) -> None:
-            if fast is None or conn.execute(*fast).rowcount != 1:
+        # 快速路径的 UPDATE 与迁移记录的 INSERT 走复用的游标（见 _Connection）：结果只看 rowcount。
+        def tx(conn: _Connection) -> None:
+            if fast is None or conn.writes.execute(*fast).rowcount != 1:
                 slow(conn)
             for insert in inserts:
-                conn.execute(*insert)
+                conn.writes.execute(*insert)
 
-        def batched_tx(conn: sqlite3.Connection, history: list[tuple[Any, ...]]) -> None:
-            if fast is None or conn.execute(*fast).rowcount != 1:
+        def batched_tx(conn: _Connection, history: list[tuple[Any, ...]]) -> None:
+            if fast is None or conn.writes.execute(*fast).rowcount != 1:
                 slow(conn)
             history.extend(records)  # 任务行已改好（没抛 TaskError）：它的记录由调用方一并插入
 
@@ -972,7 +993,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             return []
         first = None if save is None else self._save_tx(save)
 
-        def tx(conn: sqlite3.Connection) -> list[TaskSnapshot]:
+        def tx(conn: _Connection) -> list[TaskSnapshot]:
             result: list[TaskSnapshot] = []
             if first is not None:
                 first(conn)
