@@ -240,6 +240,10 @@ def tiny_tmpfs(where: Path, size: str) -> Iterator[Path | None]:
             if subprocess.run(["umount", str(mount_point)], capture_output=True, check=False).returncode == 0:
                 break
             time.sleep(0.1)
+        else:
+            # 5 秒后仍忙（还有打开的文件）：惰性卸载，最后一个文件关掉时内核再卸。否则挂载点留在 pytest 的
+            # 临时目录里，之后每次清理旧目录都告警（设备忙），挂载越积越多。
+            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, check=False)
 
 
 def fill(path: Path) -> None:
