@@ -49,17 +49,15 @@ def wait_event(wait: Callable[[float | None], bool], timeout: float | None) -> b
 def join_thread(thread: threading.Thread, timeout: float | None) -> None:
     """``thread.join(timeout)`` 的可被信号打断版本：``close()`` 等后台线程收尾时用。
 
-    ``Thread.join`` 阻塞在线程状态锁上，和 ``Event.wait`` 一样不会被别的线程收到的信号打断。
+    ``Thread.join`` 阻塞在线程状态锁上，和 ``Event.wait`` 一样不会被别的线程收到的信号打断；按片等的循环
+    与 ``wait_event`` 是同一个（"等一片、线程已结束就算等到了"）。
     """
-    if threading.current_thread() is not _main_thread:
-        thread.join(timeout)
-        return
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while thread.is_alive():
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            return
-        thread.join(wait_slice(remaining))
+
+    def joined(step: float | None) -> bool:
+        thread.join(step)
+        return not thread.is_alive()
+
+    wait_event(joined, timeout)
 
 
 __all__ = ["MAIN_THREAD_WAIT_SLICE", "join_thread", "wait_event", "wait_slice"]

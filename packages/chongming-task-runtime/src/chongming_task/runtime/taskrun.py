@@ -57,7 +57,7 @@ from chongming_task.core.triggers import (
     TRIGGER_TIMEOUT_IDLE,
     TRIGGER_TIMEOUT_START,
 )
-from chongming_task.decorators import task_spec
+from chongming_task.decorators import TaskSpec, task_spec
 from chongming_task.errors import ConfigurationError, InvalidTransition
 from chongming_task.models import (
     Failure,
@@ -198,6 +198,18 @@ class _Events(AttemptEvents):
         self._run._settle(self._attempt, result)
 
 
+def _policy_defaults(
+    spec: TaskSpec | None, retry: RetryPolicy | None, timeout: Timeout | None
+) -> tuple[RetryPolicy, Timeout]:
+    """retry / timeout 没给时的缺省：先取 ``@task`` 上的，再取"不重试 / 不限时"。``TaskRun(...)`` 与
+    ``TaskRun._controlled`` 共用这一条规则。"""
+    if retry is None:
+        retry = spec.retry if spec and spec.retry else NO_RETRY
+    if timeout is None:
+        timeout = spec.timeout if spec and spec.timeout else NO_TIMEOUT
+    return retry, timeout
+
+
 def _number(name: str, value: object, *, allow_none: bool) -> float | None:
     """非负的有限秒数、不超过 10 年（core/numbers.py 的唯一数值检查点）：inf / NaN / 1e308 在这里就被拒绝，
     不会在 ``Event.wait`` 里变成 OverflowError，也不会让一个窗口永远不到期。"""
@@ -280,10 +292,9 @@ class TaskRun:
                 "executor 必须是 ThreadExecutor() / InlineExecutor() / ProcessExecutor() 之类的实例，"
                 f"收到 {executor!r}"
             )
-        retry = retry if retry is not None else (spec.retry if spec and spec.retry else NO_RETRY)
+        retry, timeout = _policy_defaults(spec, retry, timeout)
         if not isinstance(retry, RetryPolicy):
             raise ConfigurationError(f"retry 必须是 RetryPolicy(...)，收到 {retry!r}")
-        timeout = timeout if timeout is not None else (spec.timeout if spec and spec.timeout else NO_TIMEOUT)
         if not isinstance(timeout, Timeout):
             raise ConfigurationError(f"timeout 必须是 Timeout(start=, per_attempt=, idle=)，收到 {timeout!r}")
         if upstream is not None and upstream.__class__ is not dict and not isinstance(upstream, Mapping):
@@ -358,12 +369,8 @@ class TaskRun:
         if upstream is not None and upstream.__class__ is not dict and not isinstance(upstream, Mapping):
             raise ConfigurationError(f"upstream 必须是 {{节点 id: 返回值}} 字典，收到 {upstream!r}")
         run: TaskRun = cls.__new__(cls)
-        if retry is None or timeout is None:  # 与 __init__ 同样的缺省：取 @task 上的，再取"不重试 / 不限时"
-            spec = task_spec(fn)
-            if retry is None:
-                retry = spec.retry if spec and spec.retry else NO_RETRY
-            if timeout is None:
-                timeout = spec.timeout if spec and spec.timeout else NO_TIMEOUT
+        if retry is None or timeout is None:  # 与 __init__ 同样的缺省（两者都给了时不去取 @task 的说明）
+            retry, timeout = _policy_defaults(task_spec(fn), retry, timeout)
         run._assign(
             fn,
             tuple(args),  # 已是元组时不复制（同一个对象）

@@ -823,39 +823,46 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         （每条已预备的语句都失败到连接到龄），所以升级前先停掉它们，见 ``domain_upgrade_statements``；
         ``nodes`` 里还有活着的旧代码节点（``info.feature_level`` 不到 1）时这次不换，告警说是哪些节点，
         等它们停掉（或心跳过期）之后下一次可写打开再换——滚动升级时先上线的新进程不会打断还没换下的旧进程。"""
-        if not _schema.untyped_columns(conn, self._schema):
-            return
-        old_nodes = _schema.live_nodes_below(conn, self._schema, NODE_FEATURE_LEVEL, self._clock.now())
-        if old_nodes:
-            logger.warning(
-                "schema %r 的状态列还是带 CHECK 约束的 text，但还有旧版本的节点活着（%s）：现在换成域类型会让"
-                "它们已预备的读语句全部失败，所以这次不换，任务读写照常。等这些节点停掉（或心跳过期）之后，"
-                "下一次可写打开会自动换；也可以在停掉它们之后让表的属主执行：%s",
-                self._schema,
-                ", ".join(old_nodes),
-                ";\n".join(_schema.domain_upgrade_statements(self._schema)),
-            )
-            return
         if self._upgrade_in_place(
             conn,
             lambda: bool(_schema.untyped_columns(conn, self._schema)),
             _schema.domain_upgrade_statements(self._schema),
             "schema %r 的状态列还是带 CHECK 约束的 text，而角色 %r 换不了域类型（%s）：任务读写照常，"
             "只是每条写入多编译一次约束；请在停掉旧进程之后让表的属主执行一次：%s",
+            waits_for_old_nodes="schema %r 的状态列还是带 CHECK 约束的 text，但还有旧版本的节点活着（%s）："
+            "现在换成域类型会让它们已预备的读语句全部失败，所以这次不换，任务读写照常。等这些节点停掉（或心跳"
+            "过期）之后，下一次可写打开会自动换；也可以在停掉它们之后让表的属主执行：%s",
         ):
             columns = ", ".join(f"{table}.{column}" for table, column, _ in _schema.TYPED_COLUMNS)
             logger.info("schema %r 的状态与版本列已换成域类型（%s）", self._schema, columns)
 
     def _upgrade_in_place(
-        self, conn: Conn, needed: Callable[[], bool], statements: Sequence[str], refused: str
+        self,
+        conn: Conn,
+        needed: Callable[[], bool],
+        statements: Sequence[str],
+        refused: str,
+        *,
+        waits_for_old_nodes: str | None = None,
     ) -> bool:
         """不升版本号、只影响快慢的原地升级（换索引、换域类型）共用的做法：需要时在咨询锁下、一个事务里
         重查一遍再执行 ``statements``（两个进程同时打开只有一个真的做）。返回这次是否做了。
 
         没有权限（不是表的属主，或连到了只读的备库）时不拦着打开：按 ``refused``（参数依次是 schema、角色、
-        错误的第一行、要由属主执行的语句）告警一次，返回 False。"""
+        错误的第一行、要由属主执行的语句）告警一次，返回 False。
+
+        ``waits_for_old_nodes``：会让**运行中的旧代码**出错的升级（换域类型）给出的告警模板（参数依次是
+        schema、活着的旧节点、语句）。``nodes`` 里还有 ``info.feature_level`` 低于 ``NODE_FEATURE_LEVEL`` 的
+        活节点时这次不做，按它告警，返回 False。"""
         if not needed():
             return False
+        if waits_for_old_nodes is not None:
+            old_nodes = _schema.live_nodes_below(conn, self._schema, NODE_FEATURE_LEVEL, self._clock.now())
+            if old_nodes:
+                logger.warning(
+                    waits_for_old_nodes, self._schema, ", ".join(old_nodes), ";\n".join(statements)
+                )
+                return False
         try:
             with conn.transaction():
                 _schema.lock_ddl(conn, self._schema)
