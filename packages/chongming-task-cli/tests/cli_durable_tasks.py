@@ -23,6 +23,12 @@ def spin_durable(ctx: Any) -> None:
         time.sleep(0.01)
 
 
+@task(durable=True)
+def deaf_durable(ctx: Any) -> None:
+    """持久任务：不 checkpoint、不看停止请求，睡满 60 秒（停不下来的任务）。"""
+    time.sleep(60)
+
+
 @task
 def plain(ctx: Any) -> str:
     """普通任务（不落配方）。"""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,29 @@ def test_drain_timeout_stops_running_tasks_exit_3_and_retry_requeues(
         history = store.history("s1")
     assert snapshot is not None and (snapshot.status.value, snapshot.owner) == ("queued", None)
     assert (history[-1].trigger, history[-1].reason) == ("control:retry", "发布后重跑")
+
+
+def test_second_interrupt_stops_waiting_even_for_a_task_that_ignores_stop(
+    tmp_path: Path, spawn_cli: Any, run_cli: Any, status_of: Any, wait_until: Any
+) -> None:
+    """文档：第二次中断"不再等，立刻停"。原来第二下仍按优雅停止的整个窗口（graceful_stop + 2 = 7 秒）关。"""
+    db = str(tmp_path / "tasks.db")
+    assert run_cli("--db", db, "submit", "deaf_durable", "--tasks", TASKS, "--task-id", "d1",
+                   cwd=tmp_path).returncode == 0  # fmt: skip
+    worker = spawn_cli("--db", db, "worker", "--tasks", TASKS, "--poll-interval", "0.05",
+                       "--drain-timeout", "60")  # fmt: skip
+    worker.wait_for_stderr("已启动")
+    wait_until(lambda: status_of(db, "d1") == "running")
+    worker.signal(signal.SIGINT)
+    worker.wait_for_stderr("不再认领")
+    started = time.monotonic()
+    worker.signal(signal.SIGINT)
+    code, _, err = worker.finish()
+    elapsed = time.monotonic() - started
+    assert code == 3, err
+    assert elapsed < 3.0, f"第二次中断之后还等了 {elapsed:.1f} 秒"
+    assert "再次中断" in err and "d1" in err and "reconcile" in err
+    assert "Traceback" not in err
 
 
 def test_retry_refuses_non_durable_and_unfinished_tasks(invoke: Any, db: str) -> None:

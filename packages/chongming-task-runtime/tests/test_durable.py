@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -254,6 +255,49 @@ def test_stop_releases_unstarted_tasks_and_drains_running_ones(db: str) -> None:
     if left.status is S.QUEUED:
         assert left.owner is None, "没开始的持久任务交还存储，别的 worker 可立刻认领"
     submitter.close()
+
+
+class _Interrupted(BaseException):
+    """测试里代替 KeyboardInterrupt：真的 KeyboardInterrupt 漏出去会中止整个 pytest 会话。"""
+
+
+def test_interrupt_during_serve_does_not_wait_out_the_drain(db: str) -> None:
+    """serve() 被异常打断（Ctrl-C、命令行的第二下中断）时只交还、不再等满 drain_timeout。
+
+    原来 Worker.run 的 finally 无条件 drain：信号在循环里到达，异常要先等 30 秒才传出来。"""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("信号处理函数只能装在主线程")
+    store = SqliteTaskStore(db)
+    submitter = Controller(store=SqliteTaskStore(db), owner="submitter")
+    running = submitter.enqueue("record", 1, pause=30.0)
+    controller = worker(SqliteTaskStore(db), "w", max_parallel=1)
+    stop = threading.Event()
+    sent_at: list[float] = []
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise _Interrupted
+
+    def send_when_running() -> None:
+        wait_until(lambda: (s := store.get(running)) is not None and s.status is S.RUNNING)
+        time.sleep(0.05)  # 让主线程回到认领循环里等
+        sent_at.append(time.monotonic())
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    sender = threading.Thread(target=send_when_running, daemon=True)
+    try:
+        sender.start()
+        with pytest.raises(_Interrupted):
+            controller.serve(stop, poll_interval=0.02, drain_timeout=30)
+        interrupted_at = time.monotonic()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert not stop.is_set() and sent_at
+    assert interrupted_at - sent_at[0] < 3.0, f"中断之后 serve() 还等了 {interrupted_at - sent_at[0]:.1f} 秒"
+    assert (s := store.get(running)) is not None and s.status is S.RUNNING  # 没等它跑完
+    sender.join(5)
+    controller.close(timeout=0)
+    submitter.close(timeout=0)
 
 
 def until_stopped(ctx: Any) -> None:

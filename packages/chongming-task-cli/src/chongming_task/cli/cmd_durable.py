@@ -21,6 +21,7 @@ from chongming_task.cli.buckets import format_bucket_spec, owned_buckets
 from chongming_task.cli.cmd_run import (
     SignalStop,
     TaskCall,
+    ignore_interrupts,
     submit_errors,
     submit_options,
     task_controller,
@@ -165,8 +166,20 @@ def worker_command(
         try:
             report = controller.serve(stop, poll_interval=poll_interval, drain_timeout=drain_timeout)
         except (KeyboardInterrupt, SignalStop):
+            # 第二下的意思是"不再等"：以 0 秒窗口关（给在跑的发停止请求、把已发生的写追平，不等它们落定）。
+            # 原来按优雅停止的整个窗口（graceful_stop + 2 秒）关，一个不 checkpoint 的任务就让进程再挂 7 秒，
+            # 而第三下中断会在 close() 半途抛出。收尾期间再来的中断一律忽略：它不能再把收尾打断在半截。
+            ignore_interrupts()
             click.echo("再次中断：不再等待在跑的任务，立刻停止", err=True)
-            controller.close(reason="worker 被再次中断", timeout=controller.graceful_stop + 2.0)
+            controller.close(reason="worker 被再次中断", timeout=0)
+            running = [run for run in controller.runs() if not run.status.is_terminal]
+            if running:
+                click.echo(
+                    f"{len(running)} 个任务没来得及落定（{', '.join(r.task_id for r in running[:5])}"
+                    f"{' …' if len(running) > 5 else ''}）：租约过期后 reconcile 把它们如实标记为 lost，"
+                    "持久任务按 on_lost 决定是否重跑",
+                    err=True,
+                )
             return EXIT_TASK_NOT_SUCCEEDED
     click.echo(
         f"worker {controller.owner} 已停止：认领 {report.claimed}，接手 {report.adopted}，"
@@ -186,8 +199,10 @@ class _stop_on_signals:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.stop.is_set():
             raise SignalStop(signal.Signals(signum).name)
-        click.echo(f"收到 {signal.Signals(signum).name}：不再认领，等在跑的任务跑完…", err=True)
+        # 先置位、再打印：第二下可能紧跟着第一下、在打印的半途（处理函数里）到达。先打印的话，它看到的 stop
+        # 还没置位，被当成又一个"第一下"吞掉，worker 照旧等满整个 --drain-timeout。
         self.stop.set()
+        click.echo(f"收到 {signal.Signals(signum).name}：不再认领，等在跑的任务跑完…", err=True)
 
     def __enter__(self) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -80,8 +80,9 @@ def _interrupts_as_exceptions() -> Iterator[None]:
             signal.signal(signum, old)
 
 
-def _ignore_interrupts() -> None:
-    """收尾已经完成，剩下的只是打印结果：这时再来的中断不该把退出码从 3 变成 1。"""
+def ignore_interrupts() -> None:
+    """此后的 Ctrl-C / SIGTERM 一律忽略：收尾已经决定（run：已停完，只剩打印结果；worker：第二下中断之后的
+    0 秒收尾），再来的中断不该把它打断在半截、也不该把退出码从 3 变成 1。"""
     if threading.current_thread() is threading.main_thread():
         for signum in _INTERRUPTS:
             signal.signal(signum, signal.SIG_IGN)
@@ -312,7 +313,7 @@ def run_command(
             interrupted = exc.signame if isinstance(exc, SignalStop) else "SIGINT"
             if not _close_after_interrupt(controller, watcher, display, interrupted):
                 return EXIT_TASK_NOT_SUCCEEDED
-            _ignore_interrupts()
+            ignore_interrupts()
         watcher.render(final=True)
         display.finish()
         return _report(state, run.snapshot, interrupted)

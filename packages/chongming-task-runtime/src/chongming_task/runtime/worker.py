@@ -294,6 +294,7 @@ class Worker:
         if chained:
             controller.chain_claims(_ClaimChain(self, stop))
         helper = self._start_claimer(stop, halt)
+        stopped = False  # 循环因 stop 正常退出（而不是被异常打断）
         try:
             while not stop.is_set():
                 now = time.monotonic()
@@ -305,6 +306,7 @@ class Worker:
                 # 取满了空槽也去等（见 _claim_loop）：认领往返期间有槽空出来、另一条认领线程也没取走那次置位时
                 # _wake 仍置位着，_idle 立刻返回。
                 self._idle(stop)
+            stopped = True
         finally:
             if chained:
                 controller.chain_claims(None)  # 等正在进行的那几次做完：之后不再有任务被认领、开始
@@ -314,7 +316,10 @@ class Worker:
             if unlisten is not None:
                 unlisten()
             unwatch()
-            self._drain()
+            # 被异常打断（KeyboardInterrupt、命令行第二下中断的 SignalStop、存储的错误）时只交还、不等：
+            # 原来 finally 里照样等满 drain_timeout，第二下 Ctrl-C 若在循环退出之前到达，就被变成一次完整的
+            # drain（默认 30 秒），正好与它"不再等"的意思相反。交还很快，而且让别的 worker 立刻能认领。
+            self._drain(wait=stopped)
         return self.report
 
     def _start_claimer(self, stop: threading.Event, halt: threading.Event) -> threading.Thread | None:
@@ -663,12 +668,15 @@ class Worker:
 
     # -- drain --------------------------------------------------------------------------------------
 
-    def _drain(self) -> None:
-        """停止认领之后：交还还没开始的持久任务，等在跑的跑完（最多 drain_timeout），再停掉剩下的。"""
+    def _drain(self, *, wait: bool) -> None:
+        """停止认领之后：交还还没开始的持久任务，等在跑的跑完（最多 drain_timeout；``wait=False`` 不等），
+        再停掉剩下的（由调用方的 close() 停）。"""
         controller = self.controller
         for run in controller.detach_unstarted_durable():
             if self._release(run):
                 self.report.released += 1
+        if not wait:
+            return
         deadline = time.monotonic() + self.drain_timeout
         while controller.active_count and time.monotonic() < deadline:
             time.sleep(0.05)
