@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.records import PackedTransition
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
 from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim, start_claimed
@@ -626,7 +627,14 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     # -- snapshots ----------------------------------------------------------------------------------
 
     def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
-        self._run("create", self._create_tx(snapshot, transitions))
+        self._run("create", self._create_tx(self._prepared_create(snapshot, transitions)))
+
+    def _create_direct(self, snapshot: TaskSnapshot, packed: tuple[PackedTransition, ...]) -> None:
+        """写穿落库新任务（见 ``TaskStore._create_direct``）：快照照样整份检查；迁移记录是状态机自己的紧凑历史
+        （调用方担保合法、属于这个任务），直接编成行（``codec.packed_transition_row``），不先现造 Transition、
+        再逐条查类型与归属、再编码——与 ``create(snapshot, [unpack_transition(...) ...])`` 写下的行逐列
+        相同。"""
+        self._run("create", self._create_tx(self._packed_create(snapshot, packed)))
 
     def create_many(
         self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
@@ -809,13 +817,42 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         task_id, row, tags, history = self._hinted_create_rows(snapshot, transitions)
         return task_id, _sql.insert_without_nulls(_sql.INSERT_TASK_HEAD, row), tags, history
 
-    def _create_tx(
-        self, snapshot: TaskSnapshot, transitions: Sequence[Transition]
-    ) -> Callable[[_Connection], None]:
-        task_id, row, tags, history = self._hinted_create_rows(snapshot, transitions)
+    def _packed_create(self, snapshot: TaskSnapshot, packed: Sequence[PackedTransition]) -> _PreparedCreate:
+        """``_prepared_create`` 的写穿版（见 ``_create_direct``）：快照整份检查、整份编码，迁移记录由紧凑形式
+        直接编成行。"""
+        snapshot = checks.check_snapshot(snapshot)
+        row = codec.SNAPSHOTS.values(snapshot)
+        self._hints.remember_save(snapshot, codec.SNAPSHOTS.save_from_row(row))
+        task_id = snapshot.task_id
+        packed_row = codec.packed_transition_row
+        history = [packed_row(task_id, record) for record in packed]
+        tags = [(tag, row[_CREATED_KEY_AT], task_id) for tag in snapshot.tags]
+        return task_id, _sql.insert_without_nulls(_sql.INSERT_TASK_HEAD, row), tags, history
 
+    def _write_many_direct(
+        self,
+        creates: Sequence[tuple[TaskSnapshot, tuple[PackedTransition, ...]]],
+        saves: Sequence[v.SaveRequest],
+    ) -> tuple[list[TaskError | None], list[TaskError | None]]:
+        """组提交的混合批，create 是写穿交来的 (快照, 紧凑历史)（语义与 ``write_many`` 相同，create 一项的
+        语义同 ``_create_direct``）：组提交不必先把紧凑历史现造成 Transition。"""
+        count = len(creates)
+        results: list[TaskError | None] = [None] * (count + len(saves))
+        created: list[tuple[int, _PreparedCreate]] = []
+        for index, (snapshot, packed) in enumerate(creates):
+            try:
+                created.append((index, self._packed_create(snapshot, packed)))
+            except TaskError as exc:
+                results[index] = exc
+        prepared = self._checked_saves(saves, results, count)
+        if created or prepared:
+            self._write_prepared("write_many", created, prepared, results)
+        return results[:count], results[count:]
+
+    @staticmethod
+    def _create_tx(prepared: _PreparedCreate) -> Callable[[_Connection], None]:
+        task_id, insert_task, tags, history = prepared
         # 行按 TASK_COLUMNS 顺序（见 _create_rows）：None 写成字面量 NULL（见 _sql）。
-        insert_task = _sql.insert_without_nulls(_sql.INSERT_TASK_HEAD, row)
         inserts = [_sql.insert_without_nulls(_sql.INSERT_TRANSITION_HEAD, record) for record in history]
 
         def tx(conn: _Connection) -> None:

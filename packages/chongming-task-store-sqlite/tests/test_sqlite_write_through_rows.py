@@ -1,0 +1,167 @@
+"""写穿交给 SqliteTaskStore 的 create（组提交的 ``_create_direct`` 与混合批的 ``_write_many_direct``）：
+迁移记录是状态机的紧凑历史，存储直接编成行、不先现造 Transition。写下的行必须与公开的 create / write_many（先
+``unpack_transition``）逐列相同，逐项结果（重复 id、存不下的快照、版本冲突）也相同。"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chongming_task.core.records import unpack_transition
+from chongming_task.core.state_machine import StateMachine
+from chongming_task.errors import ConcurrencyConflict, ConfigurationError, DuplicateTaskId
+from chongming_task.models import Transition
+from chongming_task.states import TaskStatus
+from chongming_task.storage import SaveRequest
+from chongming_task.stores.sqlite import SqliteTaskStore
+from chongming_task.stores.sqlite import _codec as codec
+
+T0 = datetime(2026, 3, 1, 8, 0, 0, 123456, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        T0,
+        T0.replace(microsecond=0),
+        T0.astimezone(timezone(timedelta(hours=8))),
+        datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=-5))),
+    ],
+)
+@pytest.mark.parametrize("actor, reason", [(None, None), ("node-1", None), (None, "原因"), ("a", "b")])
+def test_a_packed_transition_encodes_to_the_row_of_its_unpacked_record(
+    at: datetime, actor: str | None, reason: str | None
+) -> None:
+    packed = ("queued", "starting", "start", actor, reason, 3, at)
+    assert codec.packed_transition_row("t-1", packed) == codec.transition_row(
+        unpack_transition("t-1", packed)
+    )
+
+
+def _machines(count: int, prefix: str) -> list[StateMachine]:
+    machines = []
+    for index in range(count):
+        machine = StateMachine.create(
+            f"{prefix}-{index}", "job", created_at=T0 + timedelta(seconds=index), tags=frozenset({"io"})
+        )
+        machine.mark_queued(actor="submitter" if index % 2 else None)
+        machines.append(machine)
+    return machines
+
+
+def _dump(path: Path) -> dict[str, list[Any]]:
+    conn = sqlite3.connect(path)
+    try:
+        return {
+            table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()
+            for table in ("tasks", "transitions", "task_tags")
+        }
+    finally:
+        conn.close()
+
+
+def test_create_direct_writes_the_rows_create_writes(tmp_path: Path) -> None:
+    direct = SqliteTaskStore(tmp_path / "direct.db")
+    public = SqliteTaskStore(tmp_path / "public.db")
+    try:
+        for machine in _machines(3, "t"):
+            snapshot, packed = machine.snapshot, machine.packed_transitions()
+            assert len(packed) == 1
+            direct._create_direct(snapshot, packed)
+            public.create(snapshot, [unpack_transition(snapshot.task_id, record) for record in packed])
+        with pytest.raises(DuplicateTaskId):
+            direct._create_direct(snapshot, packed)
+        assert direct.history("t-1") == public.history("t-1")
+    finally:
+        direct.close()
+        public.close()
+    assert _dump(tmp_path / "direct.db") == _dump(tmp_path / "public.db")
+
+
+def test_a_mixed_batch_of_packed_creates_gives_the_results_and_rows_of_write_many(tmp_path: Path) -> None:
+    direct = SqliteTaskStore(tmp_path / "direct.db")
+    public = SqliteTaskStore(tmp_path / "public.db")
+    try:
+        existing = _machines(2, "old")
+        for machine in existing:
+            direct._create_direct(machine.snapshot, machine.packed_transitions())
+            public._create_direct(machine.snapshot, machine.packed_transitions())
+        fresh = _machines(2, "new")
+        bad = fresh[1].snapshot.evolve(description="坏\x00")  # 存不下的快照：这一项自己的 ConfigurationError
+        creates = [
+            (fresh[0].snapshot, fresh[0].packed_transitions()),
+            (bad, fresh[1].packed_transitions()),
+            (existing[0].snapshot, existing[0].packed_transitions()),  # 重复 id
+        ]
+        old = existing[1].snapshot
+        assert old.status_version == 1
+        record = Transition(old.task_id, old.status, TaskStatus.STARTING, "start", None, None, 2, T0)
+        started = old.evolve(status=TaskStatus.STARTING, status_version=2)
+        skipped = Transition(old.task_id, old.status, TaskStatus.STARTING, "start", None, None, 8, T0)
+        saves = [
+            SaveRequest(started, 1, (record,)),
+            SaveRequest(started, 7, (skipped,)),  # 记录的版本接不上：ConfigurationError
+            SaveRequest(existing[0].snapshot.evolve(status_version=5), 5, ()),  # 存储里是 1：冲突
+        ]
+        got = direct._write_many_direct(creates, saves)
+        want = public.write_many(
+            [(s, [unpack_transition(s.task_id, p) for p in packed]) for s, packed in creates], saves
+        )
+    finally:
+        direct.close()
+        public.close()
+    assert [[type(error) for error in column] for column in got] == [
+        [type(error) for error in column] for column in want
+    ]
+    assert [type(error) for error in got[0]] == [type(None), ConfigurationError, DuplicateTaskId]
+    assert [type(error) for error in got[1]] == [type(None), ConfigurationError, ConcurrencyConflict]
+    assert [[str(error) for error in column] for column in got] == [
+        [str(error) for error in column] for column in want
+    ]
+    assert _dump(tmp_path / "direct.db") == _dump(tmp_path / "public.db")
+
+
+def test_group_commit_hands_packed_creates_to_the_store_without_making_transitions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """组提交的混合批把紧凑历史原样交给 ``_write_many_direct``（不经 ``write_many``）。"""
+    from chongming_task.runtime.group_commit import GroupCommit, Pending
+
+    store = SqliteTaskStore(tmp_path / "tasks.db")
+    try:
+        calls: list[Any] = []
+        original = store._write_many_direct
+
+        def spy(creates: Any, saves: Any) -> Any:
+            calls.append([packed for _, packed in creates])
+            return original(creates, saves)
+
+        monkeypatch.setattr(store, "_write_many_direct", spy)
+        monkeypatch.setattr(store, "write_many", None)  # 不该被调用
+        commits = GroupCommit(store)
+        machines = _machines(2, "g")
+        batch = [Pending(None, (m.snapshot, m.packed_transitions())) for m in machines]
+        commits._commit(batch)
+        assert [item.error for item in batch] == [None, None]
+        assert calls == [[m.packed_transitions() for m in machines]]
+        assert sorted(s.task_id for s in store.query()) == ["g-0", "g-1"]
+        assert store.history("g-1") == list(machines[1].transitions)
+    finally:
+        store.close()
+
+
+def test_the_snapshot_of_a_packed_create_is_checked_in_full(tmp_path: Path) -> None:
+    store = SqliteTaskStore(tmp_path / "tasks.db")
+    try:
+        machine = _machines(1, "c")[0]
+        with pytest.raises(ConfigurationError):
+            store._create_direct(machine.snapshot.evolve(executor="thr\x00ead"), machine.packed_transitions())
+        assert store.get("c-0") is None
+        with pytest.raises(ConfigurationError):
+            store._create_direct("x", ())  # type: ignore[arg-type]
+    finally:
+        store.close()
