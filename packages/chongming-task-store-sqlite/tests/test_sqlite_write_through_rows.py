@@ -154,13 +154,24 @@ def test_group_commit_hands_packed_creates_to_the_store_without_making_transitio
         store.close()
 
 
-def test_the_snapshot_of_a_packed_create_is_checked_in_full(tmp_path: Path) -> None:
+@pytest.mark.parametrize("first_good", [False, True])
+@pytest.mark.parametrize(
+    "field, value",
+    [("executor", "thr\x00ead"), ("description", "坏\ud800"), ("priority", True), ("label", "坏\x00")],
+)
+def test_the_snapshot_of_a_packed_create_is_checked(
+    tmp_path: Path, first_good: bool, field: str, value: object
+) -> None:
+    """新任务的快照相对上一个查过的快照检查（只查不是同一个对象的字段）：存不下的值照样被拒绝，
+    不论它是第一个还是紧跟在一个同模板的好快照之后。"""
     store = SqliteTaskStore(tmp_path / "tasks.db")
     try:
-        machine = _machines(1, "c")[0]
+        good, bad = _machines(2, "c")
+        if first_good:
+            store._create_direct(good.snapshot, good.packed_transitions())
         with pytest.raises(ConfigurationError):
-            store._create_direct(machine.snapshot.evolve(executor="thr\x00ead"), machine.packed_transitions())
-        assert store.get("c-0") is None
+            store._create_direct(bad.snapshot.evolve(**{field: value}), bad.packed_transitions())
+        assert store.get("c-1") is None
         with pytest.raises(ConfigurationError):
             store._create_direct("x", ())  # type: ignore[arg-type]
     finally:

@@ -421,6 +421,8 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         self._pool = _Pool(self._connect, shared=self._memory)
         self._writers = _WriterTurn()
         self._hints = _RowHints()
+        # 写穿上一个查过的新任务快照（_packed_create 相对它检查下一个）
+        self._last_created: TaskSnapshot | None = None
         # WAL 检查点由后台线程做，不在提交的线程上（见 _checkpoint）。内存库没有 WAL；只读打开不写。
         self._checkpointer: BackgroundCheckpointer | None = None
         if not (self._memory or readonly):
@@ -820,7 +822,12 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     def _packed_create(self, snapshot: TaskSnapshot, packed: Sequence[PackedTransition]) -> _PreparedCreate:
         """``_prepared_create`` 的写穿版（见 ``_create_direct``）：快照整份检查、整份编码，迁移记录由紧凑形式
         直接编成行。"""
-        snapshot = checks.check_snapshot(snapshot)
+        # 逐个 submit 的快照多半由同一个模板复制（StateMachine.sibling）：文本字段与标签就是上一个新任务的那批
+        # 对象，只查与上一个查过的快照不是同一个（也不相等）的字段，与整份再查结果相同（check_snapshot 的
+        # like；内存存储的 _create_direct 同一条规则）。读写这个属性各是一次原子操作：别的线程同时换上的
+        # 也是一份查过的快照，照样可以作比较的底本。
+        snapshot = checks.check_snapshot(snapshot, self._last_created)
+        self._last_created = snapshot  # 查过了（下面落库失败也不影响：它仍是一份查过的快照）
         row = codec.SNAPSHOTS.values(snapshot)
         self._hints.remember_save(snapshot, codec.SNAPSHOTS.save_from_row(row))
         task_id = snapshot.task_id
