@@ -176,3 +176,24 @@ def test_the_snapshot_of_a_packed_create_is_checked(
             store._create_direct("x", ())  # type: ignore[arg-type]
     finally:
         store.close()
+
+
+def _transition_rows(count: int, actor_every: int = 0, reason_every: int = 0) -> list[tuple[Any, ...]]:
+    rows = []
+    for index in range(count):
+        actor = "a" if actor_every and index % actor_every == 0 else None
+        reason = "r" if reason_every and index % reason_every == 1 else None
+        packed = ("queued", "starting", "start", actor, reason, index + 1, T0 + timedelta(microseconds=index))
+        rows.append(codec.packed_transition_row(f"t-{index % 3}", packed))
+    return rows
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 64, 65, 130])
+@pytest.mark.parametrize("actor_every, reason_every", [(0, 0), (2, 0), (0, 3), (2, 3), (1, 0)])
+def test_transition_inserts_are_the_generic_null_shaped_inserts(
+    count: int, actor_every: int, reason_every: int
+) -> None:
+    from chongming_task.stores.sqlite import _sql
+
+    rows = _transition_rows(count, actor_every, reason_every)
+    assert _sql.transition_inserts(rows) == _sql.insert_rows_without_nulls(_sql.INSERT_TRANSITION_HEAD, rows)

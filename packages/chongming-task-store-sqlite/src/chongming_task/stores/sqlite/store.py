@@ -778,7 +778,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         自己的结果（``results[下标]``），同批其余照常提交。不必每项一个 SAVEPOINT：重复 id 的 INSERT 只撤销
         它自己那条语句，save 只在这一项写下任何东西之前抛 TaskError（快速路径改到 0 行时什么也没写，慢路径
         先查版本再写）。各项的迁移记录不各自插入，而是攒到最后合成多行 INSERT
-        （``_sql.insert_rows_without_nulls``）：抛 TaskError 的项在攒之前就抛了，它的记录不会写进去；其余项的
+        （``_sql.transition_inserts``）：抛 TaskError 的项在攒之前就抛了，它的记录不会写进去；其余项的
         记录与它们的任务行在同一事务里落库。事务本身失败（写锁超时、磁盘满）照常抛出：整批都没写进去，
         调用方逐项按"这次写失败"处理。撞锁重试整个事务时逐项结果与攒的记录都重新来（准备好的项是不可变的
         语句与参数，重放照旧）。
@@ -806,7 +806,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                         continue
                 history.extend(records)  # 任务行已改好：它的记录在最后一并插入
             if history:
-                for insert in _sql.insert_rows_without_nulls(_sql.INSERT_TRANSITION_HEAD, history):
+                for insert in _sql.transition_inserts(history):
                     writes.execute(*insert)
             return failed
 
@@ -860,7 +860,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     def _create_tx(prepared: _PreparedCreate) -> Callable[[_Connection], None]:
         task_id, insert_task, tags, history = prepared
         # 行按 TASK_COLUMNS 顺序（见 _create_rows）：None 写成字面量 NULL（见 _sql）。
-        inserts = [_sql.insert_without_nulls(_sql.INSERT_TRANSITION_HEAD, record) for record in history]
+        inserts = _sql.transition_inserts(history) if history else []
 
         def tx(conn: _Connection) -> None:
             _insert_created(conn, task_id, insert_task, tags)
@@ -927,7 +927,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         """一次 save 的事务体（入参已检查：``_save`` 由基类检查）：准备好的一项（``_prepared_save``）加上它
         自己的迁移记录的 INSERT。"""
         fast, records, slow = self._prepared_save(request, hint, checked)
-        inserts = _sql.insert_rows_without_nulls(_sql.INSERT_TRANSITION_HEAD, records) if records else []
+        inserts = _sql.transition_inserts(records) if records else []
 
         # 快速路径的 UPDATE 与迁移记录的 INSERT 走复用的游标（见 _Connection）：结果只看 rowcount。
         def tx(conn: _Connection) -> None:
