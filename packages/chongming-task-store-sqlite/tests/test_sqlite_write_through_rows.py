@@ -128,28 +128,79 @@ def test_a_mixed_batch_of_packed_creates_gives_the_results_and_rows_of_write_man
 def test_group_commit_hands_packed_creates_to_the_store_without_making_transitions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """组提交的混合批把紧凑历史原样交给 ``_write_many_direct``（不经 ``write_many``）。"""
-    from chongming_task.runtime.group_commit import GroupCommit, Pending
+    """组提交的混合批把紧凑历史原样交给 ``_write_many_direct``：不先现造 Transition。"""
+    from chongming_task.runtime import group_commit
+    from chongming_task.stores.sqlite import store as store_module
 
+    def refuse(task_id: str, packed: Any) -> Any:
+        raise AssertionError("不该现造 Transition")
+
+    monkeypatch.setattr(group_commit, "unpack_transition", refuse)
+    monkeypatch.setattr(store_module, "unpack_transition", refuse)
     store = SqliteTaskStore(tmp_path / "tasks.db")
     try:
-        calls: list[Any] = []
-        original = store._write_many_direct
-
-        def spy(creates: Any, saves: Any) -> Any:
-            calls.append([packed for _, packed in creates])
-            return original(creates, saves)
-
-        monkeypatch.setattr(store, "_write_many_direct", spy)
-        monkeypatch.setattr(store, "write_many", None)  # 不该被调用
-        commits = GroupCommit(store)
+        commits = group_commit.GroupCommit(store)
         machines = _machines(2, "g")
-        batch = [Pending(None, (m.snapshot, m.packed_transitions())) for m in machines]
+        batch = [group_commit.Pending(None, (m.snapshot, m.packed_transitions())) for m in machines]
         commits._commit(batch)
         assert [item.error for item in batch] == [None, None]
-        assert calls == [[m.packed_transitions() for m in machines]]
         assert sorted(s.task_id for s in store.query()) == ["g-0", "g-1"]
+        monkeypatch.undo()
         assert store.history("g-1") == list(machines[1].transitions)
+    finally:
+        store.close()
+
+
+class _Wrapping:
+    """排在存储之前的混入类：记下经过 write_many / create 的每一项（故障注入与记账的常见写法）。"""
+
+    seen: list[str]
+
+    def write_many(self, creates: Any, saves: Any) -> Any:
+        self.seen.extend(f"write_many {s.task_id} {[t.version for t in records]}" for s, records in creates)
+        return super().write_many(creates, saves)  # type: ignore[misc]
+
+    def create(self, snapshot: Any, transitions: Any = ()) -> None:
+        self.seen.append(f"create {snapshot.task_id} {[t.version for t in transitions]}")
+        super().create(snapshot, transitions)  # type: ignore[misc]
+
+
+class _WrappedStore(_Wrapping, SqliteTaskStore):
+    pass
+
+
+@pytest.mark.parametrize("how", ["mixin", "instance"])
+def test_a_wrapped_write_many_or_create_still_sees_every_write_through_create(
+    tmp_path: Path, how: str
+) -> None:
+    """``write_many`` / ``create`` 被包了一层（混入类、或实例上换掉的，如组提交崩溃试验的工作节点）时，
+    组提交的混合批与单个 create 照旧经过它，收到的是 Transition。"""
+    from chongming_task.runtime.group_commit import GroupCommit, Pending
+
+    if how == "mixin":
+        store: Any = _WrappedStore(tmp_path / "tasks.db")
+        store.seen = []
+    else:
+        store = SqliteTaskStore(tmp_path / "tasks.db")
+        store.seen = []
+        real_write_many, real_create = store.write_many, store.create
+
+        def write_many(creates: Any, saves: Any) -> Any:
+            store.seen.extend(f"write_many {s.task_id} {[t.version for t in r]}" for s, r in creates)
+            return real_write_many(creates, saves)
+
+        def create(snapshot: Any, transitions: Any = ()) -> None:
+            store.seen.append(f"create {snapshot.task_id} {[t.version for t in transitions]}")
+            real_create(snapshot, transitions)
+
+        store.write_many, store.create = write_many, create
+    try:
+        commits = GroupCommit(store)
+        machines = _machines(3, "w")
+        commits._commit([Pending(None, (m.snapshot, m.packed_transitions())) for m in machines[:2]])
+        commits._commit([Pending(None, (machines[2].snapshot, machines[2].packed_transitions()))])
+        assert store.seen == ["write_many w-0 [1]", "write_many w-1 [1]", "create w-2 [1]"]
+        assert sorted(s.task_id for s in store.query()) == ["w-0", "w-1", "w-2"]
     finally:
         store.close()
 

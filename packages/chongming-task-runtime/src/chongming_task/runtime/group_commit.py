@@ -298,14 +298,13 @@ def _write_many_checked(
     (快照, 紧凑历史)，语义同 ``_create_direct``）；没有时紧凑历史先现造成 Transition 再交给
     ``write_many``。"""
     saves = [_save_of(item) for item in batch if item.create is None]
+    creates: list[Any] = [item.create for item in batch if item.create is not None]
     if write_direct is not None:
-        creates_direct = [item.create for item in batch if item.create is not None]
-        created, saved = write_direct(creates_direct, saves)
-        creates: Sequence[object] = creates_direct
+        created, saved = write_direct(creates, saves)
     else:
         creates = [
             (snapshot, [unpack_transition(snapshot.task_id, record) for record in packed])
-            for snapshot, packed in (item.create for item in batch if item.create is not None)
+            for snapshot, packed in creates
         ]
         created, saved = store.write_many(creates, saves)
     created, saved = list(created), list(saved)

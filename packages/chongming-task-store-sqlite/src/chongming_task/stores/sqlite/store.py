@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
-from chongming_task.core.records import PackedTransition
+from chongming_task.core.records import PackedTransition, unpack_transition
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
 from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim, start_claimed
@@ -636,6 +636,11 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         （调用方担保合法、属于这个任务），直接编成行（``codec.packed_transition_row``），不先现造 Transition、
         再逐条查类型与归属、再编码——与 ``create(snapshot, [unpack_transition(...) ...])`` 写下的行逐列
         相同。"""
+        if getattr(self.create, "__func__", None) is not SqliteTaskStore.create:
+            # create 被包了一层（实例上换掉的；子类与混入类由基类的 __init_subclass__ 退回默认实现）：
+            # 照基类的默认实现经过它，收到的是 Transition。
+            super()._create_direct(snapshot, packed)
+            return
         self._run("create", self._create_tx(self._packed_create(snapshot, packed)))
 
     def create_many(
@@ -842,7 +847,16 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         saves: Sequence[v.SaveRequest],
     ) -> tuple[list[TaskError | None], list[TaskError | None]]:
         """组提交的混合批，create 是写穿交来的 (快照, 紧凑历史)（语义与 ``write_many`` 相同，create 一项的
-        语义同 ``_create_direct``）：组提交不必先把紧凑历史现造成 Transition。"""
+        语义同 ``_create_direct``）：组提交不必先把紧凑历史现造成 Transition。
+
+        ``write_many`` 被包了一层（子类、排在前面的混入类、或实例上换掉的——故障注入与记账的常见写法）时，
+        照旧经过它：紧凑历史先解包成 Transition 再交给它，与组提交原来的做法逐步相同。"""
+        write_many = self.write_many
+        if getattr(write_many, "__func__", None) is not SqliteTaskStore.write_many:
+            return write_many(
+                [(s, [unpack_transition(s.task_id, record) for record in packed]) for s, packed in creates],
+                saves,
+            )
         count = len(creates)
         results: list[TaskError | None] = [None] * (count + len(saves))
         created: list[tuple[int, _PreparedCreate]] = []
