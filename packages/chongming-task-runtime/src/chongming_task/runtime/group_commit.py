@@ -98,6 +98,9 @@ class GroupCommit:
         self._deferred: list[Pending] = []
         # 每次提交都登记的回调：绑定方法只造一次（每次 ``self._flush_deferred`` 都是一个新的方法对象）
         self._flush_hook = self._flush_deferred
+        # 存储能直接吃写穿的紧凑历史时（SQLite 的 ``_write_many_direct``），混合批里的 create 不先现造
+        # Transition
+        self._write_direct = getattr(store, "_write_many_direct", None)
         self.batches = 0  # 写了几个事务（测试与基准看合并得怎样）
         self.items = 0  # 经它写的项数
 
@@ -270,7 +273,7 @@ class GroupCommit:
                 )
                 results = [None]
             elif any(item.create is not None for item in batch):
-                results = _write_many_checked(self._store, batch)
+                results = _write_many_checked(self._store, batch, self._write_direct)
             else:
                 results = save_many_checked(self._store, [_save_of(item) for item in batch])
         except BaseException as exc:
@@ -287,19 +290,23 @@ class GroupCommit:
             item.done = True
 
 
-def _write_many_checked(store: TaskStore, batch: list[Pending]) -> list[BaseException | None]:
+def _write_many_checked(
+    store: TaskStore, batch: list[Pending], write_direct: Any = None
+) -> list[BaseException | None]:
     """一批里有 create：``store.write_many``（create 与 save 分两列交给存储），结果按批内顺序交还；
-    个数不对的核对同 ``save_many_checked``。"""
-    creates = []
-    saves = []
-    for item in batch:
-        if item.create is not None:
-            snapshot, packed = item.create
-            task_id = snapshot.task_id
-            creates.append((snapshot, [unpack_transition(task_id, record) for record in packed]))
-        else:
-            saves.append(_save_of(item))
-    created, saved = store.write_many(creates, saves)
+    个数不对的核对同 ``save_many_checked``。``write_direct``：存储的 ``_write_many_direct``（create 一项是
+    (快照, 紧凑历史)，语义同 ``_create_direct``）；没有时紧凑历史先现造成 Transition 再交给
+    ``write_many``。"""
+    saves = [_save_of(item) for item in batch if item.create is None]
+    creates: list[Any] = [item.create for item in batch if item.create is not None]
+    if write_direct is not None:
+        created, saved = write_direct(creates, saves)
+    else:
+        creates = [
+            (snapshot, [unpack_transition(snapshot.task_id, record) for record in packed])
+            for snapshot, packed in creates
+        ]
+        created, saved = store.write_many(creates, saves)
     created, saved = list(created), list(saved)
     if len(created) != len(creates) or len(saved) != len(saves):
         raise StoreError(

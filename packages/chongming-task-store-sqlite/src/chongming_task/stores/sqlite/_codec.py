@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from chongming_task.core.records import PackedTransition
 from chongming_task.core.storage.checks import check_json_value, check_transitions
 from chongming_task.core.storage.columns import Column, Kind
 from chongming_task.core.storage.sql import (
@@ -239,6 +240,29 @@ def transition_row(record: Transition) -> tuple[Any, ...]:
 transition_from_row = TRANSITIONS.from_row
 
 
+def packed_transition_row(task_id: str, packed: PackedTransition) -> tuple[Any, ...]:
+    """紧凑形式的迁移记录（``StateMachine.packed_transitions`` 的一项，不带 task_id）→ ``TRANSITION_COLUMNS``
+    顺序的一行：与 ``transition_row(unpack_transition(task_id, packed))`` 逐列相同（测试对照），只是不先现造
+    Transition（写穿每个 create 一条）。紧凑形式里的状态本来就是值字符串。"""
+    from_value, to_value, trigger, actor, reason, version, at = packed
+    return (task_id, version, from_value, to_value, trigger, actor, reason, _encode_time(at)[0])
+
+
+if TRANSITIONS.names != (
+    "task_id",
+    "version",
+    "from_status",
+    "to_status",
+    "trigger",
+    "actor",
+    "reason",
+    "at",
+):
+    raise AssertionError(
+        f"packed_transition_row 的列序与迁移记录表不符：{TRANSITIONS.names}"
+    )  # pragma: no cover
+
+
 command_from_row = COMMANDS.from_row
 
 
@@ -266,6 +290,7 @@ __all__ = [
     "json_text",
     "node_from_row",
     "node_row",
+    "packed_transition_row",
     "prefix_upper_bound",
     "progress_text",
     "save_row",

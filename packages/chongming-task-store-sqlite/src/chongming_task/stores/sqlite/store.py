@@ -13,15 +13,15 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
-from functools import partial
-from typing import Any, ClassVar, Literal, TypeVar, overload
+from typing import Any, ClassVar, Literal, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
+from chongming_task.core.records import PackedTransition, unpack_transition
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
 from chongming_task.core.storage.claiming import ClaimStart, QueuedClaim, start_claimed
 from chongming_task.core.storage.commit_hooks import before_commit
-from chongming_task.core.storage.contract import TaskStore, prepare_batch
+from chongming_task.core.storage.contract import TaskStore
 from chongming_task.core.storage.opening import CreateSchema, OpensReadonly, SchemaMissing, check_opening
 from chongming_task.core.storage.retention import RetentionByModule, RetentionModule
 from chongming_task.errors import (
@@ -219,8 +219,14 @@ class _WriterTurn:
 _CreateRows = tuple[str, tuple[Any, ...], list[tuple[Any, ...]], list[tuple[Any, ...]]]
 # 一条迁移记录与它编码出的行（create_many 里下一条记录照抄同一对象字段的编码，见 RowCodec.values_like）。
 _EncodedTransition = tuple[Transition, tuple[Any, ...]]
-# 组提交里一项 save 的事务体：改任务行，把它的迁移记录行追加进第二个参数（由 _run_many 整批插入）。
-_BatchedTx = Callable[[_Connection, list[tuple[Any, ...]]], None]
+# save 慢路径要的参数：(task_id, expect_version, 租约条件的排序键或 None, save 行, 其中没有索引的列, 标签)。
+_SlowSave = tuple[str, int, "int | None", tuple[Any, ...], tuple[Any, ...], frozenset[str]]
+# 准备好的一项 save（``SqliteTaskStore._prepared_save``）：(快速路径的 UPDATE 或 None, 迁移记录行,
+# 慢路径的参数)。
+_PreparedSave = tuple["tuple[str, list[Any]] | None", list[tuple[Any, ...]], _SlowSave]
+# 准备好的一项 create（``SqliteTaskStore._prepared_create``）：(task_id, 任务行的 INSERT, 标签行,
+# 迁移记录行)。
+_PreparedCreate = tuple[str, tuple[str, list[Any]], list[tuple[Any, ...]], list[tuple[Any, ...]]]
 # 任务行（TASK_COLUMNS 顺序的元组）里 created_key 的位置：标签行带着它（task_tags 按创建先后排序）。
 _CREATED_KEY_AT = schema.TASK_COLUMNS.index("created_key")
 transition_values = codec.TRANSITIONS.values  # 迁移记录 → TRANSITION_COLUMNS 顺序的一行（不经字典）
@@ -293,6 +299,47 @@ def _insert_created(
         raise
     if tags:
         conn.executemany(_sql.INSERT_TAG, tags)
+
+
+def _save_slow(conn: _Connection, slow: _SlowSave) -> None:
+    """save 的慢路径（快速路径改到 0 行时，见 ``SqliteTaskStore._prepared_save``）：先读再写。任务不存在 /
+    版本冲突 / 租约仍有效 → TaskNotFound / ConcurrencyConflict，什么也没写。"""
+    task_id, expect_version, lease_key, row, plain_values, tags = slow
+    current = conn.execute(_sql.SAVE_SELECT, (task_id,)).fetchone()
+    if current is None:
+        raise TaskNotFound(f"存储里没有任务 {task_id!r}")
+    stored_version = current[_sql.SAVE_VERSION_INDEX]
+    if stored_version != expect_version:
+        raise ConcurrencyConflict(
+            f"任务 {task_id!r} 的版本已是 {stored_version}，不是期望的 {expect_version}："
+            "有别的写者抢先了，请重新读取后再决定"
+        )
+    if lease_key is not None:
+        # 与版本检查在同一个写事务里：读到的租约就是写入那一刻的租约。
+        held = conn.execute(_sql.SAVE_LEASE_HELD, (task_id, lease_key)).fetchone()
+        if held is not None:
+            raise ConcurrencyConflict(v.lease_held_message(task_id, codec.dt_parse(held[0])))
+    # 被索引的列只在真的变了时 SET：SQLite 会为 SET 里出现的每个被索引的列维护索引（哪怕值没变），
+    # 而一次状态迁移通常只改 status 和时间戳，不碰 name、owner、桶号。其余的列每次照写。
+    changed = [
+        (column, new)
+        for column, old, new in zip(
+            schema.INDEXED_SAVE_COLUMNS,
+            current[_sql.SAVE_INDEXED_OFFSET :],
+            _sql.save_indexed(row),
+            strict=True,
+        )
+        if old != new or type(old) is not type(new)
+    ]
+    conn.execute(*_sql.save_update(plain_values, changed, task_id))
+    # 标签行带着排序键：标签或 created_at 变了都要重写（两者几乎从不变，平常是零开销）。
+    created_key = row[_sql.SAVE_ROW_CREATED_KEY]
+    if (
+        current[_sql.SAVE_TAGS_INDEX] != row[_sql.SAVE_ROW_TAGS]
+        or current[_sql.SAVE_CREATED_INDEX] != created_key
+    ):
+        conn.execute("DELETE FROM task_tags WHERE task_id = ?", (task_id,))
+        conn.executemany(_sql.INSERT_TAG, [(tag, created_key, task_id) for tag in tags])
 
 
 def _execute(conn: _Connection, fn: Callable[[_Connection], T], mode: _Mode) -> T:
@@ -374,6 +421,8 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         self._pool = _Pool(self._connect, shared=self._memory)
         self._writers = _WriterTurn()
         self._hints = _RowHints()
+        # 写穿上一个查过的新任务快照（_packed_create 相对它检查下一个）
+        self._last_created: TaskSnapshot | None = None
         # WAL 检查点由后台线程做，不在提交的线程上（见 _checkpoint）。内存库没有 WAL；只读打开不写。
         self._checkpointer: BackgroundCheckpointer | None = None
         if not (self._memory or readonly):
@@ -580,7 +629,19 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     # -- snapshots ----------------------------------------------------------------------------------
 
     def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
-        self._run("create", self._create_tx(snapshot, transitions))
+        self._run("create", self._create_tx(self._prepared_create(snapshot, transitions)))
+
+    def _create_direct(self, snapshot: TaskSnapshot, packed: tuple[PackedTransition, ...]) -> None:
+        """写穿落库新任务（见 ``TaskStore._create_direct``）：快照照样整份检查；迁移记录是状态机自己的紧凑历史
+        （调用方担保合法、属于这个任务），直接编成行（``codec.packed_transition_row``），不先现造 Transition、
+        再逐条查类型与归属、再编码——与 ``create(snapshot, [unpack_transition(...) ...])`` 写下的行逐列
+        相同。"""
+        if getattr(self.create, "__func__", None) is not SqliteTaskStore.create:
+            # create 被包了一层（实例上换掉的；子类与混入类由基类的 __init_subclass__ 退回默认实现）：
+            # 照基类的默认实现经过它，收到的是 Transition。
+            super()._create_direct(snapshot, packed)
+            return
+        self._run("create", self._create_tx(self._packed_create(snapshot, packed)))
 
     def create_many(
         self, items: Sequence[tuple[TaskSnapshot, Sequence[Transition]]]
@@ -647,9 +708,47 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
 
     def save_many(self, requests: Sequence[v.SaveRequest]) -> list[TaskError | None]:
         """组提交：一次写事务写一批 save（语义见 ``TaskStore.save_many``）。"""
-        return self._run_many("save_many", [partial(self._batched_save_tx, r) for r in requests])
+        results: list[TaskError | None] = [None] * len(requests)
+        saves = self._checked_saves(requests, results, 0)
+        if saves:
+            self._write_prepared("save_many", (), saves, results)
+        return results
 
-    def _batched_save_tx(self, request: v.SaveRequest) -> _BatchedTx:
+    def write_many(
+        self,
+        creates: Sequence[tuple[TaskSnapshot, Sequence[Transition]]],
+        saves: Sequence[v.SaveRequest],
+    ) -> tuple[list[TaskError | None], list[TaskError | None]]:
+        """组提交的混合批：create 与 save 一次写事务（语义见 ``TaskStore.write_many``）。与 ``save_many``
+        同一个 ``_write_prepared``：重复 id 的 create 只让它那一条 INSERT 失败（SQLite 的 ABORT 只撤销这一条
+        语句，事务照常进行），它的标签与迁移记录不写。"""
+        count = len(creates)
+        results: list[TaskError | None] = [None] * (count + len(saves))
+        created: list[tuple[int, _PreparedCreate]] = []
+        for index, (snapshot, transitions) in enumerate(creates):
+            try:
+                created.append((index, self._prepared_create(snapshot, transitions)))
+            except TaskError as exc:
+                results[index] = exc
+        prepared = self._checked_saves(saves, results, count)
+        if created or prepared:
+            self._write_prepared("write_many", created, prepared, results)
+        return results[:count], results[count:]
+
+    def _checked_saves(
+        self, requests: Sequence[v.SaveRequest], results: list[TaskError | None], offset: int
+    ) -> list[tuple[int, _PreparedSave]]:
+        """逐项检查、准备一批 save（还不碰数据库）：检查不过的项（ConfigurationError 等）直接成为它自己的
+        结果（``results[offset + 下标]``），根本不进事务。"""
+        prepared: list[tuple[int, _PreparedSave]] = []
+        for index, request in enumerate(requests, offset):
+            try:
+                prepared.append((index, self._checked_save(request)))
+            except TaskError as exc:
+                results[index] = exc
+        return prepared
+
+    def _checked_save(self, request: v.SaveRequest) -> _PreparedSave:
         # 编码以同一任务上一次准备好的快照为提示（见 _RowHints）。有提示、又不带租约条件时（组提交里写穿的
         # save 都是这样），入参检查也相对于它做（``checks.check_save_since``）：与 ``check_save_request`` 拒绝
         # 同样的入参、报同样的错，只是可存储性只查与提示里不是同一个（也不相等）的字段——提示里的快照是整份
@@ -671,70 +770,111 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             )
         else:
             checked = checks.check_save_request(request)
-        return self._save_tx(checked, batched=True, hint=hint)
+        return self._prepared_save(checked, hint)
 
-    def _run_many(self, what: str, prepare: Sequence[Callable[[], _BatchedTx]]) -> list[TaskError | None]:
-        """一次写事务执行多项：某项抛 TaskError（版本冲突、任务不存在）只是它自己的结果，同批其余照常提交；
-        入参检查不过的项根本不进事务。不必每项一个 SAVEPOINT：``_save_tx`` 只在这一项写下任何东西之前抛
-        TaskError（快速路径改到 0 行时什么也没写，慢路径先查版本再写）。各项的迁移记录不各自插入，而是攒到
-        最后合成多行 INSERT（``_sql.insert_rows_without_nulls``）：抛 TaskError 的项在攒之前就抛了，它的记录
-        不会写进去；其余项的记录与它们的任务行在同一事务里落库。事务本身失败（写锁超时、磁盘满）照常抛出：
-        整批都没写进去，调用方逐项按"这次写失败"处理。撞锁重试整个事务时逐项结果与攒的记录都重新来。"""
-        results, work = prepare_batch(prepare)
-        if not work:
-            return results
+    def _write_prepared(
+        self,
+        what: str,
+        creates: Sequence[tuple[int, _PreparedCreate]],
+        saves: Sequence[tuple[int, _PreparedSave]],
+        results: list[TaskError | None],
+    ) -> None:
+        """一次写事务执行准备好的 create 与 save：某项抛 TaskError（重复 id、版本冲突、任务不存在）只是它
+        自己的结果（``results[下标]``），同批其余照常提交。不必每项一个 SAVEPOINT：重复 id 的 INSERT 只撤销
+        它自己那条语句，save 只在这一项写下任何东西之前抛 TaskError（快速路径改到 0 行时什么也没写，慢路径
+        先查版本再写）。各项的迁移记录不各自插入，而是攒到最后合成多行 INSERT
+        （``_sql.transition_inserts``）：抛 TaskError 的项在攒之前就抛了，它的记录不会写进去；其余项的
+        记录与它们的任务行在同一事务里落库。事务本身失败（写锁超时、磁盘满）照常抛出：整批都没写进去，
+        调用方逐项按"这次写失败"处理。撞锁重试整个事务时逐项结果与攒的记录都重新来（准备好的项是不可变的
+        语句与参数，重放照旧）。
 
-        def tx(conn: _Connection) -> dict[int, TaskError]:
-            failed: dict[int, TaskError] = {}
+        准备好的项是元组、事务体里逐项直接执行：不为每项造一个 partial、三个闭包（原来每次 save 的
+        ``_save_tx`` 都现造 ``tx`` / ``batched_tx`` / ``slow``，再经 ``prepare_batch`` 逐个调用）。"""
+
+        def tx(conn: _Connection) -> list[tuple[int, TaskError]]:
+            failed: list[tuple[int, TaskError]] = []
             history: list[tuple[Any, ...]] = []
-            for index, item in work:
+            writes = conn.writes
+            for index, (task_id, insert_task, tags, records) in creates:
                 try:
-                    item(conn, history)
+                    _insert_created(conn, task_id, insert_task, tags)
                 except TaskError as exc:
-                    failed[index] = exc
+                    failed.append((index, exc))
+                    continue
+                history.extend(records)  # 任务行已写进去：它的记录在最后一并插入
+            for index, (fast, records, slow) in saves:
+                if fast is None or writes.execute(*fast).rowcount != 1:
+                    try:
+                        _save_slow(conn, slow)
+                    except TaskError as exc:
+                        failed.append((index, exc))
+                        continue
+                history.extend(records)  # 任务行已改好：它的记录在最后一并插入
             if history:
-                writes = conn.writes
-                for insert in _sql.insert_rows_without_nulls(_sql.INSERT_TRANSITION_HEAD, history):
+                for insert in _sql.transition_inserts(history):
                     writes.execute(*insert)
             return failed
 
-        for index, error in self._run(what, tx).items():
+        for index, error in self._run(what, tx):
             results[index] = error
-        return results
 
-    def write_many(
+    def _prepared_create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition]) -> _PreparedCreate:
+        """一项 create 的入参检查与要执行的东西（还不碰数据库）：(task_id, 任务行的 INSERT, 标签行,
+        迁移记录行)。"""
+        task_id, row, tags, history = self._hinted_create_rows(snapshot, transitions)
+        return task_id, _sql.insert_without_nulls(_sql.INSERT_TASK_HEAD, row), tags, history
+
+    def _packed_create(self, snapshot: TaskSnapshot, packed: Sequence[PackedTransition]) -> _PreparedCreate:
+        """``_prepared_create`` 的写穿版（见 ``_create_direct``）：快照整份检查、整份编码，迁移记录由紧凑形式
+        直接编成行。"""
+        # 逐个 submit 的快照多半由同一个模板复制（StateMachine.sibling）：文本字段与标签就是上一个新任务的那批
+        # 对象，只查与上一个查过的快照不是同一个（也不相等）的字段，与整份再查结果相同（check_snapshot 的
+        # like；内存存储的 _create_direct 同一条规则）。读写这个属性各是一次原子操作：别的线程同时换上的
+        # 也是一份查过的快照，照样可以作比较的底本。
+        snapshot = checks.check_snapshot(snapshot, self._last_created)
+        self._last_created = snapshot  # 查过了（下面落库失败也不影响：它仍是一份查过的快照）
+        row = codec.SNAPSHOTS.values(snapshot)
+        self._hints.remember_save(snapshot, codec.SNAPSHOTS.save_from_row(row))
+        task_id = snapshot.task_id
+        packed_row = codec.packed_transition_row
+        history = [packed_row(task_id, record) for record in packed]
+        tags = [(tag, row[_CREATED_KEY_AT], task_id) for tag in snapshot.tags]
+        return task_id, _sql.insert_without_nulls(_sql.INSERT_TASK_HEAD, row), tags, history
+
+    def _write_many_direct(
         self,
-        creates: Sequence[tuple[TaskSnapshot, Sequence[Transition]]],
+        creates: Sequence[tuple[TaskSnapshot, tuple[PackedTransition, ...]]],
         saves: Sequence[v.SaveRequest],
     ) -> tuple[list[TaskError | None], list[TaskError | None]]:
-        """组提交的混合批：create 与 save 一次写事务（语义见 ``TaskStore.write_many``）。与 ``save_many``
-        同一个 ``_run_many``：重复 id 的 create 只让它那一条 INSERT 失败（SQLite 的 ABORT 只撤销这一条语句，
-        事务照常进行），它的标签与迁移记录不写。"""
-        prepare: list[Callable[[], _BatchedTx]] = [
-            partial(self._batched_create_tx, snapshot, transitions) for snapshot, transitions in creates
-        ]
-        prepare.extend(partial(self._batched_save_tx, request) for request in saves)
-        results = self._run_many("write_many", prepare)
-        return results[: len(creates)], results[len(creates) :]
+        """组提交的混合批，create 是写穿交来的 (快照, 紧凑历史)（语义与 ``write_many`` 相同，create 一项的
+        语义同 ``_create_direct``）：组提交不必先把紧凑历史现造成 Transition。
 
-    def _batched_create_tx(self, snapshot: TaskSnapshot, transitions: Sequence[Transition]) -> _BatchedTx:
-        task_id, row, tags, history = self._hinted_create_rows(snapshot, transitions)
-        insert_task = _sql.insert_without_nulls(_sql.INSERT_TASK_HEAD, row)
+        ``write_many`` 被包了一层（子类、排在前面的混入类、或实例上换掉的——故障注入与记账的常见写法）时，
+        照旧经过它：紧凑历史先解包成 Transition 再交给它，与组提交原来的做法逐步相同。"""
+        write_many = self.write_many
+        if getattr(write_many, "__func__", None) is not SqliteTaskStore.write_many:
+            return write_many(
+                [(s, [unpack_transition(s.task_id, record) for record in packed]) for s, packed in creates],
+                saves,
+            )
+        count = len(creates)
+        results: list[TaskError | None] = [None] * (count + len(saves))
+        created: list[tuple[int, _PreparedCreate]] = []
+        for index, (snapshot, packed) in enumerate(creates):
+            try:
+                created.append((index, self._packed_create(snapshot, packed)))
+            except TaskError as exc:
+                results[index] = exc
+        prepared = self._checked_saves(saves, results, count)
+        if created or prepared:
+            self._write_prepared("write_many", created, prepared, results)
+        return results[:count], results[count:]
 
-        def batched_tx(conn: _Connection, batch_history: list[tuple[Any, ...]]) -> None:
-            _insert_created(conn, task_id, insert_task, tags)
-            batch_history.extend(history)  # 任务行已写进去：它的记录由 _run_many 一并插入
-
-        return batched_tx
-
-    def _create_tx(
-        self, snapshot: TaskSnapshot, transitions: Sequence[Transition]
-    ) -> Callable[[_Connection], None]:
-        task_id, row, tags, history = self._hinted_create_rows(snapshot, transitions)
-
+    @staticmethod
+    def _create_tx(prepared: _PreparedCreate) -> Callable[[_Connection], None]:
+        task_id, insert_task, tags, history = prepared
         # 行按 TASK_COLUMNS 顺序（见 _create_rows）：None 写成字面量 NULL（见 _sql）。
-        insert_task = _sql.insert_without_nulls(_sql.INSERT_TASK_HEAD, row)
-        inserts = [_sql.insert_without_nulls(_sql.INSERT_TRANSITION_HEAD, record) for record in history]
+        inserts = _sql.transition_inserts(history) if history else []
 
         def tx(conn: _Connection) -> None:
             _insert_created(conn, task_id, insert_task, tags)
@@ -791,43 +931,41 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
     def _save(self, request: v.SaveRequest) -> None:
         self._run("save", self._save_tx(request, hint=self._hints.save_hint(request.snapshot)))
 
-    @overload
     def _save_tx(
         self,
         request: v.SaveRequest,
         *,
-        batched: Literal[False] = False,
         hint: tuple[TaskSnapshot, tuple[Any, ...]] | None = None,
         checked: bool = True,
-    ) -> Callable[[_Connection], None]: ...
+    ) -> Callable[[_Connection], None]:
+        """一次 save 的事务体（入参已检查：``_save`` 由基类检查）：准备好的一项（``_prepared_save``）加上它
+        自己的迁移记录的 INSERT。"""
+        fast, records, slow = self._prepared_save(request, hint, checked)
+        inserts = _sql.transition_inserts(records) if records else []
 
-    @overload
-    def _save_tx(
-        self,
-        request: v.SaveRequest,
-        *,
-        batched: Literal[True],
-        hint: tuple[TaskSnapshot, tuple[Any, ...]] | None = None,
-        checked: bool = True,
-    ) -> _BatchedTx: ...
+        # 快速路径的 UPDATE 与迁移记录的 INSERT 走复用的游标（见 _Connection）：结果只看 rowcount。
+        def tx(conn: _Connection) -> None:
+            if fast is None or conn.writes.execute(*fast).rowcount != 1:
+                _save_slow(conn, slow)
+            for insert in inserts:
+                conn.writes.execute(*insert)
 
-    def _save_tx(
+        return tx
+
+    def _prepared_save(
         self,
         request: v.SaveRequest,
-        *,
-        batched: bool = False,
-        hint: tuple[TaskSnapshot, tuple[Any, ...]] | None = None,
+        hint: tuple[TaskSnapshot, tuple[Any, ...]] | None,
         checked: bool = True,
-    ) -> Callable[[_Connection], None] | _BatchedTx:
-        """一次 save 的事务体（入参已检查：``_save`` 由基类检查，``save_many`` 逐项检查）。
-        ``batched``：组提交里的一项——事务体不自己插迁移记录，而是在改完任务行之后把记录行交给调用方
-        （``_run_many`` 整批合成多行 INSERT）。
+    ) -> _PreparedSave:
+        """一次 save 要执行的东西（入参已检查；还不碰数据库）：(快速路径的 UPDATE 或 None, 迁移记录行,
+        慢路径要的参数)。执行见 ``_write_prepared`` / ``_save_tx``。
 
         先走快速路径：一条带前提的 UPDATE（``_sql.guarded_save_update``：版本是期望的版本，被索引的列与
         标签都没变），改到一行就只剩插迁移记录——每次 save 少一条 SELECT。改到 0 行时它什么也没写，再走
-        先读再写的慢路径：由读到的行分清任务不存在与版本冲突（报错与以前一字不差），并按读到的旧值决定
-        SET 哪些被索引的列、要不要重写标签。带租约条件的 save（reconcile 判 LOST）直接走慢路径：租约检查
-        与版本检查在同一个写事务里，快速路径不管租约。
+        先读再写的慢路径（``_save_slow``）：由读到的行分清任务不存在与版本冲突（报错与以前一字不差），并按
+        读到的旧值决定 SET 哪些被索引的列、要不要重写标签。带租约条件的 save（reconcile 判 LOST）直接走慢
+        路径：租约检查与版本检查在同一个写事务里，快速路径不管租约。
 
         ``hint``：这个任务上一次准备好的 (快照, save 行)（``_RowHints``），与它是同一个不可变对象的字段照抄
         编码。``checked``：快照经过了入参检查（认领路径上由存储自己的行演变出的快照没有）——只有查过的快照才
@@ -844,11 +982,6 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             self._hints.remember_save(snapshot, row)
         plain_values = _sql.save_plain(row)
         records = [transition_values(t) for t in transitions]
-        inserts = (
-            []
-            if batched or not records
-            else _sql.insert_rows_without_nulls(_sql.INSERT_TRANSITION_HEAD, records)
-        )
         task_id = snapshot.task_id
         # 存储里此刻的状态按调用方的说法猜：随附迁移记录的第一条从哪个状态出发（入参检查保证记录首尾相接、
         # 版本接着 expect_version）；没有迁移记录的 save 不改状态。猜错了只是快速路径改到 0 行、走慢路径。
@@ -858,57 +991,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             if lease_key is not None
             else _sql.guarded_save_update(row, plain_values, old_status, task_id, expect_version)
         )
-
-        # 快速路径的 UPDATE 与迁移记录的 INSERT 走复用的游标（见 _Connection）：结果只看 rowcount。
-        def tx(conn: _Connection) -> None:
-            if fast is None or conn.writes.execute(*fast).rowcount != 1:
-                slow(conn)
-            for insert in inserts:
-                conn.writes.execute(*insert)
-
-        def batched_tx(conn: _Connection, history: list[tuple[Any, ...]]) -> None:
-            if fast is None or conn.writes.execute(*fast).rowcount != 1:
-                slow(conn)
-            history.extend(records)  # 任务行已改好（没抛 TaskError）：它的记录由调用方一并插入
-
-        def slow(conn: sqlite3.Connection) -> None:
-            current = conn.execute(_sql.SAVE_SELECT, (task_id,)).fetchone()
-            if current is None:
-                raise TaskNotFound(f"存储里没有任务 {task_id!r}")
-            stored_version = current[_sql.SAVE_VERSION_INDEX]
-            if stored_version != expect_version:
-                raise ConcurrencyConflict(
-                    f"任务 {task_id!r} 的版本已是 {stored_version}，不是期望的 {expect_version}："
-                    "有别的写者抢先了，请重新读取后再决定"
-                )
-            if lease_key is not None:
-                # 与版本检查在同一个写事务里：读到的租约就是写入那一刻的租约。
-                held = conn.execute(_sql.SAVE_LEASE_HELD, (task_id, lease_key)).fetchone()
-                if held is not None:
-                    raise ConcurrencyConflict(v.lease_held_message(task_id, codec.dt_parse(held[0])))
-            # 被索引的列只在真的变了时 SET：SQLite 会为 SET 里出现的每个被索引的列维护索引（哪怕值没变），
-            # 而一次状态迁移通常只改 status 和时间戳，不碰 name、owner、桶号。其余的列每次照写。
-            changed = [
-                (column, new)
-                for column, old, new in zip(
-                    schema.INDEXED_SAVE_COLUMNS,
-                    current[_sql.SAVE_INDEXED_OFFSET :],
-                    _sql.save_indexed(row),
-                    strict=True,
-                )
-                if old != new or type(old) is not type(new)
-            ]
-            conn.execute(*_sql.save_update(plain_values, changed, task_id))
-            # 标签行带着排序键：标签或 created_at 变了都要重写（两者几乎从不变，平常是零开销）。
-            created_key = row[_sql.SAVE_ROW_CREATED_KEY]
-            if (
-                current[_sql.SAVE_TAGS_INDEX] != row[_sql.SAVE_ROW_TAGS]
-                or current[_sql.SAVE_CREATED_INDEX] != created_key
-            ):
-                conn.execute("DELETE FROM task_tags WHERE task_id = ?", (task_id,))
-                conn.executemany(_sql.INSERT_TAG, [(tag, created_key, task_id) for tag in snapshot.tags])
-
-        return batched_tx if batched else tx
+        return fast, records, (task_id, expect_version, lease_key, row, plain_values, snapshot.tags)
 
     def get(self, task_id: str) -> TaskSnapshot | None:
         def read(conn: sqlite3.Connection) -> TaskSnapshot | None:
