@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.locks import YieldingLock
 from chongming_task.core.records import (
+    STORABLE_FIELDS,
     PackedTransition,
     check_storable_changes,
     pack_transition,
@@ -420,12 +421,16 @@ class InMemoryTaskStore(TaskStore):
             if row is None:
                 row = self._row(snapshot.task_id)  # 抛 TaskNotFound
             current = row._snapshot if row._sides is None else row.snapshot
-            check_storable_changes(current, snapshot)
+            new, old = snapshot.__dict__, current.__dict__
+            # check_storable_changes(current, snapshot)，先就地做它的快速判定（文本字段与标签原样沿用、
+            # priority 是同一个对象时它什么也不查）：每次迁移省一层调用；有变的（starting 记下执行器名）照常
+            # 交给它。
+            if STORABLE_FIELDS(new) != STORABLE_FIELDS(old) or new["priority"] is not old["priority"]:
+                check_storable_changes(current, snapshot)
             if current.status_version != version - 1:
                 _check_version(current, snapshot.task_id, version - 1)
             # 同 _put_snapshot，只是内联（每次迁移都走这里）：旁路字段与配方沿用存储里的。
-            new = snapshot.__dict__
-            kept = _kept(current.__dict__)
+            kept = _kept(old)
             if scalar is new["outcome"] and all(map(operator.is_, _kept(new), kept)):
                 row._snapshot, row._sides = snapshot, None
             else:
