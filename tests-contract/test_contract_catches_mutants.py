@@ -558,7 +558,22 @@ class ClaimStartInventsItsOwnStart(InMemoryTaskStore):
         return result
 
 
+class NextSaveTrustsEverything(InMemoryTaskStore):
+    """写穿的 ``_save_next`` 以为状态机交来的都对：不查版本、不查可存储性、不沿用存储的旁路字段——过时的写者
+    覆盖了别人的写，存不下的文本也进了库（其余写入口不变）。"""
+
+    def _save_next(self, snapshot: TaskSnapshot, record: Transition, packed: Any) -> None:
+        with self._lock:
+            row = self._rows[snapshot.task_id]
+            row.snapshot = snapshot
+            row.history.setdefault(packed[5], packed)
+
+
 MUTANTS: dict[type[InMemoryTaskStore], set[str]] = {
+    NextSaveTrustsEverything: {
+        "test_next_save_writes_exactly_like_save",
+        "test_next_save_refuses_what_save_refuses",
+    },
     TouchBumpsVersion: {
         "test_touch_updates_side_channel_without_bumping_version",
         "test_touch_never_conflicts_with_save",

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from chongming_task import Controller
+from chongming_task.core.records import pack_transition
 from chongming_task.core.state_machine import StateMachine
 from chongming_task.core.storage.contract import TaskStore
 from chongming_task.errors import ConfigurationError, DuplicateTaskId
@@ -103,14 +104,40 @@ def test_a_subclass_that_overrides_save_still_sees_every_write_through_write() -
             super()._save(request)
 
     assert InMemoryTaskStore._save_direct is not TaskStore._save_direct  # 内存存储有自己的快路径
+    assert InMemoryTaskStore._save_next is not TaskStore._save_next
     for cls in (CountingSave, CountingHook):
         assert cls._save_direct is TaskStore._save_direct
+        assert cls._save_next is TaskStore._save_next
         store = cls()
         base = snap(f"sub-{cls.__name__}")
         store.create(base)
         queued, records = walk(base, TaskStatus.QUEUED)
         store._save_direct(queued, 0, tuple(records))
-    assert seen == [1, -1]
+        running, more = walk(queued, TaskStatus.STARTING)
+        store._save_next(running, more[0], pack_transition(more[0]))  # 写穿每次迁移走的入口
+    assert seen == [1, 2, -1, -2]
+
+
+def test_a_subclass_that_overrides_the_direct_save_still_sees_the_next_save() -> None:
+    """子类只改了写穿入口 ``_save_direct``（不改 save）时，写穿每次迁移走的 ``_save_next`` 也退回默认实现、
+    经过它：否则内存存储的 ``_save_next`` 会绕过子类加的料。"""
+    seen: list[int] = []
+
+    class CountingDirect(InMemoryTaskStore):
+        def _save_direct(
+            self, snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
+        ) -> None:
+            seen.append(snapshot.status_version)
+            super()._save_direct(snapshot, expect_version, transitions)
+
+    assert CountingDirect._save_next is TaskStore._save_next
+    controller = Controller(store=CountingDirect(), owner="direct")
+    controller.register("work", lambda ctx: "ok")
+    try:
+        assert controller.submit("work", task_id="direct").wait(timeout=5).status is TaskStatus.SUCCEEDED
+    finally:
+        controller.close()
+    assert seen == [2, 3, 4]  # starting、running、succeeded 三次写穿都经过它
 
 
 def test_a_mixin_placed_before_the_store_that_overrides_save_or_create_is_not_bypassed() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -140,6 +141,90 @@ def test_a_finished_attempt_leaves_no_cyclic_garbage() -> None:
         assert not [
             name for name in leaked if name in {"ThreadAttempt", "TaskContext", "_Attempt", "_Events"}
         ], f"跑完的尝试留下了只能靠循环 GC 回收的对象：{leaked}"
+    finally:
+        if was_enabled:
+            gc.enable()
+        controller.close(close_store=True)
+
+
+def _cyclic_garbage() -> list[str]:
+    """一次全量回收找到的不可达对象的类型名（DEBUG_SAVEALL：找到的都留在 gc.garbage 里，数完清掉）。"""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        return [type(obj).__qualname__ for obj in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+def test_a_closed_controller_and_its_finished_tasks_are_freed_without_the_cycle_collector() -> None:
+    # 关掉的控制器、它的句柄、状态机、锁、快照、内存存储里的行……调用方丢掉引用之后全部由引用计数释放：
+    # 原来句柄 ↔ 状态机（监听器）、句柄 → 钩子 → 控制器 → 句柄表、控制器 → 存储链接 → 控制器的回调是几个环，
+    # 每一轮关掉的控制器连同它的全部任务都要等全量回收（sq17：每 5,000 个任务约 2.5 万个对象，issue 17）。
+    # 留在手里的那个句柄照常可读：状态、结果、历史、wait()。
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for store in (InMemoryTaskStore(), None):
+            controller = Controller(max_parallel=2, store=store)
+            controller.register("noop", noop)
+            for _ in range(200):
+                controller.submit("noop")
+            controller.wait_all()
+            kept = controller.runs()[0]
+            controller.close()
+            del controller
+            time.sleep(0.1)  # 载体线程放开最后一次尝试；空闲的载体线程不引用它跑过的任务（gc13）
+            leaked = _cyclic_garbage()
+            assert not leaked, (
+                f"关掉的控制器留下了只能靠循环 GC 回收的对象（store={store}）：{sorted(set(leaked))}"
+            )
+            assert kept.status.value == "succeeded" and kept.done
+            assert kept.wait(timeout=1).ok and kept.outcome is not None and kept.outcome.ok
+            assert [r.to_status.value for r in kept.transitions] == [
+                "queued",
+                "starting",
+                "running",
+                "succeeded",
+            ]
+            assert not kept.stop() and not kept.pause(timeout=0.1)  # 终态：什么也不改
+            if store is not None:
+                stored = store.get(kept.task_id)
+                assert stored is not None and stored.status.value == "succeeded"
+                assert store.history(kept.task_id) == list(kept.transitions)
+                store.close()
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def test_a_handle_dropped_by_keep_finished_is_freed_by_reference_counting() -> None:
+    # keep_finished 把最旧的已落地句柄清出内存：没人再引用它时当场释放（循环 GC 关着也一样），不再是一个
+    # 等全量回收的 句柄 ↔ 状态机 的环。
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    controller = Controller(max_parallel=2, store=InMemoryTaskStore(), keep_finished=10)
+    controller.register("noop", noop)
+    try:
+        runs = [controller.submit("noop") for _ in range(100)]
+        controller.wait_all()
+        deadline = time.monotonic() + 10
+        while all(controller.local_run(run.task_id) for run in runs) and time.monotonic() < deadline:
+            time.sleep(0.01)  # 清理由后台循环在锁外做
+        # 清出的是最早落地的那些（落地的先后不一定是提交的先后）
+        dropped = [run for run in runs if controller.local_run(run.task_id) is None]
+        assert dropped, "keep_finished 没有把最旧的句柄清出内存"
+        assert all(run.status.value == "succeeded" and run.outcome is not None for run in dropped)  # 照常可读
+        handles = [weakref.ref(run) for run in dropped]
+        del runs, dropped
+        time.sleep(0.1)
+        alive = [ref for ref in handles if ref() is not None]
+        assert not alive, f"{len(alive)} / {len(handles)} 个清出内存的句柄没有被引用计数释放（还在某个环里）"
+        leaked = [name for name in _cyclic_garbage() if name in {"TaskRun", "StateMachine", "TaskSnapshot"}]
+        assert not leaked, f"清出内存的任务留下了只能靠循环 GC 回收的对象：{sorted(set(leaked))}"
     finally:
         if was_enabled:
             gc.enable()

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from types import MethodType
@@ -129,6 +130,28 @@ _ENDINGS: dict[TaskStatus, tuple[FailureKind, str, bool, bool]] = {
     S.LOST: (FailureKind.LOST, "载体失联或被放弃，结果未知", True, False),
 }
 """带 failure 落地的四个终态：(默认失败分类, 没给 reason 时的说明, 可否重试, 是否清空 retry_at)。"""
+
+
+class _WeakOwner:
+    """``weaken_owner_listener`` 之后的第一个监听器：``handler(owner, 快照, 记录)``，只弱引用 owner。"""
+
+    __slots__ = ("_handler", "_owner")
+
+    def __init__(self, handler: Callable[..., None] | None, owner: object) -> None:
+        self._handler = handler
+        self._owner = weakref.ref(owner)
+
+    def __call__(self, snapshot: TaskSnapshot, record: Transition) -> None:
+        owner = self._owner()
+        if owner is not None and self._handler is not None:
+            self._handler(owner, snapshot, record)
+
+    def __eq__(self, other: object) -> bool:
+        # remove_listener(owner.method) 照样能摘掉它（同 add_owner_listener 的说明）
+        owner = self._owner()
+        return owner is not None and self._handler is not None and MethodType(self._handler, owner) == other
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class StateMachine:
@@ -313,6 +336,12 @@ class StateMachine:
             history = self._transitions
             return history if history.__class__ is tuple else tuple(history)
 
+    def last_packed(self) -> PackedTransition:
+        """（调用方持有 ``self.lock``）最近一条迁移记录的紧凑形式。监听器里（同一次持锁之内）就是刚发生、
+        正交给它的那一条：写穿把它原样交给存储（``TaskStore._save_next``），内存存储直接存下这个元组，
+        不必再打包一次（issue 17）。还没有任何迁移时抛 IndexError。"""
+        return self._transitions[-1]
+
     def transitions_since(self, version: int) -> tuple[Transition, ...]:
         """版本号大于 ``version`` 的迁移记录（写穿存储时只送新增的那几条）。
 
@@ -392,6 +421,21 @@ class StateMachine:
                 self._listener, self._owner = handler, owner
             else:
                 self.add_listener(MethodType(handler, owner))
+
+    def weaken_owner_listener(self) -> None:
+        """把 ``add_owner_listener`` 登记的那个监听器改成只弱引用它的 owner（之后照样按顺序通知它，owner
+        已被回收就跳过）。没有这样登记的监听器时什么也不做。
+
+        为什么：owner（TaskRun）引用状态机、状态机经监听器引用 owner，是一个环——没人再引用它们时只能等
+        循环 GC 的全量回收（它们早已活过年轻代）。控制器不再管一个已落地的任务时（``keep_finished`` 清出、
+        ``close()``）调用它：之后谁也不引用这个句柄，引用计数当场释放它；调用方手里的句柄照样收到通知
+        （issue 17）。"""
+        with self.lock:
+            owner = self._owner
+            if owner is None:
+                return
+            self._listener = _WeakOwner(self._listener, owner)
+            self._owner = None
 
     def remove_listener(self, listener: TransitionListener) -> None:
         """摘掉最早登记的那一个（没登记过时抛 ValueError，同 ``list.remove``）。"""

@@ -413,11 +413,40 @@ class WriteThrough:
         """
         if self.commits is None:
             # 不经组提交（内存存储）：没有可推迟的写。最常见的情形——记账是平常的 int、存储正好落后这一条——
-            # 直接写这一条（_write_next），不走 sync 的通用路径（每个任务三次迁移都走这里，issue 17）。
-            current = machine.snapshot
-            entry = self._tasks.get(current.task_id)
-            if isinstance(entry, int) and record.version == entry + 1 == current.status_version:
-                self._write_next(machine, current, record, entry)
+            # 直接写这一条，不走 sync 的通用路径（每个任务三次迁移都走这里，issue 17）：写法、报错处理与 sync
+            # 逐项相同，写不成时交给 _write_failed（冲突之后读回对照，或记下、留待追平）。
+            # 写的是监听器拿到的这一版快照：状态机此刻若已又走了一步（监听器里嵌套的迁移），这一版照样是
+            # 接得上的那一版，下一步由它自己的监听器接着写；紧凑记录不是这一版的（last_packed 已是更新的那条）
+            # 时存储按 _save_direct 完整检查（见 TaskStore._save_next）。
+            task_id = snapshot.task_id
+            tasks = self._tasks
+            entry = tasks.get(task_id)
+            version = record.version
+            if entry.__class__ is int and version == entry + 1:
+                try:
+                    # 存储的"正好落后一条"入口（与 _save_direct(snapshot, entry, (record,)) 同一语义）：状态机
+                    # 刚记下的紧凑记录原样交出去，内存存储直接存下它（见 TaskStore._save_next）。
+                    self.store._save_next(snapshot, record, machine.last_packed())
+                except TaskError as exc:
+                    self._write_failed(machine, record, entry, exc)
+                    return
+                # 同 _written（记账是平常的 int：没有标记要留，只在还在管时记下新版本）与 _caught_up，只是
+                # 内联。记账只可能被持有本任务锁的线程（我们）换成 _TaskState，所以这里仍是 int；forget 在
+                # _lock 下删，下面同一把锁里判"还在不在"（热路径的加锁写法见 core/locks.py）。
+                lock = self._lock
+                if not lock.try_acquire():
+                    lock.acquire()
+                try:
+                    if task_id in tasks:
+                        tasks[task_id] = version
+                finally:
+                    lock.release()
+                self.outage.recovered()
+                if self._behind and task_id in self._behind:  # 不拿锁先看一眼（同 _caught_up 的说明）
+                    with self._lock:
+                        self._behind.pop(task_id, None)
+                if snapshot.progress is not None and snapshot.status in TERMINAL_STATUSES:
+                    self._flush_one(snapshot)  # 同 _caught_up：终态补写最后的进度
                 return
         elif (
             record.from_status is _STARTING
@@ -428,27 +457,21 @@ class WriteThrough:
             return
         self.sync(machine, record)
 
-    def _write_next(
-        self, machine: StateMachine, snapshot: TaskSnapshot, record: Transition, persisted: int
+    def _write_failed(
+        self, machine: StateMachine, record: Transition, persisted: int, exc: TaskError
     ) -> None:
-        """（持有 machine.lock）``sync`` 的第一轮，只为最常见的情形：不经组提交、记账是平常的 int（没被隔离、
-        结果确定）、存储正好落后 ``record`` 这一条。写法、报错处理与 ``sync`` 逐项相同；写不成时交给
-        ``_rounds`` 接着走 sync 剩下的那一轮（冲突之后读回对照），或像 sync 一样记下、留待追平。"""
-        task_id = snapshot.task_id
-        try:
-            self.store._save_direct(snapshot, persisted, (record,))
-        except (ConcurrencyConflict, DuplicateTaskId):
+        """（持有 machine.lock）``on_transition`` 的直写（``sync`` 的第一轮）失败了：与 ``sync`` 里同样处理。
+        版本冲突 / 重复 id → 可能是自己那次丢了回执的写，交给 ``_rounds`` 读回对照、再走剩下的那一轮；
+        别的错误 → 结果未知，记下、留待追平（下次先读回）。"""
+        task_id = machine.task_id
+        if isinstance(exc, (ConcurrencyConflict, DuplicateTaskId)):
             state = self._mark_uncertain(task_id)
             if state is not None:  # 写的同时被 forget 了（不再归本进程管）：不再追
                 self._rounds(machine, record, persisted, state, 1)
             return
-        except TaskError as exc:
-            self._mark_uncertain(task_id)
-            self.record(task_id, "save", exc)
-            self._mark_behind(machine)
-            return
-        self._written(task_id, snapshot.status_version)
-        self._caught_up(task_id, snapshot)
+        self._mark_uncertain(task_id)
+        self.record(task_id, "save", exc)
+        self._mark_behind(machine)
 
     def _write_lazily(self, machine: StateMachine, record: Transition) -> bool:
         snapshot = machine.snapshot
@@ -658,7 +681,7 @@ class WriteThrough:
         state: _TaskState | None,
         rounds: int,
     ) -> bool:
-        """``sync`` 的写循环（至多 ``rounds`` 轮）与收尾；``_write_next`` 的第一轮撞了冲突之后从这里
+        """``sync`` 的写循环（至多 ``rounds`` 轮）与收尾；``on_transition`` 的直写撞了冲突之后从这里
         走剩下的一轮。"""
         snapshot = machine.snapshot
         task_id = snapshot.task_id

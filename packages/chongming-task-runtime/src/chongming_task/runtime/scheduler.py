@@ -139,9 +139,6 @@ class SlotScheduler:
                 return resource
         return None
 
-    def _global_full(self) -> bool:
-        return self.max_parallel is not None and len(self._active) + self._held >= self.max_parallel
-
     # -- slots held for a claim-and-start (runtime/worker.py) ---------------------------------------
 
     @property
@@ -204,8 +201,11 @@ class SlotScheduler:
         started: list[str] = []
         if self._frozen:
             return started
+        # 全局额度满了没有（在跑的 + 为认领预留的 ≥ max_parallel）：每个任务至少判三次，就地算、不另调函数。
+        limit = self.max_parallel
+        active = self._active
         while True:
-            while self._ready and not self._global_full():
+            while self._ready and (limit is None or len(active) + self._held < limit):
                 item = heapq.heappop(self._ready)
                 _, token, task_id, resources = item
                 if self._queued.get(task_id) != token:
@@ -215,11 +215,15 @@ class SlotScheduler:
                     heapq.heappush(self._parked.setdefault(blocker, []), item)
                     continue
                 del self._queued[task_id]
-                self._active[task_id] = resources
+                active[task_id] = resources
                 for resource in resources:
                     self._usage[resource] = self._usage.get(resource, 0) + 1
                 started.append(task_id)
-            if self._global_full() or not self._dirty or not self._unpark():
+            if (
+                (limit is not None and len(active) + self._held >= limit)
+                or not self._dirty
+                or not self._unpark()
+            ):
                 return started
 
     def release(self, task_id: str) -> bool:

@@ -781,6 +781,20 @@ class TaskRun:
                 self._start_timer.cancel()
                 self._start_timer = None
 
+    def release_controller(self) -> None:
+        """控制器不再管这个已落地的句柄（``keep_finished`` / ``prune`` 清出内存、``close()`` 收尾）：
+        撤掉控制器的两个钩子，状态机只弱引用本句柄。不能在控制器锁内调用（要拿本任务的锁）。
+
+        为什么：句柄 → 钩子（控制器的绑定方法）→ 控制器 → 句柄表 → 句柄，句柄 ↔ 状态机（状态机的监听器）——
+        两个环让每个落地的任务（句柄、状态机、锁、快照……）只能等循环 GC 的全量回收，关掉的控制器连同它的
+        全部任务也是（issue 17，sq17 量的每 5,000 个任务约 2.5 万个循环垃圾）。拆掉之后没人引用的句柄由引用
+        计数当场释放；调用方手里的句柄照常可读（状态、快照、历史、``wait()`` / ``outcome``），之后对它的
+        迁移（没有哪个公开动作能让终态再迁移）也照样通知它，只是不再经过这个控制器。"""
+        with self._lock:
+            self._transition_hook = None
+            self._progress_hook = None
+        self.machine.weaken_owner_listener()
+
     def watch_start_timeout(self) -> None:
         """从现在（提交入队）起计 start 超时的排队那一段：到点仍在排队、一次都没开始就落 stopped。
 

@@ -93,6 +93,7 @@ _CLAIM_START_PARTS = (
     "save",
     "_save",
     "_save_direct",
+    "_save_next",
     "save_many",
 )
 """``claim_queued(..., start=...)`` 的一次提交替代的那几环（见 ``TaskStore.starts_on_claim``）。"""
@@ -160,6 +161,9 @@ class TaskStore(ClosesOnExit, ABC):
             # 子类改了 save（包一层、注入故障、记日志……）却没改写穿入口：父类的 _save_direct 会绕过它。
             # 退回默认实现，写穿照样经过子类的 save。
             cls._save_direct = TaskStore._save_direct  # type: ignore[method-assign]
+        if _shadows(cls, ("save", "_save", "_save_direct"), "_save_next"):
+            # 同理：子类改了 save 或写穿入口 _save_direct，父类的 _save_next 会绕过它们。
+            cls._save_next = TaskStore._save_next  # type: ignore[method-assign]
         if _shadows(cls, ("append_logs",), "_append_log_lines"):
             # 同理：子类改了 append_logs 却没改运行时的入口，父类的快路径会绕过它。
             cls._append_log_lines = TaskStore._append_log_lines  # type: ignore[method-assign]
@@ -212,6 +216,18 @@ class TaskStore(ClosesOnExit, ABC):
         要把快照与版本号交给别的进程（SQL）的存储没有"锁内的上一版"可比，保持默认。
         """
         self.save(snapshot, expect_version=expect_version, transitions=transitions)
+
+    def _save_next(self, snapshot: TaskSnapshot, record: Transition, packed: PackedTransition) -> None:
+        """写穿不经组提交时每次迁移最常见的那一次写：存储正好落后 ``record`` 这一条。语义、报错与
+        ``_save_direct(snapshot, record.version - 1, (record,))`` 完全相同，默认实现就是它。
+
+        调用方担保（同 ``_create_direct``）：``record`` 是状态机刚为 ``snapshot`` 记下的那条迁移（属于这个
+        任务、版本与目标状态就是快照的），``packed`` 是它的紧凑形式（``StateMachine.last_packed``）。
+        为什么单开一个入口：内存存储的历史本来就存这种元组，不必再打包一次；记录是状态机按构造接上的，不必再逐项对一遍版本
+        链——可存储性、版本冲突、任务不存在、存储已关闭照样检查、照样报错。要把记录交给别的进程（SQL）的
+        存储保持默认。
+        """
+        self._save_direct(snapshot, record.version - 1, (record,))
 
     def _create_direct(self, snapshot: TaskSnapshot, packed: tuple[PackedTransition, ...]) -> None:
         """写穿落库新任务时调用的 create（``WriteThrough.create``）：语义、报错与

@@ -30,7 +30,13 @@ from typing import Any, ClassVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.locks import YieldingLock
-from chongming_task.core.records import PackedTransition, pack_transition, unpack_transition
+from chongming_task.core.records import (
+    STORABLE_FIELDS,
+    PackedTransition,
+    check_storable_changes,
+    pack_transition,
+    unpack_transition,
+)
 from chongming_task.core.storage import checks
 from chongming_task.core.storage import values as v
 from chongming_task.core.storage.claiming import (
@@ -170,6 +176,19 @@ def _put(
     （快照不可变）：直接存调用方这份，不复制；有一个不同时也存调用方这份，另记下存储里的那组值，读时才合成
     （见 ``_Row``）。
     """
+    _put_snapshot(row, current, snapshot, scalar, text)
+    # 同 _add_history，只是内联（写穿每次迁移都走这里，省两层函数调用）。
+    history = row.history
+    for record in transitions:
+        version = record.version
+        if version not in history:
+            history[version] = pack_transition(record)
+
+
+def _put_snapshot(
+    row: _Row, current: TaskSnapshot, snapshot: TaskSnapshot, scalar: Any, text: str | None
+) -> None:
+    """（持锁调用）``_put`` 的快照那一半：存下 save 的快照，旁路字段与配方沿用存储里的（见 ``_put``）。"""
     new = snapshot.__dict__
     kept = _kept(current.__dict__)
     # 五个沿用字段逐个"是同一个对象"：两个元组由 C 逐项比（map(is_)），不在 Python 里写五次取值与比较。
@@ -180,12 +199,6 @@ def _put(
         row._snapshot = snapshot
         row._sides = (scalar, *kept)  # 配方只由 create 写入，同样沿用
     row.outcome_text = text
-    # 同 _add_history，只是内联（写穿每次迁移都走这里，省两层函数调用）。
-    history = row.history
-    for record in transitions:
-        version = record.version
-        if version not in history:
-            history[version] = pack_transition(record)
 
 
 def _add_history(history: dict[int, PackedTransition], transitions: Iterable[Transition]) -> None:
@@ -306,7 +319,11 @@ class InMemoryTaskStore(TaskStore):
         # 逐个 submit 的快照多半由同一个模板复制（StateMachine.sibling）：文本字段与标签就是上一个新任务的那批
         # 对象，只查不是同一个对象的字段，与整份再查结果相同（check_snapshot 的 like，create_many 同一条规则；
         # 每个提交省下十来次文本检查，issue 17）。
-        checks.check_snapshot(snapshot, self._last_created)
+        last = self._last_created
+        if last is None:
+            checks.check_snapshot(snapshot)
+        else:  # 同 check_snapshot(snapshot, like=last)（类型上面已确认），少一层调用
+            check_storable_changes(last, snapshot)
         self._last_created = snapshot  # 查过了（下面落库失败也不影响：它仍是一份查过的快照）
         outcome = snapshot.outcome
         scalar, text = (None, None) if outcome is None else _encode_json(outcome, what="outcome")
@@ -374,6 +391,54 @@ class InMemoryTaskStore(TaskStore):
             if current.status_version != expect_version:
                 _check_version(current, snapshot.task_id, expect_version)
             _put(row, current, snapshot, scalar, text, transitions)
+        finally:
+            lock.release()
+
+    def _save_next(self, snapshot: TaskSnapshot, record: Transition, packed: PackedTransition) -> None:
+        """写穿最常见的那一次写（见 ``TaskStore._save_next``）：存储正好落后 ``record`` 这一条。
+
+        与 ``_save_direct`` 逐项相同的检查——快照相对存储里的上一版查可存储性（``check_storable_changes``，
+        先于版本号，与 ``check_save_since`` 同一先后）、版本冲突、任务不存在、存储已关闭——只是不再逐项对
+        迁移记录的版本链（调用方担保：状态机刚记下的那一条，按构造接得上），也不再打包：历史里存的就是
+        状态机自己的那个元组（与 ``pack_transition(record)`` 逐项相同）。记录的版本不是快照的版本（担保不
+        成立）、或不是常见形状的快照时交给 ``_save_direct`` 的完整检查。"""
+        version = packed[5]
+        if snapshot.__class__ is not TaskSnapshot or version != snapshot.status_version:
+            self._save_direct(snapshot, record.version - 1, (record,))
+            return
+        outcome = snapshot.outcome
+        if outcome is None:  # 运行中的任务 outcome 都是 None：不必为它调用编码
+            scalar = text = None
+        else:
+            scalar, text = _encode_json(outcome, what="outcome")
+        lock = self._lock
+        if not lock.try_acquire():  # 热路径的加锁写法见 core/locks.py
+            lock.acquire()
+        try:
+            if self._closed:
+                self._check_open()
+            row = self._rows.get(snapshot.task_id)
+            if row is None:
+                row = self._row(snapshot.task_id)  # 抛 TaskNotFound
+            current = row._snapshot if row._sides is None else row.snapshot
+            new, old = snapshot.__dict__, current.__dict__
+            # check_storable_changes(current, snapshot)，先就地做它的快速判定（文本字段与标签原样沿用、
+            # priority 是同一个对象时它什么也不查）：每次迁移省一层调用；有变的（starting 记下执行器名）照常
+            # 交给它。
+            if STORABLE_FIELDS(new) != STORABLE_FIELDS(old) or new["priority"] is not old["priority"]:
+                check_storable_changes(current, snapshot)
+            if current.status_version != version - 1:
+                _check_version(current, snapshot.task_id, version - 1)
+            # 同 _put_snapshot，只是内联（每次迁移都走这里）：旁路字段与配方沿用存储里的。
+            kept = _kept(old)
+            if scalar is new["outcome"] and all(map(operator.is_, _kept(new), kept)):
+                row._snapshot, row._sides = snapshot, None
+            else:
+                row._snapshot, row._sides = snapshot, (scalar, *kept)
+            row.outcome_text = text
+            history = row.history
+            if version not in history:  # 已有的版本保留先到的那条（同 _add_history）
+                history[version] = packed
         finally:
             lock.release()
 

@@ -9,6 +9,7 @@ import threading
 import types
 from datetime import timedelta
 
+from chongming_task.core.records import pack_transition
 from chongming_task.errors import ConcurrencyConflict, ConfigurationError, TaskNotFound
 from chongming_task.models import Progress, TaskSnapshot
 from chongming_task.storage import SaveRequest, TaskQuery, TaskStore
@@ -333,6 +334,57 @@ class SaveCases(ContractBase):
         # 拦下之后，同一个写者照常写对的那份。
         store._save_direct(queued, 0, (record,))
         self.assertVersions(store, "s-direct-bad", [1])
+
+    # ===============================================================================================
+    # _save_next：写穿最常见的那一次写（存储正好落后一条；默认就是 _save_direct；内存存储直接存下紧凑记录）
+    # ===============================================================================================
+
+    def test_next_save_writes_exactly_like_save(self) -> None:
+        store = self.open_store()
+        base = snap("s-next", label="v0")
+        store.create(base)
+        store.touch("s-next", progress=Progress(done=3, total=10), lease_owner="node-b")
+        current, history = base, []
+        for status in (S.QUEUED, S.STARTING, S.RUNNING):
+            current, record = step(current, status)
+            if status is S.STARTING:
+                current = current.evolve(executor="thread")
+            store._save_next(current, record, pack_transition(record))
+            history.append(record)
+        got = store.get("s-next")
+        assert got is not None
+        self.assertEqual((got.status, got.status_version, got.executor), (S.RUNNING, 3, "thread"))
+        self.assertEqual(store.history("s-next"), history)
+        # 旁路字段照样只归 touch：调用方快照里的（空的）进度与租约不采用。
+        self.assertEqual((got.progress, got.lease_owner), (Progress(done=3, total=10), "node-b"))
+        stale, stale_record = step(snap("s-next", label="v0"), S.CANCELLED)  # 过时的写者：以为版本还是 0
+        with self.assertRaises(ConcurrencyConflict):
+            store._save_next(stale, stale_record, pack_transition(stale_record))
+        self.assertVersions(store, "s-next", [1, 2, 3])
+        ghost, record = step(snap("s-next-ghost"), S.QUEUED)
+        with self.assertRaises(TaskNotFound):
+            store._save_next(ghost, record, pack_transition(record))
+
+    def test_next_save_refuses_what_save_refuses(self) -> None:
+        """存不下的文本、不是这一版的迁移记录，都与 save 一样 ConfigurationError、什么也不写。"""
+        store = self.open_store()
+        base = snap("s-next-bad", label="ok")
+        store.create(base)
+        queued, record = step(base, S.QUEUED)
+        for bad in (
+            queued.evolve(executor="bad\x00executor"),  # evolve 不校验：只有写入检查拦得住
+            queued.evolve(label="x" * 10_000),
+            queued.evolve(owner="\ud800"),
+            queued.evolve(priority=2**60),
+        ):
+            with self.subTest(bad=bad), self.assertRaises(ConfigurationError):
+                store._save_next(bad, record, pack_transition(record))
+        nxt, records = walk(base, S.QUEUED, S.STARTING)  # 快照已是版本 2，记录只是版本 1 的那条
+        with self.assertRaises(ConfigurationError):
+            store._save_next(nxt, records[0], pack_transition(records[0]))
+        self.assertNeverSaved(store, "s-next-bad")
+        store._save_next(queued, record, pack_transition(record))  # 拦下之后，同一个写者照常写对的那份
+        self.assertVersions(store, "s-next-bad", [1])
 
     def _race_round(
         self, store: TaskStore, current: TaskSnapshot, round_no: int, writers: int
