@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import pytest
 from chongming_runtime_test_support import wait_until
 
 from chongming_task import Controller, InMemoryTaskStore, TaskStatus
-from chongming_task.errors import StoreError
+from chongming_task.errors import DuplicateTaskId, StoreError
 from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.runtime.taskrun import mark_lease_expired
 
@@ -96,6 +97,79 @@ def test_a_create_whose_reply_was_lost_is_not_recreated() -> None:
         assert [f.operation for f in controller.persist_failures] == ["create"]
     finally:
         controller.close(timeout=5)
+
+
+class LateCommitStore(InMemoryTaskStore):
+    """第一次 create 报"连接中途断了"、当时什么也没写；读回（get）看不到它，紧接着那次 create 才落进来——
+    就像服务器在客户端看到断线、读回之后才提交了那个事务。于是写穿层的重试撞上 DuplicateTaskId：
+    撞的是它自己。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late: tuple[TaskSnapshot, Sequence[Transition]] | None = None
+        self.failed_once = False
+
+    def create(self, snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
+        if not self.failed_once:
+            self.failed_once = True
+            self.late = (snapshot, list(transitions))
+            raise StoreError("PostgreSQL 操作失败：server closed the connection unexpectedly")
+        super().create(snapshot, transitions)
+
+    def get(self, task_id: str) -> TaskSnapshot | None:
+        found = super().get(task_id)
+        if self.late is not None and self.late[0].task_id == task_id:
+            snapshot, transitions = self.late
+            self.late = None
+            super().create(snapshot, transitions)  # 读回之后才落地的那次提交
+        return found
+
+
+def test_a_retried_create_that_hits_its_own_late_commit_is_read_back_not_a_duplicate() -> None:
+    """读回说"没有"→ 再建一次 → DuplicateTaskId：这时要再读回对照，是自己的就照常提交（如实记下那次失败）。
+
+    原来 ``except ConfigurationError: raise`` 排在 ``except DuplicateTaskId`` 前面（后者是前者的子类），
+    读回那一支永远走不到：用户自己的提交被报成"task_id 已存在"。"""
+    store = LateCommitStore()
+    controller = Controller(store=store, owner="a", side_channel_interval=0.02)
+    controller.register("work", lambda ctx: "ok")
+    try:
+        run = controller.submit("work", task_id="t-late")
+        assert run.wait(timeout=5).status is S.SUCCEEDED
+        assert wait_until(lambda: in_sync(controller, store, "t-late"))
+        assert [f.operation for f in controller.persist_failures] == ["create"]
+    finally:
+        controller.close(timeout=5)
+
+
+def test_a_retried_create_that_hits_a_strangers_task_is_a_duplicate() -> None:
+    """同一条路径的另一面：重试撞上的是别人的同名任务（读回对不上）→ 如实报 DuplicateTaskId，
+    任务体一行也不跑。"""
+    store = LateCommitStore()
+    ran: list[str] = []
+    controller = Controller(store=store, owner="a", side_channel_interval=0.02)
+    controller.register("work", lambda ctx: ran.append(ctx.task_id))
+    stranger = Controller(store=InMemoryTaskStore(), owner="b")
+    stranger.register("work", lambda ctx: "theirs")
+    try:
+        theirs = stranger.submit("work", task_id="t-clash")
+        assert theirs.wait(timeout=5).status is S.SUCCEEDED
+        original = store.create
+
+        def create_then_stranger(snapshot: TaskSnapshot, transitions: Sequence[Transition] = ()) -> None:
+            try:
+                original(snapshot, transitions)
+            finally:
+                store.late = (theirs.snapshot, list(theirs.transitions))  # 落地的是别人的那一份
+
+        store.create = create_then_stranger  # type: ignore[method-assign]
+        with pytest.raises(DuplicateTaskId):
+            controller.submit("work", task_id="t-clash")
+        assert ran == []
+        assert controller.get("t-clash") is not None  # 存储里是别人的那一份，原样留着
+    finally:
+        controller.close(timeout=5)
+        stranger.close(timeout=5)
 
 
 def test_a_task_rewritten_by_someone_else_is_fenced_and_reported_as_stored() -> None:

@@ -293,12 +293,19 @@ class WriteThrough:
                     self.store._create_direct(snapshot, machine.packed_transitions())
                 else:
                     create_commits.create(snapshot, machine.packed_transitions())
-            except ConfigurationError:
-                raise
             except DuplicateTaskId:
+                # 必须排在 ConfigurationError 前面（它是其子类）：原来排在后面，下面的读回永远走不到，
+                # 撞上自己那次迟到的提交也被报成"task_id 已存在"。
                 if last is None:
                     raise  # 第一次就撞了：真的有同名任务
-                # 先前那次"失败"的 create 其实写进去了：读回确认是不是自己的
+                # 先前那次"失败"的 create 其实写进去了（读回之后才落地）：读回确认是不是自己的。
+                if self._read_back_create(machine) is not Verdict.PREFIX:
+                    raise  # 别人的同名任务（或读不到）：如实报重复
+                self.record(task_id, "create", last)
+                self._tasks[task_id] = snapshot.status_version
+                return
+            except ConfigurationError:
+                raise
             except TaskError as exc:
                 last = exc
             else:
