@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -16,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from chongming_task import Controller, InMemoryTaskStore, Submit, TaskRun
+from chongming_task.runtime.taskrun import TASKRUN_LAZY_FIELDS
 
 N = 2000
 
@@ -229,3 +232,65 @@ def test_a_handle_dropped_by_keep_finished_is_freed_by_reference_counting() -> N
         if was_enabled:
             gc.enable()
         controller.close(close_store=True)
+
+
+_FAN_OUT_FIRST = """
+import gc, sys, threading
+from chongming_task import Controller, InMemoryTaskStore, Submit
+
+def noop(ctx):
+    return None
+
+def blocker(ctx, gate):
+    gate.wait(60)
+
+# 进程里最先造出来的一批句柄全在排队（一上来 submit_many 一大批、槽位只有一个），它们一个也没开始就关掉。
+first = Controller(max_parallel=1)
+first.register("noop", noop)
+first.register("blocker", blocker)
+gate = threading.Event()
+first.submit("blocker", gate)
+first.submit_many([Submit("noop") for _ in range(50)])
+gate.set()
+first.close()
+
+controller = Controller(max_parallel=2, store=InMemoryTaskStore())
+controller.register("noop", noop)
+for _ in range(50):
+    controller.submit("noop")
+controller.wait_all()
+gc.collect(); gc.collect()
+before = sum(1 for o in gc.get_objects() if type(o) is dict)
+for _ in range(1000):
+    controller.submit("noop")
+controller.wait_all()
+gc.collect(); gc.collect()
+after = sum(1 for o in gc.get_objects() if type(o) is dict)
+print((after - before) / 1000)
+controller.close()
+"""
+
+
+def test_tasks_keep_no_extra_dict_after_the_process_began_with_a_fan_out() -> None:
+    # 每个已结束的任务只有快照的实例字典这一个 dict。TaskRun 的按需字段若在进程里第一次被写时已放不进实例
+    # 共用的属性键表（先造了一大批句柄、一个都还没开始），此后每个任务都会另建一个真的 __dict__（实测 2.0）。
+    # 共用键表是每个进程一份的类级状态：在新解释器里跑，才不受本进程里先跑过的测试影响。
+    done = subprocess.run(
+        [sys.executable, "-c", _FAN_OUT_FIRST], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    per_task = float(done.stdout.strip())
+    assert per_task <= 1.1, f"每个已结束的任务有 {per_task:.2f} 个 dict"
+
+
+def test_every_lazy_taskrun_field_is_reserved_at_import() -> None:
+    # 类体里带初值的按需字段都要列进 TASKRUN_LAZY_FIELDS：新加一个却忘了列，上面那种进程里它又会让每个
+    # 任务多一个字典。
+    lazy = {
+        name
+        for name, value in vars(TaskRun).items()
+        if not name.startswith("__")
+        and not callable(value)
+        and not isinstance(value, (property, staticmethod, classmethod))
+    }
+    assert lazy == set(TASKRUN_LAZY_FIELDS)
