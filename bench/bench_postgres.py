@@ -51,10 +51,16 @@ def noop(ctx: Any) -> None:
     return None
 
 
+OUR_CPU: list[tuple[float, float]] = []
+"""逐轮（本进程每任务 CPU 微秒数，这一轮结束时的 1 分钟负载）：墙钟一轮之间差 ±20 % 时，用它分辨是我们自己
+变慢了（CPU / 任务跟着涨）还是机器上的邻居抢了核（CPU / 任务不变，负载高）——见 bench/README.md pg18 一节。"""
+
+
 def ours(url: str, n: int, *, many: bool = False) -> float:
     c = Controller(max_parallel=2, store=open_store(url))
     c.register("noop", noop)
     started = time.perf_counter()
+    cpu = time.process_time()
     if many:  # 批量提交（用户指南 §9.8）：每 1000 个任务一个 create 事务
         c.submit_many([Submit("noop") for _ in range(n)])
     else:
@@ -62,6 +68,8 @@ def ours(url: str, n: int, *, many: bool = False) -> float:
             c.submit("noop")
     c.wait_all(timeout=900)
     rate = n / (time.perf_counter() - started)
+    if not many:
+        OUR_CPU.append(((time.process_time() - cpu) / n * 1e6, os.getloadavg()[0]))
     c.close(close_store=True)
     return rate
 
@@ -252,6 +260,10 @@ def main() -> int:
             print(f"吞吐（{n:,} 个空任务，2 个并行，完整历史）")
             print(f"  Controller + PostgresTaskStore：{our_rate:,.0f} 任务/秒")
             _peers.print_rounds("我们", our_samples, peers)
+            print(
+                "  我们每轮的客户端 CPU（µs / 任务，括号里是当时的 1 分钟负载）："
+                + " / ".join(f"{cpu:,.0f}（{load:.1f}）" for cpu, load in OUR_CPU)
+            )
             for peer in peers:
                 _peers.print_peer_line(peer.label, peer, our_rate, GOALS[peer.label])
             many_rate = ours(url, n, many=True)

@@ -274,6 +274,7 @@ _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 _CURSOR = "_chongming_cursor"
+_RAW_CURSOR = "_chongming_raw_cursor"
 _SOCKET = "_chongming_socket"  # (描述符, inode)：见 PostgresTaskStore._arm
 
 
@@ -307,6 +308,29 @@ def _execute_hot(conn: Conn, text: str, params: Any) -> psycopg.Cursor[Any]:
     那条语句的防护见 ``_claim._recheck``）。这几条语句的文本是有限的几种（按 schema 与变体缓存），
     不会撑满 psycopg 每条连接的预备语句缓存（默认 100 条，满了按最近最少使用逐出）。"""
     return _cursor(conn).execute(text, params, prepare=True)
+
+
+PREPARED_BATCH_ITEMS = 8
+"""组提交的一批（``Sql.write_batch`` / ``Sql.save_batch``）不多于这么多项时，第一次执行就预备。"""
+
+
+def _execute_batch(conn: Conn, text: str, values: list[Any], items: int) -> psycopg.RawCursor[Any]:
+    """组提交的一条批量语句（``$n`` 编号，见 ``_sql.numbered``）：在这条连接上复用的 ``RawCursor`` 上执行，
+    项数不多时第一次执行就做成服务器端预备语句。
+
+    为什么（issue 17，pg18）：Controller 路径上每个任务平均约 0.8 条这种语句（``write_batch`` 的"1 个建任务 +
+    2 项 save"一种形状就占六成），原来每次 ``psycopg.RawCursor(conn)`` 新建一个游标（连带一份适配器表
+    与 Transformer，约 100 个参数的 dumper 每次重新查），并且按 psycopg 的默认门槛执行到第 5 次才预备：每条
+    新连接、每种形状先有 4 次未命名执行，服务器每次从头解析、分析、规划这条五六千字节的语句（一次约 1–2 ms）。
+    复用游标的理由与 ``_cursor`` 相同（连接一次只借给一个调用方、当场取完结果）。预备只给项数不多的形状：
+    形状按 (建任务数, save 数) 各是一段文本，项数 ≤ ``PREPARED_BATCH_ITEMS`` 的至多 36 + 7 种，加上
+    ``_execute_hot`` 的几条，仍在 psycopg 每条连接的预备缓存（100 条）之内；更大的批（罕见的形状）仍按
+    psycopg 的默认门槛，不会把常用的预备语句挤出缓存。``prepare_threshold=None`` 时 psycopg 一条也不预备。"""
+    cursor: psycopg.RawCursor[Any] | None = getattr(conn, _RAW_CURSOR, None)
+    if cursor is None or cursor.closed:
+        cursor = psycopg.RawCursor(conn)
+        setattr(conn, _RAW_CURSOR, cursor)
+    return cursor.execute(text, values, prepare=True if items <= PREPARED_BATCH_ITEMS else None)
 
 
 def _discard_if_stale_plans(conn: Conn, exc: psycopg.Error) -> None:
@@ -1265,8 +1289,8 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         with self._connection() as conn:
             outcome = {
                 task_id: (1 if written else 0, exists)
-                for task_id, written, exists in psycopg.RawCursor(conn).execute(
-                    self._sql.save_batch(len(work)), values
+                for task_id, written, exists in _execute_batch(
+                    conn, self._sql.save_batch(len(work)), values, len(work)
                 )
             }
             for index, (_, params, judge) in work:
@@ -1349,8 +1373,8 @@ class PostgresTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         with self._connection() as conn:
             outcome = {
                 (kind, task_id): (1 if written else 0, exists)
-                for kind, task_id, written, exists in psycopg.RawCursor(conn).execute(
-                    self._sql.write_batch(len(fresh), len(work)), values
+                for kind, task_id, written, exists in _execute_batch(
+                    conn, self._sql.write_batch(len(fresh), len(work)), values, len(fresh) + len(work)
                 )
             }
             for index, snapshot, _, _, _ in fresh:
