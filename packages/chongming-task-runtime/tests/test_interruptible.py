@@ -24,6 +24,17 @@ PROMPT = 3.0
 gate = threading.Event()
 
 
+@pytest.fixture(autouse=True)
+def _sigint_raises_keyboard_interrupt() -> Iterator[None]:
+    """在 SIGINT 被忽略的环境里启动的解释器（后台作业、nohup、某些 CI 执行器）不装 Python 的默认处理函数，
+    投出去的 SIGINT 石沉大海，这些测试就会等满超时、甚至卡住。这里显式装上、测完恢复。"""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @task
 def blocked(ctx: TaskContext) -> None:
     """不 checkpoint、只等闸门：任务不会自己结束。"""
