@@ -722,12 +722,22 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         """组提交的混合批：create 与 save 一次写事务（语义见 ``TaskStore.write_many``）。与 ``save_many``
         同一个 ``_write_prepared``：重复 id 的 create 只让它那一条 INSERT 失败（SQLite 的 ABORT 只撤销这一条
         语句，事务照常进行），它的标签与迁移记录不写。"""
+        return self._write_mixed(creates, self._prepared_create, saves)
+
+    def _write_mixed(
+        self,
+        creates: Sequence[tuple[TaskSnapshot, Any]],
+        prepare: Callable[[TaskSnapshot, Any], _PreparedCreate],
+        saves: Sequence[v.SaveRequest],
+    ) -> tuple[list[TaskError | None], list[TaskError | None]]:
+        """``write_many`` 与 ``_write_many_direct`` 共用的一段：逐项准备 create（``prepare``：Transition 的
+        或紧凑历史的）与 save，检查不过的项直接成为自己的结果，其余一个事务写完。"""
         count = len(creates)
         results: list[TaskError | None] = [None] * (count + len(saves))
         created: list[tuple[int, _PreparedCreate]] = []
-        for index, (snapshot, transitions) in enumerate(creates):
+        for index, (snapshot, records) in enumerate(creates):
             try:
-                created.append((index, self._prepared_create(snapshot, transitions)))
+                created.append((index, prepare(snapshot, records)))
             except TaskError as exc:
                 results[index] = exc
         prepared = self._checked_saves(saves, results, count)
@@ -857,18 +867,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
                 [(s, [unpack_transition(s.task_id, record) for record in packed]) for s, packed in creates],
                 saves,
             )
-        count = len(creates)
-        results: list[TaskError | None] = [None] * (count + len(saves))
-        created: list[tuple[int, _PreparedCreate]] = []
-        for index, (snapshot, packed) in enumerate(creates):
-            try:
-                created.append((index, self._packed_create(snapshot, packed)))
-            except TaskError as exc:
-                results[index] = exc
-        prepared = self._checked_saves(saves, results, count)
-        if created or prepared:
-            self._write_prepared("write_many", created, prepared, results)
-        return results[:count], results[count:]
+        return self._write_mixed(creates, self._packed_create, saves)
 
     @staticmethod
     def _create_tx(prepared: _PreparedCreate) -> Callable[[_Connection], None]:
