@@ -282,6 +282,7 @@ class WriteThrough:
         task_id = snapshot.task_id
         create_commits = self._create_commits
         last: TaskError | None = None
+        duplicate: DuplicateTaskId | None = None
         # 结果未知的失败（连接在语句中途断了、回执丢了，issue 22.1）之后先读回：存储里正是本进程刚建的这一份
         # → 成功；确定没写进去 → 再建一次（至多 CREATE_ATTEMPTS 次）；读不到、或是别人的同名任务 → 拒绝提交。
         # 只有存储确认了，任务体才会执行（issue 16.6）。
@@ -293,17 +294,13 @@ class WriteThrough:
                     self.store._create_direct(snapshot, machine.packed_transitions())
                 else:
                     create_commits.create(snapshot, machine.packed_transitions())
-            except DuplicateTaskId:
+            except DuplicateTaskId as exc:
                 # 必须排在 ConfigurationError 前面（它是其子类）：原来排在后面，下面的读回永远走不到，
                 # 撞上自己那次迟到的提交也被报成"task_id 已存在"。
                 if last is None:
                     raise  # 第一次就撞了：真的有同名任务
-                # 先前那次"失败"的 create 其实写进去了（读回之后才落地）：读回确认是不是自己的。
-                if self._read_back_create(machine) is not Verdict.PREFIX:
-                    raise  # 别人的同名任务（或读不到）：如实报重复
-                self.record(task_id, "create", last)
-                self._tasks[task_id] = snapshot.status_version
-                return
+                # 先前那次"失败"的 create 其实写进去了（读回之后才落地）：下面读回确认是不是自己的。
+                duplicate = exc
             except ConfigurationError:
                 raise
             except TaskError as exc:
@@ -318,6 +315,8 @@ class WriteThrough:
                     self.record(task_id, "create", last)
                 self._tasks[task_id] = snapshot.status_version
                 return
+            if duplicate is not None:
+                raise duplicate  # 别人的同名任务（或读不到）：如实报重复
             if verdict is not Verdict.ABSENT or attempt == CREATE_ATTEMPTS - 1:
                 break
         raise StoreError(f"任务 {task_id!r} 没能写进存储，已拒绝提交（任务没有执行）：{last}") from last
