@@ -544,13 +544,10 @@ _TEXT_FIELD_LIMITS: tuple[tuple[str, int], ...] = tuple(
 )
 
 
-_STORABLE_FIELDS = operator.itemgetter(*(name for name, _ in _TEXT_FIELD_LIMITS), "tags")
-"""``check_storable_fields`` 检查的文本字段与标签，按实例字典取成一个元组
-（``check_storable_changes`` 的快速判定）。"""
-STORABLE_FIELDS = _STORABLE_FIELDS
-"""同 ``_STORABLE_FIELDS``（公开的名字）：``check_storable_changes`` 的快速判定——两份快照的这个元组相等、
-priority 是同一个对象时它什么也不查。热路径上的调用方（内存存储的 ``_save_next``）先这样判一次、
-省一层调用。"""
+STORABLE_FIELDS = operator.itemgetter(*(name for name, _ in _TEXT_FIELD_LIMITS), "tags")
+"""``check_storable_fields`` 检查的文本字段与标签，按实例字典取成一个元组：``check_storable_changes`` 的
+快速判定——两份快照的这个元组相等、priority 是同一个对象时它什么也不查。热路径上的调用方（内存存储的
+``_save_next``）先这样判一次、省一层调用。"""
 _TEXT_INDEXES = range(len(_TEXT_FIELD_LIMITS))
 _TEXT_LIMIT_AT = tuple(limit for _, limit in _TEXT_FIELD_LIMITS)
 
@@ -588,7 +585,7 @@ def check_storable_changes(previous: TaskSnapshot, snapshot: TaskSnapshot) -> No
     # 最常见：文本字段与标签全都原样沿用——两个元组在 C 里逐项比较（同一个对象直接算相等），一次就判定完。
     # 与查过的文本相等的文本、与查过的标签集合相等的集合，可存储性也一样。priority 单独按"同一个对象"判定：
     # 5.0 与 True 都"等于"一个整数，却不是合法的 priority。
-    new_values, old_values = _STORABLE_FIELDS(new), _STORABLE_FIELDS(old)
+    new_values, old_values = STORABLE_FIELDS(new), STORABLE_FIELDS(old)
     if new_values == old_values:
         if new["priority"] is not old["priority"]:
             check_priority(new["priority"])

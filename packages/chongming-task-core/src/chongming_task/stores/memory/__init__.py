@@ -176,19 +176,6 @@ def _put(
     （快照不可变）：直接存调用方这份，不复制；有一个不同时也存调用方这份，另记下存储里的那组值，读时才合成
     （见 ``_Row``）。
     """
-    _put_snapshot(row, current, snapshot, scalar, text)
-    # 同 _add_history，只是内联（写穿每次迁移都走这里，省两层函数调用）。
-    history = row.history
-    for record in transitions:
-        version = record.version
-        if version not in history:
-            history[version] = pack_transition(record)
-
-
-def _put_snapshot(
-    row: _Row, current: TaskSnapshot, snapshot: TaskSnapshot, scalar: Any, text: str | None
-) -> None:
-    """（持锁调用）``_put`` 的快照那一半：存下 save 的快照，旁路字段与配方沿用存储里的（见 ``_put``）。"""
     new = snapshot.__dict__
     kept = _kept(current.__dict__)
     # 五个沿用字段逐个"是同一个对象"：两个元组由 C 逐项比（map(is_)），不在 Python 里写五次取值与比较。
@@ -199,6 +186,12 @@ def _put_snapshot(
         row._snapshot = snapshot
         row._sides = (scalar, *kept)  # 配方只由 create 写入，同样沿用
     row.outcome_text = text
+    # 同 _add_history，只是内联（写穿每次迁移都走这里，省两层函数调用）。
+    history = row.history
+    for record in transitions:
+        version = record.version
+        if version not in history:
+            history[version] = pack_transition(record)
 
 
 def _add_history(history: dict[int, PackedTransition], transitions: Iterable[Transition]) -> None:
@@ -429,7 +422,7 @@ class InMemoryTaskStore(TaskStore):
                 check_storable_changes(current, snapshot)
             if current.status_version != version - 1:
                 _check_version(current, snapshot.task_id, version - 1)
-            # 同 _put_snapshot，只是内联（每次迁移都走这里）：旁路字段与配方沿用存储里的。
+            # 同 _put 的快照那一半，只是内联（每次迁移都走这里）：旁路字段与配方沿用存储里的。
             kept = _kept(old)
             if scalar is new["outcome"] and all(map(operator.is_, _kept(new), kept)):
                 row._snapshot, row._sides = snapshot, None
