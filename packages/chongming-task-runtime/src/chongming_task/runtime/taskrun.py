@@ -1256,12 +1256,6 @@ class TaskRun:
 # 要等任务开始、被 wait()、进入重试才第一次写：一上来 submit_many 一大批（或排队的比槽位多几个）的进程里，
 # 第一次写它们时表早已没有空位，此后进程里每个任务都多背一个字典（实测 2,000 个任务多 2,000 个 dict）。
 # 在这里写一次，它们从第一个实例起就在表里，每个任务照旧一次也不用多写。
-def _reserve_lazy_fields() -> None:
-    probe = object.__new__(TaskRun)
-    for name in TASKRUN_LAZY_FIELDS:
-        setattr(probe, name, getattr(TaskRun, name))
-
-
 TASKRUN_LAZY_FIELDS = (
     "_logs",
     "_done_event",
@@ -1273,6 +1267,14 @@ TASKRUN_LAZY_FIELDS = (
     "_retry_wake",
     "_start_timer",
 )
+
+
+def _reserve_lazy_fields() -> None:
+    probe = object.__new__(TaskRun)
+    for name in TASKRUN_LAZY_FIELDS:
+        setattr(probe, name, getattr(TaskRun, name))
+
+
 _reserve_lazy_fields()
 
 
