@@ -302,9 +302,8 @@ def _write_many_checked(
     个数不对的核对同 ``save_many_checked``。``write_direct``：存储的 ``_write_many_direct``（create 一项是
     (快照, 紧凑历史)，语义同 ``_create_direct``）；没有时紧凑历史先现造成 Transition 再交给
     ``write_many``。"""
-    saves: list[Any] = [
-        item.request for item in batch if item.create is None
-    ]  # create 为 None 的项带 request
+    # create 为 None 的项带 request（不为每项调用一个只做这一步的函数）
+    saves: list[Any] = [item.request for item in batch if item.create is None]
     creates: list[Any] = [item.create for item in batch if item.create is not None]
     if write_direct is not None:
         created, saved = write_direct(creates, saves)
