@@ -43,10 +43,19 @@ def noop(ctx: Any) -> None:
     return None
 
 
+ROUND_COSTS: list[tuple[float, float | None]] = []
+"""逐个 submit 的每一轮：(每任务的进程 CPU 微秒, 每任务的写事务数)。墙钟之外的两个读数：这一行在 GIL 下
+墙钟约等于总 CPU（bench/README.md 第十七—十九轮），速率变了先看是 CPU 变了还是机器上的邻居变了；提交数
+看组提交合并得怎样。写事务数取自写穿的组提交（内部属性，取不到时不打印）。"""
+
+
 def ours(n: int, workdir: Path, *, many: bool = False, tag: str = "") -> float:
     store = SqliteTaskStore(str(workdir / (f"ours_many{tag}.db" if many else f"ours{tag}.db")))
     c = Controller(max_parallel=2, store=store)
     c.register("noop", noop)
+    commits = getattr(getattr(getattr(c, "_link", None), "_write", None), "commits", None)
+    batches = getattr(commits, "batches", None)
+    cpu = time.process_time()
     started = time.perf_counter()
     if many:  # 批量提交（用户指南 §9.8）：每 1000 个任务一个 create 事务
         c.submit_many([Submit("noop") for _ in range(n)])
@@ -55,6 +64,9 @@ def ours(n: int, workdir: Path, *, many: bool = False, tag: str = "") -> float:
             c.submit("noop")
     c.wait_all(timeout=600)
     rate = n / (time.perf_counter() - started)
+    if not many:
+        per_task = None if batches is None else (commits.batches - batches) / n
+        ROUND_COSTS.append(((time.process_time() - cpu) / n * 1e6, per_task))
     c.close(close_store=True)
     return rate
 
@@ -230,6 +242,12 @@ def main() -> int:
         print(f"吞吐（{n:,} 个空任务，2 个并行，完整历史）")
         print(f"  Controller + SqliteTaskStore：{our_rate:,.0f} 任务/秒")
         _peers.print_rounds("我们", our_samples, peers)
+        if ROUND_COSTS:
+            costs = " / ".join(
+                f"{cpu:,.0f} µs" + ("" if commits is None else f"（{commits:.2f} 次提交）")
+                for cpu, commits in ROUND_COSTS
+            )
+            print(f"  我们每轮的每任务进程 CPU（每任务写事务数）：{costs}")
         for peer in peers:
             _peers.print_peer_line(peer.label, peer, our_rate, GOALS[peer.label])
         many_rate = ours(n, workdir, many=True)

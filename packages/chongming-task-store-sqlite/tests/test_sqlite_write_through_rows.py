@@ -248,3 +248,29 @@ def test_transition_inserts_are_the_generic_null_shaped_inserts(
 
     rows = _transition_rows(count, actor_every, reason_every)
     assert _sql.transition_inserts(rows) == _sql.insert_rows_without_nulls(_sql.INSERT_TRANSITION_HEAD, rows)
+
+
+def test_encoding_new_times_leaves_few_gc_tracked_containers_alive() -> None:
+    """时间编码的记忆表不让每个新时刻的几个元组一直活着：它们在循环 GC 的账上是"活下来的新容器"，第 0 代
+    攒够 700 个就回收一次（bench/README.md 第十九轮 sq19：原来 4,096 项的表让逐个 submit 的第 0 代回收多出
+    约一半）。编一千个新时刻之后，活着的新容器（第 0 代的计数）只能是记忆表上限那么多项，不随时刻数增长；
+    同一个时间对象紧接着再编照样命中（同一个结果对象）。"""
+    import gc
+
+    times = [T0 + timedelta(microseconds=i) for i in range(1_000)]  # datetime 不是 GC 追踪的容器
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for value in times:
+            pair = codec._encode_keyed_time(value)
+            assert codec._encode_keyed_time(value) is pair
+            assert codec._encode_time(value) == pair[:1]
+        alive = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    # 与时刻数无关的一个小数（记忆表的上限乘每项三个元组）；原来每个新时刻留下三个，一千个就是三千。
+    # （别的线程此刻的分配也记在这个计数上：留一百的余量。）
+    assert alive <= 3 * codec._TIME_MEMO_SIZE + 100 < len(times) // 2, (
+        f"编一千个新时刻留下了 {alive} 个活着的新容器"
+    )

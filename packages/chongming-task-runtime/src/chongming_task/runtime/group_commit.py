@@ -224,14 +224,18 @@ class GroupCommit:
                         elapsed if previous == _UNMEASURED else previous + (elapsed - previous) / 8
                     )
                     self._active -= 1
+                    defer = self._defer_wakes
                     for member in batch:  # 这一批的调用方：各自的那一项已写完（或整批失败）
-                        if member.self_waking and self._defer_wakes:
+                        if member.self_waking and defer:
                             # 它定时睡着、到点自己会醒：叫醒推迟到下一个写事务的 COMMIT 之前
                             # （_flush_deferred）。此刻叫醒它只能在 GIL 上再睡一次——本线程接下来
                             # 一段都是 Python（见 commit_hooks）。
                             self._deferred.append(member)
                         else:
-                            self._wake(member)
+                            waiter = member.waiter  # 即 _wake(member)，逐项少一层调用（写者自己那项没人睡）
+                            if waiter is not None:
+                                member.waiter = None
+                                waiter.release()
                     # 有写者空位、还有没被捎走的项：叫醒其中第一个在等、且不会自己醒来的调用方，由它接着当写者
                     # （它捎上其余全部排着的项，包括 enqueue 进来、调用方还没开始等的那些）。定时睡着的排队者
                     # 不叫醒：它至多 SUCCESSOR_GRACE 后自己醒来，通常在那之前刚放下写者位置的线程已回来捎走它
@@ -275,7 +279,8 @@ class GroupCommit:
             elif any(item.create is not None for item in batch):
                 results = _write_many_checked(self._store, batch, self._write_direct)
             else:
-                results = save_many_checked(self._store, [_save_of(item) for item in batch])
+                requests: list[Any] = [item.request for item in batch]  # 这一批没有 create：每项都带 request
+                results = save_many_checked(self._store, requests)
         except BaseException as exc:
             # 整批失败：每个调用方都得到这个异常（与一次失败的 save 同义：结果未知）。
             for item in batch:
@@ -297,7 +302,8 @@ def _write_many_checked(
     个数不对的核对同 ``save_many_checked``。``write_direct``：存储的 ``_write_many_direct``（create 一项是
     (快照, 紧凑历史)，语义同 ``_create_direct``）；没有时紧凑历史先现造成 Transition 再交给
     ``write_many``。"""
-    saves = [_save_of(item) for item in batch if item.create is None]
+    # create 为 None 的项带 request（不为每项调用一个只做这一步的函数）
+    saves: list[Any] = [item.request for item in batch if item.create is None]
     creates: list[Any] = [item.create for item in batch if item.create is not None]
     if write_direct is not None:
         created, saved = write_direct(creates, saves)
@@ -315,16 +321,13 @@ def _write_many_checked(
         )
     created.reverse()
     saved.reverse()
-    return [_checked((created if item.create is not None else saved).pop()) for item in batch]
-
-
-def _save_of(item: Pending) -> SaveRequest:
-    assert item.request is not None  # 调用方已确认这一批没有 create
-    return item.request
-
-
-def _checked(error: object) -> BaseException | None:
-    return error if error is None or isinstance(error, BaseException) else StoreError(repr(error))
+    results: list[BaseException | None] = []
+    for item in batch:
+        error = (created if item.create is not None else saved).pop()
+        results.append(
+            error if error is None or isinstance(error, BaseException) else StoreError(repr(error))
+        )
+    return results
 
 
 def save_many_checked(store: TaskStore, requests: Sequence[SaveRequest]) -> list[BaseException | None]:
@@ -336,7 +339,10 @@ def save_many_checked(store: TaskStore, requests: Sequence[SaveRequest]) -> list
             f"{type(store).__name__}.save_many 返回了 {len(results)} 个结果，"
             f"应为 {len(requests)} 个：这一批按写失败处理（请修正存储实现）"
         )
-    return [_checked(error) for error in results]
+    return [
+        error if error is None or isinstance(error, BaseException) else StoreError(repr(error))
+        for error in results
+    ]
 
 
 __all__ = ["MAX_BATCH", "GroupCommit", "NewTask", "Pending", "save_many_checked"]

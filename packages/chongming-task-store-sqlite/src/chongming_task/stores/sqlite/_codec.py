@@ -33,7 +33,13 @@ _MICROSECOND = timedelta(microseconds=1)
 _TIME_MEMO: dict[int, tuple[datetime, tuple[str], tuple[str, int]]] = {}
 """``encode_time`` 的结果，按时间对象的 id（见那里）：(对象, 单列的编码, 带排序键的两列编码)，两种形状都
 现成，命中时不再造元组。满了整个清空：只为相邻几次 save 复用，不求命中率。"""
-_TIME_MEMO_SIZE = 4096
+_TIME_MEMO_SIZE = 64
+"""记忆表至多几项。为什么这么小：每一项是三个元组，它们活到下一次清空——在循环 GC 的账上这是"活下来的新
+容器"，第 0 代每攒 700 个就回收一次。原来的 4,096 项让写穿每个任务多留下十几个这样的元组（每任务五个新
+时刻），逐个 submit 的基准里第 0 代回收多出约一半（每千个任务 29.6 → 18–21 次，bench/README.md 第十九轮
+sq19）。要复用的时间都在同一个任务相邻的几次编码之间（create 的快照与它的迁移记录、save 的快照与它的
+迁移记录；更早的时间由 save 行的提示照抄，见 store._RowHints）：64 项时回放里每任务的重新编码只从 5.000
+次变成 5.044 次。"""
 
 _EPOCH_MINUTE = _EPOCH.toordinal() * 1440
 _SECONDS = tuple(f"{second:02d}." for second in range(60))

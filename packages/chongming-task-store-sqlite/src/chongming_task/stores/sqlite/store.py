@@ -147,7 +147,8 @@ class _Pool:
         with self._lock:
             if self._closed:
                 raise self._closed_error()
-            self._after_fork()
+            if self._generation != FORKS.generation:  # 每个事务都走这里：代数相同时不多一层调用
+                self._after_fork()
             conn = self._idle.pop() if self._idle else None
         if conn is None:
             conn = self._connect()
@@ -587,23 +588,44 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
             try:
                 # 写者队列与连接的借还直接调用，不叠两层 with（contextmanager 的生成器、nullcontext）：
                 # 每个事务都走这里。先排队再借连接，还连接之后再让出队列——与原来嵌套的 with 同一个顺序。
-                turn = self._writers.turn() if mode == "write" else None
-                if turn is not None:
+                if mode == "write":
+                    # 写事务（组提交的每一批都是）：与 _execute 的 "write" 同样的几步，直接写在这里——少一层
+                    # 调用，也不必数 total_changes（写事务总算"写过"）。
+                    turn = self._writers.turn()
                     turn.acquire()
-                try:
-                    pool = self._pool
-                    conn = pool.acquire()
                     try:
-                        changes = conn.total_changes
-                        result = _execute(conn, fn, mode)
-                        wrote = mode == "write" or conn.total_changes != changes
+                        pool = self._pool
+                        conn = pool.acquire()
+                        try:
+                            writes = conn.writes  # 复用的游标（见 _Connection）
+                            writes.execute("BEGIN IMMEDIATE")
+                            try:
+                                result = fn(conn)
+                                before_commit()  # 组提交在这里叫醒上一批定时睡着的调用方（见 commit_hooks）
+                                writes.execute("COMMIT")
+                            except BaseException:
+                                if conn.in_transaction:
+                                    # 回滚失败时连接仍在事务里，连接池会丢弃它而不是复用；原异常更重要。
+                                    with contextlib.suppress(sqlite3.Error):
+                                        conn.execute("ROLLBACK")
+                                raise
+                        finally:
+                            pool.release(conn)
                     finally:
-                        pool.release(conn)
-                finally:
-                    if turn is not None:
                         turn.release()
+                    if self._checkpointer is not None:
+                        self._checkpointer.committed()  # 在写锁之外：只数数，检查点在后台线程上做
+                    return result
+                pool = self._pool
+                conn = pool.acquire()
+                try:
+                    changes = conn.total_changes
+                    result = _execute(conn, fn, mode)
+                    wrote = conn.total_changes != changes
+                finally:
+                    pool.release(conn)
                 if wrote and self._checkpointer is not None:
-                    self._checkpointer.committed()  # 在写锁之外：只数数，检查点在后台线程上做
+                    self._checkpointer.committed()
                 return result
             except sqlite3.Error as exc:
                 if not _is_busy(exc):
