@@ -331,7 +331,10 @@ class InMemoryTaskStore(TaskStore):
         if last is None:
             checks.check_snapshot(snapshot)
         else:  # 同 check_snapshot(snapshot, like=last)（类型上面已确认），少一层调用
-            check_storable_changes(last, snapshot)
+            new, old = snapshot.__dict__, last.__dict__
+            # check_storable_changes 的快速判定就地先做（同 _save_next）：模板复制出的新任务什么也不用查
+            if STORABLE_FIELDS(new) != STORABLE_FIELDS(old) or new["priority"] is not old["priority"]:
+                check_storable_changes(last, snapshot)
         self._last_created = snapshot  # 查过了（下面落库失败也不影响：它仍是一份查过的快照）
         outcome = snapshot.outcome
         scalar, text = (None, None) if outcome is None else _encode_json(outcome, what="outcome")
