@@ -33,7 +33,7 @@ from chongming_task.core.locks import YieldingLock
 from chongming_task.core.records import (
     STORABLE_FIELDS,
     PackedTransition,
-    check_storable_changes,
+    check_storable_values,
     pack_transition,
     unpack_transition,
 )
@@ -333,8 +333,9 @@ class InMemoryTaskStore(TaskStore):
         else:  # 同 check_snapshot(snapshot, like=last)（类型上面已确认），少一层调用
             new, old = snapshot.__dict__, last.__dict__
             # check_storable_changes 的快速判定就地先做（同 _save_next）：模板复制出的新任务什么也不用查
-            if STORABLE_FIELDS(new) != STORABLE_FIELDS(old) or new["priority"] is not old["priority"]:
-                check_storable_changes(last, snapshot)
+            new_values, old_values = STORABLE_FIELDS(new), STORABLE_FIELDS(old)
+            if new_values != old_values or new["priority"] is not old["priority"]:
+                check_storable_values(new_values, old_values, new, old)
         self._last_created = snapshot  # 查过了（下面落库失败也不影响：它仍是一份查过的快照）
         outcome = snapshot.outcome
         scalar, text = (None, None) if outcome is None else _encode_json(outcome, what="outcome")
@@ -435,10 +436,11 @@ class InMemoryTaskStore(TaskStore):
             current = row._snapshot  # 不合成旁路值：同 _save_direct
             new, old = snapshot.__dict__, current.__dict__
             # check_storable_changes(current, snapshot)，先就地做它的快速判定（文本字段与标签原样沿用、
-            # priority 是同一个对象时它什么也不查）：每次迁移省一层调用；有变的（starting 记下执行器名）照常
-            # 交给它。
-            if STORABLE_FIELDS(new) != STORABLE_FIELDS(old) or new["priority"] is not old["priority"]:
-                check_storable_changes(current, snapshot)
+            # priority 是同一个对象时它什么也不查）：每次迁移省一层调用；有变的（starting 记下执行器名）交给
+            # 它的后一半，取好的两个元组一并交过去、不再取第二遍。
+            new_values, old_values = STORABLE_FIELDS(new), STORABLE_FIELDS(old)
+            if new_values != old_values or new["priority"] is not old["priority"]:
+                check_storable_values(new_values, old_values, new, old)
             if current.status_version != version - 1:
                 _check_version(current, snapshot.task_id, version - 1)
             # 同 _put 的快照那一半（_keep_sides），只是内联（每次迁移都走这里）：旁路字段与配方沿用存储里的。
