@@ -113,9 +113,9 @@ class _Row:
 
     为什么 save 只记、不比：原来每次 save 都把两份快照的五个沿用字段逐个比一遍（"是同一个对象"就不记
     ``_sides``），写穿每个任务三次 save，十次字典查找加一次逐项比较，是内存存储每任务指令数的一成半
-    （issue 17）。现在 ``_sides`` 为 None 时第一次 save 把存储自己的那组值取出来记下（五次查找），之后的
-    save 原样留着它（只在 outcome 变了时换首项）；比较挪到读的时候做、且只做一次（见 ``snapshot``）——写穿
-    出去的快照多半再也没人读。为什么不每次复制一份合成的快照：写穿出去的终态多半没人读，复制就是每个任务
+    （issue 17）。现在 ``_sides`` 为 None 时第一次 save 把存储自己的那组值（连同存下的 outcome）一次取出来
+    记下，之后的 save 原样留着它（只在 outcome 变了时换首项）；比较挪到读的时候做、且只做一次（见
+    ``snapshot``）——写穿出去的快照多半再也没人读。为什么不每次复制一份合成的快照：写穿出去的终态多半没人读，复制就是每个任务
     两个常驻、每次全量回收都要扫的对象（快照与它的实例字典）；元组里通常只有 None、时间与字符串，循环 GC
     第一次扫到就不再追踪它。读写都在存储的锁内，合成时换上不会与写者交错。
     """
@@ -168,7 +168,6 @@ def _check_version(current: TaskSnapshot, task_id: str, expect_version: int) -> 
 _SAVE_KEEPS = ("progress", "last_heartbeat_at", "lease_owner", "lease_until", "recipe")
 """save 从不改写、沿用存储里的值的字段：旁路字段（只归 create / touch）与配方（只归 create）。"""
 
-_kept = operator.itemgetter(*_SAVE_KEEPS)
 _VERSION = operator.itemgetter(5)  # PackedTransition 的 version
 _SIDE_FIELDS = ("outcome", *_SAVE_KEEPS)
 """``_Row._sides`` 的各项：存下的 outcome（容器型的只存文本，这里是 None）与沿用的那几个字段。"""
@@ -180,9 +179,9 @@ def _keep_sides(row: _Row, old: dict[str, Any], scalar: Any) -> None:
     字典），``scalar`` 是这次存下的 outcome。已经记着的原样留着，只在 outcome 变了时换掉首项（见
     ``_Row``）。"""
     sides = row._sides
-    if sides is None:
-        row._sides = (scalar, *_kept(old))
-    elif sides[0] is not scalar:
+    if sides is None:  # 行里那份就是存储眼里的（outcome 也是存下的那个）：整组取出来
+        sides = row._sides = _side_values(old)
+    if sides[0] is not scalar:
         row._sides = (scalar, *sides[1:])
 
 
@@ -446,8 +445,8 @@ class InMemoryTaskStore(TaskStore):
             # 同 _put 的快照那一半（_keep_sides），只是内联（每次迁移都走这里）：旁路字段与配方沿用存储里的。
             sides = row._sides
             if sides is None:
-                row._sides = (scalar, *_kept(old))
-            elif sides[0] is not scalar:
+                sides = row._sides = _side_values(old)
+            if sides[0] is not scalar:
                 row._sides = (scalar, *sides[1:])
             row._snapshot = snapshot
             row.outcome_text = text
