@@ -109,3 +109,30 @@ def test_a_container_outcome_saved_last_reads_back_as_a_fresh_copy() -> None:
     assert got is not None
     assert got.outcome == {"rows": [1, 2]}
     assert got.last_heartbeat_at == T0 + timedelta(seconds=1)
+
+
+def test_changes_equal_to_the_last_checked_ones_are_still_refused_with_a_bad_priority() -> None:
+    """有变的那组可存储字段值与上一次查过的相等时不再逐项查（``_save_next`` 的 ``_last_changed``）；但
+    priority 不是上一版的那个对象时照样查，不合法的照样拒绝、什么也不写。"""
+    import pytest
+
+    from chongming_task.errors import ConfigurationError
+
+    store = InMemoryTaskStore()
+    first, second = _machine(store, "p1"), _machine(store, "p2")
+    with first.lock:
+        _write_next(store, first, first.mark_starting(executor="thread"))  # 有变的一组，查过
+    with second.lock:
+        starting = second.mark_starting(executor="thread")
+        for bad in (True, 5.0):  # 都"等于"一个整数，却不是合法的 priority（绕过构造校验塞进快照）
+            with pytest.raises(ConfigurationError):
+                store._save_next(starting.evolve(priority=bad), second.transitions[-1], second.last_packed())
+        got = store.get("p2")
+        assert got is not None and got.status is TaskStatus.QUEUED
+        with pytest.raises(ConfigurationError):
+            store._save_next(
+                starting.evolve(executor="thr\x00ead"), second.transitions[-1], second.last_packed()
+            )
+        _write_next(store, second, starting)
+    got = store.get("p2")
+    assert got is not None and (got.status, got.executor) == (TaskStatus.STARTING, "thread")

@@ -256,6 +256,9 @@ class InMemoryTaskStore(TaskStore):
         # 写穿落库的上一个新任务的快照（已整份查过、或相对于查过的查过）：下一个 _create_direct 只查与它不是
         # 同一个对象的字段（见 _create_direct）。锁外读写：任何时刻读到的都是一份查过的快照，哪一份都行。
         self._last_created: TaskSnapshot | None = None
+        # 写穿 _save_next 上一次整项查过、有变的那组可存储字段值（STORABLE_FIELDS）：下一次有变的与它相等时
+        # 可存储性也一样，不再逐项查（见 _save_next）。只在存储的锁内读写。
+        self._last_changed: tuple[Any, ...] | None = None
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> InMemoryTaskStore:
@@ -435,11 +438,16 @@ class InMemoryTaskStore(TaskStore):
             current = row._snapshot  # 不合成旁路值：同 _save_direct
             new, old = snapshot.__dict__, current.__dict__
             # check_storable_changes(current, snapshot)，先就地做它的快速判定（文本字段与标签原样沿用、
-            # priority 是同一个对象时它什么也不查）：每次迁移省一层调用；有变的（starting 记下执行器名）交给
-            # 它的后一半，取好的两个元组一并交过去、不再取第二遍。
+            # priority 是同一个对象时它什么也不查）：每次迁移省一层调用；有变的交给它的后一半，取好的两个元组
+            # 一并交过去、不再取第二遍。有变的多半是每个任务的 starting 记下执行器名，一个接一个的任务记下的
+            # 是同一组值：与上一次查过的那组相等（priority 仍是上一版的那个对象）时可存储性也一样，不再逐项查
+            # ——与 check_storable_changes 认"与查过的文本相等的文本"同一条规则，_create_direct 的
+            # _last_created 是同一个做法（issue 17）。
             new_values, old_values = STORABLE_FIELDS(new), STORABLE_FIELDS(old)
-            if new_values != old_values or new["priority"] is not old["priority"]:
+            unchecked = new_values != old_values and new_values != self._last_changed
+            if unchecked or new["priority"] is not old["priority"]:
                 check_storable_values(new_values, old_values, new, old)
+                self._last_changed = new_values
             if current.status_version != version - 1:
                 _check_version(current, snapshot.task_id, version - 1)
             # 同 _put 的快照那一半（_keep_sides），只是内联（每次迁移都走这里）：旁路字段与配方沿用存储里的。
