@@ -253,9 +253,10 @@ class InMemoryTaskStore(TaskStore):
         # 成员记录：owner → (记录, info 的 JSON 文本)。info 是可变的 dict，出入库都经文本拷贝。
         self._nodes: dict[str, tuple[v.NodeRecord, str]] = {}
         self._closed = False
-        # 写穿落库的上一个新任务的快照（已整份查过、或相对于查过的查过）：下一个 _create_direct 只查与它不是
-        # 同一个对象的字段（见 _create_direct）。锁外读写：任何时刻读到的都是一份查过的快照，哪一份都行。
-        self._last_created: TaskSnapshot | None = None
+        # 写穿落库的上一个新任务的实例字典与它的 STORABLE_FIELDS（已整份查过、或相对于查过的查过）：下一个
+        # _create_direct 只查与它不是同一个对象的字段，不必再为它取一遍（见 _create_direct）。锁外读写：一个
+        # 属性整体换掉，任何时刻读到的都是同一份查过的快照的那一对，哪一对都行。
+        self._last_created: tuple[dict[str, Any], tuple[Any, ...]] | None = None
         # 写穿 _save_next 上一次整项查过、有变的那组可存储字段值（STORABLE_FIELDS）：下一次有变的与它相等时
         # 可存储性也一样，不再逐项查（见 _save_next）。只在存储的锁内读写。
         self._last_changed: tuple[Any, ...] | None = None
@@ -330,15 +331,16 @@ class InMemoryTaskStore(TaskStore):
         # 对象，只查不是同一个对象的字段，与整份再查结果相同（check_snapshot 的 like，create_many 同一条规则；
         # 每个提交省下十来次文本检查，issue 17）。
         last = self._last_created
+        new = snapshot.__dict__
+        new_values = STORABLE_FIELDS(new)
         if last is None:
             checks.check_snapshot(snapshot)
-        else:  # 同 check_snapshot(snapshot, like=last)（类型上面已确认），少一层调用
-            new, old = snapshot.__dict__, last.__dict__
+        else:  # 同 check_snapshot(snapshot, like=上一个)（类型上面已确认），少一层调用
+            old, old_values = last
             # check_storable_changes 的快速判定就地先做（同 _save_next）：模板复制出的新任务什么也不用查
-            new_values, old_values = STORABLE_FIELDS(new), STORABLE_FIELDS(old)
             if new_values != old_values or new["priority"] is not old["priority"]:
                 check_storable_values(new_values, old_values, new, old)
-        self._last_created = snapshot  # 查过了（下面落库失败也不影响：它仍是一份查过的快照）
+        self._last_created = (new, new_values)  # 查过了（下面落库失败也不影响：它仍是一份查过的快照）
         outcome = snapshot.outcome
         scalar, text = (None, None) if outcome is None else _encode_json(outcome, what="outcome")
         stored = snapshot if scalar is outcome else snapshot.evolve(outcome=scalar)
