@@ -136,3 +136,37 @@ def test_changes_equal_to_the_last_checked_ones_are_still_refused_with_a_bad_pri
         _write_next(store, second, starting)
     got = store.get("p2")
     assert got is not None and (got.status, got.executor) == (TaskStatus.STARTING, "thread")
+
+
+def test_a_conditional_save_sees_the_stores_lease_not_the_callers() -> None:
+    """``save(lease_expired_before=...)``（reconcile 判 lost 的写）看的是存储里的租约：touch 续过的、写穿之后
+    只记在行里"存储自己的那组值"里、还没人读过合成的，也照样算。"""
+    import pytest
+
+    from chongming_task.errors import ConcurrencyConflict
+
+    store = InMemoryTaskStore()
+    machine = _machine(store, "l1")  # 调用方手里的租约到 T0 + 30 秒
+    store.touch("l1", lease_owner="node-a", lease_until=T0 + timedelta(seconds=100))
+    with machine.lock:
+        _write_next(store, machine, machine.mark_starting(executor="thread"))
+        lost = machine.mark_lost(reason="节点失联")
+    with pytest.raises(ConcurrencyConflict):
+        store.save(
+            lost,
+            expect_version=2,
+            transitions=machine.transitions[-1:],
+            lease_expired_before=T0 + timedelta(seconds=50),
+        )
+    got = store.get("l1")
+    assert got is not None and got.status is TaskStatus.STARTING
+    # 租约真的过期了（早于给定时刻）才写得进去。
+    store.save(
+        lost,
+        expect_version=2,
+        transitions=machine.transitions[-1:],
+        lease_expired_before=T0 + timedelta(seconds=101),
+    )
+    got = store.get("l1")
+    assert got is not None and got.status is TaskStatus.LOST
+    assert got.lease_until == T0 + timedelta(seconds=100)

@@ -172,6 +172,7 @@ _VERSION = operator.itemgetter(5)  # PackedTransition 的 version
 _SIDE_FIELDS = ("outcome", *_SAVE_KEEPS)
 """``_Row._sides`` 的各项：存下的 outcome（容器型的只存文本，这里是 None）与沿用的那几个字段。"""
 _side_values = operator.itemgetter(*_SIDE_FIELDS)
+_LEASE_UNTIL_AT = _SIDE_FIELDS.index("lease_until")
 
 
 def _keep_sides(row: _Row, old: dict[str, Any], scalar: Any) -> None:
@@ -373,10 +374,14 @@ class InMemoryTaskStore(TaskStore):
         snapshot, expect_version = request.snapshot, request.expect_version
         self._check_open()
         row = self._row(snapshot.task_id)
-        current = row.snapshot
+        # 不经 snapshot 属性合成（同 _save_direct）：版本号不是旁路字段；要看的租约是存储自己的那个
+        current = row._snapshot
         _check_version(current, snapshot.task_id, expect_version)
-        if v.lease_is_held(current.lease_until, request.lease_expired_before):
-            raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, current.lease_until))
+        if request.lease_expired_before is not None:
+            sides = row._sides
+            lease_until = current.lease_until if sides is None else sides[_LEASE_UNTIL_AT]
+            if v.lease_is_held(lease_until, request.lease_expired_before):
+                raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, lease_until))
         _put(row, snapshot, scalar, text, request.transitions)
 
     def _save_direct(
