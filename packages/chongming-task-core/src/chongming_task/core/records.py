@@ -590,6 +590,16 @@ def check_storable_changes(previous: TaskSnapshot, snapshot: TaskSnapshot) -> No
         if new["priority"] is not old["priority"]:
             check_priority(new["priority"])
         return
+    check_storable_values(new_values, old_values, new, old)
+
+
+def check_storable_values(
+    new_values: tuple[Any, ...], old_values: tuple[Any, ...], new: dict[str, Any], old: dict[str, Any]
+) -> None:
+    """``check_storable_changes`` 的后一半：调用方已取好两份快照的 ``STORABLE_FIELDS``（``new_values`` /
+    ``old_values``）与实例字典（``new`` / ``old``，``old`` 是查过的那一份），只查不是同一个对象的那几项、
+    priority 与标签。为什么单列：热路径上的调用方（内存存储的 ``_save_next``）先用这两个元组做了快速判定，
+    有变时（写穿每个任务一次：starting 记下执行器名）不必再取一遍。"""
     # 有变的（写穿时每个任务一次：starting 记下执行器名）：哪几项不是同一个对象由 compress /
     # map(is_not) 在 C 里挑出（下标到文本字段为止，末项是标签），只有它们进 Python 的循环体（通常一项；
     # 原来十几个字段逐个在 Python 里比，issue 17）。短的纯 ASCII 文本就地判定——与 check_storable_fields
@@ -842,6 +852,7 @@ __all__ = [
     "check_storable_changes",
     "check_storable_fields",
     "check_storable_text",
+    "check_storable_values",
     "check_tag_count",
     "normalize_tags",
     "pack_transition",

@@ -277,7 +277,13 @@ class WriteThrough:
         # 先在状态机上记下租约，再把这同一个快照对象交给存储（不另造一份副本）。提交时已经带上了
         # （lease_fields）且是刚算的：原样用它，不再复制一份快照。
         snapshot = machine.snapshot
-        if not self._lease_fresh(snapshot):
+        lease = snapshot.lease_until
+        # 同 _lease_fresh(snapshot)，只是先就地判它的常见情形（提交时刚算的租约），少一层调用。
+        if not (
+            lease is not None
+            and snapshot.lease_owner == self.owner
+            and lease >= self.clock.now() + self._fresh_lease
+        ) and not self._lease_fresh(snapshot):
             snapshot = machine.update_side(lease_owner=self.owner, lease_until=self.lease_until())
         task_id = snapshot.task_id
         create_commits = self._create_commits
@@ -447,7 +453,9 @@ class WriteThrough:
                         tasks[task_id] = version
                 finally:
                     lock.release()
-                self.outage.recovered()
+                outage = self.outage
+                if outage._in_outage:  # 同 OutageLog.recovered 的快路径（不在故障中什么也不做），少一层调用
+                    outage.recovered()
                 if self._behind and task_id in self._behind:  # 不拿锁先看一眼（同 _caught_up 的说明）
                     with self._lock:
                         self._behind.pop(task_id, None)

@@ -33,7 +33,7 @@ from chongming_task.core.locks import YieldingLock
 from chongming_task.core.records import (
     STORABLE_FIELDS,
     PackedTransition,
-    check_storable_changes,
+    check_storable_values,
     pack_transition,
     unpack_transition,
 )
@@ -106,12 +106,18 @@ def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
 class _Row:
     """一个任务的全部存储状态。snapshot 里的 outcome 只在 outcome_text 为 None 时有效。
 
-    ``snapshot`` 是存储眼里的这一版。save 沿用存储自己的旁路字段与配方（``_SAVE_KEEPS``），它们和调用方那份
-    不同时（最常见的是终态那次：任务线程结算时记了心跳），行里先存调用方的快照加一个"存储自己的那几个值"的
-    元组（``_sides``），第一次读 ``snapshot`` 时才合成一份、换上（之后照常直接读）。为什么：写穿出去的终态
-    多半再也没人读，原来每个任务要为它复制一份快照——两个常驻、每次全量回收都要扫的对象（快照与它的实例
-    字典）；元组里通常只有 None、时间与字符串，循环 GC 第一次扫到就不再追踪它（issue 17）。读写都在存储的
-    锁内，合成时换上不会与写者交错。
+    ``snapshot`` 是存储眼里的这一版。save 沿用存储自己的旁路字段与配方（``_SAVE_KEEPS``）：行里存调用方的
+    快照（``_snapshot``）加一个"存储自己的那几个值"的元组（``_sides``，首项是存下的 outcome），第一次读
+    ``snapshot`` 时才按它合成一份、换上（之后照常直接读）。``_sides`` 为 None 表示存储自己的值就是
+    ``_snapshot`` 里的。
+
+    为什么 save 只记、不比：原来每次 save 都把两份快照的五个沿用字段逐个比一遍（"是同一个对象"就不记
+    ``_sides``），写穿每个任务三次 save，十次字典查找加一次逐项比较，是内存存储每任务指令数的一成半
+    （issue 17）。现在 ``_sides`` 为 None 时第一次 save 把存储自己的那组值（连同存下的 outcome）一次取出来
+    记下，之后的 save 原样留着它（只在 outcome 变了时换首项）；比较挪到读的时候做、且只做一次（见
+    ``snapshot``）——写穿出去的快照多半再也没人读。为什么不每次复制一份合成的快照：写穿出去的终态多半没人读，复制就是每个任务
+    两个常驻、每次全量回收都要扫的对象（快照与它的实例字典）；元组里通常只有 None、时间与字符串，循环 GC
+    第一次扫到就不再追踪它。读写都在存储的锁内，合成时换上不会与写者交错。
     """
 
     __slots__ = ("_sides", "_snapshot", "history", "log_seq", "log_writers", "logs", "outcome_text")
@@ -136,7 +142,13 @@ class _Row:
         sides = self._sides
         if sides is None:
             return self._snapshot
-        combined = self._snapshot.evolve(**dict(zip(_SIDE_FIELDS, sides, strict=True)))
+        current = self._snapshot
+        # 调用方那份的这几个字段本来就是存储自己的那组对象（最常见：没被 touch 过、也没记心跳）：不必合成。
+        # 逐个"是同一个对象"，不按值相等——时区不同、时刻相同的时间也要换成存储自己的那一个。
+        if all(map(operator.is_, _side_values(current.__dict__), sides)):
+            self._sides = None
+            return current
+        combined = current.evolve(**dict(zip(_SIDE_FIELDS, sides, strict=True)))
         self._snapshot, self._sides = combined, None
         return combined
 
@@ -156,15 +168,26 @@ def _check_version(current: TaskSnapshot, task_id: str, expect_version: int) -> 
 _SAVE_KEEPS = ("progress", "last_heartbeat_at", "lease_owner", "lease_until", "recipe")
 """save 从不改写、沿用存储里的值的字段：旁路字段（只归 create / touch）与配方（只归 create）。"""
 
-_kept = operator.itemgetter(*_SAVE_KEEPS)
 _VERSION = operator.itemgetter(5)  # PackedTransition 的 version
 _SIDE_FIELDS = ("outcome", *_SAVE_KEEPS)
 """``_Row._sides`` 的各项：存下的 outcome（容器型的只存文本，这里是 None）与沿用的那几个字段。"""
+_side_values = operator.itemgetter(*_SIDE_FIELDS)
+_LEASE_UNTIL_AT = _SIDE_FIELDS.index("lease_until")
+
+
+def _keep_sides(row: _Row, old: dict[str, Any], scalar: Any) -> None:
+    """（持锁调用）save 换上调用方的快照之前：记下存储自己的旁路字段与配方（``old`` 是行里那份快照的实例
+    字典），``scalar`` 是这次存下的 outcome。已经记着的原样留着，只在 outcome 变了时换掉首项（见
+    ``_Row``）。"""
+    sides = row._sides
+    if sides is None:  # 行里那份就是存储眼里的（outcome 也是存下的那个）：整组取出来
+        sides = row._sides = _side_values(old)
+    if sides[0] is not scalar:
+        row._sides = (scalar, *sides[1:])
 
 
 def _put(
     row: _Row,
-    current: TaskSnapshot,
     snapshot: TaskSnapshot,
     scalar: Any,
     text: str | None,
@@ -172,19 +195,11 @@ def _put(
 ) -> None:
     """（持锁调用，检查都已通过）把 save 的快照与迁移记录写进任务行。
 
-    旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。写穿的热路径上它们通常就是同一批对象
-    （快照不可变）：直接存调用方这份，不复制；有一个不同时也存调用方这份，另记下存储里的那组值，读时才合成
-    （见 ``_Row``）。
+    旁路字段只归 touch 管：沿用存储里的值，调用方手里那份可能早已过时。不复制快照：存调用方这份，另记下
+    存储里的那组值，读时才合成（见 ``_Row``）。
     """
-    new = snapshot.__dict__
-    kept = _kept(current.__dict__)
-    # 五个沿用字段逐个"是同一个对象"：两个元组由 C 逐项比（map(is_)），不在 Python 里写五次取值与比较。
-    if scalar is new["outcome"] and all(map(operator.is_, _kept(new), kept)):
-        row._snapshot, row._sides = snapshot, None  # 最常见：什么都不用换，直接存调用方这份
-    else:
-        # 有不同：不复制快照，先存调用方这份加存储自己的那组值，读时才合成（见 _Row）。
-        row._snapshot = snapshot
-        row._sides = (scalar, *kept)  # 配方只由 create 写入，同样沿用
+    _keep_sides(row, row._snapshot.__dict__, scalar)
+    row._snapshot = snapshot
     row.outcome_text = text
     # 同 _add_history，只是内联（写穿每次迁移都走这里，省两层函数调用）。
     history = row.history
@@ -239,9 +254,13 @@ class InMemoryTaskStore(TaskStore):
         # 成员记录：owner → (记录, info 的 JSON 文本)。info 是可变的 dict，出入库都经文本拷贝。
         self._nodes: dict[str, tuple[v.NodeRecord, str]] = {}
         self._closed = False
-        # 写穿落库的上一个新任务的快照（已整份查过、或相对于查过的查过）：下一个 _create_direct 只查与它不是
-        # 同一个对象的字段（见 _create_direct）。锁外读写：任何时刻读到的都是一份查过的快照，哪一份都行。
-        self._last_created: TaskSnapshot | None = None
+        # 写穿落库的上一个新任务的实例字典与它的 STORABLE_FIELDS（已整份查过、或相对于查过的查过）：下一个
+        # _create_direct 只查与它不是同一个对象的字段，不必再为它取一遍（见 _create_direct）。锁外读写：一个
+        # 属性整体换掉，任何时刻读到的都是同一份查过的快照的那一对，哪一对都行。
+        self._last_created: tuple[dict[str, Any], tuple[Any, ...]] | None = None
+        # 写穿 _save_next 上一次整项查过、有变的那组可存储字段值（STORABLE_FIELDS）：下一次有变的与它相等时
+        # 可存储性也一样，不再逐项查（见 _save_next）。只在存储的锁内读写。
+        self._last_changed: tuple[Any, ...] | None = None
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> InMemoryTaskStore:
@@ -313,11 +332,16 @@ class InMemoryTaskStore(TaskStore):
         # 对象，只查不是同一个对象的字段，与整份再查结果相同（check_snapshot 的 like，create_many 同一条规则；
         # 每个提交省下十来次文本检查，issue 17）。
         last = self._last_created
+        new = snapshot.__dict__
+        new_values = STORABLE_FIELDS(new)
         if last is None:
             checks.check_snapshot(snapshot)
-        else:  # 同 check_snapshot(snapshot, like=last)（类型上面已确认），少一层调用
-            check_storable_changes(last, snapshot)
-        self._last_created = snapshot  # 查过了（下面落库失败也不影响：它仍是一份查过的快照）
+        else:  # 同 check_snapshot(snapshot, like=上一个)（类型上面已确认），少一层调用
+            old, old_values = last
+            # check_storable_changes 的快速判定就地先做（同 _save_next）：模板复制出的新任务什么也不用查
+            if new_values != old_values or new["priority"] is not old["priority"]:
+                check_storable_values(new_values, old_values, new, old)
+        self._last_created = (new, new_values)  # 查过了（下面落库失败也不影响：它仍是一份查过的快照）
         outcome = snapshot.outcome
         scalar, text = (None, None) if outcome is None else _encode_json(outcome, what="outcome")
         stored = snapshot if scalar is outcome else snapshot.evolve(outcome=scalar)
@@ -350,11 +374,15 @@ class InMemoryTaskStore(TaskStore):
         snapshot, expect_version = request.snapshot, request.expect_version
         self._check_open()
         row = self._row(snapshot.task_id)
-        current = row.snapshot
+        # 不经 snapshot 属性合成（同 _save_direct）：版本号不是旁路字段；要看的租约是存储自己的那个
+        current = row._snapshot
         _check_version(current, snapshot.task_id, expect_version)
-        if v.lease_is_held(current.lease_until, request.lease_expired_before):
-            raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, current.lease_until))
-        _put(row, current, snapshot, scalar, text, request.transitions)
+        if request.lease_expired_before is not None:
+            sides = row._sides
+            lease_until = current.lease_until if sides is None else sides[_LEASE_UNTIL_AT]
+            if v.lease_is_held(lease_until, request.lease_expired_before):
+                raise ConcurrencyConflict(v.lease_held_message(snapshot.task_id, lease_until))
+        _put(row, snapshot, scalar, text, request.transitions)
 
     def _save_direct(
         self, snapshot: TaskSnapshot, expect_version: int, transitions: Sequence[Transition]
@@ -378,12 +406,13 @@ class InMemoryTaskStore(TaskStore):
             row = self._rows.get(snapshot.task_id)
             if row is None:
                 row = self._row(snapshot.task_id)  # 抛 TaskNotFound
-            # 行里没有待合成的旁路值时（最常见）直接读存下的快照，不经 snapshot 属性
-            current = row._snapshot if row._sides is None else row.snapshot
+            # 不经 snapshot 属性合成：可存储性的基准只要是查过的快照，行里存下的调用方那份每个字段都查过；
+            # 版本号不是旁路字段（见 _Row）
+            current = row._snapshot
             checks.check_save_since(current, snapshot, expect_version, transitions)
             if current.status_version != expect_version:
                 _check_version(current, snapshot.task_id, expect_version)
-            _put(row, current, snapshot, scalar, text, transitions)
+            _put(row, snapshot, scalar, text, transitions)
         finally:
             lock.release()
 
@@ -413,21 +442,28 @@ class InMemoryTaskStore(TaskStore):
             row = self._rows.get(snapshot.task_id)
             if row is None:
                 row = self._row(snapshot.task_id)  # 抛 TaskNotFound
-            current = row._snapshot if row._sides is None else row.snapshot
+            current = row._snapshot  # 不合成旁路值：同 _save_direct
             new, old = snapshot.__dict__, current.__dict__
             # check_storable_changes(current, snapshot)，先就地做它的快速判定（文本字段与标签原样沿用、
-            # priority 是同一个对象时它什么也不查）：每次迁移省一层调用；有变的（starting 记下执行器名）照常
-            # 交给它。
-            if STORABLE_FIELDS(new) != STORABLE_FIELDS(old) or new["priority"] is not old["priority"]:
-                check_storable_changes(current, snapshot)
+            # priority 是同一个对象时它什么也不查）：每次迁移省一层调用；有变的交给它的后一半，取好的两个元组
+            # 一并交过去、不再取第二遍。有变的多半是每个任务的 starting 记下执行器名，一个接一个的任务记下的
+            # 是同一组值：与上一次查过的那组相等（priority 仍是上一版的那个对象）时可存储性也一样，不再逐项查
+            # ——与 check_storable_changes 认"与查过的文本相等的文本"同一条规则，_create_direct 的
+            # _last_created 是同一个做法（issue 17）。
+            new_values, old_values = STORABLE_FIELDS(new), STORABLE_FIELDS(old)
+            unchecked = new_values != old_values and new_values != self._last_changed
+            if unchecked or new["priority"] is not old["priority"]:
+                check_storable_values(new_values, old_values, new, old)
+                self._last_changed = new_values
             if current.status_version != version - 1:
                 _check_version(current, snapshot.task_id, version - 1)
-            # 同 _put 的快照那一半，只是内联（每次迁移都走这里）：旁路字段与配方沿用存储里的。
-            kept = _kept(old)
-            if scalar is new["outcome"] and all(map(operator.is_, _kept(new), kept)):
-                row._snapshot, row._sides = snapshot, None
-            else:
-                row._snapshot, row._sides = snapshot, (scalar, *kept)
+            # 同 _put 的快照那一半（_keep_sides），只是内联（每次迁移都走这里）：旁路字段与配方沿用存储里的。
+            sides = row._sides
+            if sides is None:
+                sides = row._sides = _side_values(old)
+            if sides[0] is not scalar:
+                row._sides = (scalar, *sides[1:])
+            row._snapshot = snapshot
             row.outcome_text = text
             history = row.history
             if version not in history:  # 已有的版本保留先到的那条（同 _add_history）
@@ -524,7 +560,7 @@ class InMemoryTaskStore(TaskStore):
                 started, transitions = begun
                 row = self._rows[snapshot.task_id]
                 scalar, text = _encode_json(started.outcome, what="outcome")
-                _put(row, row.snapshot, started, scalar, text, transitions)
+                _put(row, started, scalar, text, transitions)
                 result.append(started)
         return result
 
