@@ -445,6 +445,10 @@ Transition（``unpack_transition``；读历史远比写少）。issue 17。
 """
 
 STATUS_VALUE: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
+
+_SUCCEEDED = (
+    TaskStatus.SUCCEEDED
+)  # wait_all 给每个任务造一个 Outcome：读枚举类属性的慢钩子见 core/statuses.py
 """状态 → 它的值字符串（紧凑形式里存的是值；状态机的 ``_apply`` 内联打包时也查这张表）。"""
 _STATUS_OF: dict[str, TaskStatus] = {status.value: status for status in TaskStatus}
 
@@ -800,7 +804,7 @@ class Outcome:
     @classmethod
     def from_snapshot(cls, snapshot: TaskSnapshot) -> Outcome:
         status = snapshot.status
-        value = snapshot.outcome if status is TaskStatus.SUCCEEDED else None
+        value = snapshot.outcome if status is _SUCCEEDED else None
         # 热路径（wait_all 给每个在管任务造一个，issue 17）：字段全部取自一份已校验的快照，
         # 跳过 frozen dataclass 的 __init__（它经 __setattr__ 重载逐字段 object.__setattr__）。
         # Outcome 没有 __post_init__，结果与 cls(...) 按值相等。不用 ``__dict__.update``：读 __dict__

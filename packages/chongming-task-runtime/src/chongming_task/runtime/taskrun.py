@@ -86,6 +86,13 @@ from chongming_task.runtime.task_logs import LogSink
 from chongming_task.states import TERMINAL_STATUSES, TRANSITIONS, TaskStatus
 
 S = TaskStatus
+# 每个任务都要走的路径（start、载体就位、结算）上用到的成员存成模块常量：读枚举类的属性在 3.11 上经一个慢钩子
+# （约 170 ns，见 core/statuses.py 的说明）。其余代码照旧写 S.X。
+_PENDING = S.PENDING
+_QUEUED = S.QUEUED
+_STARTING = S.STARTING
+_RUNNING = S.RUNNING
+_RETURNED = ResultKind.RETURNED
 logger = logging.getLogger("chongming_task.runtime")
 
 DEFAULT_PAUSE_TIMEOUT = 5.0
@@ -106,40 +113,35 @@ _TIMEOUT_TRIGGERS: dict[FailureKind, str] = {
 
 
 class _Attempt:
-    """一次尝试的监督状态（只在 TaskRun 的锁下读写）。"""
+    """一次尝试的监督状态（只在 TaskRun 的锁下读写）。
 
-    __slots__ = (
-        "_pause_signal",
-        "attempt_deadline",
-        "attempt_remaining",
-        "cancel_reason",
-        "handle",
-        "killed",
-        "number",
-        "running",
-        "settled",
-        "stop_reason",
-        "stop_requested",
-        "synced_beat",
-        "timeout_failure",
-        "timers",
-    )
+    没有 ``__slots__``：各字段的初值放在类上（同 TaskRun 的按需字段），构造时只写尝试序号——每次尝试不必
+    逐个写十几个字段、也不必为多半用不上的定时器表造一个空字典（issue 17：每个任务都开始一次尝试）。第一次
+    赋值时成为实例字段；``timers`` 的类初值是一个共用的空字典，**只读**：登记定时器一律经 ``add_timer``，
+    它在第一次登记时换上本尝试自己的字典（撤、取定时器对共用的空字典什么也不做）。"""
+
+    handle: AttemptHandle | None = None
+    settled = False
+    running = False
+    stop_requested = False
+    stop_reason: str | None = None
+    timeout_failure: Failure | None = None
+    killed = False
+    cancel_reason: str | None = None
+    timers: dict[str, Timer] = {}  # noqa: RUF012 —— 共用、只读，见类说明
+    attempt_deadline: float | None = None
+    attempt_remaining: float | None = None
+    _pause_signal: threading.Event | None = None
+    synced_beat: float | None = None
 
     def __init__(self, number: int) -> None:
         self.number = number
-        self.handle: AttemptHandle | None = None
-        self.settled = False
-        self.running = False
-        self.stop_requested = False
-        self.stop_reason: str | None = None
-        self.timeout_failure: Failure | None = None
-        self.killed = False
-        self.cancel_reason: str | None = None
-        self.timers: dict[str, Timer] = {}
-        self.attempt_deadline: float | None = None
-        self.attempt_remaining: float | None = None
-        self._pause_signal: threading.Event | None = None
-        self.synced_beat: float | None = None
+
+    def add_timer(self, name: str, timer: Timer) -> None:
+        timers = self.timers
+        if timers is _Attempt.timers:
+            self.timers = timers = {}
+        timers[name] = timer
 
     def pause_signal(self, *, fresh: bool) -> threading.Event:
         """等暂停确认的信号（惰性创建：绝大多数尝试从不暂停）。在 TaskRun 的锁下调用。"""
@@ -540,16 +542,16 @@ class TaskRun:
         """
         with self._lock:
             status = self.machine.status
-            if self._started and status is not S.QUEUED:
+            if self._started and status is not _QUEUED:
                 raise ConfigurationError(
                     f"任务 {self.task_id!r} 已经 start() 过（当前 {status.value}）；"
                     "每个 TaskRun 只能启动一次，要再跑请新建一个 TaskRun（换一个 task_id）"
                 )
             self._started = True
-            if status is S.PENDING:
+            if status is _PENDING:
                 self.machine.mark_queued()
-                status = S.QUEUED
-            if status is not S.QUEUED:
+                status = _QUEUED
+            if status is not _QUEUED:
                 # 启动前已被停止（终态）、已在排队中暂停（恢复时回到 queued 再启动）、或在等上游（blocked）。
                 if status.is_terminal or status in (S.PAUSED, S.BLOCKED):
                     return self
@@ -908,7 +910,7 @@ class TaskRun:
             if attempt is not self._attempt or attempt.settled:
                 return
             machine = self.machine
-            if machine.status is S.STARTING:
+            if machine.status is _STARTING:
                 machine.mark_running(pid=pid)
             elif pid is not None:
                 machine.update_side(pid=pid)
@@ -941,7 +943,7 @@ class TaskRun:
             machine = self.machine
             status = machine.status
             kind = result.kind
-            if status is S.RUNNING and kind is ResultKind.RETURNED and attempt.timeout_failure is None:
+            if status is _RUNNING and kind is _RETURNED and attempt.timeout_failure is None:
                 # 最常见的结局：running 里正常返回、没有超时。最后一次心跳与 succeeded 并成一份快照（见
                 # StateMachine.mark_succeeded_with_heartbeat），与下面"先记心跳、再 mark_succeeded"结果相同。
                 if beat_at is None:
@@ -1098,8 +1100,9 @@ class TaskRun:
         attempt.handle.request_stop(reason)
         attempt.cancel_timers()
         start = self.clock.monotonic() if requested_at is None else requested_at
-        attempt.timers["grace"] = self._watchdog.schedule_at(
-            start + self.graceful_stop, lambda: self._grace_expired(attempt)
+        attempt.add_timer(
+            "grace",
+            self._watchdog.schedule_at(start + self.graceful_stop, lambda: self._grace_expired(attempt)),
         )
 
     def _grace_expired(self, attempt: _Attempt) -> None:
@@ -1132,7 +1135,9 @@ class TaskRun:
 
     def _arm_timeout_locked(self, attempt: _Attempt, kind: FailureKind, delay: float) -> None:
         attempt.cancel_timer(kind.value)
-        attempt.timers[kind.value] = self._watchdog.schedule(delay, lambda: self._timeout_due(attempt, kind))
+        attempt.add_timer(
+            kind.value, self._watchdog.schedule(delay, lambda: self._timeout_due(attempt, kind))
+        )
 
     def _timeout_due(self, attempt: _Attempt, kind: FailureKind) -> None:
         with self._lock:
@@ -1269,13 +1274,34 @@ TASKRUN_LAZY_FIELDS = (
 )
 
 
-def _reserve_lazy_fields() -> None:
-    probe = object.__new__(TaskRun)
-    for name in TASKRUN_LAZY_FIELDS:
-        setattr(probe, name, getattr(TaskRun, name))
+# _Attempt 同理（它的字段也都是类上的初值，见它的说明）：序号在构造时写，其余在尝试的一生里第一次用到时写。
+# 尝试是短命的，多出的字典随它释放，但每次尝试都多造、多拆一个字典，正是它去掉 __slots__ 要省的那种开销。
+ATTEMPT_LAZY_FIELDS = (
+    "number",
+    "handle",
+    "settled",
+    "running",
+    "stop_requested",
+    "stop_reason",
+    "timeout_failure",
+    "killed",
+    "cancel_reason",
+    "timers",
+    "attempt_deadline",
+    "attempt_remaining",
+    "_pause_signal",
+    "synced_beat",
+)
 
 
-_reserve_lazy_fields()
+def _reserve_lazy_fields(cls: type, names: tuple[str, ...]) -> None:
+    probe: object = object.__new__(cls)
+    for name in names:
+        setattr(probe, name, getattr(cls, name, None))
+
+
+_reserve_lazy_fields(TaskRun, TASKRUN_LAZY_FIELDS)
+_reserve_lazy_fields(_Attempt, ATTEMPT_LAZY_FIELDS)
 
 
 def lost_failure(snapshot: TaskSnapshot) -> Failure:
