@@ -16,6 +16,11 @@
 
 线程安全：所有写入都在 ``self.lock`` 下进行。TaskRun 把自己的锁传进来，于是"每个 TaskRun
 一把锁"与"状态机是唯一写者"是同一件事。
+
+热路径的加锁写法：每个任务都要走的几个动作（入队、开始、就位、成功、记心跳、造兄弟任务、登记监听器）写成
+``lock.acquire()`` + ``try`` / ``finally: lock.release()``，不经 ``with``。3.11 上 ``with`` 一把 C 实现的
+``RLock`` 每次要现查 ``__enter__`` / ``__exit__``、各造一个绑定方法，再以三个 None 调 ``__exit__``：
+约 540 ns，直接调用约 190 ns——一个空任务的受监督执行要加十来次锁（issue 17）。语义相同（异常照样放锁）。
 """
 
 from __future__ import annotations
@@ -288,9 +293,14 @@ class StateMachine:
 
         ``lease``：换上的租约字段（``lease_owner`` / ``lease_until``，调用方此刻算的）；不给时沿用模板的。
         """
-        with self.lock:
+        # 不经 with：见模块说明（热路径的加锁写法）。参数里的 lock 是新任务的锁，这里拿的是模板自己的。
+        own = self.lock
+        own.acquire()
+        try:
             current = self._snapshot
             history = tuple(self._transitions)
+        finally:
+            own.release()
         first = history[0] if len(history) == 1 else None
         # 只有"刚入队、还没动过"的模板才能照抄：走过更多迁移的快照里带着那些迁移留下的字段（attempt、
         # started_at……），照抄就把别的任务的经历安到了新任务头上。
@@ -340,9 +350,14 @@ class StateMachine:
 
         写穿落库新任务时交给存储（``TaskStore._create_direct``）：内存存储的历史本来就存这种元组，不必先现造
         Transition 再拆回去（每个提交省一次加锁之外的解包与打包，issue 17）。元组本身不可变，直接交出去。"""
-        with self.lock:
+        # 不经 with：见模块说明（热路径的加锁写法）
+        lock = self.lock
+        lock.acquire()
+        try:
             history = self._transitions
             return history if history.__class__ is tuple else tuple(history)
+        finally:
+            lock.release()
 
     def last_packed(self) -> PackedTransition:
         """（调用方持有 ``self.lock``）最近一条迁移记录的紧凑形式。监听器里（同一次持锁之内）就是刚发生、
@@ -424,11 +439,16 @@ class StateMachine:
         """
         if owner is None:
             raise ConfigurationError("add_owner_listener() 的 owner 不能是 None")
-        with self.lock:
+        # 不经 with：见模块说明（热路径的加锁写法）
+        lock = self.lock
+        lock.acquire()
+        try:
             if self._listener is None:
                 self._listener, self._owner = handler, owner
             else:
                 self.add_listener(MethodType(handler, owner))
+        finally:
+            lock.release()
 
     def weaken_owner_listener(self) -> None:
         """把 ``add_owner_listener`` 登记的那个监听器改成只弱引用它的 owner（之后照样按顺序通知它，owner
@@ -561,10 +581,15 @@ class StateMachine:
         self, *, trigger: str = TRIGGER_QUEUED, actor: str | None = None, reason: str | None = None
     ) -> TaskSnapshot:
         """就绪，等待执行槽。queued 意味着"未启动"，所以清空 started_at（见模块说明）。"""
-        with self.lock:
+        # 不经 with：见模块说明（热路径的加锁写法）
+        lock = self.lock
+        lock.acquire()
+        try:
             now = self._clock.now()
             changes = {"queued_at": now, "started_at": None, "retry_at": None}
             return self._apply(_QUEUED, trigger, actor, reason, changes, now)
+        finally:
+            lock.release()
 
     def mark_starting(
         self,
@@ -575,7 +600,10 @@ class StateMachine:
         reason: str | None = None,
     ) -> TaskSnapshot:
         """开始新一次尝试：attempt + 1，记下 started_at。预算不够时抛 AttemptsExhausted。"""
-        with self.lock:
+        # 不经 with：见模块说明（热路径的加锁写法）
+        lock = self.lock
+        lock.acquire()
+        try:
             current = self._snapshot
             allowed = _TABLE[current.status]
             if _STARTING not in allowed:
@@ -597,6 +625,8 @@ class StateMachine:
             if executor is not None:
                 changes["executor"] = executor
             return self._apply(_STARTING, trigger, actor, reason, changes, now)
+        finally:
+            lock.release()
 
     def mark_running(
         self,
@@ -607,7 +637,10 @@ class StateMachine:
         reason: str | None = None,
     ) -> TaskSnapshot:
         """载体已就位（starting → running），或就地暂停后恢复（pausing / paused → running）。"""
-        with self.lock:
+        # 不经 with：见模块说明（热路径的加锁写法）
+        lock = self.lock
+        lock.acquire()
+        try:
             if self._snapshot.started_at is None and _RUNNING in _TABLE[self._snapshot.status]:
                 raise self._refuse(
                     _RUNNING,
@@ -615,6 +648,8 @@ class StateMachine:
                     "任务从未启动（缺少 started_at）：排队或重试等待期间暂停的任务，恢复后应回到 queued",
                 )
             return self._apply(_RUNNING, trigger, actor, reason, {} if pid is None else {"pid": pid})
+        finally:
+            lock.release()
 
     def mark_succeeded(
         self,
@@ -625,8 +660,13 @@ class StateMachine:
         reason: str | None = None,
     ) -> TaskSnapshot:
         """正常完成（running → succeeded，或停止请求发出后恰好跑完：stopping → succeeded）。"""
-        with self.lock:
+        # 不经 with：见模块说明（热路径的加锁写法）
+        lock = self.lock
+        lock.acquire()
+        try:
             return self._apply(_SUCCEEDED, trigger, actor, reason, {"outcome": outcome, "failure": None})
+        finally:
+            lock.release()
 
     def mark_succeeded_with_heartbeat(self, outcome: Any, heartbeat_at: datetime) -> TaskSnapshot:
         """``note_heartbeat(heartbeat_at)`` 紧接着 ``mark_succeeded(outcome=outcome)``，只复制一份快照。
@@ -637,11 +677,16 @@ class StateMachine:
         照常通知监听器（它们看到的新快照里已有这次心跳，与两步时看到的一样）。迁移被拒时心跳也不记（调用方
         只在 running 时用它，迁移不会被拒）。
         """
-        with self.lock:
+        # 不经 with：见模块说明（热路径的加锁写法）
+        lock = self.lock
+        lock.acquire()
+        try:
             if heartbeat_at.__class__ is not datetime or heartbeat_at.tzinfo is not UTC:
                 _check_aware("heartbeat_at", heartbeat_at)  # 同 note_heartbeat
             changes = {"outcome": outcome, "failure": None, "last_heartbeat_at": heartbeat_at}
             return self._apply(_SUCCEEDED, TRIGGER_SUCCEEDED, None, None, changes)
+        finally:
+            lock.release()
 
     def mark_failed(
         self,
@@ -805,11 +850,16 @@ class StateMachine:
     def note_heartbeat(self, heartbeat_at: datetime) -> TaskSnapshot:
         """``update_side(heartbeat_at=...)`` 的单字段版本：受监督的执行每次结算都把最后一次心跳记进快照，
         不必为一个字段走一遍五个可选参数的判定（检查与结果都相同）。"""
-        with self.lock:
+        # 不经 with：见模块说明（热路径的加锁写法）
+        lock = self.lock
+        lock.acquire()
+        try:
             if heartbeat_at.__class__ is not datetime or heartbeat_at.tzinfo is not UTC:
                 _check_aware("heartbeat_at", heartbeat_at)  # UTC 时间（真实时钟给的）显然合格，其余照常检查
             self._snapshot = copy_with(self._snapshot, {"last_heartbeat_at": heartbeat_at})
             return self._snapshot
+        finally:
+            lock.release()
 
     # -- the explicit revivals and the one arbitrary jump ------------------------------------------
 
