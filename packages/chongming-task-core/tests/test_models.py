@@ -191,6 +191,25 @@ def test_trusted_transition_equals_validated_one() -> None:
     assert hash(Transition._trusted(*args)) == hash(Transition(*args))
 
 
+def test_a_trusted_transition_is_a_frozen_transition_like_any_other() -> None:
+    # _trusted 先按不冻结的孪生类造、再换上 Transition（records._TransitionFields）：出来的必须就是
+    # Transition，照样冻结、照样能 pickle / 复制，孪生类不外露。
+    import copy
+    import dataclasses
+    import pickle
+
+    args = ("t", TaskStatus.QUEUED, TaskStatus.STARTING, "runtime:starting", "me", "why", 2, T0)
+    record = Transition._trusted(*args)
+    assert type(record) is Transition
+    assert not hasattr(record, "__dict__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.version = 3  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(record)) == record
+    assert copy.copy(record) == record
+    assert dataclasses.astuple(record) == args
+    assert dataclasses.replace(record, version=3) == Transition(*args[:6], 3, T0)
+
+
 @pytest.mark.parametrize(
     "offset",
     [
