@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from chongming_task import Controller, InMemoryTaskStore, Submit, TaskRun
-from chongming_task.runtime.taskrun import ATTEMPT_LAZY_FIELDS, TASKRUN_LAZY_FIELDS, _Attempt
+from chongming_task.runtime.taskrun import TASKRUN_LAZY_FIELDS
 
 N = 2000
 
@@ -294,17 +294,3 @@ def test_every_lazy_taskrun_field_is_reserved_at_import() -> None:
         and not isinstance(value, (property, staticmethod, classmethod))
     }
     assert lazy == set(TASKRUN_LAZY_FIELDS)
-
-
-def test_every_lazy_attempt_field_is_reserved_at_import() -> None:
-    # _Attempt 同样把字段初值放在类上（构造时只写序号）：每个字段都要列进 ATTEMPT_LAZY_FIELDS，否则进程里
-    # 先造了
-    # 一大批尝试之后才第一次写的字段会让此后每次尝试都多造一个字典。
-    lazy = {
-        name
-        for name, value in vars(_Attempt).items()
-        if not name.startswith("__")
-        and not callable(value)
-        and not isinstance(value, (property, staticmethod, classmethod))
-    }
-    assert lazy | {"number"} == set(ATTEMPT_LAZY_FIELDS)
