@@ -444,6 +444,28 @@ def test_evolve_is_a_cheap_copy() -> None:
     assert changed == TaskSnapshot("t", "n", created_at=T0, tags=frozenset({"io"}), priority=5)
 
 
+def test_a_copied_snapshot_is_a_frozen_snapshot_like_any_other() -> None:
+    # copy_with（evolve 与状态机每次迁移的复制）先造一个不冻结的空壳、换上字典、再换成 TaskSnapshot
+    # （records._SnapshotShell）：出来的必须就是 TaskSnapshot，照样冻结、能 pickle / 弱引用，空壳不外露。
+    import copy
+    import dataclasses
+    import pickle
+    import weakref
+
+    from chongming_task.core.state_machine import StateMachine
+
+    snapshot = TaskSnapshot("t", "n", created_at=T0)
+    machine = StateMachine(snapshot)
+    for changed in (snapshot.evolve(priority=5), machine.mark_queued()):
+        assert type(changed) is TaskSnapshot
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            changed.priority = 6  # type: ignore[misc]
+        assert pickle.loads(pickle.dumps(changed)) == changed
+        assert copy.copy(changed) == changed
+        assert weakref.ref(changed)() is changed
+        assert dataclasses.replace(changed, label="x").label == "x"
+
+
 def test_transition_validation() -> None:
     with pytest.raises(ConfigurationError, match="trigger"):
         Transition("t", TaskStatus.PENDING, TaskStatus.QUEUED, "", None, None, 1, T0)

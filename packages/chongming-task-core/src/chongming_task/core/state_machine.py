@@ -41,6 +41,7 @@ from chongming_task.core.records import (
     Progress,
     TaskSnapshot,
     Transition,
+    _SnapshotShell,
     copy_with,
     pack_transition,
     require_aware,
@@ -84,8 +85,6 @@ TransitionListener = Callable[[TaskSnapshot, Transition], None]
 
 _Owner = TypeVar("_Owner")
 
-_new_object = object.__new__
-_set_attribute = object.__setattr__
 
 # 热路径上直接查普通 dict：它就是 TRANSITIONS 本身的内容（同一批 frozenset 对象），不是另一份表。
 _TABLE: dict[TaskStatus, frozenset[TaskStatus]] = dict(TRANSITIONS)
@@ -516,8 +515,9 @@ class StateMachine:
         # records.copy_with（同一种复制，内联：每次迁移省一层函数调用）。
         state = current.__dict__.copy()
         state.update(changes)
-        snapshot = _new_object(TaskSnapshot)
-        _set_attribute(snapshot, "__dict__", state)  # frozen dataclass：绕过它的 __setattr__
+        snapshot: TaskSnapshot = _SnapshotShell()  # type: ignore[assignment]  # 空壳：见 records.copy_with
+        snapshot.__dict__ = state
+        snapshot.__class__ = TaskSnapshot
         # actor / reason 可能来自用户（stop(reason=...)）或拼进了异常消息：整理成每个后端都存得下的文本。
         if actor is not None:  # 多数迁移两者都没有：不为 None 调用整理函数（每个任务四次迁移）
             actor = sanitize_reason(actor)

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import _thread
 import collections
 import contextlib
 import contextvars
@@ -194,6 +195,10 @@ _PAUSED = TaskStatus.PAUSED
 _STOPPING = TaskStatus.STOPPING
 _NOT_YET_STARTED = frozenset({TaskStatus.QUEUED, TaskStatus.RETRY_WAIT})
 
+
+# 每个任务一把的锁（状态机与 TaskRun 共用）：直接是 C 实现的 RLock 类型。threading.RLock 是包着它的一个
+# Python 函数（*args / **kwargs 转一手），每个提交多一层调用（issue 17）。
+_new_task_lock = _thread.RLock
 
 _SUBMIT_SHAPES_MAX = 64
 """逐个 submit() 的快照模板最多存这么多种形状（满了清空）：常见用法只有几种形状，逐任务不同的 label 只是
@@ -692,14 +697,14 @@ class Controller(ClosesOnExit):
                 validate_task_id(task_id)
             # 逐个提交的任务各自带此刻算的租约（批量的沿用模板的，由 create_many 按 _lease_floor 复核）。
             lease = self._link.lease_fields() if single else None
-            machine = template.sibling(task_id, lock=threading.RLock(), lease=lease)  # 已是 queued
+            machine = template.sibling(task_id, lock=_new_task_lock(), lease=lease)  # 已是 queued
             return self._make_run(machine, definition, args, kwargs, upstream=upstream)
         machine = StateMachine.create(
             task_id,
             definition.name,
             max_attempts=max_attempts,
             clock=self.clock,
-            lock=threading.RLock(),
+            lock=_new_task_lock(),
             label=label,
             tags=all_tags,
             priority=priority,
