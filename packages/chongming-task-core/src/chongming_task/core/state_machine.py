@@ -17,10 +17,11 @@
 线程安全：所有写入都在 ``self.lock`` 下进行。TaskRun 把自己的锁传进来，于是"每个 TaskRun
 一把锁"与"状态机是唯一写者"是同一件事。
 
-热路径的加锁写法：每个任务都要走的几个动作（入队、开始、就位、成功、记心跳、造兄弟任务、登记监听器）写成
-``lock.acquire()`` + ``try`` / ``finally: lock.release()``，不经 ``with``。3.11 上 ``with`` 一把 C 实现的
-``RLock`` 每次要现查 ``__enter__`` / ``__exit__``、各造一个绑定方法，再以三个 None 调 ``__exit__``：
-约 540 ns，直接调用约 190 ns——一个空任务的受监督执行要加十来次锁（issue 17）。语义相同（异常照样放锁）。
+热路径的加锁写法：每个任务都要走的几个动作（入队、开始、就位、成功、记心跳、造兄弟任务、登记 / 弱化监听器、
+旁路字段）写成 ``lock.acquire()`` + ``try`` / ``finally: lock.release()``，不经 ``with``。3.11 上 ``with``
+一把 C 实现的 ``RLock`` 每次要现查 ``__enter__`` / ``__exit__``、各造一个绑定方法，再以三个 None 调
+``__exit__``：约 540 ns，直接调用约 190 ns——一个空任务的受监督执行要加十来次锁（issue 17）。语义相同
+（异常照样放锁）。
 """
 
 from __future__ import annotations
@@ -457,12 +458,17 @@ class StateMachine:
         循环 GC 的全量回收（它们早已活过年轻代）。控制器不再管一个已落地的任务时（``keep_finished`` 清出、
         ``close()``）调用它：之后谁也不引用这个句柄，引用计数当场释放它；调用方手里的句柄照样收到通知
         （issue 17）。"""
-        with self.lock:
+        # 不经 with：见模块说明（热路径的加锁写法）
+        lock = self.lock
+        lock.acquire()
+        try:
             owner = self._owner
             if owner is None:
                 return
             self._listener = _WeakOwner(self._listener, owner)
             self._owner = None
+        finally:
+            lock.release()
 
     def remove_listener(self, listener: TransitionListener) -> None:
         """摘掉最早登记的那一个（没登记过时抛 ValueError，同 ``list.remove``）。"""
@@ -825,7 +831,10 @@ class StateMachine:
         lease_until: datetime | None = None,
     ) -> TaskSnapshot:
         """进度、心跳、pid、租约：属于高频旁路，不参与状态机，不递增 status_version。"""
-        with self.lock:
+        # 不经 with：见模块说明（热路径的加锁写法）
+        lock = self.lock
+        lock.acquire()
+        try:
             changes: dict[str, Any] = {}
             if progress is not None:
                 if not isinstance(progress, Progress):
@@ -846,6 +855,8 @@ class StateMachine:
             if changes:
                 self._snapshot = self._snapshot.evolve(**changes)
             return self._snapshot
+        finally:
+            lock.release()
 
     def note_heartbeat(self, heartbeat_at: datetime) -> TaskSnapshot:
         """``update_side(heartbeat_at=...)`` 的单字段版本：受监督的执行每次结算都把最后一次心跳记进快照，

@@ -531,13 +531,18 @@ class TaskRun:
     @property
     def done_event(self) -> threading.Event:
         """落终态时置位（在本任务的全部迁移监听器——包括控制器的写穿——都跑完之后）。"""
-        with self._lock:
+        # 不经 with：同 start()
+        lock = self._lock
+        lock.acquire()
+        try:
             # 锁内读到的"已落地"意味着终态迁移连同它的监听器都已完成（监听器在同一把锁内运行）。
             if self._done_event is None:
                 self._done_event = threading.Event()
                 if self._is_done:
                     self._done_event.set()
             return self._done_event
+        finally:
+            lock.release()
 
     @property
     def started(self) -> bool:
@@ -825,9 +830,14 @@ class TaskRun:
         全部任务也是（issue 17，sq17 量的每 5,000 个任务约 2.5 万个循环垃圾）。拆掉之后没人引用的句柄由引用
         计数当场释放；调用方手里的句柄照常可读（状态、快照、历史、``wait()`` / ``outcome``），之后对它的
         迁移（没有哪个公开动作能让终态再迁移）也照样通知它，只是不再经过这个控制器。"""
-        with self._lock:
+        # 不经 with：同 start()
+        lock = self._lock
+        lock.acquire()
+        try:
             self._transition_hook = None
             self._progress_hook = None
+        finally:
+            lock.release()
         self.machine.weaken_owner_listener()
 
     def watch_start_timeout(self) -> None:
@@ -967,11 +977,16 @@ class TaskRun:
             lock.release()
 
     def _on_progress(self, attempt: _Attempt, progress: Progress) -> None:
-        with self._lock:
+        # 不经 with：同 start()
+        lock = self._lock
+        lock.acquire()
+        try:
             if attempt is self._attempt and not attempt.settled:
                 snapshot = self.machine.update_side(progress=progress)
                 if self._progress_hook is not None:
                     self._progress_hook(snapshot)
+        finally:
+            lock.release()
 
     def _settle(self, attempt: _Attempt, result: AttemptResult) -> None:
         """一次尝试结束：决定终态、重试或继续等。迟到的结果（已放弃的线程）在这里被忽略。"""
