@@ -878,7 +878,9 @@ class TaskRun:
         if self._start_timer is not None:  # 拿到了执行槽：排队那一段的 start 超时作废，剩余部分下面另计
             self._start_timer.cancel()
             self._start_timer = None
-        snapshot = machine.snapshot if started else machine.mark_starting(executor=self.executor.name)
+        # 在本任务的锁（就是状态机的锁）里：经已持锁的入口，不再重入地加一次锁（见 core/state_machine.py 的
+        # 模块说明）。_on_running、_settle 同。
+        snapshot = machine.snapshot if started else machine.mark_starting_locked(self.executor.name)
         attempt = _Attempt(snapshot.attempt)
         # 按位置传（与 AttemptSpec 的字段同序）：3.11 上以关键字参数调用一个类，参数要先装进一个字典再交给
         # __init__——这十二个关键字约多 1.5 µs，比造这个对象本身还贵。每次尝试都造一个（issue 17）。
@@ -959,7 +961,7 @@ class TaskRun:
                 return
             machine = self.machine
             if machine.status is _STARTING:
-                machine.mark_running(pid=pid)
+                machine.mark_running_locked(pid)
             elif pid is not None:
                 machine.update_side(pid=pid)
             attempt.running = True
@@ -1007,7 +1009,7 @@ class TaskRun:
                 if beat_at is None:
                     machine.mark_succeeded(outcome=result.value)
                 else:
-                    machine.mark_succeeded_with_heartbeat(result.value, beat_at)
+                    machine.mark_succeeded_with_heartbeat_locked(result.value, beat_at)
                 if self._is_done and not self._logs:
                     self._logs = None  # 同下
                 return
