@@ -191,6 +191,25 @@ def test_trusted_transition_equals_validated_one() -> None:
     assert hash(Transition._trusted(*args)) == hash(Transition(*args))
 
 
+def test_a_trusted_transition_is_a_frozen_transition_like_any_other() -> None:
+    # _trusted 先按不冻结的孪生类造、再换上 Transition（records._TransitionFields）：出来的必须就是
+    # Transition，照样冻结、照样能 pickle / 复制，孪生类不外露。
+    import copy
+    import dataclasses
+    import pickle
+
+    args = ("t", TaskStatus.QUEUED, TaskStatus.STARTING, "runtime:starting", "me", "why", 2, T0)
+    record = Transition._trusted(*args)
+    assert type(record) is Transition
+    assert not hasattr(record, "__dict__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.version = 3  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(record)) == record
+    assert copy.copy(record) == record
+    assert dataclasses.astuple(record) == args
+    assert dataclasses.replace(record, version=3) == Transition(*args[:6], 3, T0)
+
+
 @pytest.mark.parametrize(
     "offset",
     [
@@ -423,6 +442,28 @@ def test_evolve_is_a_cheap_copy() -> None:
     assert changed.priority == 5 and snapshot.priority == 0
     assert changed.tags is snapshot.tags
     assert changed == TaskSnapshot("t", "n", created_at=T0, tags=frozenset({"io"}), priority=5)
+
+
+def test_a_copied_snapshot_is_a_frozen_snapshot_like_any_other() -> None:
+    # copy_with（evolve 与状态机每次迁移的复制）先造一个不冻结的空壳、换上字典、再换成 TaskSnapshot
+    # （records._SnapshotShell）：出来的必须就是 TaskSnapshot，照样冻结、能 pickle / 弱引用，空壳不外露。
+    import copy
+    import dataclasses
+    import pickle
+    import weakref
+
+    from chongming_task.core.state_machine import StateMachine
+
+    snapshot = TaskSnapshot("t", "n", created_at=T0)
+    machine = StateMachine(snapshot)
+    for changed in (snapshot.evolve(priority=5), machine.mark_queued()):
+        assert type(changed) is TaskSnapshot
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            changed.priority = 6  # type: ignore[misc]
+        assert pickle.loads(pickle.dumps(changed)) == changed
+        assert copy.copy(changed) == changed
+        assert weakref.ref(changed)() is changed
+        assert dataclasses.replace(changed, label="x").label == "x"
 
 
 def test_transition_validation() -> None:

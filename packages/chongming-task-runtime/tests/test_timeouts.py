@@ -78,6 +78,31 @@ def test_per_attempt_timeout_is_a_failure_not_a_state() -> None:
     assert statuses(run)[-2:] == ["running", "failed"]
 
 
+def test_each_attempt_keeps_its_timers_in_its_own_table() -> None:
+    # 尝试的定时器表一开始是共用的空表（taskrun._NO_TIMERS）：登记定时器必须换上本尝试自己的表。两个同时在跑、
+    # 各自登记了超时的任务互不相干，共用的那张表始终是空的。
+    from chongming_task.runtime.taskrun import _NO_TIMERS
+
+    clock = FakeClock()
+    first = TaskRun(beating, clock=clock, timeout=Timeout(per_attempt=600, idle=300))
+    second = TaskRun(beating, clock=clock, timeout=Timeout(per_attempt=900))
+    first.start()
+    second.start()
+    wait_until(lambda: first.status is S.RUNNING and second.status is S.RUNNING)
+    assert _NO_TIMERS == {}
+    for run, armed in ((first, {"timeout_attempt", "timeout_idle"}), (second, {"timeout_attempt"})):
+        with run._lock:  # 就位与登记定时器在同一次持锁之内：锁内看到的是登记完的
+            assert run._attempt is not None
+            assert set(run._attempt.timers) == armed
+    second.stop()
+    assert second.wait(5).status is S.STOPPED
+    assert _NO_TIMERS == {}
+    settle_watchdog(clock)
+    clock.advance(600)
+    assert first.wait(5).failure is not None
+    assert _NO_TIMERS == {}
+
+
 def test_per_attempt_timeout_is_retried() -> None:
     clock = FakeClock()
     attempts: list[int] = []

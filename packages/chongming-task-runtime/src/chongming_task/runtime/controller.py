@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import _thread
 import collections
 import contextlib
 import contextvars
@@ -186,7 +187,18 @@ _CLOSED = "控制器已关闭（close() 之后不再接受提交）；请新建�
 
 # 占着执行槽、载体在跑的状态（不含 paused：排队中暂停的任务从未占槽，要走下面的完整判定）。
 _STILL_RUNNING = frozenset(SLOT_HOLDING_STATUSES - {TaskStatus.PAUSED})
+# 每个任务都要走的记账路径上用到的成员存成模块常量：读枚举类的属性在 3.11 上经一个慢钩子（约 170 ns，见
+# core/statuses.py 的说明）。其余代码照旧写 TaskStatus.X。
+_QUEUED = TaskStatus.QUEUED
+_STARTING = TaskStatus.STARTING
+_PAUSED = TaskStatus.PAUSED
+_STOPPING = TaskStatus.STOPPING
+_NOT_YET_STARTED = frozenset({TaskStatus.QUEUED, TaskStatus.RETRY_WAIT})
 
+
+# 每个任务一把的锁（状态机与 TaskRun 共用）：直接是 C 实现的 RLock 类型。threading.RLock 是包着它的一个
+# Python 函数（*args / **kwargs 转一手），每个提交多一层调用（issue 17）。
+_new_task_lock = _thread.RLock
 
 _SUBMIT_SHAPES_MAX = 64
 """逐个 submit() 的快照模板最多存这么多种形状（满了清空）：常见用法只有几种形状，逐任务不同的 label 只是
@@ -685,14 +697,14 @@ class Controller(ClosesOnExit):
                 validate_task_id(task_id)
             # 逐个提交的任务各自带此刻算的租约（批量的沿用模板的，由 create_many 按 _lease_floor 复核）。
             lease = self._link.lease_fields() if single else None
-            machine = template.sibling(task_id, lock=threading.RLock(), lease=lease)  # 已是 queued
+            machine = template.sibling(task_id, lock=_new_task_lock(), lease=lease)  # 已是 queued
             return self._make_run(machine, definition, args, kwargs, upstream=upstream)
         machine = StateMachine.create(
             task_id,
             definition.name,
             max_attempts=max_attempts,
             clock=self.clock,
-            lock=threading.RLock(),
+            lock=_new_task_lock(),
             label=label,
             tags=all_tags,
             priority=priority,
@@ -771,11 +783,17 @@ class Controller(ClosesOnExit):
     def _reserve_one(self, run: TaskRun) -> None:
         """``_reserve([run])`` 的单个版本（逐个 submit 的热路径，不造列表与集合）；判定、报错相同。"""
         task_id = run.task_id
-        with self._lock:
+        # 每个提交都走：不经 with（YieldingLock 的 __enter__ / __exit__ 是两层 Python 调用，见 core/locks.py）
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
             if self._closed:
                 raise ConfigurationError(_CLOSED)
             self._refuse_taken_locked(task_id, ())
             self._reserved_ids.add(task_id)
+        finally:
+            lock.release()
 
     def _refuse_taken_locked(self, task_id: str, taken: Collection[str]) -> None:
         """（持控制器锁）id 已登记、正被别的线程提交、或在本批 ``taken`` 里 → DuplicateTaskId。"""
@@ -810,7 +828,11 @@ class Controller(ClosesOnExit):
         """提交的后一半（已落库）：登记、补发第一次迁移的事件（``created``：新建的；认领 / 接手来的持久任务
         没有要补发的）、按状态入队（接手来的可能是 paused / retry_wait），有额度就启动（``start_here``
         为 False 时交给后台循环启动）。"""
-        with self._lock:
+        # 同 _reserve_one：不经 with
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
             # 占位一直留到登记进 _runs 的这一刻（同一次加锁）：中间没有"两边都查不到"的窗口；
             # 没能登记的（落库失败的）由调用方放掉（_write_then_admit / _submit_batches）。
             if len(runs) == 1:  # 逐个 submit：不为一个任务造生成器
@@ -836,11 +858,13 @@ class Controller(ClosesOnExit):
                         hub.emit_transition(
                             machine.snapshot, machine.transitions[-1], context() if context else None
                         )
-                    if not blocked and machine.status is TaskStatus.QUEUED:
+                    if not blocked and machine.status is _QUEUED:
                         self._enqueue_locked(run)
             to_start = self._scheduler.take_runnable() if start_here else []
             if not start_here:
                 self._wake.set()
+        finally:
+            lock.release()
         if closed_meanwhile:
             # 落库期间控制器被关闭：任务已写进存储，如实落 stopped（写穿），而不是留一个没人管的排队任务。
             for run in runs:
@@ -1228,9 +1252,7 @@ class Controller(ClosesOnExit):
             # 迁移（starting，以及不是从 queued 来的 running / pausing / stopping）不改，每个任务的三四次
             # 迁移里有两次不必去拿控制器锁，也不调 _account（它只为改账本的迁移调用）。就地判定、不另调
             # 一个函数（issue 17）。
-            if target not in _STILL_RUNNING or (
-                target is not TaskStatus.STARTING and record.from_status is TaskStatus.QUEUED
-            ):
+            if target not in _STILL_RUNNING or (target is not _STARTING and record.from_status is _QUEUED):
                 self._account(snapshot, record, landed=True)
         except Exception:
             logger.exception("处理任务 %s 的状态迁移时出错", snapshot.task_id)
@@ -1359,18 +1381,21 @@ class Controller(ClosesOnExit):
         不入队、不让额度、不落地，调用方根本不调它，这里不再为每个任务重判一遍（issue 17）。"""
         task_id = snapshot.task_id
         target = record.to_status
-        with self._lock:
+        # 每个任务落地都走：同 _reserve_one，不经 with
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
             scheduler = self._scheduler
             if not landed and not scheduler.queued_count:
                 return False
-            if target is TaskStatus.QUEUED:
+            if target is _QUEUED:
                 self._enqueue_locked_by_snapshot(snapshot)
-            elif record.from_status is TaskStatus.QUEUED and target is not TaskStatus.STARTING:
+            elif record.from_status is _QUEUED and target is not _STARTING:
                 scheduler.discard(task_id)
             # 排队中/重试等待中被暂停的任务从未占槽（调度器可能刚为它预占了额度，还没真正启动）。
             carrying = target in SLOT_HOLDING_STATUSES and not (
-                target is TaskStatus.PAUSED
-                and record.from_status in (TaskStatus.QUEUED, TaskStatus.RETRY_WAIT)
+                target is _PAUSED and record.from_status in _NOT_YET_STARTED
             )
             to_start: list[str] = []
             if not carrying:
@@ -1380,6 +1405,8 @@ class Controller(ClosesOnExit):
                 to_start = scheduler.take_runnable()
             if landed and target in TERMINAL_STATUSES:
                 self._landed_locked(task_id)
+        finally:
+            lock.release()
         if to_start:
             # 这里仍持有本任务的锁，去启动别的任务（拿它们的锁）不会成环：被启动的只可能是刚从
             # 就绪队列取出的排队任务，而持有排队任务锁的线程（停止/暂停它）从不去拿正在让出额度
@@ -1665,7 +1692,7 @@ class Controller(ClosesOnExit):
             rest = [run for run in runs if not scheduler.is_active(run.task_id)]
         issued = 0
         for run in (*holding, *rest):
-            if not run.machine.can_stop or run.status is TaskStatus.STOPPING:
+            if not run.machine.can_stop or run.status is _STOPPING:
                 continue
             with contextlib.suppress(TaskError):  # 与任务自己落终态擦肩而过：状态机拒绝，不算发出
                 if run.stop(reason=reason):

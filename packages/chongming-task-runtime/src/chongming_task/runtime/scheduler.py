@@ -41,6 +41,8 @@ class SlotScheduler:
         self.max_parallel = max_parallel
         self.tag_limits = dict(tag_limits or {})
         self.per_bucket = per_bucket
+        # 额度只有全局的 max_parallel（没有标签额度、每桶额度）：两种额度在构造之后都不变，算一次。
+        self._global_only = not self.tag_limits and per_bucket is None
         self._seq = itertools.count()
         self._ready: list[_Item] = []
         self._parked: dict[Resource, list[_Item]] = {}
@@ -122,7 +124,8 @@ class SlotScheduler:
     def enqueue(self, task_id: str, *, priority: int, bucket: int | None, tags: Iterable[str]) -> None:
         if task_id in self._queued or task_id in self._active:
             return
-        resources = self.resources_for(bucket, tags)
+        # 只有全局槽位时（最常见）不为算出一个空元组调用 resources_for（结果相同）。
+        resources = () if self._global_only else self.resources_for(bucket, tags)
         token = next(self._seq)
         # 记下所在桶（不参与额度判定），供 active_in_bucket 统计。
         tracked = (*resources, ("bucket_any", bucket)) if bucket is not None else resources
@@ -144,7 +147,7 @@ class SlotScheduler:
     @property
     def only_global_limit(self) -> bool:
         """额度只有全局的 max_parallel（没有标签额度、每桶额度）：认领来的任务不会因别的额度满了而要排队。"""
-        return not self.tag_limits and self.per_bucket is None
+        return self._global_only
 
     def hold(self, count: int) -> None:
         """为认领预留 ``count`` 个执行槽（调用方已按空闲槽数算好）：之后 ``take_runnable`` 不会把它们派给
@@ -198,12 +201,14 @@ class SlotScheduler:
 
     def take_runnable(self) -> list[str]:
         """取出现在就能启动的任务（按优先级），并为它们预占全部额度。"""
-        started: list[str] = []
-        if self._frozen:
-            return started
         # 全局额度满了没有（在跑的 + 为认领预留的 ≥ max_parallel）：每个任务至少判三次，就地算、不另调函数。
         limit = self.max_parallel
         active = self._active
+        if self._frozen or (limit is not None and len(active) + self._held >= limit):
+            # 冻结或全局额度已满：什么也取不出（满的时候下面的循环也是一个不取就返回，不去放回等待条目）。
+            # 逐个提交的任务多半在槽位全满时到来，每个都要问一次（issue 17）。
+            return []
+        started: list[str] = []
         while True:
             while self._ready and (limit is None or len(active) + self._held < limit):
                 item = heapq.heappop(self._ready)

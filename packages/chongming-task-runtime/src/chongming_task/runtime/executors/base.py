@@ -49,7 +49,9 @@ class AttemptResult:
 
 @dataclass
 class AttemptSpec:
-    """启动一次尝试所需的全部信息。"""
+    """启动一次尝试所需的全部信息。
+
+    TaskRun 每次尝试按位置造它（``TaskRun._begin_attempt_locked``，见那里为什么）：改字段顺序时一并改那里。"""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...]
@@ -170,7 +172,8 @@ def execute_body(
     if ctx.is_stop_requested:  # 还没开始就被停止：不执行任务体
         return AttemptResult(ResultKind.CANCELLED, failure=_cancelled_failure(ctx.stop_reason))
     try:
-        value = fn(ctx, *args, **kwargs)
+        # 没有参数时直接调用：fn(ctx, *(), **{}) 也要现造一个参数元组、过一遍空字典（约多 0.17 µs）。
+        value = fn(ctx, *args, **kwargs) if args or kwargs else fn(ctx)
         if value is None:
             # 最常见的结局（没有返回值）：None 不是协程、总能存，不必再走协程判断、两道结果检查与一次
             # frozen dataclass 构造——共用同一个不可变的结果对象（空任务的吞吐里每任务都省这一段）。
@@ -215,7 +218,8 @@ class LocalAttempt(ContextHandle, AttemptHandle):
     """
 
     def __init__(self, spec: AttemptSpec, events: AttemptEvents) -> None:
-        super().__init__(build_context(spec, events))
+        # 直接调 ContextHandle 的构造，不经 super()：每次尝试都走这里，super() 要现造一个代理对象。
+        ContextHandle.__init__(self, build_context(spec, events))
         self.spec = spec
         self.events = events
 
