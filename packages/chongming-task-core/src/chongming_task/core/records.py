@@ -457,8 +457,10 @@ class _TransitionFields:
     at: datetime
 
 
-# 布局必须逐项相同，否则换 __class__ 会抛 TypeError：字段有增减时在导入时就发现，而不是在第一次迁移时。
-assert _TransitionFields.__slots__ == Transition.__slots__
+# 布局必须逐项相同，否则换 __class__ 会抛 TypeError：字段有增减时在导入时就发现，而不是在第一次迁移时
+# （不用 assert：python -O 会把它去掉）。
+if _TransitionFields.__slots__ != Transition.__slots__:  # pragma: no cover - 只在改字段而忘了这里时
+    raise RuntimeError("_TransitionFields 的槽必须与 Transition 逐项相同（同名、同序）")
 
 
 PackedTransition = tuple[str, str, str, "str | None", "str | None", int, datetime]
@@ -471,12 +473,10 @@ Transition（``unpack_transition``；读历史远比写少）。issue 17。
 """
 
 STATUS_VALUE: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
-
-_SUCCEEDED = (
-    TaskStatus.SUCCEEDED
-)  # wait_all 给每个任务造一个 Outcome：读枚举类属性的慢钩子见 core/statuses.py
 """状态 → 它的值字符串（紧凑形式里存的是值；状态机的 ``_apply`` 内联打包时也查这张表）。"""
 _STATUS_OF: dict[str, TaskStatus] = {status.value: status for status in TaskStatus}
+# wait_all 给每个任务造一个 Outcome（from_snapshot）：读枚举类属性的慢钩子见 core/statuses.py
+_SUCCEEDED = TaskStatus.SUCCEEDED
 
 
 def pack_transition(record: Transition) -> PackedTransition:
