@@ -3,10 +3,11 @@
 1. 吞吐：空任务经 Controller(max_parallel=2) + SqliteTaskStore（完整历史、WAL、synchronous=NORMAL），
    对照 a) Huey 的 SqliteHuey + 2 个线程 worker，b) DBOS 持久队列（系统库是一次性 SQLite 文件，
    worker_concurrency=2，最多 1,000 个任务，见 _peer_dbos.py）。
-   对照组只装在基准环境里（requirements-bench.txt）。两边都用各自的默认持久性：SqliteHuey 不给 fsync 时不设
-   synchronous，WAL 下是 SQLite 的默认 FULL（每次提交 fsync WAL，断电也不丢）；它的 fsync=False 是
-   synchronous=OFF（断电或系统崩溃可能丢提交、坏库），比我们的 NORMAL（进程崩溃不丢、断电可能丢最后几个事务）弱，没有与
-   NORMAL 对等的档，所以照它的默认测。fsync 贵的机器上这一点偏向我们，读比值时要记得。
+   对照组只装在基准环境里（requirements-bench.txt）。两边都用各自的默认持久性：SqliteHuey 不给 fsync
+   时不设 synchronous，WAL 下是 SQLite 的默认 FULL（每次提交 fsync WAL，断电也不丢）；它的
+   fsync=False 是 synchronous=OFF（断电或系统崩溃可能丢提交、坏库），比我们的 NORMAL（进程崩溃不丢、
+   断电可能丢最后几个事务）弱，没有与 NORMAL 对等的档，所以照它的默认测。fsync 贵的机器上这一点
+   偏向我们，读比值时要记得。
    目标（issue 17）：≥ 2.0× SqliteHuey，且领先 DBOS。
 2. reconcile()：10 万个任务（其中 1,000 个失去监督者的 running、1,000 个排队）≤ 2 s。
 3. 跨进程停止时延：另一个进程 stop() → 任务在存储里落终态，p50 ≤ 300 ms。
