@@ -393,7 +393,7 @@ class Transition:
         # 最后换上真正的类。为什么：frozen 的 __setattr__ 挡住了普通赋值，绕过它只能逐个调槽描述符的
         # __set__——在 3.11 上那是经方法包装、每次现造一个参数元组的调用，八个字段约 0.7 µs；这样约 0.3 µs。
         # 每个任务三四次迁移，每次都造一条（issue 17）。结果与 Transition(...) 逐字段相同、类型就是 cls。
-        record = _TransitionFields()
+        record: Any = _TransitionFields()  # 字段的类型由 Transition 的声明给出（见 _TransitionFields）
         record.task_id = task_id
         record.from_status = from_status
         record.to_status = to_status
@@ -402,8 +402,8 @@ class Transition:
         record.reason = reason
         record.version = version
         record.at = at
-        record.__class__ = cls  # type: ignore[assignment]
-        return record  # type: ignore[return-value]
+        record.__class__ = cls
+        return record  # type: ignore[no-any-return]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -445,22 +445,9 @@ class _TransitionFields:
     """``Transition._trusted`` 的构造中间体：与 Transition 同样的槽（同名、同序、同一个基类），没有 frozen 的
     ``__setattr__``。造好之后把 ``__class__`` 换成 Transition（布局相同，CPython 允许）；它自己从不外露。"""
 
-    __slots__ = ("task_id", "from_status", "to_status", "trigger", "actor", "reason", "version", "at")  # noqa: RUF023 —— 与 Transition 同序
-
-    task_id: str
-    from_status: TaskStatus
-    to_status: TaskStatus
-    trigger: str
-    actor: str | None
-    reason: str | None
-    version: int
-    at: datetime
-
-
-# 布局必须逐项相同，否则换 __class__ 会抛 TypeError：字段有增减时在导入时就发现，而不是在第一次迁移时
-# （不用 assert：python -O 会把它去掉）。
-if _TransitionFields.__slots__ != Transition.__slots__:  # pragma: no cover - 只在改字段而忘了这里时
-    raise RuntimeError("_TransitionFields 的槽必须与 Transition 逐项相同（同名、同序）")
+    # 直接取 Transition 的槽（不另抄一份名单）：同名、同序，布局必然相同——换 __class__ 的前提，字段有增减时
+    # 也跟着变。
+    __slots__ = Transition.__slots__
 
 
 PackedTransition = tuple[str, str, str, "str | None", "str | None", int, datetime]
