@@ -7,8 +7,9 @@
    时不设 synchronous，WAL 下是 SQLite 的默认 FULL（每次提交 fsync WAL，断电也不丢）；它的
    fsync=False 是 synchronous=OFF（断电或系统崩溃可能丢提交、坏库），比我们的 NORMAL（进程崩溃不丢、
    断电可能丢最后几个事务）弱，没有与 NORMAL 对等的档，所以照它的默认测。fsync 贵的机器上这一点
-   偏向我们，读比值时要记得。
-   目标（issue 17）：≥ 2.0× SqliteHuey，且领先 DBOS。
+   偏向我们，读比值时要记得。所以另外再测一组同等持久性的对照：我们的存储也开 synchronous=FULL（每次提交
+   fsync WAL），与 SqliteHuey 交替 3 轮，打印比值、不判目标（只作参照）。
+   目标（issue 17）：≥ 2.0× SqliteHuey（各自默认），且领先 DBOS。
 2. reconcile()：10 万个任务（其中 1,000 个失去监督者的 running、1,000 个排队）≤ 2 s。
 3. 跨进程停止时延：另一个进程 stop() → 任务在存储里落终态，p50 ≤ 300 ms。
 （100 万行上的 list 查询见 bench_sqlite_store.py。）
@@ -53,8 +54,9 @@ ROUND_COSTS: list[tuple[float, float | None]] = []
 看组提交合并得怎样。写事务数取自写穿的组提交（内部属性，取不到时不打印）。"""
 
 
-def ours(n: int, workdir: Path, *, many: bool = False, tag: str = "") -> float:
-    store = SqliteTaskStore(str(workdir / (f"ours_many{tag}.db" if many else f"ours{tag}.db")))
+def ours(n: int, workdir: Path, *, many: bool = False, tag: str = "", synchronous: str = "NORMAL") -> float:
+    name = f"ours_many{tag}.db" if many else f"ours_{synchronous.lower()}{tag}.db"
+    store = SqliteTaskStore(str(workdir / name), synchronous=synchronous)
     c = Controller(max_parallel=2, store=store)
     c.register("noop", noop)
     commits = getattr(getattr(getattr(c, "_link", None), "_write", None), "commits", None)
@@ -68,7 +70,7 @@ def ours(n: int, workdir: Path, *, many: bool = False, tag: str = "") -> float:
             c.submit("noop")
     c.wait_all(timeout=600)
     rate = n / (time.perf_counter() - started)
-    if not many:
+    if not many and synchronous == "NORMAL":
         per_task = None if batches is None else (commits.batches - batches) / n
         ROUND_COSTS.append(((time.process_time() - cpu) / n * 1e6, per_task))
     c.close(close_store=True)
@@ -254,6 +256,20 @@ def main() -> int:
             print(f"  我们每轮的每任务进程 CPU（每任务写事务数）：{costs}")
         for peer in peers:
             _peers.print_peer_line(peer.label, peer, our_rate, GOALS[peer.label])
+        full_rate, full_samples, full_peers = _peers.measure_alternating(
+            _peers.ROUNDS,
+            lambda r: ours(n, workdir, tag=f"_{r}", synchronous="FULL"),
+            [(HUEY, lambda r: huey_rate(n, workdir, tag=f"_full_{r}"), True)],
+        )
+        huey_full = full_peers[0]
+        if huey_full.rate is not None:
+            rounds = " / ".join(f"{rate:,.0f}" for rate in full_samples)
+            peer_rounds = " / ".join(f"{rate:,.0f}" for rate in huey_full.samples)
+            print(
+                "  同等持久性（我们也 synchronous=FULL，每次提交 fsync，同 SqliteHuey 的默认；只作参照）："
+                f"我们 {full_rate:,.0f} 任务/秒（{rounds}）"
+                f"vs SqliteHuey {huey_full.rate:,.0f}（{peer_rounds}）= {full_rate / huey_full.rate:.2f}×"
+            )
         many_rate = ours(n, workdir, many=True)
         print(f"  同上，submit_many 一次提交：{many_rate:,.0f} 任务/秒")
         rows = 20_000 if quick else 100_000
@@ -277,6 +293,17 @@ def main() -> int:
             (f"跨进程停止 p50 {p50:.0f} ms", "≤ 300 ms", stop_ok),
         )
         _peers.print_summary("SQLite", "Controller + SqliteTaskStore", our_rate, peers, GOALS, extra)
+        if huey_full.rate is not None:
+            cells = [
+                "SQLite",
+                f"Controller + SqliteTaskStore（synchronous=FULL）{full_rate:,.0f}/s",
+                f"{HUEY}，同等持久性",
+                f"{huey_full.rate:,.0f}/s",
+                f"{full_rate / huey_full.rate:.2f}×",
+                "—（参照）",
+                "—",
+            ]
+            print("| " + " | ".join(cells) + " |")
     return 0
 
 
