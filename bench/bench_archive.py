@@ -71,14 +71,17 @@ def _snapshot(i: int) -> TaskSnapshot:
 
 
 def _sqlite_fill(path: Path, versions: range) -> None:
-    from chongming_task.stores.sqlite import SqliteTaskStore, _sql, codec
+    from chongming_task.stores.sqlite import SqliteTaskStore, _sql, codec, schema
 
     SqliteTaskStore(path).close()  # 建库（auto_vacuum = INCREMENTAL、WAL、表）
+    # 按列名绑定（codec.snapshot_row 给的是列名 → 值的字典）：存储自己的 INSERT 把 NULL 写成字面量、按 NULL
+    # 形状分组，灌数据用不着那一层。
+    insert_task = f"{_sql.INSERT_TASK_HEAD} VALUES ({', '.join(f':{c}' for c in schema.TASK_COLUMNS)})"
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN")
     for start in range(0, TASKS, 10_000):
         ids = range(start, min(TASKS, start + 10_000))
-        conn.executemany(_sql.INSERT_TASK, [codec.snapshot_row(_snapshot(i)) for i in ids])
+        conn.executemany(insert_task, [codec.snapshot_row(_snapshot(i)) for i in ids])
         rows = [codec.transition_row(r) for i in ids for r in _records(i, versions)]
         conn.executemany(_sql.INSERT_TRANSITION, rows)
     conn.execute("COMMIT")
@@ -186,7 +189,7 @@ def bench_postgres(dsn: str, tmp: Path) -> list[tuple[str, str, str, bool]]:
     import psycopg
 
     from chongming_task.stores.postgres import PostgresTaskStore, _partitions
-    from chongming_task.stores.postgres._codec import TRANSITION_COLUMNS, task_params
+    from chongming_task.stores.postgres._codec import TRANSITION_COLUMNS, TRANSITIONS, task_params
     from chongming_task.stores.postgres._sql import transition_params
 
     schema = f"bench_archive_{uuid.uuid4().hex[:8]}"
@@ -208,8 +211,8 @@ def bench_postgres(dsn: str, tmp: Path) -> list[tuple[str, str, str, bool]]:
             ):
                 for i in range(TASKS):
                     for r in _records(i, range(1, VERSIONS + 1)):
-                        params = transition_params([r])
-                        copy.write_row([params[f"t_{c}"][0] for c in TRANSITION_COLUMNS])
+                        params = TRANSITIONS.params(r)  # 列名 → 值（COPY 按列写，不经 JSON）
+                        copy.write_row([params[c] for c in TRANSITION_COLUMNS])
             conn.execute(f'ANALYZE "{schema}".transitions')
         print(f"  准备 PostgreSQL：{TASKS * VERSIONS:,} 条迁移记录，{time.perf_counter() - started:.1f} 秒")
         sep = "&" if "?" in dsn else "?"
