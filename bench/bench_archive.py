@@ -35,6 +35,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.states import TaskStatus as S
@@ -185,35 +186,45 @@ def bench_sqlite(tmp: Path) -> list[tuple[str, str, str, bool]]:
 # -- PostgreSQL -------------------------------------------------------------------------------------------
 
 
+def _postgres_fill(dsn: str, store: Any, schema: str) -> None:
+    """灌 TASKS 个任务、每个 VERSIONS 条迁移记录进 ``schema``（``store``：这个 schema 上已建好表的
+    PostgresTaskStore）：任务行经存储自己的 create 语句（executemany），迁移记录按列 COPY。"""
+    import psycopg
+
+    from chongming_task.stores.postgres import _partitions
+    from chongming_task.stores.postgres._codec import TRANSITION_COLUMNS, TRANSITIONS, task_params
+    from chongming_task.stores.postgres._sql import transition_params
+
+    with store._connection() as conn:
+        _partitions.ensure_months(conn, schema, T0, T0 + timedelta(days=10 * VERSIONS))
+    empty = transition_params([])
+    with psycopg.connect(dsn) as conn:
+        with conn.cursor() as cur:
+            for start in range(0, TASKS, 10_000):
+                ids = range(start, min(TASKS, start + 10_000))
+                cur.executemany(store._sql.create, [{**task_params(_snapshot(i)), **empty} for i in ids])
+        columns = ", ".join(TRANSITION_COLUMNS)
+        with (
+            conn.cursor() as cur,
+            cur.copy(f'COPY "{schema}".transitions ({columns}) FROM STDIN') as copy,
+        ):
+            for i in range(TASKS):
+                for r in _records(i, range(1, VERSIONS + 1)):
+                    params = TRANSITIONS.params(r)  # 列名 → 值（COPY 按列写，不经 JSON）
+                    copy.write_row([params[c] for c in TRANSITION_COLUMNS])
+        conn.execute(f'ANALYZE "{schema}".transitions')
+
+
 def bench_postgres(dsn: str, tmp: Path) -> list[tuple[str, str, str, bool]]:
     import psycopg
 
-    from chongming_task.stores.postgres import PostgresTaskStore, _partitions
-    from chongming_task.stores.postgres._codec import TRANSITION_COLUMNS, TRANSITIONS, task_params
-    from chongming_task.stores.postgres._sql import transition_params
+    from chongming_task.stores.postgres import PostgresTaskStore
 
     schema = f"bench_archive_{uuid.uuid4().hex[:8]}"
     store = PostgresTaskStore(dsn, schema=schema)
     try:
         started = time.perf_counter()
-        with store._connection() as conn:
-            _partitions.ensure_months(conn, schema, T0, T0 + timedelta(days=10 * VERSIONS))
-        empty = transition_params([])
-        with psycopg.connect(dsn) as conn:
-            with conn.cursor() as cur:
-                for start in range(0, TASKS, 10_000):
-                    ids = range(start, min(TASKS, start + 10_000))
-                    cur.executemany(store._sql.create, [{**task_params(_snapshot(i)), **empty} for i in ids])
-            columns = ", ".join(TRANSITION_COLUMNS)
-            with (
-                conn.cursor() as cur,
-                cur.copy(f'COPY "{schema}".transitions ({columns}) FROM STDIN') as copy,
-            ):
-                for i in range(TASKS):
-                    for r in _records(i, range(1, VERSIONS + 1)):
-                        params = TRANSITIONS.params(r)  # 列名 → 值（COPY 按列写，不经 JSON）
-                        copy.write_row([params[c] for c in TRANSITION_COLUMNS])
-            conn.execute(f'ANALYZE "{schema}".transitions')
+        _postgres_fill(dsn, store, schema)
         print(f"  准备 PostgreSQL：{TASKS * VERSIONS:,} 条迁移记录，{time.perf_counter() - started:.1f} 秒")
         sep = "&" if "?" in dsn else "?"
         result, _ = _run_child(f"{dsn}{sep}schema={schema}", tmp / "pg-archive")
