@@ -659,7 +659,7 @@ class WriteThrough:
         item = commits.enqueue(SaveRequest._write_through(snapshot, expected, transitions))
 
         def finish() -> bool:
-            return self._after_write(machine, snapshot, lambda: commits.finish(item))
+            return self._after_write(machine, snapshot, commits.finish, item)
 
         return finish
 
@@ -680,7 +680,7 @@ class WriteThrough:
             return None
         expected = handoff[0]
         request = SaveRequest(snapshot, expected, machine.transitions_since(expected))
-        return self._after_write(machine, snapshot, lambda: write(request))
+        return self._after_write(machine, snapshot, write, request)
 
     def _handoff(self, snapshot: TaskSnapshot) -> tuple[int, Sequence[Transition]] | None:
         """（持有该任务的锁）``sync_later`` / ``sync_with`` 的共同前提：这次写是最常见的情形、可以交给别人
@@ -723,13 +723,15 @@ class WriteThrough:
             return None
         return expected, carried
 
-    def _after_write(self, machine: StateMachine, snapshot: TaskSnapshot, write: Callable[[], None]) -> bool:
+    def _after_write(
+        self, machine: StateMachine, snapshot: TaskSnapshot, write: Callable[[Any], None], item: Any
+    ) -> bool:
         """（持有 machine.lock）执行一次交给别人提交的写（组提交的 ``finish``、worker 合并的认领提交），
         按这一项自己的 save 的结果记账，再由 :meth:`sync` 收尾；返回值同 :meth:`sync`。``sync_later`` 与
         ``sync_with`` 共用：两条路径的失败处理必须与 :meth:`sync` 里的一字不差。"""
         task_id = snapshot.task_id
         try:
-            write()
+            write(item)  # 不为每次写现造一个 lambda（交出的终态每个任务都走这里）
         except (ConcurrencyConflict, DuplicateTaskId):
             self._mark_uncertain(task_id)  # 与 sync 里同一判定：读回再说（下面的 sync 去做）
         except TaskError as exc:
@@ -842,14 +844,16 @@ class WriteThrough:
 
     def _caught_up(self, task_id: str, snapshot: TaskSnapshot) -> None:
         """（持有该任务锁）存储已追到 ``snapshot``：结束故障汇总、清"落后"记账、终态补写进度。"""
-        self.outage.recovered()
+        outage = self.outage
+        if outage._in_outage:  # 同 OutageLog.recovered 的快路径（不在故障中什么也不做），少一层调用
+            outage.recovered()
         # 不拿锁先看一眼（每次迁移都走这里）：本任务只会由持有它的任务锁的线程（也就是此刻的我们）放进
         # _behind，所以"不在"的读数不会因别的线程而过时；在的时候才拿锁移除。
         if task_id in self._behind:
             with self._lock:
                 self._behind.pop(task_id, None)
-        if snapshot.status in TERMINAL_STATUSES:
-            self._flush_one(snapshot)
+        if snapshot.progress is not None and snapshot.status in TERMINAL_STATUSES:
+            self._flush_one(snapshot)  # 没有进度时 _flush_one 什么也不做：不为它多一层调用
 
     def _promote(self, task_id: str) -> _TaskState | None:
         """（持有该任务锁）这个任务的记账换成可以挂标记的 _TaskState（已是的原样返回）；不在管的返回 None。
