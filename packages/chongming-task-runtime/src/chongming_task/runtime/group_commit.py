@@ -312,7 +312,9 @@ class GroupCommit:
                     request.snapshot, expect_version=request.expect_version, transitions=request.transitions
                 )
                 results = [None]
-            elif any(item.create is not None for item in batch):
+            elif batch[0].create is not None or any(item.create is not None for item in batch):
+                # 逐个 submit 时领这一批的几乎总是提交线程自己的 create（排在批首）：先看它，不为每次提交
+                # 现造一个生成器。
                 results = _write_many_checked(self._store, batch, self._write_direct)
             else:
                 requests: list[Any] = [item.request for item in batch]  # 这一批没有 create：每项都带 request
