@@ -114,9 +114,15 @@ class GroupCommit:
         self._write(Pending(None, (snapshot, packed)))
 
     def _write(self, item: Pending) -> None:
-        with self._lock:
+        # 每个 save / create 都走这里：热路径的加锁写法（不进 with 的两层 Python 调用），见 core/locks.py。
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
             self._pending.append(item)
             batch = self._wait_or_lead_locked(item)
+        finally:
+            lock.release()
         self._settle(item, batch)
 
     def enqueue(self, request: SaveRequest) -> Pending:
@@ -124,27 +130,42 @@ class GroupCommit:
         任务 A 的终态与接着启动的任务 B 的 starting 于是同一个事务提交）。调用方必须再以 :meth:`finish`
         等它提交；在那之前它**不算**已提交（调用方据此把"已落库"之后才能做的事都留到 finish 之后）。"""
         item = Pending(request)
-        with self._lock:
+        lock = self._lock  # 热路径的加锁写法，见 _write
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
             self._pending.append(item)
+        finally:
+            lock.release()
         return item
 
     def finish(self, item: Pending) -> None:
         """等 :meth:`enqueue` 排进来的这一项提交（还没有写者捎走它、又有空位时本线程自己当写者）。
         失败时抛出它自己的异常（整批失败则是那一批的异常）。"""
-        with self._lock:
+        lock = self._lock  # 热路径的加锁写法，见 _write
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
             batch = self._wait_or_lead_locked(item)
+        finally:
+            lock.release()
         self._settle(item, batch)
 
     def withdraw(self, item: Pending) -> bool:
         """把 :meth:`enqueue` 排进来、还没有写者捎走的一项撤回（不再写它）：返回是否撤回了。已被某个写者
         放进批次（或已写完）时返回 False，调用方要照常 :meth:`finish` 等它的结果。用途：推迟写的 running
         在同一任务的下一次写到来时撤回，那一次写连同 running 的迁移记录一起落库（历史不缺，少一次写）。"""
-        with self._lock:
+        lock = self._lock  # 热路径的加锁写法，见 _write
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
             if item.taken or item.done:
                 return False
             self._pending.remove(item)
             item.done = True
             return True
+        finally:
+            lock.release()
 
     def _wait_or_lead_locked(self, item: Pending) -> list[Pending] | None:
         """（持有 _lock）等到这一项被别的写者写完，或本线程有空位当写者：后者返回本线程要写的批次。"""
@@ -197,7 +218,9 @@ class GroupCommit:
             else:
                 waiter.acquire()  # 由 _wake 放开；先放后睡也不会丢（锁已是放开的状态，立刻拿到）
         finally:
-            self._lock.acquire()
+            lock = self._lock
+            if not lock.try_acquire():
+                lock.acquire()
             item.waiter = None
             item.self_waking = False
             if not woken and self._active >= self._writers:
@@ -218,7 +241,10 @@ class GroupCommit:
                 self._commit(batch)
             finally:
                 elapsed = _monotonic() - started
-                with self._lock:
+                lock = self._lock  # 热路径的加锁写法，见 _write（每个写者每次提交都走这里）
+                if not lock.try_acquire():
+                    lock.acquire()
+                try:
                     previous = self._commit_seconds
                     self._commit_seconds = (
                         elapsed if previous == _UNMEASURED else previous + (elapsed - previous) / 8
@@ -245,6 +271,8 @@ class GroupCommit:
                             if waiting.waiter is not None and not waiting.self_waking:
                                 self._wake(waiting)
                                 break
+                finally:
+                    lock.release()
         if item.error is not None:
             raise item.error
 
@@ -253,10 +281,18 @@ class GroupCommit:
         提交，只是醒来的时机挪到了这一刻——正好赶上本线程在 COMMIT 里写盘、不持 GIL。"""
         if not self._deferred:
             return
-        with self._lock:
+        lock = self._lock  # 热路径的加锁写法，见 _write（几乎每次提交都走这里）
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
             deferred, self._deferred = self._deferred, []
             for member in deferred:
-                self._wake(member)  # 到点自己醒过的，waiter 已是 None：什么也不做
+                waiter = member.waiter  # 即 _wake(member)，逐项少一层调用；到点自己醒过的，waiter 已是 None
+                if waiter is not None:
+                    member.waiter = None
+                    waiter.release()
+        finally:
+            lock.release()
 
     def _commit(self, batch: list[Pending]) -> None:
         self.batches += 1
@@ -276,7 +312,9 @@ class GroupCommit:
                     request.snapshot, expect_version=request.expect_version, transitions=request.transitions
                 )
                 results = [None]
-            elif any(item.create is not None for item in batch):
+            elif batch[0].create is not None or any(item.create is not None for item in batch):
+                # 逐个 submit 时领这一批的几乎总是提交线程自己的 create（排在批首）：先看它，不为每次提交
+                # 现造一个生成器。
                 results = _write_many_checked(self._store, batch, self._write_direct)
             else:
                 requests: list[Any] = [item.request for item in batch]  # 这一批没有 create：每项都带 request

@@ -423,18 +423,20 @@ class WriteThrough:
         后台循环补写。存储里的历史始终没有空洞：running 的记录总在终态之前、同一事务或更早落库。进程执行器的
         running 带着子进程 pid（父进程死后据此找孤儿进程），照常同步写。
         """
-        if self.commits is None:
-            # 不经组提交（内存存储）：没有可推迟的写。最常见的情形——记账是平常的 int、存储正好落后这一条——
-            # 直接写这一条，不走 sync 的通用路径（每个任务三次迁移都走这里，issue 17）：写法、报错处理与 sync
-            # 逐项相同，写不成时交给 _write_failed（冲突之后读回对照，或记下、留待追平）。
-            # 写的是监听器拿到的这一版快照：状态机此刻若已又走了一步（监听器里嵌套的迁移），这一版照样是
-            # 接得上的那一版，下一步由它自己的监听器接着写；紧凑记录不是这一版的（last_packed 已是更新的那条）
-            # 时存储按 _save_direct 完整检查（见 TaskStore._save_next）。
-            task_id = snapshot.task_id
-            tasks = self._tasks
-            entry = tasks.get(task_id)
-            version = record.version
-            if entry.__class__ is int and version == entry + 1:
+        # 最常见的情形——记账是平常的 int、存储正好落后这一条——直接写这一条，不走 sync 的通用路径（每个任务
+        # 三次迁移都走这里，issue 17）：写法、报错处理与 sync 逐项相同，写不成时交给 _write_failed（冲突之后
+        # 读回对照，或记下、留待追平）。
+        task_id = snapshot.task_id
+        tasks = self._tasks
+        entry = tasks.get(task_id)
+        version = record.version
+        commits = self.commits
+        if entry.__class__ is int and version == entry + 1:
+            if commits is None:
+                # 不经组提交（内存存储）：没有可推迟的写。写的是监听器拿到的这一版快照：状态机此刻若已又走了
+                # 一步（监听器里嵌套的迁移），这一版照样是接得上的那一版，下一步由它自己的监听器接着写；紧凑
+                # 记录不是这一版的（last_packed 已是更新的那条）时存储按 _save_direct 完整检查（见
+                # TaskStore._save_next）。
                 try:
                     # 存储的"正好落后一条"入口（与 _save_direct(snapshot, entry, (record,)) 同一语义）：状态机
                     # 刚记下的紧凑记录原样交出去，内存存储直接存下它（见 TaskStore._save_next）。
@@ -442,28 +444,47 @@ class WriteThrough:
                 except TaskError as exc:
                     self._write_failed(machine, record, entry, exc)
                     return
-                # 同 _written（记账是平常的 int：没有标记要留，只在还在管时记下新版本）与 _caught_up，只是
-                # 内联。记账只可能被持有本任务锁的线程（我们）换成 _TaskState，所以这里仍是 int；forget 在
-                # _lock 下删，下面同一把锁里判"还在不在"（热路径的加锁写法见 core/locks.py）。
-                lock = self._lock
-                if not lock.try_acquire():
-                    lock.acquire()
+            else:
+                # 经组提交：sync 写的是状态机此刻的快照。监听器拿到的正是它（没有嵌套的迁移）时，sync 要写的
+                # 就是 (这一版, 期望 entry, 只有这一条记录)——在这里直接写，少 sync → _rounds → _written →
+                # _caught_up 四层调用（执行槽上每个任务的 starting 都走这里）。嵌套的迁移照旧走 sync。
+                if machine.snapshot is not snapshot:
+                    self.sync(machine, record)
+                    return
+                if record.from_status is _STARTING and record.to_status is _RUNNING and snapshot.pid is None:
+                    # 推迟写的 running（见上；子进程的 pid 要尽快落库——父进程死后据此找孤儿进程——照常写）。
+                    if not self._defer_running(commits, machine, snapshot, record, entry):
+                        self.sync(machine, record)
+                    return
                 try:
-                    if task_id in tasks:
-                        tasks[task_id] = version
-                finally:
-                    lock.release()
-                outage = self.outage
-                if outage._in_outage:  # 同 OutageLog.recovered 的快路径（不在故障中什么也不做），少一层调用
-                    outage.recovered()
-                if self._behind and task_id in self._behind:  # 不拿锁先看一眼（同 _caught_up 的说明）
-                    with self._lock:
-                        self._behind.pop(task_id, None)
-                if snapshot.progress is not None and snapshot.status in TERMINAL_STATUSES:
-                    self._flush_one(snapshot)  # 同 _caught_up：终态补写最后的进度
-                return
-        elif (
-            record.from_status is _STARTING
+                    # 组提交：与同一时刻别的任务的迁移合进一个写事务；只在这一项提交之后返回。
+                    commits.save(SaveRequest._write_through(snapshot, entry, (record,)))
+                except TaskError as exc:
+                    self._write_failed(machine, record, entry, exc)
+                    return
+            # 同 _written（记账是平常的 int：没有标记要留，只在还在管时记下新版本）与 _caught_up，只是内联。
+            # 记账只可能被持有本任务锁的线程（我们）换成 _TaskState，所以这里仍是 int；forget 在 _lock 下删，
+            # 下面同一把锁里判"还在不在"（热路径的加锁写法见 core/locks.py）。
+            lock = self._lock
+            if not lock.try_acquire():
+                lock.acquire()
+            try:
+                if task_id in tasks:
+                    tasks[task_id] = version
+            finally:
+                lock.release()
+            outage = self.outage
+            if outage._in_outage:  # 同 OutageLog.recovered 的快路径（不在故障中什么也不做），少一层调用
+                outage.recovered()
+            if self._behind and task_id in self._behind:  # 不拿锁先看一眼（同 _caught_up 的说明）
+                with self._lock:
+                    self._behind.pop(task_id, None)
+            if snapshot.progress is not None and snapshot.status in TERMINAL_STATUSES:
+                self._flush_one(snapshot)  # 同 _caught_up：终态补写最后的进度
+            return
+        if (
+            commits is not None
+            and record.from_status is _STARTING
             and record.to_status is _RUNNING
             and snapshot.pid is None  # 子进程的 pid 要尽快落库（父进程死后据此找孤儿进程），照常写
             and self._write_lazily(machine, record)
@@ -486,6 +507,46 @@ class WriteThrough:
         self._mark_uncertain(task_id)
         self.record(task_id, "save", exc)
         self._mark_behind(machine)
+
+    def _defer_running(
+        self,
+        commits: GroupCommit,
+        machine: StateMachine,
+        snapshot: TaskSnapshot,
+        record: Transition,
+        persisted: int,
+    ) -> bool:
+        """（持有 machine.lock）``_write_lazily`` 的常见情形：记账是平常的 int ``persisted``、``record`` 正好
+        接在它后面、``snapshot`` 就是状态机此刻的快照（``on_transition`` 已判定）。排进组提交的一项与
+        ``_write_lazily`` 的逐字段相同（期望 ``persisted``、只有这一条记录）；返回 False：这个任务已不归本进程
+        管（forget 了），什么也没排。
+
+        与 ``_write_lazily`` 的区别只在记账的加锁：换成 _TaskState（``_promote``）与登记到点补写（``_lazy``）
+        在同一次 ``_lock`` 里做，不是两次；"在不在"的判定与换入仍在同一把锁下（见 ``_promote``）。先登记、
+        后把排好的那一项挂到 ``state.lazy`` 上也不会漏写：后台循环的 ``flush_lazy`` 先拿这个任务的锁（在
+        我们手里）才看 ``state.lazy``，它看到的总是挂好之后的样子；登记先于读 ``_loop_due`` 的顺序也照旧
+        （见 ``_write_lazily``）。"""
+        task_id = snapshot.task_id
+        due = self.clock.monotonic() + LAZY_RUNNING_DELAY
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
+            tasks = self._tasks
+            current = tasks.get(task_id)
+            if current.__class__ is not int or current != persisted:  # 不在管了（forget）
+                return False
+            state = _TaskState(persisted_version=persisted)
+            tasks[task_id] = state
+            self._lazy[task_id] = (due, machine)
+        finally:
+            lock.release()
+        state.lazy = commits.enqueue(SaveRequest._write_through(snapshot, persisted, (record,)))
+        self._lazy_since_plan = True
+        # 后台循环本来就会在到点之前醒来时不叫醒它（为什么、为什么不会漏，见 _write_lazily）。
+        if self._loop_due > due and self.on_lazy is not None:
+            self.on_lazy()
+        return True
 
     def _write_lazily(self, machine: StateMachine, record: Transition) -> bool:
         snapshot = machine.snapshot
@@ -598,7 +659,7 @@ class WriteThrough:
         item = commits.enqueue(SaveRequest._write_through(snapshot, expected, transitions))
 
         def finish() -> bool:
-            return self._after_write(machine, snapshot, lambda: commits.finish(item))
+            return self._after_write(machine, snapshot, commits.finish, item)
 
         return finish
 
@@ -619,7 +680,7 @@ class WriteThrough:
             return None
         expected = handoff[0]
         request = SaveRequest(snapshot, expected, machine.transitions_since(expected))
-        return self._after_write(machine, snapshot, lambda: write(request))
+        return self._after_write(machine, snapshot, write, request)
 
     def _handoff(self, snapshot: TaskSnapshot) -> tuple[int, Sequence[Transition]] | None:
         """（持有该任务的锁）``sync_later`` / ``sync_with`` 的共同前提：这次写是最常见的情形、可以交给别人
@@ -632,26 +693,45 @@ class WriteThrough:
         task_id = snapshot.task_id
         state = self._tasks.get(task_id)
         carried: Sequence[Transition] = ()
-        if isinstance(state, _TaskState) and state.lazy is not None:
-            commits = self.commits
+        # 下面是 ``_drop_lazy`` 与 ``_plain_version`` 内联的写法（交出的终态每个任务都走这里，少两层调用）。
+        if state.__class__ is int:
+            expected = state
+        elif state is None:
+            return None
+        else:
+            assert isinstance(state, _TaskState)
             lazy = state.lazy
-            if commits is None or not commits.withdraw(lazy):
+            if lazy is not None:
+                commits = self.commits
+                if commits is None or not commits.withdraw(lazy):
+                    return None
+                state.lazy = None  # 同 _drop_lazy
+                lock = self._lock
+                if not lock.try_acquire():
+                    lock.acquire()
+                try:
+                    self._lazy.pop(task_id, None)
+                finally:
+                    lock.release()
+                request = lazy.request
+                if request is not None and request.expect_version == state.persisted_version:
+                    carried = request.transitions
+            if state.fenced or state.uncertain:  # 同 _plain_version（推迟写的那一项已撤回）
                 return None
-            self._drop_lazy(task_id, state)
-            if lazy.request is not None and lazy.request.expect_version == state.persisted_version:
-                carried = lazy.request.transitions
-        expected = _plain_version(state)
-        if expected is None or expected == snapshot.status_version:
+            expected = state.persisted_version
+        if expected == snapshot.status_version:
             return None
         return expected, carried
 
-    def _after_write(self, machine: StateMachine, snapshot: TaskSnapshot, write: Callable[[], None]) -> bool:
+    def _after_write(
+        self, machine: StateMachine, snapshot: TaskSnapshot, write: Callable[[Any], None], item: Any
+    ) -> bool:
         """（持有 machine.lock）执行一次交给别人提交的写（组提交的 ``finish``、worker 合并的认领提交），
         按这一项自己的 save 的结果记账，再由 :meth:`sync` 收尾；返回值同 :meth:`sync`。``sync_later`` 与
         ``sync_with`` 共用：两条路径的失败处理必须与 :meth:`sync` 里的一字不差。"""
         task_id = snapshot.task_id
         try:
-            write()
+            write(item)  # 不为每次写现造一个 lambda（交出的终态每个任务都走这里）
         except (ConcurrencyConflict, DuplicateTaskId):
             self._mark_uncertain(task_id)  # 与 sync 里同一判定：读回再说（下面的 sync 去做）
         except TaskError as exc:
@@ -660,7 +740,15 @@ class WriteThrough:
             self._mark_behind(machine)
             return False
         else:
-            self._written(task_id, snapshot.status_version)
+            version = snapshot.status_version
+            self._written(task_id, version)
+            # 写成了、记账已是平常的 int 且正是状态机此刻的版本：sync 此时只会走到"已追平"的收尾（_rounds 的
+            # 第一轮就 break，再 _caught_up），直接做收尾，少两层调用（交出的终态每个任务都走这里）。
+            entry = self._tasks.get(task_id)
+            current = machine.snapshot
+            if entry.__class__ is int and entry == version and current.status_version == version:
+                self._caught_up(task_id, current)
+                return True
         # 已追平时 sync 只做收尾（清"落后"记账、终态补写进度）；冲突时它读回对照、再写或隔离。
         return self.sync(machine)
 
@@ -756,14 +844,16 @@ class WriteThrough:
 
     def _caught_up(self, task_id: str, snapshot: TaskSnapshot) -> None:
         """（持有该任务锁）存储已追到 ``snapshot``：结束故障汇总、清"落后"记账、终态补写进度。"""
-        self.outage.recovered()
+        outage = self.outage
+        if outage._in_outage:  # 同 OutageLog.recovered 的快路径（不在故障中什么也不做），少一层调用
+            outage.recovered()
         # 不拿锁先看一眼（每次迁移都走这里）：本任务只会由持有它的任务锁的线程（也就是此刻的我们）放进
         # _behind，所以"不在"的读数不会因别的线程而过时；在的时候才拿锁移除。
         if task_id in self._behind:
             with self._lock:
                 self._behind.pop(task_id, None)
-        if snapshot.status in TERMINAL_STATUSES:
-            self._flush_one(snapshot)
+        if snapshot.progress is not None and snapshot.status in TERMINAL_STATUSES:
+            self._flush_one(snapshot)  # 没有进度时 _flush_one 什么也不做：不为它多一层调用
 
     def _promote(self, task_id: str) -> _TaskState | None:
         """（持有该任务锁）这个任务的记账换成可以挂标记的 _TaskState（已是的原样返回）；不在管的返回 None。
