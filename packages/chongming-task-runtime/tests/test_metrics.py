@@ -329,3 +329,170 @@ def test_a_listener_added_while_only_metrics_listen_gets_every_later_transition_
             assert all(e.snapshot.status is e.to_status and e.name == "counting" for e in got)
         assert value(registry, "chongming_task_tasks", status="succeeded") == 25
         metrics.close()
+
+
+def _ledger(metrics: Any) -> tuple[Any, ...]:
+    # 账本的每一项（直方图去掉最后一格 _created：它是建表那一刻的墙钟），按插入顺序（即导出顺序）。
+    def hist(table: dict[Any, list[float]]) -> list[tuple[Any, list[float]]]:
+        return [(key, value[:-1]) for key, value in table.items()]
+
+    return (
+        list(metrics._transitions.items()),
+        hist(metrics._durations),
+        hist(metrics._waits),
+        metrics._stop_latency[:-1],
+        dict(metrics._landed),
+        dict(metrics._live),
+        dict(metrics._queued_at),
+        dict(metrics._started_at),
+        dict(metrics._stopping_at),
+        set(metrics._unheld),
+        metrics._lost,
+    )
+
+
+def _random_stream(rng: Any, tasks: int, forward_share: int) -> list[tuple[str, Any, frozenset[str]]]:
+    """随机的精简迁移流：各任务按版本顺序、任务之间随机交错；有重试、停止、排队中停止、instrument 之前
+    就已在途的任务（从半路开始），时长有毫秒、上百秒，也有时钟回拨的负值。"""
+    from datetime import UTC, datetime, timedelta
+    from itertools import pairwise
+
+    from chongming_task.models import Transition
+
+    s = TaskStatus
+    forward = [s.PENDING, s.QUEUED, s.STARTING, s.RUNNING, s.SUCCEEDED]
+    shapes = [forward] * forward_share + [
+        [s.PENDING, s.QUEUED, s.STARTING, s.RUNNING, s.FAILED],
+        [
+            s.PENDING,
+            s.QUEUED,
+            s.STARTING,
+            s.RUNNING,
+            s.RETRY_WAIT,
+            s.QUEUED,
+            s.STARTING,
+            s.RUNNING,
+            s.SUCCEEDED,
+        ],
+        [s.PENDING, s.QUEUED, s.STARTING, s.RUNNING, s.STOPPING, s.STOPPED],
+        [s.PENDING, s.QUEUED, s.STOPPED],
+        [s.BLOCKED, s.QUEUED, s.STARTING, s.RUNNING, s.SUCCEEDED],
+        forward[1:],
+        forward[2:],
+        forward[3:],
+    ]
+    per_task = []
+    for i in range(tasks):
+        name = rng.choice(["a", "b"])
+        path = rng.choice(shapes)
+        at = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=rng.random())
+        items = []
+        for version, (source, target) in enumerate(pairwise(path), start=2):
+            at += timedelta(seconds=rng.choice([rng.random() * 0.02, rng.random() * 100, -0.001]))
+            record = Transition(
+                task_id=f"t{i}",
+                from_status=source,
+                to_status=target,
+                trigger="test",
+                actor=None,
+                reason=None,
+                version=version,
+                at=at,
+            )
+            items.append((name, record, frozenset[str]()))
+        per_task.append(items)
+    stream = []
+    position = [0] * tasks
+    pending = [k for k in range(tasks) if per_task[k]]
+    while pending:
+        k = rng.choice(pending)
+        stream.append(per_task[k][position[k]])
+        position[k] += 1
+        if position[k] == len(per_task[k]):
+            pending.remove(k)
+    return stream
+
+
+def test_large_batches_of_forward_steps_book_exactly_what_one_by_one_booking_does() -> None:
+    # 交付线程的大批里全是"往前走一步"的迁移时，指标按阶段分组、用 C 层的 map / Counter 记账（issue 18 的
+    # 开销）。它记出的账必须与逐条按顺序记的逐项相同——计数与插入顺序、直方图的桶与浮点和、在管状态与各时刻表：
+    # 同一段随机迁移流，一边切成随机大小的批走正常入口，一边整段逐条记，比对两本账。
+    import random
+
+    from chongming_task.runtime import metrics as metrics_module
+
+    fast_batches = []
+    real_fast = metrics_module.ControllerMetrics._fast_batch
+
+    def spy(self: Any, items: Any) -> bool:
+        taken = real_fast(self, items)
+        fast_batches.append(taken)
+        return taken
+
+    with Controller() as controller:
+        for seed in range(120):
+            rng = random.Random(seed)
+            stream = _random_stream(rng, rng.randint(1, 60), forward_share=200 if seed % 2 else 4)
+            batched = instrument(controller, registry=CollectorRegistry())
+            reference = instrument(controller, registry=CollectorRegistry())
+            for metrics in (batched, reference):
+                controller.remove_listener(metrics)  # 只喂这里给的迁移
+            metrics_module.ControllerMetrics._fast_batch = spy  # type: ignore[method-assign]
+            try:
+                start = 0
+                while start < len(stream):
+                    size = rng.choice([1, 5, 16, 40, 200])
+                    batched._on_raw_event_batch(stream[start : start + size])
+                    start += size
+            finally:
+                metrics_module.ControllerMetrics._fast_batch = real_fast  # type: ignore[method-assign]
+            with reference._lock:
+                reference._slow_batch(stream)
+            assert _ledger(batched) == _ledger(reference), seed
+            batched.close()
+            reference.close()
+    assert fast_batches.count(True) > 50, "快路径没被走到：这个测试没测到它"
+    assert fast_batches.count(False) > 50, "回退到逐条记账的批也要测到"
+
+
+def test_a_busy_controller_books_the_same_metrics_through_the_batched_path() -> None:
+    # 真的控制器跑几百个任务（交付线程攒出大批，走分组记账），另挂一个普通监听器录下全部迁移事件；把录下的
+    # 事件一条一条（逐条记账）喂给另一个控制器上的指标：每一个计数、桶、和都相同，包括浮点的 _sum。
+    from chongming_task.events import TransitionEvent
+    from chongming_task.runtime import metrics as metrics_module
+
+    recorded: list[Any] = []
+    fast_batches = []
+    real_fast = metrics_module.ControllerMetrics._fast_batch
+
+    def spy(self: Any, items: Any) -> bool:
+        taken = real_fast(self, items)
+        fast_batches.append(taken)
+        return taken
+
+    live_registry, replay_registry = CollectorRegistry(), CollectorRegistry()
+    metrics_module.ControllerMetrics._fast_batch = spy  # type: ignore[method-assign]
+    try:
+        with Controller(max_parallel=2) as controller:
+            metrics = instrument(controller, registry=live_registry)
+            controller.add_listener(recorded.append)
+            controller.register("noop", lambda ctx, n: n)
+            runs = [controller.submit("noop", i) for i in range(600)]
+            for run in runs:
+                assert run.wait(timeout=30).ok
+            assert controller.flush_events(timeout=10)
+            live = samples(live_registry)
+            metrics.close()
+    finally:
+        metrics_module.ControllerMetrics._fast_batch = real_fast  # type: ignore[method-assign]
+    assert True in fast_batches, "交付线程一批都没攒到快路径的大小：这个测试没测到它"
+    with Controller(max_parallel=2) as idle:  # 同样的配置：槽位上限也一样
+        replay = instrument(idle, registry=replay_registry)
+        for event in recorded:
+            if isinstance(event, TransitionEvent):
+                replay.on_event_batch([event])  # 一条一批：逐条记账
+        replayed = samples(replay_registry)
+        replay.close()
+    exact = {key: value for key, value in live.items() if not key[0].endswith("_created")}
+    assert exact == {key: replayed.get(key) for key in exact}
+    assert live[("chongming_task_queue_wait_seconds_count", (("task", "noop"),))] == 600

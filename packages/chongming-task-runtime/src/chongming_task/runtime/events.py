@@ -31,9 +31,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from itertools import repeat, starmap
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import repeat, starmap
 
 from chongming_task.core.readonly import Read
 from chongming_task.errors import ConfigurationError
@@ -403,7 +403,7 @@ class EventHub:
                 count = len(queue)
                 if count > DELIVERY_BATCH:  # 不用 min()：3.11 里它是带关键字解析的通用迭代，贵十倍
                     count = DELIVERY_BATCH
-                # starmap 在 C 里调 count 次 popleft()：列表推导式每条事件约八条字节码（交付线程每个任务四条）。
+                # starmap 在 C 里调 count 次 popleft()：列表推导式每条事件约八条字节码（每个任务四条）。
                 batch = list(starmap(popleft, repeat((), count)))
                 if not self._closed:  # 仍算在积压上限里，直到这批送完
                     self._room = self._max_pending - len(batch)

@@ -125,7 +125,8 @@ _TASK_ID, _FROM, _TO, _AT = (
 )
 _NAME = attrgetter("name")
 _SECONDS = timedelta.total_seconds
-_consume = deque(maxlen=0).extend  # 在 C 里把一个迭代器跑完（map 的副作用就是要做的事）
+_SINK: deque[object] = deque(maxlen=0)
+_consume = _SINK.extend  # 在 C 里把一个迭代器跑完（map 的副作用就是要做的事）；maxlen=0 什么都不留
 
 # 直方图的账（每组标签一个 list）：前 len(DURATION_BUCKETS) + 1 个是各桶（最后一个是 +Inf）的**非累计**
 # 计数，接着是和，最后是首次观测的时刻（``_created``）。``bisect_left`` 给出第一个 ≥ 值的边界，即
@@ -236,15 +237,15 @@ class ControllerMetrics:
         这里每批是二十几次 C 层调用，每条迁移只剩 C 里的几次 dict / 属性操作。"""
         if self._limits or set(map(type, items)) != {tuple}:
             return False  # 具名资源要逐条记标签；存储错误等事件对象逐条处理
-        heads = list(map(_HEAD, items))
+        heads: list[Any] = list(map(_HEAD, items))  # type: ignore[arg-type]  # 上面已确认全是元组
         head_types = set(map(type, heads))
         if head_types == {str}:
-            names: list[str] = heads  # type: ignore[assignment]  # 精简三元组：第一项就是任务名
+            names: list[str] = heads  # 精简三元组：第一项就是任务名
         elif str in head_types:
             return False  # 两种三元组混在一批里（刚挂上 / 摘掉公开监听器）：少见，逐条处理
         else:
             names = list(map(_NAME, heads))  # 完整三元组：第一项是快照
-        records = list(map(_RECORD, items))
+        records = list(map(_RECORD, items))  # type: ignore[arg-type]
         sources = list(map(_FROM, records))
         targets = list(map(_TO, records))
         if not _FAST_STEPS.issuperset(zip(sources, targets, strict=True)):
@@ -259,13 +260,13 @@ class ControllerMetrics:
                 self._transitions_created[key] = time.time()
                 old = 0
             transitions[key] = old + n
-        # 在管状态：按批内顺序写（同一任务后到的覆盖先到的），落地的随后删掉（落地之后它在本批里不会再有迁移）。
+        # 在管状态：按批内顺序写（同一任务后到的覆盖先到的），落地的随后删掉（落地之后本批里不会再有它）。
         live = self._live
         live.update(zip(ids, targets, strict=True))
         queued_at, started_at = self._queued_at, self._started_at
         # 进队列：记下时刻。
         mask = list(map(is_, targets, repeat(_QUEUED)))
-        queued_at.update(zip(compress(ids, mask), compress(ats, mask)))
+        queued_at.update(zip(compress(ids, mask), compress(ats, mask), strict=True))
         # 拿到槽：记下开始时刻；取走进队列的时刻，观测排队等待（instrument 之前就进了队列的任务没有，跳过）。
         mask = list(map(is_, targets, repeat(_STARTING)))
         starting = list(compress(ids, mask))
