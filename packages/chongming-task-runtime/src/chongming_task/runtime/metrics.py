@@ -24,12 +24,8 @@ import importlib
 import threading
 import time
 from bisect import bisect_left
-from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime, timedelta
-from functools import reduce
-from itertools import compress, repeat
-from operator import add, attrgetter, is_, is_not, itemgetter, sub
+from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
 from chongming_task.errors import ConfigurationError
@@ -99,34 +95,6 @@ _QUEUED, _STARTING, _RUNNING, _STOPPING, _PAUSED, _LOST = (
 _TERMINAL = frozenset(status for status in S if status.is_terminal)
 _HOLDING = frozenset(SLOT_HOLDING_STATUSES)
 _NEVER_STARTED = frozenset({S.QUEUED, S.RETRY_WAIT})  # 从这里暂停的任务从未占槽（与控制器的记账同一条规则）
-
-# 批量快路径（``ControllerMetrics._fast_batch``）只收这几种"往前走一步"的迁移：每个任务一生里各至多一次
-# （要再走一遍得先经过 retry_wait / paused / 终态之后的重来，那些都不在表里），所以同一批里一个任务在每一种
-# 上至多出现一次，按阶段（进队列 → 拿到槽 → 跑起来 → 落地）分组处理与逐条按顺序处理记出的账相同。
-_FAST_STEPS = frozenset(
-    {
-        (S.PENDING, S.QUEUED),
-        (S.BLOCKED, S.QUEUED),
-        (S.QUEUED, S.STARTING),
-        (S.STARTING, S.RUNNING),
-        (S.RUNNING, S.SUCCEEDED),
-        (S.RUNNING, S.FAILED),
-    }
-)
-_FAST_MIN_BATCH = 16
-"""批里至少这么多条才走快路径：它每批有约两百条字节码的固定开销（十几次 C 层的 map / zip），只有摊到
-几十条迁移上才比逐条处理便宜；小批（低负载、单测）照旧逐条处理。"""
-_HEAD, _RECORD = itemgetter(0), itemgetter(1)
-_TASK_ID, _FROM, _TO, _AT = (
-    attrgetter("task_id"),
-    attrgetter("from_status"),
-    attrgetter("to_status"),
-    attrgetter("at"),
-)
-_NAME = attrgetter("name")
-_SECONDS = timedelta.total_seconds
-_SINK: deque[object] = deque(maxlen=0)
-_consume = _SINK.extend  # 在 C 里把一个迭代器跑完（map 的副作用就是要做的事）；maxlen=0 什么都不留
 
 # 直方图的账（每组标签一个 list）：前 len(DURATION_BUCKETS) + 1 个是各桶（最后一个是 +Inf）的**非累计**
 # 计数，接着是和，最后是首次观测的时刻（``_created``）。``bisect_left`` 给出第一个 ≥ 值的边界，即
@@ -216,218 +184,90 @@ class ControllerMetrics:
         record, submit_context)`` 或精简的 ``(name, record, tags)``（只有内部监听器在听时，见
         ``EventHub.emit_transition``）——一批拿一次锁记账，只有指标在听时交付线程一个事件对象都不造。
 
-        大批里全是"往前走一步"的迁移时（吞吐时几乎每一批）走 ``_fast_batch``：按阶段分组、用 C 层的
-        map / zip / Counter 一次处理整组，不为每条迁移跑一遍 Python；其余（小批、重试、暂停、停止、丢失、
-        存储错误、配置了具名资源……）逐条处理（``_slow_batch``）。两条路记出的账逐项相同（测试逐项对比）。"""
-        with self._lock:
-            if len(items) < _FAST_MIN_BATCH or not self._fast_batch(items):
-                self._slow_batch(items)
-
-    def _fast_batch(self, items: Sequence[RawItem]) -> bool:
-        """（持有锁）整批都是 ``_FAST_STEPS`` 里的迁移时按阶段分组记账，返回 True；否则什么都不改、返回
-        False（调用方逐条处理）。
-
-        为什么分组是对的：同一批里一个任务的这几步按版本顺序出现，且每种至多一次（见 ``_FAST_STEPS``），
-        各阶段只读写前一阶段留下的项（进队列的时刻 → 拿到槽时取走；拿到槽的时刻 → 落地时取走）。所以先做完
-        整批的"进队列"、再做"拿到槽"、再"落地"，与逐条做的结果相同；在管状态按批内顺序 ``update``（后到的
-        覆盖先到的），再删掉落地的。计数按首次出现的顺序插入（导出顺序不变），直方图的和按批内顺序逐个相加
-        （``reduce``：浮点和与逐条加完全相同）。
-
-        代价（issue 18）：逐条处理每条迁移约一百条字节码（解包、拼键、查表、几个分支），每个任务四条；
-        这里每批是二十几次 C 层调用，每条迁移只剩 C 里的几次 dict / 属性操作。"""
-        if self._limits or set(map(type, items)) != {tuple}:
-            return False  # 具名资源要逐条记标签；存储错误等事件对象逐条处理
-        heads: list[Any] = list(map(_HEAD, items))  # type: ignore[arg-type]  # 上面已确认全是元组
-        head_types = set(map(type, heads))
-        if head_types == {str}:
-            names: list[str] = heads  # 精简三元组：第一项就是任务名
-        elif str in head_types:
-            return False  # 两种三元组混在一批里（刚挂上 / 摘掉公开监听器）：少见，逐条处理
-        else:
-            names = list(map(_NAME, heads))  # 完整三元组：第一项是快照
-        records = list(map(_RECORD, items))  # type: ignore[arg-type]
-        sources = list(map(_FROM, records))
-        targets = list(map(_TO, records))
-        if not _FAST_STEPS.issuperset(zip(sources, targets, strict=True)):
-            return False
-        ids = list(map(_TASK_ID, records))
-        ats = list(map(_AT, records))
-        # 迁移计数：整批在 C 里数一遍（键按首次出现的顺序），再并进账本；新键记首次出现的时刻。
-        transitions = self._transitions
-        for key, n in Counter(zip(names, sources, targets, strict=True)).items():
-            old = transitions.get(key)
-            if old is None:
-                self._transitions_created[key] = time.time()
-                old = 0
-            transitions[key] = old + n
-        # 在管状态：按批内顺序写（同一任务后到的覆盖先到的），落地的随后删掉（落地之后本批里不会再有它）。
-        live = self._live
-        live.update(zip(ids, targets, strict=True))
-        queued_at, started_at = self._queued_at, self._started_at
-        # 进队列：记下时刻。
-        mask = list(map(is_, targets, repeat(_QUEUED)))
-        queued_at.update(zip(compress(ids, mask), compress(ats, mask), strict=True))
-        # 拿到槽：记下开始时刻；取走进队列的时刻，观测排队等待（instrument 之前就进了队列的任务没有，跳过）。
-        mask = list(map(is_, targets, repeat(_STARTING)))
-        starting = list(compress(ids, mask))
-        if starting:
-            at = list(compress(ats, mask))
-            started_at.update(zip(starting, at, strict=True))
-            since = list(map(queued_at.pop, starting, repeat(None)))
-            self._observe_many(self._waits, compress(names, mask), at, since)
-        # 落地（succeeded / failed，都从 running 来）：删掉每任务的记账，计落地个数，观测尝试时长。
-        mask = list(map(_TERMINAL.__contains__, targets))
-        landing = list(compress(ids, mask))
-        if landing:
-            at = list(compress(ats, mask))
-            ended = list(compress(targets, mask))
-            _consume(map(live.pop, landing))
-            if queued_at:
-                _consume(map(queued_at.pop, landing, repeat(None)))
-            if self._unheld:
-                self._unheld.difference_update(landing)
-            landed = self._landed
-            for target, n in Counter(ended).items():
-                landed[target] += n
-            since = list(map(started_at.pop, landing, repeat(None)))
-            keys = zip(compress(names, mask), map(_ATTEMPT_OUTCOME.__getitem__, ended), strict=True)
-            self._observe_many(self._durations, keys, at, since)
-            stopping_at = self._stopping_at
-            if stopping_at:
-                since = list(map(stopping_at.pop, landing, repeat(None)))
-                if any(map(is_not, since, repeat(None))):
-                    self._observe_many(None, repeat(None), at, since)
-        return True
-
-    def _observe_many(
-        self,
-        table: dict[Any, list[float]] | None,
-        keys: Iterable[Any],
-        at: list[datetime],
-        since: list[datetime | None],
-    ) -> None:
-        """（持有锁）批量的直方图观测：第 i 个观测是 ``at[i] - since[i]`` 秒，记在 ``table[键 i]``（``table``
-        为 None 时记在停止时延上）；``since[i]`` 为 None 的跳过（instrument 之前就开始的）。与逐条观测
-        （``_observe``）的结果相同：负值当 0、按 ``bisect_left`` 落桶、和按原顺序逐个相加、直方图按键首次
-        出现的顺序建。"""
-        if None in since:
-            keep = list(map(is_not, since, repeat(None)))
-            keys, at, since = compress(keys, keep), list(compress(at, keep)), list(compress(since, keep))
-        seconds = list(map(_SECONDS, map(sub, at, since)))
-        if not seconds:
-            return
-        if min(seconds) < 0.0:  # 时钟回拨：与逐条观测一样当 0
-            seconds = [value if value >= 0.0 else 0.0 for value in seconds]
-        groups: dict[Any, list[float]]
-        if table is None:
-            groups = {None: seconds}
-        else:
-            keys = list(keys)
-            if len(set(keys)) == 1:
-                groups = {keys[0]: seconds}  # 常见情形：一批里只有一种任务（与结局）
-            else:
-                groups = {}
-                for key, value in zip(keys, seconds, strict=True):
-                    group = groups.get(key)
-                    if group is None:
-                        group = groups[key] = []
-                    group.append(value)
-        for key, values in groups.items():
-            if table is None:
-                counts = self._stop_latency
-            else:
-                found = table.get(key)
-                counts = table[key] = _new_histogram() if found is None else found
-            for bucket, n in Counter(map(bisect_left, repeat(DURATION_BUCKETS), values)).items():
-                counts[bucket] += n
-            counts[_SUM] = reduce(add, values, counts[_SUM])
-
-    def _slow_batch(self, items: Sequence[RawItem]) -> None:
-        """（持有锁）逐条按顺序记账：任何迁移、任何事件都能处理（快路径不收的都在这里）。
-
-        热路径：只有 dict / set 操作与算术，没有函数调用（除了落桶的 ``bisect``）。"""
+        热路径（每个任务至少四条迁移）：只有 dict / set 操作与算术，没有函数调用（除了落桶的 ``bisect``）。"""
         transitions, live, waits = self._transitions, self._live, self._waits
         queued_at, started_at, stopping_at = self._queued_at, self._started_at, self._stopping_at
         limits = self._limits
-        for item in items:
-            if item.__class__ is not tuple:
-                if isinstance(item, StoreErrorEvent):
-                    self._store_error(item)
-                continue
-            head, record, third = item
-            tags: frozenset[str]
-            if isinstance(head, str):
-                # 精简三元组的第三项是标签集合（不用 typing.cast：那是每条迁移一次 Python 函数调用）
-                name, tags = head, third  # type: ignore[assignment]
-            else:
-                name, tags = head.name, head.tags
-            task_id, source, target = record.task_id, record.from_status, record.to_status
-            key = (name, source, target)
-            n = transitions.get(key)
-            if n is None:
-                self._transitions_created[key] = time.time()
-                n = 0
-            transitions[key] = n + 1
-            if target in _TERMINAL:
-                # 终态只计数，不再记账（内存不随历史增长）：各表一并删掉。instrument 之前就已在管的任务
-                # 本来就不在表里，pop 的默认值照顾它们。
-                live.pop(task_id, None)
-                queued_at.pop(task_id, None)
-                self._unheld.discard(task_id)
-                if limits:
-                    self._tags.pop(task_id, None)
-                self._landed[target] += 1
-                if target is _LOST:
-                    self._lost += 1
-                at = record.at
-                started = started_at.pop(task_id, None)
-                outcome = _ATTEMPT_OUTCOME.get(target)  # skipped 不结束任何尝试
-                if started is not None and outcome is not None:
-                    self._observe(self._durations, (name, outcome), at, started)
-                since = stopping_at.pop(task_id, None)
-                if since is None:
+        with self._lock:
+            for item in items:
+                if item.__class__ is not tuple:
+                    if isinstance(item, StoreErrorEvent):
+                        self._store_error(item)
                     continue
-                buckets = self._stop_latency
-            else:
-                live[task_id] = target
-                if limits and tags:
-                    self._tags[task_id] = tags
-                if target is _QUEUED:
-                    queued_at[task_id] = record.at
-                    continue
-                if target is _RUNNING:
-                    continue  # 最常见的中间一步：只有计数与仪表
-                at = record.at
-                if target is _STARTING:
-                    started_at[task_id] = at
-                    since = queued_at.pop(task_id, None)
+                head, record, third = item
+                tags: frozenset[str]
+                if isinstance(head, str):
+                    # 精简三元组的第三项是标签集合（不用 typing.cast：那是每条迁移一次 Python 函数调用）
+                    name, tags = head, third  # type: ignore[assignment]
+                else:
+                    name, tags = head.name, head.tags
+                task_id, source, target = record.task_id, record.from_status, record.to_status
+                key = (name, source, target)
+                n = transitions.get(key)
+                if n is None:
+                    self._transitions_created[key] = time.time()
+                    n = 0
+                transitions[key] = n + 1
+                if target in _TERMINAL:
+                    # 终态只计数，不再记账（内存不随历史增长）：各表一并删掉。instrument 之前就已在管的任务
+                    # 本来就不在表里，pop 的默认值照顾它们。
+                    live.pop(task_id, None)
+                    queued_at.pop(task_id, None)
+                    self._unheld.discard(task_id)
+                    if limits:
+                        self._tags.pop(task_id, None)
+                    self._landed[target] += 1
+                    if target is _LOST:
+                        self._lost += 1
+                    at = record.at
+                    started = started_at.pop(task_id, None)
+                    outcome = _ATTEMPT_OUTCOME.get(target)  # skipped 不结束任何尝试
+                    if started is not None and outcome is not None:
+                        self._observe(self._durations, (name, outcome), at, started)
+                    since = stopping_at.pop(task_id, None)
                     if since is None:
                         continue
-                    wait_buckets = waits.get(name)
-                    if wait_buckets is None:
-                        wait_buckets = waits[name] = _new_histogram()
-                    buckets = wait_buckets
+                    buckets = self._stop_latency
                 else:
-                    if target is _PAUSED:
-                        # 与控制器的记账同一条规则：排队中 / 重试等待中被暂停的任务从未占槽。
-                        if source in _NEVER_STARTED:
-                            self._unheld.add(task_id)
-                        else:
-                            self._unheld.discard(task_id)
-                    outcome = _ATTEMPT_OUTCOME.get(target)  # 非终态里只有 retry_wait 结束一次尝试
-                    if outcome is not None:
-                        started = started_at.pop(task_id, None)
-                        if started is not None:
-                            self._observe(self._durations, (name, outcome), at, started)
-                    if target is _STOPPING:
-                        stopping_at[task_id] = at
-                    continue
-            # 直方图的一次观测（排队等待 / 停止时延；尝试时长见 _observe）：落桶计数加一、和加上秒数。
-            seconds = (at - since).total_seconds()
-            if seconds < 0.0:
-                seconds = 0.0
-            buckets[bisect_left(DURATION_BUCKETS, seconds)] += 1
-            buckets[_SUM] += seconds
+                    live[task_id] = target
+                    if limits and tags:
+                        self._tags[task_id] = tags
+                    if target is _QUEUED:
+                        queued_at[task_id] = record.at
+                        continue
+                    if target is _RUNNING:
+                        continue  # 最常见的中间一步：只有计数与仪表
+                    at = record.at
+                    if target is _STARTING:
+                        started_at[task_id] = at
+                        since = queued_at.pop(task_id, None)
+                        if since is None:
+                            continue
+                        wait_buckets = waits.get(name)
+                        if wait_buckets is None:
+                            wait_buckets = waits[name] = _new_histogram()
+                        buckets = wait_buckets
+                    else:
+                        if target is _PAUSED:
+                            # 与控制器的记账同一条规则：排队中 / 重试等待中被暂停的任务从未占槽。
+                            if source in _NEVER_STARTED:
+                                self._unheld.add(task_id)
+                            else:
+                                self._unheld.discard(task_id)
+                        outcome = _ATTEMPT_OUTCOME.get(target)  # 非终态里只有 retry_wait 结束一次尝试
+                        if outcome is not None:
+                            started = started_at.pop(task_id, None)
+                            if started is not None:
+                                self._observe(self._durations, (name, outcome), at, started)
+                        if target is _STOPPING:
+                            stopping_at[task_id] = at
+                        continue
+                # 直方图的一次观测（排队等待 / 停止时延；尝试时长见 _observe）：落桶计数加一、和加上秒数。
+                seconds = (at - since).total_seconds()
+                if seconds < 0.0:
+                    seconds = 0.0
+                buckets[bisect_left(DURATION_BUCKETS, seconds)] += 1
+                buckets[_SUM] += seconds
 
     def _store_error(self, event: StoreErrorEvent) -> None:
         # "touch×12" 是批量写：标签只留操作名，不让批大小变成新的时间序列。
