@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -399,3 +400,41 @@ def test_submit_context_is_still_copied_for_a_plain_listener_next_to_the_metrics
     assert (first.from_status, first.to_status) == (S.PENDING, S.QUEUED)
     assert first.submit_context is not None and first.submit_context.run(request_id.get) == "req-42"
     assert all(event.submit_context is None for event in rest)
+
+
+def test_the_queue_is_bounded_counts_drops_and_ignores_events_after_close(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 有界（§15.1）：监听器卡住时，积压（含交付线程手里正在送的那一批）到上限后新事件被丢弃、计数、警告一次；
+    # 监听器放开之后又能入队；close() 之后的事件被忽略，不算丢弃。入队方只比一次"队列长度 ≥ 余量"，余量随
+    # 交付线程手里那一批变化，关闭时变成 -1——这个测试守着这三种情形。
+    from chongming_task.runtime import events
+
+    monkeypatch.setattr(events, "MAX_PENDING_EVENTS", 6)
+    monkeypatch.setattr(events, "COALESCE_SECONDS", 0.0)
+    entered, release = threading.Event(), threading.Event()
+    seen: list[Any] = []
+
+    def stuck(event: Any) -> None:
+        seen.append(event)
+        entered.set()
+        release.wait(10)
+
+    hub = events.EventHub(name="bounded-test")
+    hub.add(stuck)
+    store_error = StoreErrorEvent("t", "save", "坏", datetime.now(UTC))
+    hub.emit(store_error)
+    assert entered.wait(10)  # 交付线程拿着一条（1 条在手）卡在监听器里
+    with caplog.at_level(logging.WARNING, logger="chongming_task.events"):
+        for _ in range(8):
+            hub.emit(store_error)
+    assert hub.dropped == 3, "上限 6 条、手里 1 条：队列里再放 5 条，其余 3 条丢弃"
+    assert len([r for r in caplog.records if "跟不上" in r.getMessage()]) == 1
+    release.set()
+    assert hub.flush(timeout=10)
+    assert len(seen) == 6
+    hub.emit(store_error)  # 送完之后余量恢复
+    assert hub.flush(timeout=10) and len(seen) == 7 and hub.dropped == 3
+    hub.close()
+    hub.emit(store_error)
+    assert hub.dropped == 3 and len(seen) == 7, "关闭之后的事件被忽略、不算丢弃"
