@@ -72,8 +72,9 @@ def test_a_queued_task_keeps_at_most_four_tracked_objects() -> None:
 
 
 def test_a_queued_task_with_the_memory_store_keeps_at_most_five_tracked_objects() -> None:
-    # bench_controller 的积压那一行：上面的四个，加上存储里的行。行的历史就是状态机那个只装紧凑元组的元组，
-    # GC 不追踪；写穿的每任务记账平常只是一个 int，只有结果未知 / 被隔离 / 推迟写 running 时才是一个 _TaskState。
+    # bench_controller 的积压那一行：上面的四个，加上存储里的行。行的历史就是状态机那个只装紧凑元组的
+    # 元组，GC 不追踪；写穿的每任务记账平常只是一个 int，只有结果未知 / 被隔离 / 推迟写 running 时才是一个
+    # _TaskState。
     controller = Controller(max_parallel=1, store=InMemoryTaskStore())
     per_task = _per_queued_task(controller, lambda: [controller.submit("noop") for _ in range(N)])
     assert per_task <= 5.5, f"每个排队任务常驻 {per_task:.2f} 个被追踪的对象"

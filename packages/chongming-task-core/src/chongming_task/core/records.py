@@ -76,7 +76,8 @@ class _SnapshotSlots:
 
 class _SnapshotShell(_SnapshotSlots):
     """``copy_with`` 的构造中间体：与 TaskSnapshot 同样的布局（同一个基类、自己不加槽），没有 frozen 的
-    ``__setattr__``。换上字典与两个槽后把 ``__class__`` 换成 TaskSnapshot（布局相同，CPython 允许）；从不外露。"""
+    ``__setattr__``。换上字典与两个槽后把 ``__class__`` 换成 TaskSnapshot（布局相同，CPython 允许）；
+    从不外露。"""
 
     __slots__ = ()
 
@@ -666,9 +667,9 @@ def check_storable_values(
     old_tags: frozenset[str],
 ) -> None:
     """``check_storable_changes`` 的后一半：调用方已取好两份快照的 ``STORABLE_FIELDS``（``new_values`` /
-    ``old_values``）、实例字典（``new`` / ``old``，``old`` 是查过的那一份）与标签，只查不是同一个对象的那几项、
-    priority 与标签。为什么单列：热路径上的调用方（内存存储的 ``_save_next``）先用这两个元组做了快速判定，
-    有变时（写穿每个任务一次：starting 记下执行器名）不必再取一遍。"""
+    ``old_values``）、实例字典（``new`` / ``old``，``old`` 是查过的那一份）与标签，只查不是同一个对象的
+    那几项、priority 与标签。为什么单列：热路径上的调用方（内存存储的 ``_save_next``）先用这两个元组做了
+    快速判定，有变时（写穿每个任务一次：starting 记下执行器名）不必再取一遍。"""
     # 有变的（写穿时每个任务一次：starting 记下执行器名）：哪几项不是同一个对象由 compress /
     # map(is_not) 在 C 里挑出，只有它们进 Python 的循环体（通常一项；原来十几个字段逐个在 Python 里比，
     # issue 17）。短的纯 ASCII 文本就地判定——与 check_storable_fields 同一个判据，其余交给

@@ -524,7 +524,8 @@ class StateMachine:
         # 热路径：快照与迁移记录都直接填实例字典，跳过 frozen dataclass 逐字段 object.__setattr__
         # 的 __init__。字段值来自已校验的快照与上面的检查，不需要再走 __post_init__。下面几行就是
         # records.copy_with（同一种复制，内联：每次迁移省一层函数调用）。status 与 tags 在槽里、不进实例
-        # 字典（见 records._SnapshotSlots：字典里只剩原子值时循环 GC 不追踪它）；调用方的 changes 从不带这两个。
+        # 字典（见 records._SnapshotSlots：字典里只剩原子值时循环 GC 不追踪它）；调用方的 changes 从不带
+        # 这两个。
         state = current.__dict__.copy()
         state.update(changes)
         shell: Any = _SnapshotShell()  # 空壳：见 records.copy_with

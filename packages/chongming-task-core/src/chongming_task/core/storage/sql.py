@@ -194,7 +194,6 @@ def _decode_status(values: Sequence[Any]) -> TaskStatus:
     return TaskStatus(values[0]) if found is None else found
 
 
-
 class RowCodec:
     """一张列表（``columns``）在某个方言下的编解码：记录 ↔ 物理列。构造时编译好每列的函数。"""
 

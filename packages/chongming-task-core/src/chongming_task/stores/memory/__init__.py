@@ -126,12 +126,13 @@ class _Row:
         self._snapshot = snapshot
         self._sides: tuple[Any, ...] | None = None
         self.outcome_text = outcome_text
-        # 迁移记录的紧凑形式（records.PackedTransition：GC 不追踪的元组，读历史时才现造 Transition）。两种形状：
-        # 版本从首条起逐一连续、按版本升序的元组（常见：写穿落库新任务、之后每次迁移接一条），或 version →
-        # 记录的 dict（其余情形，见 table()）。为什么平常是元组：dict 一装进新造的元组（它还被 GC 追踪着）就
-        # 被追踪上，而且只有全量回收才复查、放掉它——积压 5 万个排队任务时每个任务多一个晋升进最老一代的对象，
-        # 全量回收的次数与每次的时间都跟着涨（issue 17，bench/README 第二十轮 bl20）。只装不被追踪的元组的元组，
-        # 第一次年轻代回收就不再被追踪、从不晋升；写穿的任务落库时交来的就是状态机自己的那个元组，不必另造。
+        # 迁移记录的紧凑形式（records.PackedTransition：GC 不追踪的元组，读历史时才现造 Transition）。
+        # 两种形状：版本从首条起逐一连续、按版本升序的元组（常见：写穿落库新任务、之后每次迁移接一条），
+        # 或 version → 记录的 dict（其余情形，见 table()）。为什么平常是元组：dict 一装进新造的元组（它还
+        # 被 GC 追踪着）就被追踪上，而且只有全量回收才复查、放掉它——积压 5 万个排队任务时每个任务多一个
+        # 晋升进最老一代的对象，全量回收的次数与每次的时间都跟着涨（issue 17，bench/README 第二十轮 bl20）。
+        # 只装不被追踪的元组的元组，年轻代回收就不再追踪它、从不晋升；写穿的任务落库时交来的就是状态机
+        # 自己的那个元组，不必另造。
         self.history: tuple[PackedTransition, ...] | dict[int, PackedTransition] = ()
         # 日志挂在任务行上：删掉任务（prune / delete_archived）就连同日志一起删掉，不会留下孤儿。
         # 多数任务一行日志也不写：行与水位线在第一次 append_logs 时才建；行少时是元组（见 _SMALL_LOG），
@@ -143,8 +144,8 @@ class _Row:
         )
 
     def table(self) -> dict[int, PackedTransition]:
-        """（持锁调用）历史的 dict 形状（version → 记录）：还是元组时就地换成 dict（之后一直是 dict）。给不常走的
-        路径（公开的 create / save / append、读历史、归档）用：它们要按版本查找、删除或乱序插入。"""
+        """（持锁调用）历史的 dict 形状（version → 记录）：还是元组时就地换成 dict（之后一直是 dict）。
+        给不常走的路径（公开的 create / save / append、读历史、归档）用：它们要按版本查找、删除或乱序插入。"""
         history = self.history
         if history.__class__ is tuple:
             history = self.history = {record[5]: record for record in history}
@@ -190,7 +191,9 @@ _TUPLE_HISTORY = 32
 
 def _consecutive(packed: tuple[PackedTransition, ...]) -> bool:
     """紧凑记录的版本是否从首条起逐一连续（于是元组就能当历史存，见 ``_Row``）。"""
-    return all(later[5] == earlier[5] + 1 for earlier, later in zip(packed, packed[1:]))
+    return all(later[5] == earlier[5] + 1 for earlier, later in itertools.pairwise(packed))
+
+
 _SIDE_FIELDS = ("outcome", *_SAVE_KEEPS)
 """``_Row._sides`` 的各项：存下的 outcome（容器型的只存文本，这里是 None）与沿用的那几个字段。"""
 _side_values = operator.itemgetter(*_SIDE_FIELDS)
@@ -276,9 +279,9 @@ class InMemoryTaskStore(TaskStore):
         # 成员记录：owner → (记录, info 的 JSON 文本)。info 是可变的 dict，出入库都经文本拷贝。
         self._nodes: dict[str, tuple[v.NodeRecord, str]] = {}
         self._closed = False
-        # 写穿落库的上一个新任务的实例字典、它的 STORABLE_FIELDS 与标签（已整份查过、或相对于查过的查过）：下一个
-        # _create_direct 只查与它不是同一个对象的字段，不必再为它取一遍（见 _create_direct）。锁外读写：一个
-        # 属性整体换掉，任何时刻读到的都是同一份查过的快照的那一组，哪一组都行。
+        # 写穿落库的上一个新任务的实例字典、它的 STORABLE_FIELDS 与标签（已整份查过、或相对于查过的查过）：
+        # 下一个 _create_direct 只查与它不是同一个对象的字段，不必再为它取一遍（见 _create_direct）。
+        # 锁外读写：一个属性整体换掉，任何时刻读到的都是同一份查过的快照的那一组，哪一组都行。
         self._last_created: tuple[dict[str, Any], tuple[Any, ...], frozenset[str]] | None = None
         # 写穿 _save_next 上一次整项查过、有变的那组可存储字段值（STORABLE_FIELDS）：下一次有变的与它相等时
         # 可存储性也一样，不再逐项查（见 _save_next）。只在存储的锁内读写。
@@ -478,7 +481,10 @@ class InMemoryTaskStore(TaskStore):
             # _last_created 是同一个做法（issue 17）。
             new_values, old_values = STORABLE_FIELDS(new), STORABLE_FIELDS(old)
             unchecked = new_values != old_values and new_values != self._last_changed
-            tags, old_tags = snapshot.tags, current.tags  # 标签在槽里，不在实例字典里（records._SnapshotSlots）
+            tags, old_tags = (
+                snapshot.tags,
+                current.tags,
+            )  # 标签在槽里，不在实例字典里（records._SnapshotSlots）
             if unchecked or new["priority"] is not old["priority"] or tags is not old_tags:
                 check_storable_values(new_values, old_values, new, old, tags, old_tags)
                 self._last_changed = new_values
