@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 from chongming_task import InMemoryTaskStore
 from chongming_task.core.state_machine import StateMachine
-from chongming_task.models import Progress, TaskSnapshot, Transition
+from chongming_task.models import Failure, FailureKind, Progress, TaskSnapshot, Transition
 from chongming_task.states import TaskStatus
 from chongming_task.storage import TaskQuery
 
@@ -170,3 +170,54 @@ def test_a_conditional_save_sees_the_stores_lease_not_the_callers() -> None:
     got = store.get("l1")
     assert got is not None and got.status is TaskStatus.LOST
     assert got.lease_until == T0 + timedelta(seconds=100)
+
+
+def _long_history(store: InMemoryTaskStore, task_id: str, rounds: int) -> StateMachine:
+    """写穿一串迁移：每轮 starting → running → failed(可重试) → retry 回到 queued（每轮四条）。"""
+    machine = StateMachine.create(task_id, "job", max_attempts=rounds + 1)
+    machine.mark_queued()
+    store._create_direct(machine.snapshot, machine.packed_transitions())
+    with machine.lock:
+        for _ in range(rounds):
+            _write_next(store, machine, machine.mark_starting(executor="thread"))
+            _write_next(store, machine, machine.mark_running())
+            _write_next(store, machine, machine.mark_failed(failure=Failure(FailureKind.EXCEPTION, "boom")))
+            _write_next(store, machine, machine.retry())
+    return machine
+
+
+def test_a_write_through_history_reads_back_whole_before_and_after_it_outgrows_a_tuple() -> None:
+    # 行的历史平常是状态机那个连续的元组，超过 32 条、或有乱序 / 删除时换成 dict（stores/memory 的 _Row）。
+    # 两种形状读回来都是完整、按版本升序的历史，与状态机的逐条相等；已有的版本保留先到的那条。
+    store = InMemoryTaskStore()
+    for task_id, rounds in (("short", 2), ("long", 10)):
+        machine = _long_history(store, task_id, rounds)
+        expected = list(machine.transitions)
+        assert len(expected) == 1 + 4 * rounds
+        assert store.history(task_id) == expected
+        # 同一版本再写一次（另一个写者抢先记下过）：保留先到的那条
+        late = expected[-1]
+        store.append(
+            [Transition(task_id, late.from_status, late.to_status, "other", None, None, late.version, T0)]
+        )
+        assert store.history(task_id) == expected
+        # 再往后接着写穿，照样接得上（dict 形状的行也走 _save_next）
+        with machine.lock:
+            _write_next(store, machine, machine.mark_starting(executor="thread"))
+        assert store.history(task_id) == list(machine.transitions)
+        got = store.get(task_id)
+        assert got is not None and got.status is TaskStatus.STARTING
+        assert got.status_version == len(machine.transitions)
+
+
+def test_a_created_task_with_a_gap_in_its_history_keeps_every_record() -> None:
+    # _create_direct 交来的紧凑记录版本不连续时（只凭快照重建的状态机、再走几步）不能当元组存：
+    # 按版本记进 dict。
+    store = InMemoryTaskStore()
+    machine = StateMachine.create("gap", "job")
+    machine.mark_queued()
+    packed = machine.packed_transitions()
+    later = (*packed[0][:5], 3, packed[0][6])
+    snapshot = machine.snapshot.evolve(status_version=3)
+    store._create_direct(snapshot, (packed[0], later))
+    assert [r.version for r in store.history("gap")] == [1, 3]

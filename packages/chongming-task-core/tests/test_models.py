@@ -466,6 +466,103 @@ def test_a_copied_snapshot_is_a_frozen_snapshot_like_any_other() -> None:
         assert dataclasses.replace(changed, label="x").label == "x"
 
 
+def test_a_plain_snapshot_instance_dict_is_never_tracked_by_the_cycle_collector() -> None:
+    # status（枚举成员）与 tags（frozenset）在槽里（records._SnapshotSlots）：其余字段都是 str / int / None /
+    # datetime 时，实例字典从造出来起就不被循环 GC 追踪——构造、evolve、状态机的每次迁移、sibling 都一样。
+    # 积压 5 万个排队任务时每个任务少一个要晋升、要在全量回收里遍历的对象（issue 17）。
+    import gc
+
+    from chongming_task.core.state_machine import StateMachine
+
+    snapshot = TaskSnapshot("t", "n", created_at=T0, tags=frozenset({"io"}), label="x", lease_until=T0)
+    machine = StateMachine(snapshot)
+    copies = [
+        snapshot,
+        snapshot.evolve(priority=5),
+        snapshot.evolve(status=TaskStatus.QUEUED, tags=frozenset({"db"})),
+        machine.mark_queued(),
+        machine.sibling("t2").snapshot,
+        machine.mark_starting(executor="thread"),
+        machine.mark_running(),
+        machine.mark_succeeded(outcome=3),
+        TaskSnapshot.from_dict(snapshot.to_dict()),
+    ]
+    for copied in copies:
+        assert "status" not in copied.__dict__ and "tags" not in copied.__dict__
+        assert not gc.is_tracked(copied.__dict__), copied
+    assert [c.status for c in copies[3:8]] == [TaskStatus.QUEUED] * 2 + [
+        TaskStatus.STARTING,
+        TaskStatus.RUNNING,
+        TaskStatus.SUCCEEDED,
+    ]
+    assert all(c.tags == frozenset({"io"}) for c in copies if c is not copies[2])
+    assert copies[2].status is TaskStatus.QUEUED and copies[2].tags == frozenset({"db"})
+    assert snapshot.status is TaskStatus.PENDING  # evolve 不改原来那份
+    # 装着循环 GC 管的对象的字段（progress、failure、容器 outcome）照常让字典被追踪：那是对的，它们要被遍历。
+    assert gc.is_tracked(snapshot.evolve(outcome={"rows": 1}).__dict__)
+
+
+def test_snapshot_fields_behave_as_declared_with_status_and_tags_in_slots() -> None:
+    import dataclasses
+
+    assert [f.name for f in dataclasses.fields(TaskSnapshot)][3] == "status"
+    assert dataclasses.fields(TaskSnapshot)[3].default is TaskStatus.PENDING
+    snapshot = TaskSnapshot("t", "n", created_at=T0)
+    assert snapshot.status is TaskStatus.PENDING and snapshot.tags == frozenset()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snapshot.status = TaskStatus.QUEUED  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snapshot.tags = frozenset()  # type: ignore[misc]
+    other = TaskSnapshot("t", "n", created_at=T0, status="queued", tags=["b", "a"])  # type: ignore[arg-type]
+    assert other.status is TaskStatus.QUEUED and other.tags == frozenset({"a", "b"})
+    assert other != snapshot
+    assert other == dataclasses.replace(snapshot, status=TaskStatus.QUEUED, tags={"a", "b"})
+    assert hash(other) == hash(dataclasses.replace(other))
+    assert "status=<TaskStatus.QUEUED: 'queued'>" in repr(other) and "tags=frozenset(" in repr(other)
+    assert dataclasses.asdict(other)["status"] is TaskStatus.QUEUED
+    assert TaskSnapshot.from_dict(other.to_dict()) == other
+
+
+def test_snapshot_pickles_read_both_ways_across_the_slot_change() -> None:
+    # pickle / copy 的状态仍是按声明顺序的全部字段的一个字典（与 status / tags 还在实例字典里时的
+    # __dict__ 一样），所以以前的 pickle（状态就是整个实例字典）照样读得回，以前的版本也读得懂现在的。
+    import copy
+    import copyreg
+    import gc
+    import io
+    import pickle
+
+    snapshot = TaskSnapshot("t", "n", created_at=T0, status=TaskStatus.FAILED, tags={"io"}, outcome=[1])
+    state = snapshot.__getstate__()
+    assert list(state) == list(TaskSnapshot.FIELD_NAMES)
+    assert state["status"] is TaskStatus.FAILED and state["tags"] == frozenset({"io"})
+
+    def old_pickle(protocol: int) -> bytes:
+        """以前的 TaskSnapshot 在 pickle 里的样子：类加上整个实例字典（协议 2 起经 __newobj__）。"""
+
+        class OldPickler(pickle.Pickler):
+            def reducer_override(self, obj: object) -> object:
+                if type(obj) is not TaskSnapshot:
+                    return NotImplemented
+                if protocol < 2:
+                    return copyreg._reconstructor, (TaskSnapshot, object, None), dict(state)  # type: ignore[attr-defined]
+                return copyreg.__newobj__, (TaskSnapshot,), dict(state)
+
+        buffer = io.BytesIO()
+        OldPickler(buffer, protocol).dump(snapshot)
+        return buffer.getvalue()
+
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        for data in (old_pickle(protocol), pickle.dumps(snapshot, protocol)):
+            loaded = pickle.loads(data)
+            assert type(loaded) is TaskSnapshot and loaded == snapshot
+            assert "status" not in loaded.__dict__ and "tags" not in loaded.__dict__
+    plain = TaskSnapshot("t", "n", created_at=T0)
+    for copied in (copy.copy(plain), copy.deepcopy(plain), pickle.loads(pickle.dumps(plain))):
+        assert copied == plain and copied is not plain
+        assert not gc.is_tracked(copied.__dict__)
+
+
 def test_transition_validation() -> None:
     with pytest.raises(ConfigurationError, match="trigger"):
         Transition("t", TaskStatus.PENDING, TaskStatus.QUEUED, "", None, None, 1, T0)

@@ -31,21 +31,67 @@ def copy_with(snapshot: TaskSnapshot, changes: dict[str, Any]) -> TaskSnapshot:
     为什么不是"新对象的 ``__dict__`` 上 update 两次"：那样新字典要从空的逐键长大（29 个字段，几次扩容），
     每份快照约 2.2 µs；``dict.copy()`` 一次按原样的大小复制，约 1.1 µs，占的内存相同。十万个任务的
     submit_many 每任务一份、每次状态迁移一份。
+
+    ``status`` 与 ``tags`` 不在实例字典里，在槽里（见 ``_SnapshotSlots``）：照抄原来的，或换成 ``changes``
+    里给的——给了它们时先从一份 ``changes`` 的拷贝里取走，绝不放进实例字典（放进去再删，字典也已被循环 GC
+    追踪上了）。
     """
     state = snapshot.__dict__.copy()
+    if "status" in changes or "tags" in changes:
+        changes = dict(changes)
+        status = changes.pop("status", snapshot.status)
+        tags = changes.pop("tags", snapshot.tags)
+    else:
+        status, tags = snapshot.status, snapshot.tags
     state.update(changes)
-    # 先造一个同样布局、不冻结的空壳，换上字典，再换成 TaskSnapshot（见 _SnapshotShell）：frozen 的
+    # 先造一个同样布局、不冻结的空壳，换上字典与两个槽，再换成 TaskSnapshot（见 _SnapshotShell）：frozen 的
     # __setattr__ 挡住了普通赋值，原来经 object.__setattr__(clone, "__dict__", state)——3.11 上那是一次经方法
     # 包装、现造参数元组的调用，比两次普通赋值还贵约 0.1 µs。每次状态迁移都复制一份快照（issue 17）。
-    clone: TaskSnapshot = _SnapshotShell()  # type: ignore[assignment]
+    clone: Any = _SnapshotShell()
+    clone.__dict__ = state
+    clone.status = status
+    clone.tags = tags
+    clone.__class__ = TaskSnapshot
+    return clone  # type: ignore[no-any-return]
+
+
+class _SnapshotSlots:
+    """TaskSnapshot 的基类：``status`` 与 ``tags`` 两个字段放在槽里，其余字段照旧在实例字典里。
+
+    为什么：实例字典只要装着一个循环 GC 管的对象，CPython 就追踪这个字典（而且只在全量回收时才复查、放掉）。
+    所有字段里只有这两个在每个快照上都是这种对象——``status`` 是枚举成员（3.11 上堆类型的实例都归 GC 管），
+    ``tags`` 是 frozenset；其余多半是 str / int / None / datetime。把它们挪进槽里，普通任务的快照字典
+    （没有 progress / failure / 容器 outcome / 配方时）从造出来起就不被追踪：积压 5 万个排队任务时每个任务
+    少一个晋升进最老一代、每次全量回收都要遍历 29 个引用的对象（issue 17，bench/README 第二十轮 bl20）。
+    槽的读写是 C 的成员描述符，比实例字典的查找还快；``dataclasses.fields``、相等、哈希、``repr``、
+    ``replace``、``to_dict`` 都按属性读，看不出区别。pickle / ``copy`` 见 TaskSnapshot 的
+    ``__getstate__`` / ``__setstate__``。
+
+    ``__dict__`` 与 ``__weakref__`` 也在这里声明：子类（TaskSnapshot、``_SnapshotShell``）都不再加任何
+    东西，两者布局相同，``__class__`` 才能互换。
+    """
+
+    __slots__ = ("__dict__", "__weakref__", "status", "tags")
+
+
+class _SnapshotShell(_SnapshotSlots):
+    """``copy_with`` 的构造中间体：与 TaskSnapshot 同样的布局（同一个基类、自己不加槽），没有 frozen 的
+    ``__setattr__``。换上字典与两个槽后把 ``__class__`` 换成 TaskSnapshot（布局相同，CPython 允许）；
+    从不外露。"""
+
+    __slots__ = ()
+
+
+def snapshot_from_state(state: dict[str, Any]) -> TaskSnapshot:
+    """由一个逐字段齐全、已校验过的字典直接造快照（不经 ``__init__`` 与校验）：``status`` / ``tags`` 从字典里
+    取走、放进槽（见 ``_SnapshotSlots``），其余的字典就是实例字典。给解码存储行的热路径用（``SqlCodec``
+    的 ``trusted_from_row``）；``state`` 归快照所有，调用方之后不得再改它。"""
+    clone: Any = _SnapshotShell()
+    clone.status = state.pop("status")
+    clone.tags = state.pop("tags")
     clone.__dict__ = state
     clone.__class__ = TaskSnapshot
-    return clone
-
-
-class _SnapshotShell:
-    """``copy_with`` 的构造中间体：与 TaskSnapshot 同样的布局（实例字典 + 弱引用、同一个基类），没有 frozen
-    的 ``__setattr__``。换上字典后把 ``__class__`` 换成 TaskSnapshot（布局相同，CPython 允许）；从不外露。"""
+    return clone  # type: ignore[no-any-return]
 
 
 # ---- 可存储值的上限（用户指南 §13、持久层实现指南 §5.2）-----------------------------------------------
@@ -561,10 +607,10 @@ _TEXT_FIELD_LIMITS: tuple[tuple[str, int], ...] = tuple(
 )
 
 
-STORABLE_FIELDS = operator.itemgetter(*(name for name, _ in _TEXT_FIELD_LIMITS), "tags")
-"""``check_storable_fields`` 检查的文本字段与标签，按实例字典取成一个元组：``check_storable_changes`` 的
-快速判定——两份快照的这个元组相等、priority 是同一个对象时它什么也不查。热路径上的调用方（内存存储的
-``_save_next``）先这样判一次、省一层调用。"""
+STORABLE_FIELDS = operator.itemgetter(*(name for name, _ in _TEXT_FIELD_LIMITS))
+"""``check_storable_fields`` 检查的文本字段，按实例字典取成一个元组：``check_storable_changes`` 的快速判定——
+两份快照的这个元组相等、priority 是同一个对象、标签是同一个集合时它什么也不查。热路径上的调用方（内存存储的
+``_save_next``）先这样判一次、省一层调用。标签不在实例字典里（在槽里，见 ``_SnapshotSlots``），单独比。"""
 _TEXT_INDEXES = range(len(_TEXT_FIELD_LIMITS))
 _TEXT_LIMIT_AT = tuple(limit for _, limit in _TEXT_FIELD_LIMITS)
 
@@ -588,7 +634,7 @@ def check_storable_fields(snapshot: TaskSnapshot) -> None:
     priority = state["priority"]
     if not (priority.__class__ is int and MIN_PRIORITY <= priority <= MAX_PRIORITY):
         check_priority(priority)
-    check_tag_count(state["tags"])
+    check_tag_count(snapshot.tags)
 
 
 def check_storable_changes(previous: TaskSnapshot, snapshot: TaskSnapshot) -> None:
@@ -596,31 +642,38 @@ def check_storable_changes(previous: TaskSnapshot, snapshot: TaskSnapshot) -> No
 
     ``previous`` 必须是整份查过的快照（存储里的上一版）：字段值都不可变，同一个对象就是查过的值，再查一遍
     结果不会变。写穿每次迁移只改状态、版本与几个时间，文本字段都原样沿用——一次 save 省下十来次文本检查。
-    读实例字典而不是 getattr：快照的字段全在实例字典里（构造、``evolve`` 与状态机都整份填它）。
+    读实例字典而不是 getattr：文本字段与 priority 全在实例字典里（构造、``evolve`` 与状态机都整份填它）。
     """
     old, new = previous.__dict__, snapshot.__dict__
-    # 最常见：文本字段与标签全都原样沿用——两个元组在 C 里逐项比较（同一个对象直接算相等），一次就判定完。
-    # 与查过的文本相等的文本、与查过的标签集合相等的集合，可存储性也一样。priority 单独按"同一个对象"判定：
-    # 5.0 与 True 都"等于"一个整数，却不是合法的 priority。
+    # 最常见：文本字段全都原样沿用——两个元组在 C 里逐项比较（同一个对象直接算相等），一次就判定完。
+    # 与查过的文本相等的文本，可存储性也一样。priority 单独按"同一个对象"判定：5.0 与 True 都"等于"一个
+    # 整数，却不是合法的 priority。
     new_values, old_values = STORABLE_FIELDS(new), STORABLE_FIELDS(old)
     if new_values == old_values:
         if new["priority"] is not old["priority"]:
             check_priority(new["priority"])
+        if snapshot.tags is not previous.tags:
+            check_tag_count(snapshot.tags)
         return
-    check_storable_values(new_values, old_values, new, old)
+    check_storable_values(new_values, old_values, new, old, snapshot.tags, previous.tags)
 
 
 def check_storable_values(
-    new_values: tuple[Any, ...], old_values: tuple[Any, ...], new: dict[str, Any], old: dict[str, Any]
+    new_values: tuple[Any, ...],
+    old_values: tuple[Any, ...],
+    new: dict[str, Any],
+    old: dict[str, Any],
+    new_tags: frozenset[str],
+    old_tags: frozenset[str],
 ) -> None:
     """``check_storable_changes`` 的后一半：调用方已取好两份快照的 ``STORABLE_FIELDS``（``new_values`` /
-    ``old_values``）与实例字典（``new`` / ``old``，``old`` 是查过的那一份），只查不是同一个对象的那几项、
-    priority 与标签。为什么单列：热路径上的调用方（内存存储的 ``_save_next``）先用这两个元组做了快速判定，
-    有变时（写穿每个任务一次：starting 记下执行器名）不必再取一遍。"""
+    ``old_values``）、实例字典（``new`` / ``old``，``old`` 是查过的那一份）与标签，只查不是同一个对象的
+    那几项、priority 与标签。为什么单列：热路径上的调用方（内存存储的 ``_save_next``）先用这两个元组做了
+    快速判定，有变时（写穿每个任务一次：starting 记下执行器名）不必再取一遍。"""
     # 有变的（写穿时每个任务一次：starting 记下执行器名）：哪几项不是同一个对象由 compress /
-    # map(is_not) 在 C 里挑出（下标到文本字段为止，末项是标签），只有它们进 Python 的循环体（通常一项；
-    # 原来十几个字段逐个在 Python 里比，issue 17）。短的纯 ASCII 文本就地判定——与 check_storable_fields
-    # 同一个判据，其余交给 check_storable_text。
+    # map(is_not) 在 C 里挑出，只有它们进 Python 的循环体（通常一项；原来十几个字段逐个在 Python 里比，
+    # issue 17）。短的纯 ASCII 文本就地判定——与 check_storable_fields 同一个判据，其余交给
+    # check_storable_text。
     for index in _compress(_TEXT_INDEXES, map(operator.is_not, new_values, old_values)):
         value = new_values[index]
         if value is not None and not (
@@ -633,12 +686,12 @@ def check_storable_values(
             check_storable_text(name, value, limit=limit)
     if new["priority"] is not old["priority"]:
         check_priority(new["priority"])
-    if new_values[-1] is not old_values[-1]:
-        check_tag_count(new["tags"])
+    if new_tags is not old_tags:
+        check_tag_count(new_tags)
 
 
 @dataclass(frozen=True)
-class TaskSnapshot:
+class TaskSnapshot(_SnapshotSlots):
     """某一时刻任务的完整、不可变视图。运行期可从任意线程安全读取。
 
     status 只回答"处于哪个阶段"；尝试次数、进度、心跳、失败与结果是正交维度，各占一个字段。
@@ -741,6 +794,19 @@ class TaskSnapshot:
             return self.started_at is not None
         return status.holds_slot
 
+    def __getstate__(self) -> dict[str, Any]:
+        """pickle / ``copy`` 的状态：全部字段按声明顺序的一个字典——与 ``status`` / ``tags`` 还在实例字典里时
+        交出的一样（见 ``_SnapshotSlots``），所以新旧版本之间互相读得懂对方的 pickle。"""
+        return dict(zip(_SNAPSHOT_FIELDS, _snapshot_values(self), strict=True))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """``__getstate__`` 的逆过程，也读得懂以前的 pickle（那时状态就是整个实例字典）。``status`` /
+        ``tags`` 放进槽；其余的逐键放进一个新字典——不把这两个先放进去再删：字典一旦装过循环 GC 管的对象就
+        被追踪上了（见 ``_SnapshotSlots``）。"""
+        _set_attribute(self, "status", state.get("status", TaskStatus.PENDING))
+        _set_attribute(self, "tags", state.get("tags", _NO_TAGS))
+        _set_attribute(self, "__dict__", {k: v for k, v in state.items() if k not in _SLOT_FIELDS})
+
     def evolve(self, **changes: Any) -> TaskSnapshot:
         """不经校验的快速复制，供状态机与存储内部使用（调用方保证字段合法）。
 
@@ -809,6 +875,14 @@ class TaskSnapshot:
 
 
 TaskSnapshot.FIELD_NAMES = tuple(f.name for f in fields(TaskSnapshot))
+_SNAPSHOT_FIELDS = TaskSnapshot.FIELD_NAMES
+_snapshot_values = operator.attrgetter(*_SNAPSHOT_FIELDS)
+_SLOT_FIELDS = frozenset(_SnapshotSlots.__slots__) - {"__dict__", "__weakref__"}
+# dataclass 把 status 的缺省值留成了类属性：它会遮住基类里的槽描述符（读 snapshot.status 就先找到类上的
+# PENDING）。缺省值 __init__ 自己记着（dataclasses 生成的 __init__ 不读类属性），fields() 也照样交出。
+delattr(TaskSnapshot, "status")
+# 布局相同是 copy_with 换 __class__ 的前提：子类都不该再加槽（否则导入即报错，而不是运行时才出怪事）。
+assert TaskSnapshot.__basicsize__ == _SnapshotShell.__basicsize__ == _SnapshotSlots.__basicsize__
 
 
 @dataclass(frozen=True)

@@ -520,16 +520,20 @@ class StateMachine:
         version = current.status_version + 1
         if target in _TERMINAL and "finished_at" not in changes:
             changes["finished_at"] = now
-        changes["status"] = target
         changes["status_version"] = version
         # 热路径：快照与迁移记录都直接填实例字典，跳过 frozen dataclass 逐字段 object.__setattr__
-        # 的 __init__。字段值来自已校验的快照与上面的检查，不需要再走 __post_init__。下面三行就是
-        # records.copy_with（同一种复制，内联：每次迁移省一层函数调用）。
+        # 的 __init__。字段值来自已校验的快照与上面的检查，不需要再走 __post_init__。下面几行就是
+        # records.copy_with（同一种复制，内联：每次迁移省一层函数调用）。status 与 tags 在槽里、不进实例
+        # 字典（见 records._SnapshotSlots：字典里只剩原子值时循环 GC 不追踪它）；调用方的 changes 从不带
+        # 这两个。
         state = current.__dict__.copy()
         state.update(changes)
-        snapshot: TaskSnapshot = _SnapshotShell()  # type: ignore[assignment]  # 空壳：见 records.copy_with
-        snapshot.__dict__ = state
-        snapshot.__class__ = TaskSnapshot
+        shell: Any = _SnapshotShell()  # 空壳：见 records.copy_with
+        shell.__dict__ = state
+        shell.status = target
+        shell.tags = current.tags
+        shell.__class__ = TaskSnapshot
+        snapshot: TaskSnapshot = shell
         # actor / reason 可能来自用户（stop(reason=...)）或拼进了异常消息：整理成每个后端都存得下的文本。
         if actor is not None:  # 多数迁移两者都没有：不为 None 调用整理函数（每个任务四次迁移）
             actor = sanitize_reason(actor)

@@ -23,7 +23,7 @@ from operator import itemgetter
 from typing import Any
 
 from chongming_task.core.recipes import Recipe
-from chongming_task.core.records import NO_TAGS
+from chongming_task.core.records import NO_TAGS, snapshot_from_state
 from chongming_task.core.storage.columns import (
     COMMAND_COLUMNS,
     NODE_COLUMNS,
@@ -192,10 +192,6 @@ def _decode_status(values: Sequence[Any]) -> TaskStatus:
     # 查表比 TaskStatus(value)（Enum.__call__）快几倍；未知的值照样由 TaskStatus(...) 报 ValueError。
     found = _STATUS_BY_VALUE.get(values[0])
     return TaskStatus(values[0]) if found is None else found
-
-
-_new_object = object.__new__
-_set_attribute = object.__setattr__
 
 
 class RowCodec:
@@ -488,9 +484,8 @@ class SnapshotCodec(RowCodec):
         state = self._trusted_state(row)
         if not state["tags"]:
             state["tags"] = NO_TAGS  # 与 normalize_tags 一样共用一个空集合（集合都被循环 GC 追踪）
-        snapshot: TaskSnapshot = _new_object(TaskSnapshot)
-        _set_attribute(snapshot, "__dict__", state)  # frozen dataclass：绕过它的 __setattr__
-        return snapshot
+        # status / tags 放进槽、其余的就是实例字典（见 records._SnapshotSlots），不经 frozen 的 __setattr__
+        return snapshot_from_state(state)
 
     def create_table(self, table: str, dialect: SqlDialect | None = None) -> str:
         """``CREATE TABLE IF NOT EXISTS <table> (...)``，列由列表推导（第 1 版之后补的列不在里面，

@@ -126,8 +126,14 @@ class _Row:
         self._snapshot = snapshot
         self._sides: tuple[Any, ...] | None = None
         self.outcome_text = outcome_text
-        # version → 迁移记录的紧凑形式（records.PackedTransition：GC 不追踪的元组，读历史时才现造 Transition）
-        self.history: dict[int, PackedTransition] = {}
+        # 迁移记录的紧凑形式（records.PackedTransition：GC 不追踪的元组，读历史时才现造 Transition）。
+        # 两种形状：版本从首条起逐一连续、按版本升序的元组（常见：写穿落库新任务、之后每次迁移接一条），
+        # 或 version → 记录的 dict（其余情形，见 table()）。为什么平常是元组：dict 一装进新造的元组（它还
+        # 被 GC 追踪着）就被追踪上，而且只有全量回收才复查、放掉它——积压 5 万个排队任务时每个任务多一个
+        # 晋升进最老一代的对象，全量回收的次数与每次的时间都跟着涨（issue 17，bench/README 第二十轮 bl20）。
+        # 只装不被追踪的元组的元组，年轻代回收就不再追踪它、从不晋升；写穿的任务落库时交来的就是状态机
+        # 自己的那个元组，不必另造。
+        self.history: tuple[PackedTransition, ...] | dict[int, PackedTransition] = ()
         # 日志挂在任务行上：删掉任务（prune / delete_archived）就连同日志一起删掉，不会留下孤儿。
         # 多数任务一行日志也不写：行与水位线在第一次 append_logs 时才建；行少时是元组（见 _SMALL_LOG），
         # 水位线是 str → int 的 dict（只含原子值，GC 不追踪）。
@@ -136,6 +142,14 @@ class _Row:
         self.log_writers: dict[str, int] | None = (
             None  # 写入者 → 已接受的最大 writer_seq（幂等水位线，见 values）
         )
+
+    def table(self) -> dict[int, PackedTransition]:
+        """（持锁调用）历史的 dict 形状（version → 记录）：还是元组时就地换成 dict（之后一直是 dict）。
+        给不常走的路径（公开的 create / save / append、读历史、归档）用：它们要按版本查找、删除或乱序插入。"""
+        history = self.history
+        if history.__class__ is tuple:
+            history = self.history = {record[5]: record for record in history}
+        return history  # type: ignore[return-value]
 
     @property
     def snapshot(self) -> TaskSnapshot:
@@ -169,6 +183,17 @@ _SAVE_KEEPS = ("progress", "last_heartbeat_at", "lease_owner", "lease_until", "r
 """save 从不改写、沿用存储里的值的字段：旁路字段（只归 create / touch）与配方（只归 create）。"""
 
 _VERSION = operator.itemgetter(5)  # PackedTransition 的 version
+
+_TUPLE_HISTORY = 32
+"""一行的历史不超过这么多条时才按元组接着长（每次换一个新元组，O(条数)），再长就换成 dict（见 ``_Row``；
+与状态机的 ``_TUPLE_HISTORY`` 同一个道理）。"""
+
+
+def _consecutive(packed: tuple[PackedTransition, ...]) -> bool:
+    """紧凑记录的版本是否从首条起逐一连续（于是元组就能当历史存，见 ``_Row``）。"""
+    return all(later[5] == earlier[5] + 1 for earlier, later in itertools.pairwise(packed))
+
+
 _SIDE_FIELDS = ("outcome", *_SAVE_KEEPS)
 """``_Row._sides`` 的各项：存下的 outcome（容器型的只存文本，这里是 None）与沿用的那几个字段。"""
 _side_values = operator.itemgetter(*_SIDE_FIELDS)
@@ -201,8 +226,8 @@ def _put(
     _keep_sides(row, row._snapshot.__dict__, scalar)
     row._snapshot = snapshot
     row.outcome_text = text
-    # 同 _add_history，只是内联（写穿每次迁移都走这里，省两层函数调用）。
-    history = row.history
+    # 同 _add_history，只是内联。
+    history = row.table()
     for record in transitions:
         version = record.version
         if version not in history:
@@ -254,10 +279,10 @@ class InMemoryTaskStore(TaskStore):
         # 成员记录：owner → (记录, info 的 JSON 文本)。info 是可变的 dict，出入库都经文本拷贝。
         self._nodes: dict[str, tuple[v.NodeRecord, str]] = {}
         self._closed = False
-        # 写穿落库的上一个新任务的实例字典与它的 STORABLE_FIELDS（已整份查过、或相对于查过的查过）：下一个
-        # _create_direct 只查与它不是同一个对象的字段，不必再为它取一遍（见 _create_direct）。锁外读写：一个
-        # 属性整体换掉，任何时刻读到的都是同一份查过的快照的那一对，哪一对都行。
-        self._last_created: tuple[dict[str, Any], tuple[Any, ...]] | None = None
+        # 写穿落库的上一个新任务的实例字典、它的 STORABLE_FIELDS 与标签（已整份查过、或相对于查过的查过）：
+        # 下一个 _create_direct 只查与它不是同一个对象的字段，不必再为它取一遍（见 _create_direct）。
+        # 锁外读写：一个属性整体换掉，任何时刻读到的都是同一份查过的快照的那一组，哪一组都行。
+        self._last_created: tuple[dict[str, Any], tuple[Any, ...], frozenset[str]] | None = None
         # 写穿 _save_next 上一次整项查过、有变的那组可存储字段值（STORABLE_FIELDS）：下一次有变的与它相等时
         # 可存储性也一样，不再逐项查（见 _save_next）。只在存储的锁内读写。
         self._last_changed: tuple[Any, ...] | None = None
@@ -318,7 +343,7 @@ class InMemoryTaskStore(TaskStore):
                     f"task_id {task_id!r} 已存在：存储拒绝重复创建（想重跑请换一个 task_id 提交）"
                 )
             row = _Row(stored, text)
-            _add_history(row.history, transitions)
+            _add_history(row.table(), transitions)
             self._rows[task_id] = row
 
     def _create_direct(self, snapshot: TaskSnapshot, packed: tuple[PackedTransition, ...]) -> None:
@@ -334,22 +359,26 @@ class InMemoryTaskStore(TaskStore):
         last = self._last_created
         new = snapshot.__dict__
         new_values = STORABLE_FIELDS(new)
+        tags = snapshot.tags
         if last is None:
             checks.check_snapshot(snapshot)
         else:  # 同 check_snapshot(snapshot, like=上一个)（类型上面已确认），少一层调用
-            old, old_values = last
+            old, old_values, old_tags = last
             # check_storable_changes 的快速判定就地先做（同 _save_next）：模板复制出的新任务什么也不用查
-            if new_values != old_values or new["priority"] is not old["priority"]:
-                check_storable_values(new_values, old_values, new, old)
-        self._last_created = (new, new_values)  # 查过了（下面落库失败也不影响：它仍是一份查过的快照）
+            if new_values != old_values or new["priority"] is not old["priority"] or tags is not old_tags:
+                check_storable_values(new_values, old_values, new, old, tags, old_tags)
+        self._last_created = (new, new_values, tags)  # 查过了（下面落库失败也不影响：它仍是一份查过的快照）
         outcome = snapshot.outcome
         scalar, text = (None, None) if outcome is None else _encode_json(outcome, what="outcome")
         stored = snapshot if scalar is outcome else snapshot.evolve(outcome=scalar)
         task_id = snapshot.task_id
         row = _Row(stored, text)  # 锁外造好：锁内只剩查重与放入
-        history = row.history
-        for record in packed:
-            history.setdefault(record[5], record)  # 同 _add_history：已有的版本保留先到的那条
+        if packed.__class__ is tuple and (len(packed) < 2 or _consecutive(packed)):
+            row.history = packed  # 常见（逐个 submit：一条 pending → queued）：就是状态机的那个元组，见 _Row
+        else:
+            history = row.table()
+            for record in packed:
+                history.setdefault(record[5], record)  # 同 _add_history：已有的版本保留先到的那条
         lock = self._lock
         if not lock.try_acquire():  # 热路径的加锁写法见 core/locks.py
             lock.acquire()
@@ -452,8 +481,12 @@ class InMemoryTaskStore(TaskStore):
             # _last_created 是同一个做法（issue 17）。
             new_values, old_values = STORABLE_FIELDS(new), STORABLE_FIELDS(old)
             unchecked = new_values != old_values and new_values != self._last_changed
-            if unchecked or new["priority"] is not old["priority"]:
-                check_storable_values(new_values, old_values, new, old)
+            tags, old_tags = (
+                snapshot.tags,
+                current.tags,
+            )  # 标签在槽里，不在实例字典里（records._SnapshotSlots）
+            if unchecked or new["priority"] is not old["priority"] or tags is not old_tags:
+                check_storable_values(new_values, old_values, new, old, tags, old_tags)
                 self._last_changed = new_values
             if current.status_version != version - 1:
                 _check_version(current, snapshot.task_id, version - 1)
@@ -466,6 +499,12 @@ class InMemoryTaskStore(TaskStore):
             row._snapshot = snapshot
             row.outcome_text = text
             history = row.history
+            if isinstance(history, tuple):
+                if len(history) < _TUPLE_HISTORY and (not history or history[-1][5] == version - 1):
+                    # 常见：正好接在最后一条之后——换一个长一条的元组，仍是连续的（见 _Row）
+                    row.history = (*history, packed)
+                    return
+                history = row.table()
             if version not in history:  # 已有的版本保留先到的那条（同 _add_history）
                 history[version] = packed
         finally:
@@ -520,7 +559,7 @@ class InMemoryTaskStore(TaskStore):
             # 先全部检查再写：一批里有未知任务时整批不写，避免留下半截历史。
             rows = [self._row(record.task_id) for record in transitions]
             for row, record in zip(rows, transitions, strict=True):
-                _add_history(row.history, (record,))
+                _add_history(row.table(), (record,))
 
     def history(self, task_id: str) -> list[Transition]:
         checks.check_key("task_id", task_id)
@@ -529,7 +568,7 @@ class InMemoryTaskStore(TaskStore):
             row = self._rows.get(task_id)
             if row is None:
                 return []
-            packed = list(row.history.values())
+            packed = list(row.table().values())
         packed.sort(key=_VERSION)
         return [unpack_transition(task_id, record) for record in packed]
 
@@ -827,11 +866,11 @@ class InMemoryTaskStore(TaskStore):
                     (task_id, version)
                     for task_id, row in self._rows.items()
                     if task_id >= cursor[0]
-                    for version in row.history
+                    for version in row.table()
                 )
                 picked = [key for key in keys if key > cursor][:n]
                 return [
-                    unpack_transition(task_id, self._rows[task_id].history[version])
+                    unpack_transition(task_id, self._rows[task_id].table()[version])
                     for task_id, version in picked
                 ]
 
@@ -853,7 +892,8 @@ class InMemoryTaskStore(TaskStore):
             picked = []
             for task_id in chosen:
                 row = self._rows[task_id]
-                history = tuple(unpack_transition(task_id, row.history[v]) for v in sorted(row.history))
+                table = row.table()
+                history = tuple(unpack_transition(task_id, table[v]) for v in sorted(table))
                 commands = tuple(c.export() for c in self._commands.values() if c.command.task_id == task_id)
                 picked.append((row.snapshot, row.outcome_text, history, commands))
         return [
@@ -871,7 +911,7 @@ class InMemoryTaskStore(TaskStore):
             self._check_open()
             for task_id, version in receipt.transitions:
                 row = self._rows.get(task_id)
-                if row is not None and row.history.pop(version, None) is not None:
+                if row is not None and row.table().pop(version, None) is not None:
                     transitions += 1
             for command_id in receipt.commands:
                 stored = self._commands.get(command_id)
