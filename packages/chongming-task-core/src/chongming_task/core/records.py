@@ -882,7 +882,9 @@ _SLOT_FIELDS = frozenset(_SnapshotSlots.__slots__) - {"__dict__", "__weakref__"}
 # PENDING）。缺省值 __init__ 自己记着（dataclasses 生成的 __init__ 不读类属性），fields() 也照样交出。
 delattr(TaskSnapshot, "status")
 # 布局相同是 copy_with 换 __class__ 的前提：子类都不该再加槽（否则导入即报错，而不是运行时才出怪事）。
-assert TaskSnapshot.__basicsize__ == _SnapshotShell.__basicsize__ == _SnapshotSlots.__basicsize__
+# 不用 assert：python -O 会把它去掉。
+if not TaskSnapshot.__basicsize__ == _SnapshotShell.__basicsize__ == _SnapshotSlots.__basicsize__:
+    raise RuntimeError("TaskSnapshot 与 _SnapshotShell 布局不同：copy_with 不能换 __class__（子类别加槽）")
 
 
 @dataclass(frozen=True)
