@@ -1187,7 +1187,7 @@ class Controller(ClosesOnExit):
         """
         return submit_pipeline(self, pipeline)
 
-    # -- PipelineHost（管道只经这三个方法用到控制器）--------------------------------------------------
+    # -- PipelineHost（管道只经这四个方法用到控制器）--------------------------------------------------
 
     def resolve_task(self, name: str) -> TaskDefinition:
         """名字登记过就返回它的定义，否则抛 ConfigurationError。"""
@@ -1202,6 +1202,22 @@ class Controller(ClosesOnExit):
             for name, args, kwargs, node in nodes
         ]
         return self._submit_batches(runs, DEFAULT_SUBMIT_BATCH, blocked=True)
+
+    def start_ready(self) -> None:
+        """有空额度就在调用线程里启动排队的任务（管道刚放行了节点：不叫醒后台循环再转一手）。
+
+        管道在刚落终态的节点的锁内调用它：与 ``_account`` 让出额度后就地启动下一个排队任务是同一个取锁方向
+        （持有刚落地的任务的锁、去取排队任务的锁），被启动的只可能是刚从就绪队列取出的排队任务。冻结派发
+        （stop_all / close）期间什么也不启动。"""
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
+            to_start = self._scheduler.take_runnable()
+        finally:
+            lock.release()
+        if to_start:
+            self._start_runs(to_start)
 
     def _enqueue_locked(self, run: TaskRun) -> None:
         snapshot = run.machine.snapshot
