@@ -29,6 +29,8 @@
   任意节点的锁），以及人工停止（stopped）的节点的后续判定——stop_all / close / PipelineRun.stop 正按顺序
   一个个停节点，就地跳过下游会让还没轮到的下游被记成 skipped，而它们是被人停的（stopped）。
 
+管道结构只在内存里，不落库（任务的函数与参数从未持久化）。进程重启后跑到一半的管道无法续跑：
+占着执行资源的节点会被 reconcile() 判为 lost，排队或阻塞中的节点报告为 adoptable。
 """
 
 from __future__ import annotations
