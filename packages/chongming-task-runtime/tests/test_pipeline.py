@@ -253,3 +253,139 @@ def test_wide_fan_out_and_long_chain_scale() -> None:
     assert len(outcome.nodes) == 1002
     assert time.monotonic() - started < 60
     c.close()
+
+
+# -- 就地协调（节点在落地的那个线程里放行 / 跳过下游、就地启动刚放行的节点）-------------------------------
+
+
+def test_chain_advances_without_the_controller_background_loop() -> None:
+    """放行与启动下游在上游落地的线程里就地完成，不经后台循环转一手：后台循环被占住时，链照样跑完。"""
+    c = Controller(max_parallel=2)
+    gate = threading.Event()
+    loop_held = threading.Event()
+    loop_gate = threading.Event()
+
+    def step(ctx: Any, i: int) -> int:
+        if i == 0:
+            while not gate.wait(0.002):
+                ctx.checkpoint()
+        return i
+
+    def hold_loop() -> None:
+        loop_held.set()
+        loop_gate.wait(20)
+
+    c.register("step", step)
+    pipeline = Pipeline("chain")
+    previous = None
+    for i in range(30):
+        previous = pipeline.node("step", i, node_id=f"n{i}", depends_on=[previous] if previous else [])
+    run = c.submit_pipeline(pipeline)
+    try:
+        wait_until(lambda: run.runs["n0"].status is S.RUNNING)  # 根节点由后台循环启动
+        c.defer(hold_loop)  # 占住后台循环：之后的放行、启动都不能指望它
+        assert loop_held.wait(10)
+        gate.set()
+        outcome = run.wait(timeout=10)
+        assert outcome.status is S.SUCCEEDED
+        assert [outcome.nodes[f"n{i}"].value for i in range(30)] == list(range(30))
+    finally:
+        loop_gate.set()
+        c.close()
+
+
+def test_concurrent_upstreams_all_reach_a_fan_in() -> None:
+    """多个上游在不同线程里同时落地：管道锁下的计数不丢，汇合节点拿到每一个成功上游的值、只放行一次。"""
+    c = Controller(max_parallel=4)
+    c.register("value", lambda ctx, i: i)
+    c.register("collect", lambda ctx: dict(ctx.upstream))
+    for _ in range(3):
+        pipeline = Pipeline("fan-in")
+        leaves = [pipeline.node("value", i, node_id=f"leaf{i}") for i in range(200)]
+        pipeline.node("collect", node_id="sink", depends_on=leaves)
+        run = c.submit_pipeline(pipeline)
+        outcome = run.wait(timeout=30)
+        assert outcome.status is S.SUCCEEDED
+        assert outcome.nodes["sink"].value == {f"leaf{i}": i for i in range(200)}
+        history = [t.to_status for t in run.runs["sink"].transitions]
+        assert history.count(S.QUEUED) == 1
+    c.close()
+
+
+def test_skip_cascade_down_a_long_chain_does_not_recurse() -> None:
+    """根节点失败，两千个节点的链逐个被跳过：同一线程里的嵌套落地排队处理，不沿着链递归
+    （不会 RecursionError）。"""
+    c = Controller(max_parallel=2)
+    c.register("ok", lambda ctx: None)
+
+    def boom(ctx: Any) -> None:
+        raise RuntimeError("根节点炸了")
+
+    c.register("boom", boom)
+    pipeline = Pipeline("doomed")
+    previous = pipeline.node("boom", node_id="root")
+    for i in range(2000):
+        previous = pipeline.node("ok", node_id=f"n{i}", depends_on=[previous])
+    outcome = c.submit_pipeline(pipeline).wait(timeout=60)
+    assert outcome.status is S.FAILED and outcome.failed_nodes == ["root"]
+    skipped = [node for node, o in outcome.nodes.items() if node != "root"]
+    assert len(skipped) == 2000
+    for node in skipped:
+        failure = outcome.nodes[node].failure
+        assert outcome.nodes[node].status is S.SKIPPED
+        assert failure is not None and failure.kind is FailureKind.DEPENDENCY_FAILED
+    c.close()
+
+
+def test_fail_fast_cancels_the_all_settled_node_the_failure_releases(controller: Controller) -> None:
+    """fail_fast：失败那一刻放行的 ALL_SETTLED 节点也在"已放行"之列——被连坐取消，任务体一行不跑。"""
+    pipeline = Pipeline("ff-audit")
+    bad = pipeline.node("boom", node_id="bad")
+    pipeline.node("audit", node_id="audit", depends_on=[bad], join=JoinMode.ALL_SETTLED)
+    for _ in range(5):
+        outcome = controller.submit_pipeline(pipeline).wait(timeout=10)
+        assert outcome.nodes["bad"].status is S.FAILED
+        assert outcome.nodes["audit"].status is S.CANCELLED
+        assert outcome.status is S.FAILED
+    assert "audit" not in controller.seen  # type: ignore[attr-defined]
+
+
+def test_stopping_a_waiting_pipeline_stops_every_node_and_skips_none() -> None:
+    """人工停止：排队中的根节点一停就落地，它的下游仍要被如实记成 stopped（没轮到的下游不能被就地跳过）。
+    只停上游一个节点时，下游照汇合规则落 skipped。"""
+    c = Controller(max_parallel=1)
+    gate = threading.Event()
+    c.register("ok", lambda ctx: None)
+    c.register("hold", lambda ctx: gate.wait(20))
+    try:
+        c.submit("hold")  # 占住唯一的额度：管道的根节点只能排队
+        wait_until(lambda: c.active_count == 1)
+
+        def build(name: str) -> Pipeline:
+            pipeline = Pipeline(name)
+            previous = pipeline.node("ok", node_id="root")
+            for i in range(20):
+                previous = pipeline.node("ok", node_id=f"n{i}", depends_on=[previous])
+            return pipeline
+
+        by_run = c.submit_pipeline(build("by-run"))
+        by_sweep = c.submit_pipeline(build("by-sweep"))
+        one_node = c.submit_pipeline(build("one-node"))
+        wait_until(lambda: one_node.runs["root"].status is S.QUEUED)
+        assert by_run.stop(reason="值班手动停") == 21
+        outcome = by_run.wait(timeout=10)
+        assert {o.status for o in outcome.nodes.values()} == {S.STOPPED}
+        assert outcome.status is S.STOPPED
+
+        assert c.stop(one_node.task_id_of("root"), reason="只停根节点")
+        outcome = one_node.wait(timeout=10)
+        assert outcome.nodes["root"].status is S.STOPPED
+        assert {outcome.nodes[f"n{i}"].status for i in range(20)} == {S.SKIPPED}
+
+        c.stop_all(reason="全部停")
+        gate.set()
+        outcome = by_sweep.wait(timeout=10)
+        assert {o.status for o in outcome.nodes.values()} == {S.STOPPED}
+    finally:
+        gate.set()
+        c.close()

@@ -5,6 +5,9 @@ from __future__ import annotations
 import ast
 import inspect
 
+import pytest
+
+from chongming_task import ConfigurationError
 from chongming_task.runtime import pipeline
 from chongming_task.runtime.controller import Controller
 from chongming_task.runtime.pipeline_host import NodeFields, PipelineHost
@@ -40,7 +43,7 @@ def test_pipeline_uses_no_private_member_of_its_host() -> None:
 
 def test_controller_implements_the_host_protocol() -> None:
     members = [name for name in dir(PipelineHost) if not name.startswith("_")]
-    assert sorted(members) == ["defer", "resolve_task", "submit_nodes"]
+    assert sorted(members) == ["defer", "resolve_task", "start_ready", "submit_nodes"]
     for name in members:
         assert callable(getattr(Controller, name)), name
         assert not name.startswith("_")
@@ -58,3 +61,46 @@ def test_controller_implements_the_host_protocol() -> None:
         assert run.status.value == "blocked"
         assert run.release() is True
         assert run.wait(timeout=10).value == 42
+
+
+def test_nodes_after_the_first_are_copied_from_a_template_and_still_checked() -> None:
+    """submit_nodes 只完整校验第一个节点的快照，其余的复制它、换上自己的
+    task_id / label / node_id / 创建时间：复制出的与完整构造的只差这几个字段，历史一样；
+    换上的值照样校验（第二个节点的坏 node_id 照样被拒绝）。"""
+    with Controller(max_parallel=1) as controller:
+        controller.register("double", lambda ctx, x: 2 * x)
+
+        def fields(node_id: str, task_id: str | None = None) -> NodeFields:
+            return {
+                "task_id": task_id or f"p:{node_id}",
+                "label": f"p/{task_id or node_id}",
+                "pipeline_id": "p",
+                "node_id": node_id,
+                "upstream": {},
+            }
+
+        first, second, third = controller.submit_nodes(
+            [("double", (i,), {}, fields(node)) for i, node in enumerate(["a", "b", "c"])]
+        )
+        varying = {"task_id", "label", "node_id", "created_at"}
+        for copied in (second, third):
+            snap, base = copied.snapshot, first.snapshot
+            assert snap.task_id == f"p:{snap.node_id}" and snap.label == f"p/{snap.node_id}"
+            assert snap.created_at >= base.created_at
+            same = {k: v for k, v in vars(snap).items() if k not in varying}
+            assert same == {k: v for k, v in vars(base).items() if k not in varying}
+            assert [(t.from_status, t.to_status, t.trigger) for t in copied.transitions] == [
+                (t.from_status, t.to_status, t.trigger) for t in first.transitions
+            ]
+        with pytest.raises(ConfigurationError, match="node_id"):
+            controller.submit_nodes(
+                [("double", (1,), {}, fields("ok")), ("double", (2,), {}, fields("bad\x00", task_id="p:bad"))]
+            )
+        with pytest.raises(ConfigurationError, match="task_id"):
+            controller.submit_nodes(
+                [("double", (1,), {}, fields("x")), ("double", (2,), {}, fields("y" * 600))]
+            )
+        assert sorted(s.task_id for s in controller.list_tasks()) == ["p:a", "p:b", "p:c"]
+        for run in (first, second, third):
+            assert run.release() is True
+        assert [run.wait(timeout=10).value for run in (first, second, third)] == [0, 2, 4]

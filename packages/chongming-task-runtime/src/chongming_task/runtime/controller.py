@@ -47,7 +47,9 @@ from chongming_task.core.records import (
     MAX_ID_LENGTH,
     MAX_PRIORITY,
     MIN_PRIORITY,
+    check_storable_fields,
     check_tag_count,
+    copy_with,
     unpack_transition,
     validate_task_id,
 )
@@ -691,6 +693,11 @@ class Controller(ClosesOnExit):
                 pipeline_id,
                 node_id,
             )
+        elif blocked and shapes is not None and recipe is None:
+            return self._prepare_node(
+                definition, args, kwargs, shapes, task_id, label, all_tags, priority, bucket, bucket_key,
+                pipeline_id, node_id, max_attempts, upstream,
+            )  # fmt: skip
         template = None if shape is None else shapes.get(shape)  # type: ignore[union-attr]
         single = shapes is self._submit_shapes
         if template is not None:
@@ -732,6 +739,83 @@ class Controller(ClosesOnExit):
                     if len(shapes) >= _SUBMIT_SHAPES_MAX:
                         shapes.clear()
                     shapes[shape] = machine.sibling(task_id)
+        return self._make_run(machine, definition, args, kwargs, upstream=upstream)
+
+    def _prepare_node(
+        self,
+        definition: TaskDefinition,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        shapes: dict[tuple[Any, ...], Any],
+        task_id: str,
+        label: str | None,
+        all_tags: frozenset[str],
+        priority: int,
+        bucket: int | None,
+        bucket_key: str | None,
+        pipeline_id: str | None,
+        node_id: str | None,
+        max_attempts: int,
+        upstream: Any,
+    ) -> TaskRun:
+        """管道节点（``submit_nodes``）的 ``_prepare`` 后一半：同一条管道里除 task_id / label /
+        node_id 外字段都相同的节点，新建快照只完整校验一次。
+
+        为什么：节点以 blocked 建出，不能用 ``StateMachine.sibling``（它只复制刚入队的任务），
+        而逐个 ``StateMachine.create`` 的逐字段校验（造冻结快照、``__post_init__``）是建节点的
+        大头——一万个节点的管道里每个节点约七百条字节码。第一个节点照常经 ``TaskSnapshot`` 的
+        完整校验建出，它 pending 时的快照存作模板；其余的复制模板、换上自己的 task_id / label /
+        node_id 与此刻的创建时间（有存储时还有此刻的租约），只把换上的值再校验一遍：task_id 经
+        ``validate_task_id``，label 与 node_id 经 ``check_storable_fields``（快照构造对这两个
+        字段做的就是这一项；label 是不是字符串已由 ``_submit_fields`` 查过），其余字段与模板
+        相同、已校验过。状态机由这份 pending 快照构造、照常 ``mark_blocked``（第一条迁移与
+        create 出来的一样）。
+        """
+        validate_task_id(task_id)
+        shape = (
+            definition.name,
+            definition.description,
+            max_attempts,
+            all_tags,
+            priority,
+            bucket,
+            bucket_key,
+            pipeline_id,
+        )
+        template: TaskSnapshot | None = shapes.get(shape)
+        lease = self._link.lease_fields()
+        if template is None:
+            machine = StateMachine.create(
+                task_id,
+                definition.name,
+                max_attempts=max_attempts,
+                clock=self.clock,
+                lock=_new_task_lock(),
+                label=label,
+                tags=all_tags,
+                priority=priority,
+                bucket=bucket,
+                bucket_key=bucket_key,
+                owner=self.owner,
+                description=definition.description,
+                pipeline_id=pipeline_id,
+                node_id=node_id,
+                **lease,
+            )
+            shapes[shape] = machine.snapshot  # pending 的那一份（mark_blocked 换上的是新快照）
+        else:
+            changes: dict[str, Any] = {
+                "task_id": task_id,
+                "label": label,
+                "node_id": node_id,
+                "created_at": self.clock.now(),
+            }
+            if lease:
+                changes.update(lease)
+            snapshot = copy_with(template, changes)
+            check_storable_fields(snapshot)
+            machine = StateMachine(snapshot, clock=self.clock, lock=_new_task_lock())
+        machine.mark_blocked()
         return self._make_run(machine, definition, args, kwargs, upstream=upstream)
 
     def _make_run(
@@ -1191,7 +1275,7 @@ class Controller(ClosesOnExit):
         """
         return submit_pipeline(self, pipeline)
 
-    # -- PipelineHost（管道只经这三个方法用到控制器）--------------------------------------------------
+    # -- PipelineHost（管道只经这四个方法用到控制器）--------------------------------------------------
 
     def resolve_task(self, name: str) -> TaskDefinition:
         """名字登记过就返回它的定义，否则抛 ConfigurationError。"""
@@ -1201,11 +1285,38 @@ class Controller(ClosesOnExit):
     def submit_nodes(self, nodes: Sequence[NodeSubmit]) -> list[TaskRun]:
         """以 blocked 批量提交管道节点（一次写事务，同 submit_many）：不进就绪队列、不占额度，等管道放行
         （``TaskRun.release``）。"""
+        shapes: dict[tuple[Any, ...], Any] = {}  # 这一次调用独有的节点模板（见 _prepare_node）
         runs = [
-            self._prepare(name, args, kwargs, tags=(), priority=None, bucket_key=None, blocked=True, **node)
+            self._prepare(
+                name,
+                args,
+                kwargs,
+                tags=(),
+                priority=None,
+                bucket_key=None,
+                blocked=True,
+                shapes=shapes,
+                **node,
+            )
             for name, args, kwargs, node in nodes
         ]
         return self._submit_batches(runs, DEFAULT_SUBMIT_BATCH, blocked=True)
+
+    def start_ready(self) -> None:
+        """有空额度就在调用线程里启动排队的任务（管道刚放行了节点：不叫醒后台循环再转一手）。
+
+        管道在刚落终态的节点的锁内调用它：与 ``_account`` 让出额度后就地启动下一个排队任务是同一个取锁方向
+        （持有刚落地的任务的锁、去取排队任务的锁），被启动的只可能是刚从就绪队列取出的排队任务。冻结派发
+        （stop_all / close）期间什么也不启动。"""
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
+            to_start = self._scheduler.take_runnable()
+        finally:
+            lock.release()
+        if to_start:
+            self._start_runs(to_start)
 
     def _enqueue_locked(self, run: TaskRun) -> None:
         snapshot = run.machine.snapshot

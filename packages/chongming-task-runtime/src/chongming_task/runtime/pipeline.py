@@ -13,8 +13,21 @@
   的审计节点在上游失败后照常运行，它自己成功也不会把管道"洗白"成 succeeded。
 
 实现：每个节点记着"还差几个上游落地""有几个上游成功"，上游落地时只更新它的直接下游——
-整体 O(节点 + 边)，不会在每次完成时重扫整张图。节点状态变化由状态机监听器转交给控制器的
-后台循环处理（监听器在节点自己的锁内，不能去碰别的节点）。
+整体 O(节点 + 边)，不会在每次完成时重扫整张图。
+
+协调在节点落终态的那个线程里、就地做（见 ``PipelineRun._on_transition``）：放行下游、跳过下游、有空额度
+就地启动刚放行的节点（线程执行器把它接力到本线程，串行链上每个节点不经任何线程交接）。锁的规矩：
+
+* 监听器在落地节点自己的锁内运行。就地碰的别的节点只有"还在 blocked、还没被判定"的直接下游（判定在管道锁内
+  做，判定过的节点再没人去碰）：取锁的方向永远顺着 DAG 的边（上游 → 下游），不会成环；管道锁只护计数与判定，
+  持有它时不取任何别的锁。
+* 放行之后启动排队任务（``PipelineHost.start_ready``）与控制器让额度时就地启动下一个排队任务是同一个方向：
+  持有一个刚落终态的节点的锁、去取排队任务的锁——持有排队任务锁的线程从不回头取已落终态的节点的锁。
+* 跳过会让下游落终态、再触发它的下游：同一线程里的嵌套落地排进线程局部的队列、由最外层按顺序处理，
+  一条一万个节点的链被跳过也不会递归一万层。
+* 两件事仍交给宿主的后台循环（``defer``，在任何锁之外）：fail_fast 的连坐取消（要去取已放行、可能在跑的
+  任意节点的锁），以及人工停止（stopped）的节点的后续判定——stop_all / close / PipelineRun.stop 正按顺序
+  一个个停节点，就地跳过下游会让还没轮到的下游被记成 skipped，而它们是被人停的（stopped）。
 
 管道结构只在内存里，不落库（任务的函数与参数从未持久化）。进程重启后跑到一半的管道无法续跑：
 占着执行资源的节点会被 reconcile() 判为 lost，排队或阻塞中的节点报告为 adoptable。
@@ -24,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -35,14 +49,30 @@ from chongming_task.core.numbers import check_seconds
 from chongming_task.errors import CircularDependency, ConfigurationError, TaskError
 from chongming_task.models import Outcome, TaskSnapshot, Transition, validate_task_id
 from chongming_task.policies import AggregationPolicy, JoinMode
+from chongming_task.runtime.gc_pause import gc_paused
 from chongming_task.runtime.interruptible import wait_event
-from chongming_task.states import TaskStatus
+from chongming_task.states import TERMINAL_STATUSES, TaskStatus
 
 if TYPE_CHECKING:
     from chongming_task.runtime.pipeline_host import NodeFields, NodeSubmit, PipelineHost
     from chongming_task.runtime.taskrun import TaskRun
 
 S = TaskStatus
+logger = logging.getLogger(__name__)
+
+# 每个节点落地都要比一次的成员存成模块常量：3.11 上读枚举类的属性（``S.SUCCEEDED``）经 EnumType 的
+# ``__getattr__``，约 180 ns，读模块常量约 16 ns（见 bench/README.md 第十九轮 rt19）。
+_SUCCEEDED = S.SUCCEEDED
+_FAILED = S.FAILED
+_STOPPED = S.STOPPED
+_ALL_SUCCEEDED = JoinMode.ALL_SUCCEEDED
+_ALL_SETTLED = JoinMode.ALL_SETTLED
+
+GC_PAUSE_MIN_NODES = 1000
+"""节点数不少于它的管道，建节点期间暂停循环 GC（同 ``Controller.submit_many``，见 runtime/gc_pause.py）。"""
+
+# 本线程正在处理的节点落地：None 表示本线程此刻没有在处理（见 PipelineRun._on_transition）。
+_draining = threading.local()
 
 
 @dataclass(frozen=True)
@@ -214,15 +244,31 @@ def pipeline_verdict(statuses: Iterable[TaskStatus]) -> TaskStatus:
     return S.CANCELLED
 
 
-@dataclass
 class _NodeState:
-    spec: _NodeSpec
-    task_id: str
-    downstream: list[str] = field(default_factory=list)
-    pending_upstream: int = 0
-    succeeded_upstream: int = 0
-    released: bool = False
-    upstream_values: dict[str, Any] = field(default_factory=dict)
+    """一个节点在这次运行里的编排状态。计数、``released`` 与 ``upstream_values`` 只在管道锁内读写
+    （``released`` 之后不再有人写 ``upstream_values``：放行时把它交出去，交出去的字典不能再被改）。
+
+    用 ``__slots__``、没有下游的共用一个空元组、没有成功上游的不建字典：一万个节点的管道里每个节点少两三个
+    被循环 GC 追踪的容器，它们在整条管道跑完之前一直活着、每次全量回收都要扫一遍。"""
+
+    __slots__ = (
+        "downstream",
+        "pending_upstream",
+        "released",
+        "spec",
+        "succeeded_upstream",
+        "task_id",
+        "upstream_values",
+    )
+
+    def __init__(self, spec: _NodeSpec, task_id: str) -> None:
+        self.spec = spec
+        self.task_id = task_id
+        self.downstream: tuple[str, ...] | list[str] = ()
+        self.pending_upstream = len(spec.depends_on)
+        self.succeeded_upstream = 0
+        self.released = False
+        self.upstream_values: dict[str, Any] | None = None
 
 
 class PipelineRun:
@@ -253,101 +299,153 @@ class PipelineRun:
         for node_id in order:
             spec = specs[node_id]
             self.host.resolve_task(spec.task_name)
-        for node_id in order:
-            spec = specs[node_id]
-            state = _NodeState(spec, f"{self.pipeline_id}:{node_id}", pending_upstream=len(spec.depends_on))
-            self._nodes[node_id] = state
-            for dep in spec.depends_on:
-                self._nodes[dep].downstream.append(node_id)
         if not order:
             self._done.set()
             return
-        # 先把全部节点以 blocked 建好、挂上监听器，再放行根节点：否则一个极快的根节点可能在下游
-        # 节点建好之前就落地，协调逻辑会找不到它的下游。
-        nodes: list[NodeSubmit] = []
-        for node_id in order:
-            state = self._nodes[node_id]
-            spec = state.spec
-            fields: NodeFields = {
-                "task_id": state.task_id,
-                "label": f"{self.pipeline.name}/{node_id}",
-                "pipeline_id": self.pipeline_id,
-                "node_id": node_id,
-                "upstream": state.upstream_values,
-            }
-            nodes.append((spec.task_name, spec.args, spec.kwargs, fields))
-        # 全部节点一次写事务落库（Controller.submit_nodes，同 submit_many）。
-        for node_id, run in zip(order, self.host.submit_nodes(nodes), strict=True):
-            self._runs[node_id] = run
-            run.machine.add_listener(self._make_listener(node_id))
+        # 一大条管道的节点对象全部活着、都不是垃圾：建它们期间暂停循环 GC（同 submit_many）。
+        pause = gc_paused() if len(order) >= GC_PAUSE_MIN_NODES else contextlib.nullcontext()
+        with pause:
+            self._create_nodes(order, specs)
         for node_id in order:
             state = self._nodes[node_id]
             if not state.spec.depends_on:
                 self._release(state)
 
-    def _make_listener(self, node_id: str) -> Any:
-        def listener(snapshot: TaskSnapshot, record: Transition) -> None:
-            if record.to_status.is_terminal:
-                self.host.defer(lambda: self._on_node_settled(node_id, snapshot))
+    def _create_nodes(self, order: list[str], specs: dict[str, _NodeSpec]) -> None:
+        nodes = self._nodes
+        prefix = f"{self.pipeline_id}:"
+        for node_id in order:
+            spec = specs[node_id]
+            nodes[node_id] = _NodeState(spec, prefix + node_id)
+            for dep in spec.depends_on:
+                upstream = nodes[dep]
+                if upstream.downstream.__class__ is tuple:
+                    upstream.downstream = [node_id]
+                else:
+                    upstream.downstream.append(node_id)  # type: ignore[union-attr]
+        # 先把全部节点以 blocked 建好、挂上监听器，再放行根节点：否则一个极快的根节点可能在下游
+        # 节点建好之前就落地，协调逻辑会找不到它的下游。
+        label_prefix = f"{self.pipeline.name}/"
+        submits: list[NodeSubmit] = []
+        for node_id in order:
+            spec = nodes[node_id].spec
+            fields: NodeFields = {
+                "task_id": nodes[node_id].task_id,
+                "label": label_prefix + node_id,
+                "pipeline_id": self.pipeline_id,
+                "node_id": node_id,
+                "upstream": {},
+            }
+            submits.append((spec.task_name, spec.args, spec.kwargs, fields))
+        # 全部节点一次写事务落库（Controller.submit_nodes，同 submit_many）。监听器是本运行的同一个绑定方法
+        # （按快照的 node_id 认节点），不为每个节点造一个闭包。
+        listener = self._on_transition
+        runs = self._runs
+        for node_id, run in zip(order, self.host.submit_nodes(submits), strict=True):
+            runs[node_id] = run
+            run.machine.add_listener(listener)
 
-        return listener
+    # -- coordination -------------------------------------------------------------------------------
 
-    # -- coordination (runs on the controller's background loop, outside any task lock) -------------
+    def _on_transition(self, snapshot: TaskSnapshot, record: Transition) -> None:
+        """节点状态机的监听器（在这个节点的锁内）。落终态时就地协调它的下游（规矩见模块说明）。"""
+        if record.to_status not in TERMINAL_STATUSES:
+            return
+        if record.to_status is _STOPPED:
+            # 人工停止的后续判定交给后台循环：停止扫荡正一个个停节点，等它停完再判，没轮到的下游才会
+            # 如实落 stopped 而不是被就地跳过（同原来所有判定都在后台循环里做时的顺序）。
+            self.host.defer(lambda: _drain(self, snapshot))
+            return
+        _drain(self, snapshot)
 
-    def _on_node_settled(self, node_id: str, snapshot: TaskSnapshot) -> None:
+    def _settle(self, snapshot: TaskSnapshot) -> None:
+        """一个节点落了终态：在管道锁内更新它的直接下游的计数、判定谁放行 / 跳过，锁外执行判定。"""
+        node_id = snapshot.node_id
+        assert node_id is not None  # 管道节点的快照总带着 node_id（submit_nodes 给的）
+        status = snapshot.status
+        succeeded = status is _SUCCEEDED
+        release: list[_NodeState] = []
+        skip: list[tuple[_NodeState, str]] = []
+        cancel: list[str] | None = None
+        nodes = self._nodes
         with self._lock:
-            state = self._nodes[node_id]
+            state = nodes[node_id]
             self._remaining -= 1
             finished = self._remaining == 0
-        status = snapshot.status
-        succeeded = status is S.SUCCEEDED
-        for child_id in state.downstream:
-            child = self._nodes[child_id]
-            child.pending_upstream -= 1
-            if succeeded:
-                child.succeeded_upstream += 1
-                child.upstream_values[node_id] = snapshot.outcome
-            self._evaluate(child, failed_upstream=None if succeeded else node_id)
-        if status is S.FAILED and self.aggregation.is_fail_fast and not self._fail_fast_fired:
-            self._fail_fast_fired = True
-            self._cancel_released(cause=node_id)
+            for child_id in state.downstream:
+                child = nodes[child_id]
+                if child.released:  # 已判定过（放行 / 跳过 / 停止）：不再改它，交出去的上游值也不再写
+                    continue
+                child.pending_upstream -= 1
+                if succeeded:
+                    child.succeeded_upstream += 1
+                    values = child.upstream_values
+                    if values is None:
+                        values = child.upstream_values = {}
+                    values[node_id] = snapshot.outcome
+                reason = self._verdict(child, None if succeeded else node_id)
+                if reason is None:
+                    continue
+                child.released = True
+                if reason:
+                    skip.append((child, reason))
+                else:
+                    release.append(child)
+            if status is _FAILED and self.aggregation.is_fail_fast and not self._fail_fast_fired:
+                # 首个真失败：连坐的范围是"此刻已经放行的节点"（含这次刚判定放行的），在判定的同一次加锁里
+                # 定下来；之后才放行的节点不算（同原来一次扫过全部节点的语义）。
+                self._fail_fast_fired = True
+                cancel = [other for other, s in nodes.items() if s.released and other != node_id]
+        runs = self._runs
+        if cancel is not None:
+            # 这次刚判定放行的节点不就地放行（否则它可能马上被启动、赶在连坐之前跑起来）：与别的已放行节点
+            # 一起交给后台循环，放行后立即取消（同原来在同一步里放行、再取消）。
+            fresh = {child.spec.node_id: child.upstream_values for child in release}
+            release = []
+            targets = cancel
+            self.host.defer(lambda: self._cancel_released(node_id, targets, fresh))
+        for child in release:
+            # 放行那一刻的成功上游值交给任务（TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream）。
+            runs[child.spec.node_id].release(child.upstream_values)
+        for child, reason in skip:
+            runs[child.spec.node_id].mark_dependency_failed(reason)
+        if release:
+            # 有空额度就在本线程里就地启动刚放行的节点：不叫醒后台循环、再转一手（串行链上每个节点一次
+            # 线程交接）。线程执行器把在结算中启动的尝试接力到本线程。
+            self.host.start_ready()
         if finished:
             self._done.set()
 
-    def _evaluate(self, child: _NodeState, *, failed_upstream: str | None) -> None:
-        if child.released:
-            return
+    @staticmethod
+    def _verdict(child: _NodeState, failed_upstream: str | None) -> str | None:
+        """（管道锁内）按汇合规则判定：None = 还不能定；"" = 放行；非空字符串 = 跳过，值是原因。"""
         join = child.spec.join
-        total = len(child.spec.depends_on)
-        if join is JoinMode.ALL_SUCCEEDED:
+        if join is _ALL_SUCCEEDED:
             if failed_upstream is not None:
-                self._skip(child, f"上游 {failed_upstream!r} 没有成功，汇合条件（全部上游成功）不可能满足")
-            elif child.succeeded_upstream == total:
-                self._release(child)
-        elif join is JoinMode.ALL_SETTLED:
-            if child.pending_upstream == 0:
-                self._release(child)
-        elif join is JoinMode.ANY_SUCCEEDED:
-            if child.succeeded_upstream > 0:
-                self._release(child)
-            elif child.pending_upstream == 0:
-                self._skip(child, "全部上游都已落地，没有一个成功（汇合条件：任一上游成功）")
+                return f"上游 {failed_upstream!r} 没有成功，汇合条件（全部上游成功）不可能满足"
+            return "" if child.succeeded_upstream == len(child.spec.depends_on) else None
+        if join is _ALL_SETTLED:
+            return "" if child.pending_upstream == 0 else None
+        # ANY_SUCCEEDED
+        if child.succeeded_upstream > 0:
+            return ""
+        if child.pending_upstream == 0:
+            return "全部上游都已落地，没有一个成功（汇合条件：任一上游成功）"
+        return None
 
     def _release(self, child: _NodeState) -> None:
         child.released = True
-        # 放行那一刻的成功上游值交给任务（TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream）。
         self._runs[child.spec.node_id].release(child.upstream_values)
 
-    def _skip(self, child: _NodeState, reason: str) -> None:
-        child.released = True  # 不再参与判定
-        self._runs[child.spec.node_id].mark_dependency_failed(reason)
-
-    def _cancel_released(self, *, cause: str) -> None:
+    def _cancel_released(
+        self, cause: str, targets: list[str], fresh: dict[str, dict[str, Any] | None]
+    ) -> None:
+        """（后台循环，任何锁之外）fail_fast：取消失败那一刻已放行、尚未落终态的节点。"""
         reason = f"fail_fast：节点 {cause!r} 失败，取消其余已放行的节点"
-        for node_id, state in self._nodes.items():
-            if not state.released or node_id == cause:
-                continue
+        for node_id in targets:
             run = self._runs[node_id]
+            if node_id in fresh:
+                run.release(fresh[node_id])
             if run.machine.status.is_terminal:
                 continue
             with contextlib.suppress(TaskError):  # 恰好在此刻落了终态：以它自己的结果为准
@@ -362,8 +460,11 @@ class PipelineRun:
         if not wait_event(self._done.wait, timeout):  # 主线程按片等：Ctrl-C 立刻生效
             raise TimeoutError(f"等待管道 {self.pipeline_id!r} 超时（{timeout} 秒）；状态未改变")
         for run in self._runs.values():
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            run.wait(timeout=remaining)
+            # 计完数时每个节点都已落地（协调在节点自己的落地处理之后运行）：不为已落地的节点造等待用的
+            # Event。没落地的（理论上不会有）照旧等它。
+            if not run.done:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                run.wait(timeout=remaining)
         return self.outcome()
 
     def outcome(self) -> PipelineOutcome:
@@ -416,6 +517,25 @@ class PipelineRun:
 
     def __repr__(self) -> str:
         return f"PipelineRun({self.pipeline_id!r}, status={self.status.value})"
+
+
+def _drain(run: PipelineRun, snapshot: TaskSnapshot) -> None:
+    """处理一个节点的落地；处理中本线程里又有节点落地（跳过的下游、就地跑完的内联任务）时，排进线程局部的
+    队列、由最外层这一次按顺序处理——不沿着 DAG 递归。一项出错只记日志，不挡住队列里别的项。"""
+    queue: collections.deque[tuple[PipelineRun, TaskSnapshot]] | None = getattr(_draining, "queue", None)
+    if queue is not None:
+        queue.append((run, snapshot))
+        return
+    queue = _draining.queue = collections.deque([(run, snapshot)])
+    try:
+        while queue:
+            owner, settled = queue.popleft()
+            try:
+                owner._settle(settled)
+            except Exception:
+                logger.exception("管道 %s 处理节点 %s 的落地时出错", owner.pipeline_id, settled.node_id)
+    finally:
+        _draining.queue = None
 
 
 def submit_pipeline(host: PipelineHost, pipeline: Pipeline) -> PipelineRun:
