@@ -97,7 +97,13 @@ def descendants_of(pid: int) -> set[int]:
     frontier = [pid]
     while frontier:
         current = frontier.pop()
-        for children in Path(f"/proc/{current}/task").glob("*/children"):
+        try:
+            listed = list(Path(f"/proc/{current}/task").glob("*/children"))
+        except OSError:
+            # 这个后代在遍历之间退出了（/proc/<pid> 已经没了）：它没有还活着的子进程要等，跳过它
+            # （一次干净 CI 里见过：FileNotFoundError 出在 scandir，原来只有读 children 在 try 里）。
+            continue
+        for children in listed:
             try:
                 pids = {int(text) for text in children.read_text().split()}
             except OSError:
