@@ -158,7 +158,8 @@ def test_deferring_running_for_a_forgotten_task_queues_and_registers_nothing(rec
     machine.mark_running()
     write.forget("t")
     with machine.lock:
-        assert not write._defer_running(rec.commits, machine, *seen[-1], persisted)
+        snapshot, record = seen[-1]
+        assert not write._defer_running(rec.commits, machine, snapshot, persisted, (record,))
         write.on_transition(machine, *seen[-1])
     assert "t" not in write._tasks and write._lazy == {}
     assert rec.enqueued == [] and rec.commits._pending == []

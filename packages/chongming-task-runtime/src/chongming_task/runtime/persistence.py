@@ -453,7 +453,7 @@ class WriteThrough:
                     return
                 if record.from_status is _STARTING and record.to_status is _RUNNING and snapshot.pid is None:
                     # 推迟写的 running（见上；子进程的 pid 要尽快落库——父进程死后据此找孤儿进程——照常写）。
-                    if not self._defer_running(commits, machine, snapshot, record, entry):
+                    if not self._defer_running(commits, machine, snapshot, entry, (record,)):
                         self.sync(machine, record)
                     return
                 try:
@@ -508,24 +508,34 @@ class WriteThrough:
         self.record(task_id, "save", exc)
         self._mark_behind(machine)
 
+    def _write_lazily(self, machine: StateMachine, record: Transition) -> bool:
+        """（持有 machine.lock）推迟写 running 的通用入口：记账可以是 _TaskState、``record`` 之前也可以还有
+        没写的迁移（带上它们）。返回 False：没有可推迟的（不经组提交、不在管、已追平），调用方照常 sync。"""
+        snapshot = machine.snapshot
+        commits = self.commits
+        expected = _plain_version(self._tasks.get(snapshot.task_id))
+        if commits is None or expected is None or expected == snapshot.status_version:
+            return False
+        transitions = _records_since(machine, expected, snapshot.status_version, (), record)
+        return self._defer_running(commits, machine, snapshot, expected, transitions)
+
     def _defer_running(
         self,
         commits: GroupCommit,
         machine: StateMachine,
         snapshot: TaskSnapshot,
-        record: Transition,
         persisted: int,
+        transitions: Sequence[Transition],
     ) -> bool:
-        """（持有 machine.lock）``_write_lazily`` 的常见情形：记账是平常的 int ``persisted``、``record`` 正好
-        接在它后面、``snapshot`` 就是状态机此刻的快照（``on_transition`` 已判定）。排进组提交的一项与
-        ``_write_lazily`` 的逐字段相同（期望 ``persisted``、只有这一条记录）；返回 False：这个任务已不归本进程
-        管（forget 了），什么也没排。
+        """（持有 machine.lock）把 ``snapshot``（状态机此刻的快照，存储里是 ``persisted`` 那一版）连同
+        ``transitions`` 排进组提交、不等，登记到点由后台循环补写。返回 False：这个任务已不归本进程管
+        （forget 了），什么也没排。``on_transition`` 的常见情形直接调用它，其余经 ``_write_lazily``。
 
-        与 ``_write_lazily`` 的区别只在记账的加锁：换成 _TaskState（``_promote``）与登记到点补写（``_lazy``）
-        在同一次 ``_lock`` 里做，不是两次；"在不在"的判定与换入仍在同一把锁下（见 ``_promote``）。先登记、
-        后把排好的那一项挂到 ``state.lazy`` 上也不会漏写：后台循环的 ``flush_lazy`` 先拿这个任务的锁（在
-        我们手里）才看 ``state.lazy``，它看到的总是挂好之后的样子；登记先于读 ``_loop_due`` 的顺序也照旧
-        （见 ``_write_lazily``）。"""
+        记账换成 _TaskState 与登记到点补写（``_lazy``）在同一次 ``_lock`` 里做；"在不在"的判定与换入也在
+        这把锁下（同 ``_promote`` 的理由：forget 不拿任务锁，两步之间落进来的 forget 之后不能再把记账
+        加回来）。
+        先登记、后把排好的那一项挂到 ``state.lazy`` 上也不会漏写：后台循环的 ``flush_lazy`` 先拿这个任务的锁
+        （在我们手里）才看 ``state.lazy``，它看到的总是挂好之后的样子。"""
         task_id = snapshot.task_id
         due = self.clock.monotonic() + LAZY_RUNNING_DELAY
         lock = self._lock
@@ -534,34 +544,17 @@ class WriteThrough:
         try:
             tasks = self._tasks
             current = tasks.get(task_id)
-            if current.__class__ is not int or current != persisted:  # 不在管了（forget）
+            if current is None:  # 不在管了（forget）
                 return False
-            state = _TaskState(persisted_version=persisted)
-            tasks[task_id] = state
+            if isinstance(current, _TaskState):
+                state = current
+            else:
+                state = _TaskState(persisted_version=current)
+                tasks[task_id] = state
             self._lazy[task_id] = (due, machine)
         finally:
             lock.release()
-        state.lazy = commits.enqueue(SaveRequest._write_through(snapshot, persisted, (record,)))
-        self._lazy_since_plan = True
-        # 后台循环本来就会在到点之前醒来时不叫醒它（为什么、为什么不会漏，见 _write_lazily）。
-        if self._loop_due > due and self.on_lazy is not None:
-            self.on_lazy()
-        return True
-
-    def _write_lazily(self, machine: StateMachine, record: Transition) -> bool:
-        snapshot = machine.snapshot
-        commits = self.commits
-        expected = _plain_version(self._tasks.get(snapshot.task_id))
-        if commits is None or expected is None or expected == snapshot.status_version:
-            return False
-        task_id = snapshot.task_id
-        state = self._promote(task_id)
-        assert state is not None  # 上面刚读到它（任务锁在我们手里，别人不会改它）
-        transitions = _records_since(machine, expected, snapshot.status_version, (), record)
-        state.lazy = commits.enqueue(SaveRequest._write_through(snapshot, expected, transitions))
-        due = self.clock.monotonic() + LAZY_RUNNING_DELAY
-        with self._lock:
-            self._lazy[task_id] = (due, machine)
+        state.lazy = commits.enqueue(SaveRequest._write_through(snapshot, persisted, transitions))
         self._lazy_since_plan = True
         # 后台循环本来就会在到点之前醒来（旁路回写、续租、轮询的期限，或更早排进来的另一项）时不叫醒它：
         # 两个执行槽跑短任务时几乎每个任务都有一项推迟写的 running，而它几乎总是被本任务的终态那次写撤回——
