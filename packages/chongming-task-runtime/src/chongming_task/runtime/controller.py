@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, ParamSpec, TypeVar
@@ -42,7 +42,7 @@ from chongming_task.core.archive import ArchiveSummary, Retention
 from chongming_task.core.closing import ClosesOnExit
 from chongming_task.core.locks import YieldingLock
 from chongming_task.core.numbers import check_int, check_seconds
-from chongming_task.core.recipes import OnLost
+from chongming_task.core.recipes import OnLost, Recipe
 from chongming_task.core.records import (
     MAX_ID_LENGTH,
     MAX_PRIORITY,
@@ -638,7 +638,7 @@ class Controller(ClosesOnExit):
         的任务，新建快照只校验一次——第一个照常经 ``TaskSnapshot`` 的逐字段校验建出、入队，它的状态机存作模板；
         其余的由 ``StateMachine.sibling`` 从模板不经校验地复制（已是 queued，连第一条迁移一起），只校验各自的
         task_id。十万个任务的批量提交里，逐字段校验与第二份快照是每任务几微秒的固定开销，而它们查的是同一组值。
-        带配方的持久任务（配方里有各自的参数）与 blocked 的管道节点不走模板。
+        带配方的持久任务（配方里有各自的参数）不走模板；blocked 的管道节点走自己的模板（``_prepare_node``）。
 
         逐个 ``submit()`` 给的是控制器常驻的 ``_submit_shapes``（有上限）：模板是一台另复制的、不属于任何任务
         的状态机（提交的那台马上要启动），复制出的新任务换上此刻算的租约。用户给的值照样先经一次完整校验才会
@@ -707,24 +707,10 @@ class Controller(ClosesOnExit):
             lease = self._link.lease_fields() if single else None
             machine = template.sibling(task_id, lock=_new_task_lock(), lease=lease)  # 已是 queued
             return self._make_run(machine, definition, args, kwargs, upstream=upstream)
-        machine = StateMachine.create(
-            task_id,
-            definition.name,
-            max_attempts=max_attempts,
-            clock=self.clock,
-            lock=_new_task_lock(),
-            label=label,
-            tags=all_tags,
-            priority=priority,
-            bucket=bucket,
-            bucket_key=bucket_key,
-            owner=self.owner,
-            description=definition.description,
-            pipeline_id=pipeline_id,
-            node_id=node_id,
-            recipe=recipe,
-            **self._link.lease_fields(),  # 有存储时快照一开始就带着本节点的租约（create 不必再复制快照）
-        )
+        machine = self._new_machine(
+            definition, task_id, max_attempts, label, all_tags, priority, bucket, bucket_key, pipeline_id,
+            node_id, recipe, self._link.lease_fields(),
+        )  # fmt: skip
         if blocked:
             machine.mark_blocked()
         else:
@@ -740,6 +726,43 @@ class Controller(ClosesOnExit):
                         shapes.clear()
                     shapes[shape] = machine.sibling(task_id)
         return self._make_run(machine, definition, args, kwargs, upstream=upstream)
+
+    def _new_machine(
+        self,
+        definition: TaskDefinition,
+        task_id: str,
+        max_attempts: int,
+        label: str | None,
+        all_tags: frozenset[str],
+        priority: int,
+        bucket: int | None,
+        bucket_key: str | None,
+        pipeline_id: str | None,
+        node_id: str | None,
+        recipe: Recipe | None,
+        lease: Mapping[str, Any],
+    ) -> StateMachine:
+        """新任务的状态机（pending，快照经完整校验）：提交参数之外的字段（执行者、描述、本节点的租约）由这里
+        一处给出，逐个提交与管道节点都经它建第一份。``lease`` 是 ``lease_fields()``：有存储时快照一开始就
+        带着本节点的租约（create 不必再复制快照）。"""
+        return StateMachine.create(
+            task_id,
+            definition.name,
+            max_attempts=max_attempts,
+            clock=self.clock,
+            lock=_new_task_lock(),
+            label=label,
+            tags=all_tags,
+            priority=priority,
+            bucket=bucket,
+            bucket_key=bucket_key,
+            owner=self.owner,
+            description=definition.description,
+            pipeline_id=pipeline_id,
+            node_id=node_id,
+            recipe=recipe,
+            **lease,
+        )
 
     def _prepare_node(
         self,
@@ -771,7 +794,6 @@ class Controller(ClosesOnExit):
         相同、已校验过。状态机由这份 pending 快照构造、照常 ``mark_blocked``（第一条迁移与
         create 出来的一样）。
         """
-        validate_task_id(task_id)
         shape = (
             definition.name,
             definition.description,
@@ -785,25 +807,13 @@ class Controller(ClosesOnExit):
         template: TaskSnapshot | None = shapes.get(shape)
         lease = self._link.lease_fields()
         if template is None:
-            machine = StateMachine.create(
-                task_id,
-                definition.name,
-                max_attempts=max_attempts,
-                clock=self.clock,
-                lock=_new_task_lock(),
-                label=label,
-                tags=all_tags,
-                priority=priority,
-                bucket=bucket,
-                bucket_key=bucket_key,
-                owner=self.owner,
-                description=definition.description,
-                pipeline_id=pipeline_id,
-                node_id=node_id,
-                **lease,
-            )
+            machine = self._new_machine(
+                definition, task_id, max_attempts, label, all_tags, priority, bucket, bucket_key,
+                pipeline_id, node_id, None, lease,
+            )  # fmt: skip
             shapes[shape] = machine.snapshot  # pending 的那一份（mark_blocked 换上的是新快照）
         else:
+            validate_task_id(task_id)  # 完整建出的那一份由快照构造校验过
             changes: dict[str, Any] = {
                 "task_id": task_id,
                 "label": label,
@@ -1303,7 +1313,8 @@ class Controller(ClosesOnExit):
         return self._submit_batches(runs, DEFAULT_SUBMIT_BATCH, blocked=True)
 
     def start_ready(self) -> None:
-        """有空额度就在调用线程里启动排队的任务（管道刚放行了节点：不叫醒后台循环再转一手）。
+        """有空额度就在调用线程里启动排队的任务。后台循环每一轮调用它；管道刚放行了节点时也就地调用（不叫醒
+        后台循环再转一手）。
 
         管道在刚落终态的节点的锁内调用它：与 ``_account`` 让出额度后就地启动下一个排队任务是同一个取锁方向
         （持有刚落地的任务的锁、去取排队任务的锁），被启动的只可能是刚从就绪队列取出的排队任务。冻结派发
@@ -1600,7 +1611,7 @@ class Controller(ClosesOnExit):
                 break
             try:
                 self._run_deferred()
-                self._dispatch()
+                self.start_ready()
                 self._trim_finished()
                 link.tick(self.clock.monotonic())
                 self._retention_tick()
@@ -1659,12 +1670,6 @@ class Controller(ClosesOnExit):
                 work()
             except Exception:
                 logger.exception("控制器后续工作出错")
-
-    def _dispatch(self) -> None:
-        with self._lock:
-            to_start = self._scheduler.take_runnable()
-        if to_start:
-            self._start_runs(to_start)
 
     def _side_snapshots(self, renew_lease: bool) -> list[TaskSnapshot]:
         """旁路回写要看的快照（给存储链接用）。"""
