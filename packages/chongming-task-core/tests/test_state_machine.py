@@ -1129,7 +1129,7 @@ def test_history_is_kept_packed_and_read_back_as_equal_transitions() -> None:
 
 
 def test_long_history_past_the_tuple_limit_keeps_every_record_in_order() -> None:
-    # 历史短时存成元组、超过 _TUPLE_HISTORY 条后换成列表原地追加：换的那一刻前后都不能丢、不能乱。
+    # 历史短时存成元组、超过 PACKED_TUPLE_MAX 条后换成列表原地追加：换的那一刻前后都不能丢、不能乱。
     import itertools
 
     from chongming_task.core import state_machine
@@ -1138,14 +1138,14 @@ def test_long_history_past_the_tuple_limit_keeps_every_record_in_order() -> None
     machine.mark_queued()
     machine.mark_starting()
     machine.mark_running()
-    cycles = state_machine._TUPLE_HISTORY // 3 + 5
+    cycles = state_machine.PACKED_TUPLE_MAX // 3 + 5
     for _ in range(cycles):
         machine.mark_pausing()
         machine.mark_paused()
         machine.mark_running()
     machine.mark_succeeded()
     history = machine.transitions
-    assert len(history) == 3 + 3 * cycles + 1 > state_machine._TUPLE_HISTORY
+    assert len(history) == 3 + 3 * cycles + 1 > state_machine.PACKED_TUPLE_MAX
     assert [r.version for r in history] == list(range(1, len(history) + 1))
     assert all(a.to_status is b.from_status for a, b in itertools.pairwise(history))
     assert history[-1].to_status is S.SUCCEEDED

@@ -505,6 +505,11 @@ PackedTransition = tuple[str, str, str, "str | None", "str | None", int, datetim
 Transition（``unpack_transition``；读历史远比写少）。issue 17。
 """
 
+PACKED_TUPLE_MAX = 32
+"""一段紧凑历史不超过这么多条时存成元组、每多一条换一个长一条的新元组（O(条数) 的复制），更长时状态机换成
+列表原地追加、内存存储换成 version → 记录的 dict。状态机与内存存储共用这一个界：写穿落库新任务时内存存储
+存下的正是状态机的那个元组，两边按同一个长度换形状。"""
+
 STATUS_VALUE: dict[TaskStatus, str] = {status: status.value for status in TaskStatus}
 """状态 → 它的值字符串（紧凑形式里存的是值；状态机的 ``_apply`` 内联打包时也查这张表）。"""
 _STATUS_OF: dict[str, TaskStatus] = {status.value: status for status in TaskStatus}
@@ -931,6 +936,7 @@ __all__ = [
     "MAX_TRACEBACK_LENGTH",
     "MIN_PRIORITY",
     "NO_TAGS",
+    "PACKED_TUPLE_MAX",
     "STATUS_VALUE",
     "STORABLE_FIELDS",
     "TIMEOUT_KINDS",

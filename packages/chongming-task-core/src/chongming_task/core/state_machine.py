@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.records import (
+    PACKED_TUPLE_MAX,
     STATUS_VALUE,
     Failure,
     FailureKind,
@@ -106,9 +107,6 @@ _QUEUED = S.QUEUED
 _STARTING = S.STARTING
 _RUNNING = S.RUNNING
 _SUCCEEDED = S.SUCCEEDED
-
-_TUPLE_HISTORY = 32
-"""历史不超过这么多条时存成一个元组（每次迁移换一个新元组），更长时换成列表原地追加（见 ``_apply``）。"""
 
 
 # force_transition 落到非成功终态、又没有任何失败记录时补记的失败类型（与对应 mark_* 的默认一致）。
@@ -235,9 +233,9 @@ class StateMachine:
         self._snapshot = snapshot
         # 历史按紧凑形式存（records.PackedTransition：GC 不追踪的元组），读 transitions 时才现造 Transition。
         # 装它们的容器在不长时也是元组：只装不被追踪的元组的元组，GC 同样不再追踪；列表总被追踪（issue 17）。
-        # 每次迁移换一个长一条的新元组，复制的代价随条数增长，所以超过 _TUPLE_HISTORY 条后换成列表原地追加。
+        # 每次迁移换一个长一条的新元组，复制的代价随条数增长，所以超过 PACKED_TUPLE_MAX 条后换成列表原地追加。
         self._transitions: tuple[PackedTransition, ...] | list[PackedTransition] = (
-            tuple(history) if len(history) <= _TUPLE_HISTORY else list(history)
+            tuple(history) if len(history) <= PACKED_TUPLE_MAX else list(history)
         )
         self._clock: Clock = clock or SYSTEM_CLOCK
         # 监听器按登记顺序是 (_listener, *_listeners)。第一个单独放一个槽、其余的放不可变元组（增删时
@@ -543,7 +541,7 @@ class StateMachine:
         self._snapshot = snapshot
         packed = (STATUS_VALUE[source], STATUS_VALUE[target], trigger, actor, reason, version, now)
         history = self._transitions
-        if history.__class__ is tuple and len(history) < _TUPLE_HISTORY:
+        if history.__class__ is tuple and len(history) < PACKED_TUPLE_MAX:
             self._transitions = (*history, packed)
         elif isinstance(history, list):
             history.append(packed)

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.locks import YieldingLock
 from chongming_task.core.records import (
+    PACKED_TUPLE_MAX,
     STORABLE_FIELDS,
     PackedTransition,
     check_storable_values,
@@ -183,10 +184,6 @@ _SAVE_KEEPS = ("progress", "last_heartbeat_at", "lease_owner", "lease_until", "r
 """save 从不改写、沿用存储里的值的字段：旁路字段（只归 create / touch）与配方（只归 create）。"""
 
 _VERSION = operator.itemgetter(5)  # PackedTransition 的 version
-
-_TUPLE_HISTORY = 32
-"""一行的历史不超过这么多条时才按元组接着长（每次换一个新元组，O(条数)），再长就换成 dict（见 ``_Row``；
-与状态机的 ``_TUPLE_HISTORY`` 同一个道理）。"""
 
 
 def _consecutive(packed: tuple[PackedTransition, ...]) -> bool:
@@ -481,10 +478,8 @@ class InMemoryTaskStore(TaskStore):
             # _last_created 是同一个做法（issue 17）。
             new_values, old_values = STORABLE_FIELDS(new), STORABLE_FIELDS(old)
             unchecked = new_values != old_values and new_values != self._last_changed
-            tags, old_tags = (
-                snapshot.tags,
-                current.tags,
-            )  # 标签在槽里，不在实例字典里（records._SnapshotSlots）
+            # 标签在槽里，不在实例字典里（records._SnapshotSlots）
+            tags, old_tags = snapshot.tags, current.tags
             if unchecked or new["priority"] is not old["priority"] or tags is not old_tags:
                 check_storable_values(new_values, old_values, new, old, tags, old_tags)
                 self._last_changed = new_values
@@ -500,7 +495,7 @@ class InMemoryTaskStore(TaskStore):
             row.outcome_text = text
             history = row.history
             if isinstance(history, tuple):
-                if len(history) < _TUPLE_HISTORY and (not history or history[-1][5] == version - 1):
+                if len(history) < PACKED_TUPLE_MAX and (not history or history[-1][5] == version - 1):
                     # 常见：正好接在最后一条之后——换一个长一条的元组，仍是连续的（见 _Row）
                     row.history = (*history, packed)
                     return
