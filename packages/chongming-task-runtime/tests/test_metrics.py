@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 from collections import Counter
@@ -329,3 +330,38 @@ def test_a_listener_added_while_only_metrics_listen_gets_every_later_transition_
             assert all(e.snapshot.status is e.to_status and e.name == "counting" for e in got)
         assert value(registry, "chongming_task_tasks", status="succeeded") == 25
         metrics.close()
+
+
+def test_lean_queue_entries_hold_nothing_the_cycle_collector_tracks() -> None:
+    # 只有指标在听时，排队等交付的迁移条目只含不被循环 GC 追踪的值（task_id 与任务名、状态值、datetime、
+    # 没有标签时的 None）：一次回收就把元组摘出追踪，它在队列里等多久都不会被晋升到老一代（issue 18 / obs21：
+    # 之前的条目带着 Transition 与枚举成员，每条迁移两个被追踪的对象在途）。计数照样与迁移历史对得上。
+    registry = CollectorRegistry()
+    queued_items: list[Any] = []
+    with Controller(max_parallel=2) as controller:
+        metrics = instrument(controller, registry=registry)
+        hub = controller._events
+        real_deliver = hub._deliver
+        hub._deliver = lambda batch: (queued_items.extend(batch), real_deliver(batch))[1]  # type: ignore[method-assign]
+        controller.register("counting", counting)
+        controller.register("flaky", flaky, retry=RetryPolicy(max_attempts=2, backoff=FixedBackoff(0.01)))
+        runs = [controller.submit("counting", 1) for _ in range(20)] + [controller.submit("flaky")]
+        for run in runs:
+            run.wait(timeout=10)
+        assert controller.flush_events(timeout=5)
+        transitions = [item for item in queued_items if isinstance(item, tuple)]
+        assert len(transitions) == sum(len(run.transitions) for run in runs)
+        assert (
+            value(
+                registry,
+                "chongming_task_transitions_total",
+                task="flaky",
+                from_status="running",
+                to_status="retry_wait",
+            )
+            == 1
+        )
+        metrics.close()
+    gc.collect()
+    assert [item for item in transitions if gc.is_tracked(item)] == []
+    assert {(item[3], item[4]) for item in transitions} >= {("pending", "queued"), ("running", "retry_wait")}

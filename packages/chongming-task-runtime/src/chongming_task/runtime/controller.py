@@ -50,7 +50,6 @@ from chongming_task.core.records import (
     check_storable_fields,
     check_tag_count,
     copy_with,
-    unpack_transition,
     validate_task_id,
 )
 from chongming_task.core.state_machine import StateMachine
@@ -950,11 +949,9 @@ class Controller(ClosesOnExit):
                     if emit:
                         # 第一次迁移（pending → queued/blocked）发生在控制器挂上监听器之前，在这里补发；
                         # 必须在入队之前：入队后别的线程可能立刻启动它，它的 starting 事件不能抢在前面。
-                        # 只解包最后一条（``machine.transitions`` 要为整段历史各造一个 Transition）。
-                        hub.emit_transition(
-                            machine.snapshot,
-                            unpack_transition(run.task_id, machine.packed_transitions()[-1]),
-                            context() if context else None,
+                        # 交出最后一条的紧凑形式（只有指标在听时不为它造 Transition，见 emit_packed）。
+                        hub.emit_packed(
+                            machine.snapshot, machine.packed_transitions()[-1], context() if context else None
                         )
                     if not blocked and machine.status is _QUEUED:
                         self._enqueue_locked(run)

@@ -18,7 +18,8 @@
 * **批量入口（可选）**：类上有 ``on_event_batch(events)`` 的监听器一次收到整批（见 ``BATCH_ENTRY``）。
 * **没有监听器时不花任何代价**：控制器连事件对象都不构造，交付线程也不启动。有监听器时任务的锁里也只把
   ``(快照, 迁移记录, 上下文)`` 放进队列，事件对象由交付线程在锁外拼装；只有内置指标在听时一个都不造
-  （``RAW_BATCH_ENTRY``），入队的也只是 ``(任务名, 迁移记录, 标签)``（``EventHub.emit_transition``）。
+  （``RAW_BATCH_ENTRY``），入队的也只是 ``(task_id, 任务名, 标签, 起点, 终点, 时刻)`` 这几个现成的值
+  （``EventHub.emit_transition``）。
 * **有界**：积压超过 ``MAX_PENDING_EVENTS`` 条（监听器太慢）时丢弃新事件并计数（``dropped``），记一次
   警告——内存不能因为一个慢的看板而无限增长。
 """
@@ -36,6 +37,7 @@ from datetime import datetime
 from itertools import repeat, starmap
 
 from chongming_task.core.readonly import Read
+from chongming_task.core.records import STATUS_VALUE, PackedTransition, unpack_transition
 from chongming_task.errors import ConfigurationError
 from chongming_task.models import FailureKind, Progress, TaskSnapshot, Transition
 from chongming_task.runtime.interruptible import join_thread, wait_slice
@@ -142,25 +144,26 @@ class StoreErrorEvent:
 
 Event = TransitionEvent | ProgressEvent | StoreErrorEvent
 Listener = Callable[[Event], object]
-RawItem = (
-    tuple[TaskSnapshot, Transition, contextvars.Context | None]
-    | tuple[str, Transition, frozenset[str]]
-    | ProgressEvent
-    | StoreErrorEvent
-    | TransitionEvent
-)
-"""交付队列里的一条（见 ``RAW_BATCH_ENTRY``）：迁移是未拼装的三元组——完整的 ``(snapshot, record,
-submit_context)``，或只有内部监听器在听时的精简 ``(name, record, tags)``（见 ``EventHub.emit_transition``）——
-其余事件是事件对象。两种三元组按第一项区分：精简的第一项是任务名（``str``）。"""
+LeanTransition = tuple[str, str, "frozenset[str] | None", str, str, datetime]
+"""只有内部监听器在听时入队的一条迁移：``(task_id, 任务名, 标签或 None, 起点状态值, 终点状态值, 时刻)``（见
+``EventHub.emit_transition``）。状态是值（``"queued"``）而不是枚举成员、没有标签时是 ``None`` 而不是空集合：
+这样六项全是不被循环 GC 追踪的对象（字符串、datetime、None），元组在第一次年轻代回收时就被摘出追踪，在队列里
+等多久都不会被晋升（枚举成员与 frozenset 是被追踪的对象，带着它们的元组永远被追踪）。"""
+FullTransition = tuple[TaskSnapshot, Transition, "contextvars.Context | None", None, None, None]
+"""有公开监听器时入队的一条迁移：``(snapshot, record, submit_context, None, None, None)``——与精简的同样是
+六项（内部监听器一次解包六个名字），最后一项是 ``None`` 就是这一种（精简的最后一项是时刻，从不为 None）。"""
+RawItem = LeanTransition | FullTransition | ProgressEvent | StoreErrorEvent | TransitionEvent
+"""交付队列里的一条（见 ``RAW_BATCH_ENTRY``）：迁移是未拼装的六元组（``LeanTransition`` 或
+``FullTransition``，按最后一项是不是 ``None`` 区分），其余事件是事件对象。"""
 
 
 RAW_BATCH_ENTRY = "_on_raw_event_batch"
 """内部的批量入口（不是公开钩子）：类上定义了这个方法的监听器（内置的 Prometheus 指标）一次收到整批**未拼装**
-的条目——迁移是 ``(snapshot, record, submit_context)`` 三元组，其余事件是事件对象本身，顺序与入队顺序相同。
+的条目（``RawItem``）——迁移是六元组，其余事件是事件对象本身，顺序与入队顺序相同。
 为什么有它：只有指标在听时，交付线程不必为每条迁移造一个 ``TransitionEvent``（每个任务四个对象），指标直接读
-迁移记录。声明了它的监听器也就声明了自己不读 ``submit_context``：只有它们在听时，``submit()`` 不拷贝
-上下文；也声明了自己只读快照的 ``name`` 与 ``tags``：只有它们在听时迁移以精简的 ``(name, record, tags)``
-入队（见 ``EventHub.emit_transition``），它们必须认得两种三元组。"""
+迁移的那几个值。声明了它的监听器也就声明了自己不读 ``submit_context``：只有它们在听时，``submit()`` 不拷贝
+上下文；也声明了自己只读 task_id、任务名、标签、起止状态与时刻：只有它们在听时迁移以精简的
+``LeanTransition`` 入队（见 ``EventHub.emit_transition``），它们必须认得两种六元组。"""
 
 # 交付线程睡在哪一种觉里（``EventHub._sleep``）：醒着 / 攒批小睡（只有 flush、close 叫醒）/
 # 空闲（入队也叫醒）。
@@ -171,8 +174,8 @@ class EventHub:
     """一个控制器的监听器表与交付队列（交付线程按需启动）。
 
     ``listeners`` 是不可变元组，整体替换（写时复制）：热路径上读它不需要锁，``active`` 只是一次属性读。
-    队列里的迁移是 ``(snapshot, record, submit_context)`` 三元组（入队方只建一个元组；只有内部监听器在听时
-    是精简的 ``(name, record, tags)``，见 ``emit_transition``），``TransitionEvent`` 由交付线程在任何锁之外
+    队列里的迁移是未拼装的六元组（入队方只建一个元组：有公开监听器时带着快照与迁移记录，只有内部监听器在听时
+    是精简的几个值，见 ``RawItem`` 与 ``emit_transition``），``TransitionEvent`` 由交付线程在任何锁之外
     拼装，每条迁移一个、所有公开监听器共用。
 
     叫醒用一把"被占着的锁"（``_wake``）而不是条件变量：交付线程 ``acquire`` 它睡觉，叫醒者 ``release`` 一次；
@@ -258,16 +261,20 @@ class EventHub:
     ) -> None:
         """一条迁移入队（任务锁内每次迁移一次；调用方已确认有监听器）。
 
-        有公开监听器时入队完整的 ``(snapshot, record, submit_context)``（交付线程据此拼
-        ``TransitionEvent``）；只有内部监听器（内置指标，``RAW_BATCH_ENTRY``）在听时只入队
-        ``(snapshot.name, record, snapshot.tags)``。
-        为什么（issue 18）：交付线程攒批、又要和工作线程抢 GIL，一条迁移在队列里常常待过两次循环 GC 而被晋升到
-        最老一代；完整三元组让这一刻的中间快照（连同它的实例字典）跟着活下来——每条迁移三个、每个任务约三个对象
-        被晋升，于是每一万个任务多一次全量回收。精简三元组里只有一个新对象（元组本身），名字、标签集合与迁移记录
-        本来就被存储留着。
+        有公开监听器时入队 ``FullTransition``（交付线程据此拼 ``TransitionEvent``）；只有内部监听器
+        （内置指标，``RAW_BATCH_ENTRY``）在听时只入队 ``LeanTransition``：
+        ``(task_id, 任务名, 标签或 None, 起点状态值, 终点状态值, 时刻)``。
+        为什么（issue 18）：交付线程攒批、又要和工作线程抢 GIL，一条迁移在队列里常常待过一两次
+        年轻代回收；条目里有被 GC 追踪的对象时它就被晋升，在老一代里才死去——年轻代回收更勤、
+        全量回收更早到来（每一万个任务多一次）。完整的条目让这一刻的中间快照（连同它的实例字典）
+        与迁移记录跟着活下来。精简条目只含不被追踪的现成值（见 ``LeanTransition``）：元组本身在
+        第一次年轻代回收时就被摘出追踪，不再被晋升；``Transition`` 在迁移通知之后就像没有监听器
+        时一样立刻被释放。obs21 量过：之前的精简条目 ``(name, record, tags)`` 每条迁移两个被追踪
+        的对象在途，每个任务晋升进中间代的对象比没有指标时多约 4 个、进最老一代的多约 2 个；
+        现在与没有指标时相同。
 
         代价：精简入队的迁移拼不出 ``TransitionEvent``，交付时不送给公开监听器——它们是在这条迁移入队之后才
-        挂上的，从挂上之后入队的迁移开始收（``add`` 只保证这些；挂上之前已入队的完整三元组照旧也送）。
+        挂上的，从挂上之后入队的迁移开始收（``add`` 只保证这些；挂上之前已入队的完整条目照旧也送）。
         """
         # 与 emit 同一段入队逻辑（为什么不拿锁、为什么不会漏叫醒，见 emit），就地写一遍而不是调用 emit：
         # 每个任务四条迁移，多一层 Python 调用就是每任务约半微秒。
@@ -276,18 +283,53 @@ class EventHub:
             self._refuse()
             return
         if self.wants_submit_context:
-            queue.append((snapshot, record, submit_context))
+            queue.append((snapshot, record, submit_context, None, None, None))
         else:
-            queue.append((snapshot.name, record, snapshot.tags))
+            queue.append(
+                (
+                    record.task_id,
+                    snapshot.name,
+                    snapshot.tags or None,
+                    STATUS_VALUE[record.from_status],
+                    STATUS_VALUE[record.to_status],
+                    record.at,
+                )
+            )
+        if self._sleep == _IDLE:
+            self._kick(_IDLE)
+
+    def emit_packed(
+        self, snapshot: TaskSnapshot, packed: PackedTransition, submit_context: contextvars.Context | None
+    ) -> None:
+        """同 ``emit_transition``，迁移给的是紧凑形式（``records.PackedTransition``，状态机历史里的那一条）：
+        提交时补发第一条迁移用。只有内部监听器在听时直接从紧凑元组取值，不为它现造一条 ``Transition``（每个
+        提交省一次解包，obs21）；有公开监听器时解包成 ``Transition``，交付线程拼事件要用。"""
+        queue = self._queue
+        if len(queue) >= self._room:  # 满了，或已关闭（_room 为 -1）
+            self._refuse()
+            return
+        if self.wants_submit_context:
+            record = unpack_transition(snapshot.task_id, packed)
+            queue.append((snapshot, record, submit_context, None, None, None))
+        else:
+            queue.append(
+                (
+                    snapshot.task_id,
+                    snapshot.name,
+                    snapshot.tags or None,
+                    packed[0],
+                    packed[1],
+                    packed[6],
+                )
+            )
         if self._sleep == _IDLE:
             self._kick(_IDLE)
 
     def emit(self, item: RawItem) -> None:
         """入队（可在任何锁内调用：常数时间，通常不拿任何锁）。
 
-        ``item`` 是一个事件对象（``ProgressEvent`` / ``StoreErrorEvent``），或一条迁移的
-        ``(snapshot, record, submit_context)`` 三元组（任务锁内每次迁移一次）：入队方只建一个元组，
-        ``TransitionEvent`` 由交付线程拼装（见类说明）。
+        ``item`` 是一个事件对象（``ProgressEvent`` / ``StoreErrorEvent``）；迁移走 ``emit_transition``
+        （任务锁内每次迁移一次：入队方只建一个元组，``TransitionEvent`` 由交付线程拼装，见类说明）。
 
         热路径只是一次 ``deque.append``（本身线程安全）加一次标志读：只有交付线程空闲地睡着（``_IDLE``）时
         才拿锁叫醒它。不会漏叫醒：交付线程先置 ``_IDLE`` 再查队列、入队方先 append 再读标志——两边各自
@@ -435,10 +477,10 @@ class EventHub:
         events: list[Event] = []
         for item in batch:
             if item.__class__ is tuple:
-                head, record, third = item
-                if isinstance(head, str):
+                snapshot, record, context, _, _, at = item
+                if at is not None:
                     continue  # 精简入队的迁移（入队时还没有公开监听器，见 emit_transition）：拼不出事件
-                events.append(of(head, record, third))  # type: ignore[arg-type]  # 完整三元组：第三项是上下文
+                events.append(of(snapshot, record, context))  # type: ignore[arg-type]
             else:
                 events.append(item)  # type: ignore[arg-type]
         for listener in self._batched:

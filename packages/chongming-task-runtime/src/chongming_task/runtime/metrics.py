@@ -28,7 +28,9 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
+from chongming_task.core.records import STATUS_VALUE
 from chongming_task.errors import ConfigurationError
+from chongming_task.models import TaskSnapshot, Transition
 from chongming_task.runtime.controller import Controller
 from chongming_task.runtime.events import Event, RawItem, StoreErrorEvent, TransitionEvent
 from chongming_task.states import SLOT_HOLDING_STATUSES, TaskStatus
@@ -73,28 +75,33 @@ _FAMILIES = (
     ("chongming_task_store_errors", "counter", "写存储失败次数（任务照常运行）"),
 )
 
+# 账本里的状态都是**值**（``"queued"`` 这样的字符串），不是枚举成员：交付队列里的精简迁移带的就是值（见
+# ``events.LeanTransition``：只含不被 GC 追踪的对象，元组才能在第一次年轻代回收时被摘出追踪），导出的标签
+# 也是值。比较一律用 ``==`` / 集合成员，不靠字符串的同一性。
+
 # 一次尝试在这些迁移上结束；值是 attempt_duration_seconds 的 outcome 标签。
 _ATTEMPT_OUTCOME = {
-    S.SUCCEEDED: "succeeded",
-    S.FAILED: "failed",
-    S.RETRY_WAIT: "failed",
-    S.STOPPED: "stopped",
-    S.CANCELLED: "stopped",
-    S.LOST: "lost",
+    S.SUCCEEDED.value: "succeeded",
+    S.FAILED.value: "failed",
+    S.RETRY_WAIT.value: "failed",
+    S.STOPPED.value: "stopped",
+    S.CANCELLED.value: "stopped",
+    S.LOST.value: "lost",
 }
 
-# 热路径上用的成员：3.11 里 ``TaskStatus.X`` 每读一次都要走一遍枚举类的属性查找，模块常量只是一次全局读。
+# 热路径上用的值：模块常量只是一次全局读（``TaskStatus.X.value`` 是两次属性查找）。
 _QUEUED, _STARTING, _RUNNING, _STOPPING, _PAUSED, _LOST = (
-    S.QUEUED,
-    S.STARTING,
-    S.RUNNING,
-    S.STOPPING,
-    S.PAUSED,
-    S.LOST,
+    S.QUEUED.value,
+    S.STARTING.value,
+    S.RUNNING.value,
+    S.STOPPING.value,
+    S.PAUSED.value,
+    S.LOST.value,
 )
-_TERMINAL = frozenset(status for status in S if status.is_terminal)
-_HOLDING = frozenset(SLOT_HOLDING_STATUSES)
-_NEVER_STARTED = frozenset({S.QUEUED, S.RETRY_WAIT})  # 从这里暂停的任务从未占槽（与控制器的记账同一条规则）
+_TERMINAL = frozenset(status.value for status in S if status.is_terminal)
+_HOLDING = frozenset(status.value for status in SLOT_HOLDING_STATUSES)
+# 从这里暂停的任务从未占槽（与控制器的记账同一条规则）
+_NEVER_STARTED = frozenset({S.QUEUED.value, S.RETRY_WAIT.value})
 
 # 直方图的账（每组标签一个 list）：前 len(DURATION_BUCKETS) + 1 个是各桶（最后一个是 +Inf）的**非累计**
 # 计数，接着是和，最后是首次观测的时刻（``_created``）。``bisect_left`` 给出第一个 ≥ 值的边界，即
@@ -102,7 +109,7 @@ _NEVER_STARTED = frozenset({S.QUEUED, S.RETRY_WAIT})  # 从这里暂停的任务
 _SUM = len(DURATION_BUCKETS) + 1
 _CREATED = _SUM + 1
 
-# 每个在管任务的记账不用每任务一个容器，而是几张以 task_id 为键、值是原子（枚举成员、datetime、共享的标签
+# 每个在管任务的记账不用每任务一个容器，而是几张以 task_id 为键、值是原子（状态值、datetime、共享的标签
 # 集合）的表：每个任务一个 list 会从 queued 一直活到终态，积压时几乎都被晋升到循环 GC 的最老一代（issue 18：
 # 每一万个任务因此多一次全量回收）；表项本身不是对象，表里的值也都不是新造的被追踪对象。终态时各表一并删掉。
 
@@ -137,23 +144,23 @@ class ControllerMetrics:
         now = time.time()
         # 计数器 / 直方图：标签组合 → 值（插入顺序即首次出现的顺序，也是导出顺序，与 prometheus-client 的
         # 子项表一致）；``_created`` 记首次出现的时刻（prometheus-client 在 labels() 建子项时记）。
-        self._transitions: dict[tuple[str, TaskStatus, TaskStatus], int] = {}
+        self._transitions: dict[tuple[str, str, str], int] = {}  # (任务名, 起点状态值, 终点状态值)
         self._durations: dict[tuple[str, str], list[float]] = {}
         self._waits: dict[str, list[float]] = {}
         self._stop_latency = _new_histogram()
         self._store_errors: dict[str, int] = {}
-        self._transitions_created: dict[tuple[str, TaskStatus, TaskStatus], float] = {}
+        self._transitions_created: dict[tuple[str, str, str], float] = {}
         self._store_errors_created: dict[str, float] = {}
         self._lost = 0
         self._lost_created = now
         # 仪表。落地的（终态）个数在这里累计；在管任务各状态的个数与占用的槽位不逐个事件加减，而是
         # 抓取时数一遍 ``_live``（每个任务的状态就在那里）：交付线程每次迁移省下几次 dict 加减，
         # 抓取多花 O(在管任务数)（10 万个在管任务约几十毫秒，抓取本来就是每十几秒一次）。
-        self._landed: dict[TaskStatus, int] = dict.fromkeys(_TERMINAL, 0)
+        self._landed: dict[str, int] = dict.fromkeys(_TERMINAL, 0)
         self._max_parallel = controller.max_parallel
         self._limits: dict[str, int] = dict(controller.concurrency.limits)
         # 在管任务（见模块里"每个在管任务的记账"）：task_id → 最近的状态；终态即删，连同下面几张表里的项。
-        self._live: dict[str, TaskStatus] = {}
+        self._live: dict[str, str] = {}
         # 最近一次是从 queued / retry_wait 直接暂停的任务（这种 paused 不占槽）；只在状态是 paused 时才读。
         self._unheld: set[str] = set()
         # 标签（算具名资源的占用）：只在配置了具名资源、且任务带标签时记。
@@ -172,7 +179,14 @@ class ControllerMetrics:
         """公开的批量入口（``events.BATCH_ENTRY``）：别人手里的事件对象也能喂进来（测试、回放）。"""
         self._on_raw_event_batch(
             [
-                (event.snapshot, event.record, event.submit_context)
+                (
+                    event.record.task_id,
+                    event.snapshot.name,
+                    event.snapshot.tags or None,
+                    STATUS_VALUE[event.record.from_status],
+                    STATUS_VALUE[event.record.to_status],
+                    event.record.at,
+                )
                 if isinstance(event, TransitionEvent)
                 else event
                 for event in events
@@ -180,50 +194,69 @@ class ControllerMetrics:
         )
 
     def _on_raw_event_batch(self, items: Sequence[RawItem]) -> None:
-        """交付线程的内部批量入口（``events.RAW_BATCH_ENTRY``）：迁移是未拼装的三元组——完整的 ``(snapshot,
-        record, submit_context)`` 或精简的 ``(name, record, tags)``（只有内部监听器在听时，见
-        ``EventHub.emit_transition``）——一批拿一次锁记账，只有指标在听时交付线程一个事件对象都不造。
+        """交付线程的内部批量入口（``events.RAW_BATCH_ENTRY``）：迁移是未拼装的六元组——只有内部监听器在听时的
+        精简 ``(task_id, name, tags 或 None, 起点状态值, 终点状态值, at)``，或有公开监听器时的 ``(snapshot,
+        record, submit_context, None, None, None)``（见 ``events.RawItem``）——一批拿一次锁记账，只有指标在听时
+        交付线程一个事件对象都不造。
 
-        热路径（每个任务至少四条迁移）：只有 dict / set 操作与算术，没有函数调用（除了落桶的 ``bisect``）。"""
-        transitions, live, waits = self._transitions, self._live, self._waits
+        热路径（每个任务至少四条迁移）：只有 dict / set 操作与算术，没有 Python 函数调用（落桶的 ``bisect``
+        在 C 里）。计数器用 ``+= 1`` 加 ``KeyError``：一组标签只在第一次出现时走异常那条路（3.11 的 try
+        不花钱），其余每条迁移比 ``get`` / 判空 / 写回少几条字节码。"""
+        transitions, live, waits, durations = self._transitions, self._live, self._waits, self._durations
         queued_at, started_at, stopping_at = self._queued_at, self._started_at, self._stopping_at
-        limits = self._limits
+        limits, unheld, landed = self._limits, self._unheld, self._landed
         with self._lock:
             for item in items:
                 if item.__class__ is not tuple:
                     if isinstance(item, StoreErrorEvent):
                         self._store_error(item)
                     continue
-                head, record, third = item
-                tags: frozenset[str]
-                if isinstance(head, str):
-                    # 精简三元组的第三项是标签集合（不用 typing.cast：那是每条迁移一次 Python 函数调用）
-                    name, tags = head, third  # type: ignore[assignment]
-                else:
-                    name, tags = head.name, head.tags
-                task_id, source, target = record.task_id, record.from_status, record.to_status
+                task_id: str
+                name: str
+                tags: frozenset[str] | None
+                source: str
+                target: str
+                at: datetime | None
+                task_id, name, tags, source, target, at = item  # type: ignore[assignment]
+                # 精简条目的最后一项是时刻；是 None 的是有公开监听器时的完整条目
+                # (snapshot, record, submit_context, None, None, None)
+                if at is None:
+                    snapshot: TaskSnapshot = item[0]  # type: ignore[assignment]
+                    record: Transition = item[1]  # type: ignore[assignment]
+                    task_id, name, tags = record.task_id, snapshot.name, snapshot.tags
+                    source, target = STATUS_VALUE[record.from_status], STATUS_VALUE[record.to_status]
+                    at = record.at
                 key = (name, source, target)
-                n = transitions.get(key)
-                if n is None:
+                try:
+                    transitions[key] += 1
+                except KeyError:
+                    transitions[key] = 1
                     self._transitions_created[key] = time.time()
-                    n = 0
-                transitions[key] = n + 1
                 if target in _TERMINAL:
                     # 终态只计数，不再记账（内存不随历史增长）：各表一并删掉。instrument 之前就已在管的任务
                     # 本来就不在表里，pop 的默认值照顾它们。
                     live.pop(task_id, None)
                     queued_at.pop(task_id, None)
-                    self._unheld.discard(task_id)
+                    if unheld:  # 只有暂停过的任务在这里（多数时候是空的：不为每个任务调一次 discard）
+                        unheld.discard(task_id)
                     if limits:
                         self._tags.pop(task_id, None)
-                    self._landed[target] += 1
-                    if target is _LOST:
+                    landed[target] += 1
+                    if target == _LOST:
                         self._lost += 1
-                    at = record.at
-                    started = started_at.pop(task_id, None)
-                    outcome = _ATTEMPT_OUTCOME.get(target)  # skipped 不结束任何尝试
-                    if started is not None and outcome is not None:
-                        self._observe(self._durations, (name, outcome), at, started)
+                    since = started_at.pop(task_id, None)
+                    if since is not None:
+                        outcome = _ATTEMPT_OUTCOME.get(target)  # skipped 不结束任何尝试
+                        if outcome is not None:
+                            # 尝试时长的一次观测（就地写，不另调函数：每个任务一次）
+                            seconds = (at - since).total_seconds()
+                            if seconds < 0.0:
+                                seconds = 0.0
+                            buckets = durations.get((name, outcome))
+                            if buckets is None:
+                                buckets = durations[name, outcome] = _new_histogram()
+                            buckets[bisect_left(DURATION_BUCKETS, seconds)] += 1
+                            buckets[_SUM] += seconds
                     since = stopping_at.pop(task_id, None)
                     if since is None:
                         continue
@@ -232,37 +265,35 @@ class ControllerMetrics:
                     live[task_id] = target
                     if limits and tags:
                         self._tags[task_id] = tags
-                    if target is _QUEUED:
-                        queued_at[task_id] = record.at
+                    if target == _QUEUED:
+                        queued_at[task_id] = at
                         continue
-                    if target is _RUNNING:
+                    if target == _RUNNING:
                         continue  # 最常见的中间一步：只有计数与仪表
-                    at = record.at
-                    if target is _STARTING:
+                    if target == _STARTING:
                         started_at[task_id] = at
                         since = queued_at.pop(task_id, None)
                         if since is None:
                             continue
-                        wait_buckets = waits.get(name)
-                        if wait_buckets is None:
-                            wait_buckets = waits[name] = _new_histogram()
-                        buckets = wait_buckets
+                        buckets = waits.get(name)
+                        if buckets is None:
+                            buckets = waits[name] = _new_histogram()
                     else:
-                        if target is _PAUSED:
+                        if target == _PAUSED:
                             # 与控制器的记账同一条规则：排队中 / 重试等待中被暂停的任务从未占槽。
                             if source in _NEVER_STARTED:
-                                self._unheld.add(task_id)
+                                unheld.add(task_id)
                             else:
-                                self._unheld.discard(task_id)
+                                unheld.discard(task_id)
                         outcome = _ATTEMPT_OUTCOME.get(target)  # 非终态里只有 retry_wait 结束一次尝试
                         if outcome is not None:
                             started = started_at.pop(task_id, None)
                             if started is not None:
-                                self._observe(self._durations, (name, outcome), at, started)
-                        if target is _STOPPING:
+                                self._observe(durations, (name, outcome), at, started)
+                        if target == _STOPPING:
                             stopping_at[task_id] = at
                         continue
-                # 直方图的一次观测（排队等待 / 停止时延；尝试时长见 _observe）：落桶计数加一、和加上秒数。
+                # 直方图的一次观测（排队等待 / 停止时延）：落桶计数加一、和加上秒数。
                 seconds = (at - since).total_seconds()
                 if seconds < 0.0:
                     seconds = 0.0
@@ -279,7 +310,8 @@ class ControllerMetrics:
         self._store_errors[operation] = n + 1
 
     def _observe(self, table: dict[Any, list[float]], key: Any, at: datetime, since: datetime) -> None:
-        """尝试时长的一次观测（调用方持有锁）：落桶计数加一、和加上秒数。"""
+        """尝试时长的一次观测（调用方持有锁）：落桶计数加一、和加上秒数。终态上的那一次在
+        ``_on_raw_event_batch`` 里就地写（每个任务一次）；这里只剩 retry_wait 结束的尝试。"""
         seconds = (at - since).total_seconds()
         if seconds < 0.0:
             seconds = 0.0
@@ -307,7 +339,7 @@ class ControllerMetrics:
                 (key, value, self._store_errors_created[key]) for key, value in self._store_errors.items()
             ]
             transitions_created = dict(self._transitions_created)
-            counts = dict.fromkeys(S, 0)
+            counts = dict.fromkeys(STATUS_VALUE.values(), 0)
             counts.update(self._landed)
             used = dict.fromkeys(self._limits, 0)
             used[""] = 0
@@ -315,7 +347,7 @@ class ControllerMetrics:
             unheld, tags_of = self._unheld, self._tags
             for task_id, status in self._live.items():
                 counts[status] += 1
-                if status in _HOLDING and not (status is _PAUSED and task_id in unheld):
+                if status in _HOLDING and not (status == _PAUSED and task_id in unheld):
                     used[""] += 1
                     if limits:
                         for tag in tags_of.get(task_id, ()):
@@ -333,14 +365,14 @@ class ControllerMetrics:
 
         metric = new()
         for (task, source, target), value in transitions:
-            labels = {"task": task, "from_status": source.value, "to_status": target.value}
+            labels = {"task": task, "from_status": source, "to_status": target}
             self._counter_sample(
                 metric, labels, value, transitions_created[(task, source, target)], use_created
             )
         yield metric
         metric = new()
         for status, value in counts.items():
-            metric.add_sample(metric.name, {"status": status.value}, float(value))
+            metric.add_sample(metric.name, {"status": status}, float(value))
         yield metric
         metric = new()
         for (task, outcome), buckets in durations:
