@@ -217,6 +217,14 @@ class _Hold:
         self.remaining = count
 
 
+class _QuietWakes(threading.local):
+    """（每条线程一份）``Controller.release_nodes`` 正在放行一批节点：``depth`` 是嵌套层数，``missed``
+    记下这一批里省掉的叫醒（批末补叫一次）。"""
+
+    depth = 0
+    missed = False
+
+
 def default_owner() -> str:
     """默认的发起者/持有者标识：主机名:pid，便于事后追溯是谁按的停止。"""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -379,6 +387,7 @@ class Controller(ClosesOnExit):
         # worker（runtime/worker.py）等空槽用的事件：任务让出执行槽的那一刻就置位（见 watch_slots）。
         self._slot_watchers: tuple[threading.Event, ...] = ()
         self._claim_holds = threading.local()  # 每个认领线程当前那一次 holding_slots 的预留（_Hold）
+        self._quiet_wakes = _QuietWakes()  # 本线程正在 release_nodes 里：入队不逐个叫醒后台循环（见那里）
         # worker 登记的"空出的槽接着认领"（见 chain_claims / _chain_next）与此刻正在做的次数（撤下时等它们）。
         self._claim_chain: ClaimChain | None = None
         self._chains_in_flight = 0
@@ -1329,6 +1338,36 @@ class Controller(ClosesOnExit):
         if to_start:
             self._start_runs(to_start)
 
+    def release_nodes(self, releases: Sequence[tuple[TaskRun, Mapping[str, Any] | None]]) -> None:
+        """放行一批管道节点（``TaskRun.release``，blocked → queued），再就地启动拿得到额度的（``start_ready``）；
+        整批至多叫醒后台循环一次。
+
+        为什么：逐个 ``release`` 时每个入队都叫醒一次后台循环（``_enqueue_locked_by_snapshot``）——宽扇出的
+        根节点落地时一口气放行上万个下游，就是上万次 ``Event.set``，循环被叫醒、抢 GIL 与控制器锁，在放行
+        的同时从另一条线程启动下游（bench/README.md 第二十一轮 pl21）。这里把本线程在这一批里的入队记成
+        "欠一次叫醒"（线程局部的标记，别的线程的入队照常叫醒），整批放行完先就地启动、最后补叫一次：
+        就地启动之后还排着的任务由让出额度的任务接力启动（``_account``），补的这一次是与逐个叫醒同一条
+        保证——本线程入队的每个任务之后，后台循环至少还会醒一次、看一眼就绪队列（冻结派发期间就地启动
+        什么也不做，解冻之后靠它）。直接调用 ``TaskRun.release`` 的人不经这里，照旧逐个叫醒。
+
+        在一个刚落终态的节点的锁内调用：逐个取被放行节点的锁（它们还在 blocked，是这个节点的直接下游，
+        取锁方向顺着 DAG 的边），再与 ``start_ready`` 同一个方向启动排队任务。"""
+        quiet = self._quiet_wakes
+        quiet.depth += 1
+        try:
+            for run, upstream in releases:
+                run.release(upstream)
+        finally:
+            quiet.depth -= 1
+            missed = quiet.missed and not quiet.depth
+            if missed:
+                quiet.missed = False
+        try:
+            self.start_ready()
+        finally:
+            if missed:
+                self._wake.set()
+
     def _enqueue_locked(self, run: TaskRun) -> None:
         snapshot = run.machine.snapshot
         self._scheduler.enqueue(
@@ -1592,7 +1631,11 @@ class Controller(ClosesOnExit):
         self._scheduler.enqueue(
             snapshot.task_id, priority=snapshot.priority, bucket=snapshot.bucket, tags=snapshot.tags
         )
-        self._wake.set()
+        quiet = self._quiet_wakes
+        if quiet.depth:
+            quiet.missed = True  # release_nodes 在整批之后就地启动、再叫醒一次（见那里）
+        else:
+            self._wake.set()
 
     # -- background loop ----------------------------------------------------------------------------
 

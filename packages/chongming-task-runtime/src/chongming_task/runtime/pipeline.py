@@ -21,8 +21,9 @@
 * 监听器在落地节点自己的锁内运行。就地碰的别的节点只有"还在 blocked、还没被判定"的直接下游（判定在管道锁内
   做，判定过的节点再没人去碰）：取锁的方向永远顺着 DAG 的边（上游 → 下游），不会成环；管道锁只护计数与判定，
   持有它时不取任何别的锁。
-* 放行之后启动排队任务（``PipelineHost.start_ready``）与控制器让额度时就地启动下一个排队任务是同一个方向：
-  持有一个刚落终态的节点的锁、去取排队任务的锁——持有排队任务锁的线程从不回头取已落终态的节点的锁。
+* 放行与放行之后启动排队任务是一步（``PipelineHost.release_nodes``：一次落地判定放行的整批节点，放行完就地
+  启动，整批至多叫醒后台循环一次）。启动与控制器让额度时就地启动下一个排队任务是同一个方向：持有一个刚落
+  终态的节点的锁、去取排队任务的锁——持有排队任务锁的线程从不回头取已落终态的节点的锁。
 * 跳过会让下游落终态、再触发它的下游：同一线程里的嵌套落地排进线程局部的队列、由最外层按顺序处理，
   一条一万个节点的链被跳过也不会递归一万层。
 * 两件事仍交给宿主的后台循环（``defer``，在任何锁之外）：fail_fast 的连坐取消（要去取已放行、可能在跑的
@@ -306,10 +307,14 @@ class PipelineRun:
         pause = gc_paused() if len(order) >= GC_PAUSE_MIN_NODES else contextlib.nullcontext()
         with pause:
             self._create_nodes(order, specs)
+        # 根节点一批放行（至多叫醒后台循环一次），有额度的就地启动。
+        roots = []
         for node_id in order:
             state = self._nodes[node_id]
             if not state.spec.depends_on:
-                self._release(state)
+                state.released = True
+                roots.append((self._runs[node_id], None))
+        self.host.release_nodes(roots)
 
     def _create_nodes(self, order: list[str], specs: dict[str, _NodeSpec]) -> None:
         nodes = self._nodes
@@ -404,15 +409,13 @@ class PipelineRun:
             release = []
             targets = cancel
             self.host.defer(lambda: self._cancel_released(node_id, targets, fresh))
-        for child in release:
-            # 放行那一刻的成功上游值交给任务（TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream）。
-            runs[child.spec.node_id].release(child.upstream_values)
         for child, reason in skip:
             runs[child.spec.node_id].mark_dependency_failed(reason)
         if release:
-            # 有空额度就在本线程里就地启动刚放行的节点：不叫醒后台循环、再转一手（串行链上每个节点一次
-            # 线程交接）。线程执行器把在结算中启动的尝试接力到本线程。
-            self.host.start_ready()
+            # 放行那一刻的成功上游值交给任务（TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream），
+            # 一批放行完有空额度就在本线程里就地启动：不叫醒后台循环、再转一手（串行链上每个节点一次线程
+            # 交接；宽扇出一次放行上万个下游，整批只叫醒一次）。线程执行器把在结算中启动的尝试接力到本线程。
+            self.host.release_nodes([(runs[child.spec.node_id], child.upstream_values) for child in release])
         if finished:
             self._done.set()
 
@@ -432,10 +435,6 @@ class PipelineRun:
         if child.pending_upstream == 0:
             return "全部上游都已落地，没有一个成功（汇合条件：任一上游成功）"
         return None
-
-    def _release(self, child: _NodeState) -> None:
-        child.released = True
-        self._runs[child.spec.node_id].release(child.upstream_values)
 
     def _cancel_released(
         self, cause: str, targets: list[str], fresh: dict[str, dict[str, Any] | None]
