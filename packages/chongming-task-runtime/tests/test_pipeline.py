@@ -294,6 +294,45 @@ def test_chain_advances_without_the_controller_background_loop() -> None:
         c.close()
 
 
+def test_one_settle_releases_its_children_with_one_wake_of_the_background_loop() -> None:
+    """根节点落地一次放行 500 个下游：整批放行完就地启动拿得到额度的，后台循环至多被叫醒一次（原来每个入队
+    叫醒一次，宽扇出一万个就是一万次）；其余下游由让出额度的节点接力启动，全部跑完。直接调用
+    ``TaskRun.release`` 的照旧逐个叫醒（test_pipeline_host 的协议测试）。"""
+    c = Controller(max_parallel=2)
+    gate = threading.Event()
+
+    def root(ctx: Any) -> None:
+        while not gate.wait(0.002):
+            ctx.checkpoint()
+
+    c.register("root", root)
+    c.register("ok", lambda ctx, i: i)
+    pipeline = Pipeline("wide", aggregation=AggregationPolicy.all_settled())
+    head = pipeline.node("root", node_id="root")
+    for i in range(500):
+        pipeline.node("ok", i, node_id=f"leaf{i}", depends_on=[head])
+    run = c.submit_pipeline(pipeline)
+    wakes: list[str] = []
+    event = c._wake  # 后台循环等的那个事件
+    original = event.set
+
+    def counting_set() -> None:
+        wakes.append(threading.current_thread().name)
+        original()
+
+    try:
+        wait_until(lambda: run.runs["root"].status is S.RUNNING)
+        event.set = counting_set  # type: ignore[method-assign]
+        gate.set()
+        outcome = run.wait(timeout=30)
+        assert outcome.status is S.SUCCEEDED
+        assert [outcome.nodes[f"leaf{i}"].value for i in range(500)] == list(range(500))
+        assert len(wakes) <= 1, f"放行 500 个下游叫醒了后台循环 {len(wakes)} 次"
+    finally:
+        gate.set()
+        c.close()
+
+
 def test_concurrent_upstreams_all_reach_a_fan_in() -> None:
     """多个上游在不同线程里同时落地：管道锁下的计数不丢，汇合节点拿到每一个成功上游的值、只放行一次。"""
     c = Controller(max_parallel=4)

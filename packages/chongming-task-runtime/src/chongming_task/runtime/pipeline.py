@@ -247,10 +247,11 @@ def pipeline_verdict(statuses: Iterable[TaskStatus]) -> TaskStatus:
 
 class _NodeState:
     """一个节点在这次运行里的编排状态。计数、``released`` 与 ``upstream_values`` 只在管道锁内读写
-    （``released`` 之后不再有人写 ``upstream_values``：放行时把它交出去，交出去的字典不能再被改）。
+    （``released`` 之后不再有人写 ``upstream_values``：放行时把它交出去、这里置 None，交出去的字典不能再被改）。
 
-    用 ``__slots__``、没有下游的共用一个空元组、没有成功上游的不建字典：一万个节点的管道里每个节点少两三个
-    被循环 GC 追踪的容器，它们在整条管道跑完之前一直活着、每次全量回收都要扫一遍。"""
+    用 ``__slots__``、没有下游的共用一个空元组、只有一个下游的存一元组、没有成功上游的不建字典、放行之后不留
+    字典：一万个节点的管道里每个节点少两三个被循环 GC 追踪的容器，节点状态在整条管道跑完之前一直活着，
+    它挂着的容器每次全量回收都要扫一遍。"""
 
     __slots__ = (
         "downstream",
@@ -297,9 +298,9 @@ class PipelineRun:
     def _submit(self) -> None:
         order = self.pipeline.topological_order()
         specs = self.pipeline._nodes
-        for node_id in order:
-            spec = specs[node_id]
-            self.host.resolve_task(spec.task_name)
+        # 每个不同的任务名确认一次（宿主每次确认要拿一次它的锁；一万个节点通常只用几个任务名）。
+        for task_name in {specs[node_id].task_name: None for node_id in order}:
+            self.host.resolve_task(task_name)
         if not order:
             self._done.set()
             return
@@ -324,10 +325,15 @@ class PipelineRun:
             nodes[node_id] = _NodeState(spec, prefix + node_id)
             for dep in spec.depends_on:
                 upstream = nodes[dep]
-                if upstream.downstream.__class__ is tuple:
-                    upstream.downstream = [node_id]
+                downstream = upstream.downstream
+                # 只有一个下游的（长链的每个节点、扇出的每个叶子）存一元组：只装字符串的元组在一次回收之后就
+                # 不再被循环 GC 追踪，列表则一直被追踪、每次全量回收都要扫。第二个下游起才换成列表。
+                if not downstream:
+                    upstream.downstream = (node_id,)
+                elif downstream.__class__ is tuple:
+                    upstream.downstream = [*downstream, node_id]
                 else:
-                    upstream.downstream.append(node_id)  # type: ignore[union-attr]
+                    downstream.append(node_id)  # type: ignore[union-attr]
         # 先把全部节点以 blocked 建好、挂上监听器，再放行根节点：否则一个极快的根节点可能在下游
         # 节点建好之前就落地，协调逻辑会找不到它的下游。
         label_prefix = f"{self.pipeline.name}/"
@@ -415,7 +421,13 @@ class PipelineRun:
             # 放行那一刻的成功上游值交给任务（TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream），
             # 一批放行完有空额度就在本线程里就地启动：不叫醒后台循环、再转一手（串行链上每个节点一次线程
             # 交接；宽扇出一次放行上万个下游，整批只叫醒一次）。线程执行器把在结算中启动的尝试接力到本线程。
-            self.host.release_nodes([(runs[child.spec.node_id], child.upstream_values) for child in release])
+            batch: list[tuple[TaskRun, dict[str, Any] | None]] = []
+            for child in release:
+                batch.append((runs[child.spec.node_id], child.upstream_values))
+                # 交出去了（TaskRun.release 把它并进任务自己的字典）：放行之后没人再读写它（见 _NodeState），
+                # 不让每个节点拖着一个字典活到整条管道跑完（长链里每个节点一个，都被循环 GC 追踪着）。
+                child.upstream_values = None
+            self.host.release_nodes(batch)
         if finished:
             self._done.set()
 
