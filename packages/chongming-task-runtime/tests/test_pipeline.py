@@ -333,6 +333,43 @@ def test_one_settle_releases_its_children_with_one_wake_of_the_background_loop()
         c.close()
 
 
+def test_a_chain_advancing_in_place_does_not_wake_the_background_loop() -> None:
+    """长链上每个节点落地放行一个下游、就地启动它：就绪队列当场取空，不必叫醒后台循环（原来每个节点一次）。"""
+    c = Controller(max_parallel=2)
+    gate = threading.Event()
+
+    def step(ctx: Any, i: int) -> int:
+        if i == 0:
+            while not gate.wait(0.002):
+                ctx.checkpoint()
+        return i
+
+    c.register("step", step)
+    pipeline = Pipeline("chain")
+    previous = None
+    for i in range(50):
+        previous = pipeline.node("step", i, node_id=f"n{i}", depends_on=[previous] if previous else [])
+    run = c.submit_pipeline(pipeline)
+    wakes: list[str] = []
+    event = c._wake
+    original = event.set
+
+    def counting_set() -> None:
+        wakes.append(threading.current_thread().name)
+        original()
+
+    try:
+        wait_until(lambda: run.runs["n0"].status is S.RUNNING)
+        event.set = counting_set  # type: ignore[method-assign]
+        gate.set()
+        outcome = run.wait(timeout=30)
+        assert outcome.status is S.SUCCEEDED
+        assert wakes == [], f"49 次就地放行叫醒了后台循环 {len(wakes)} 次"
+    finally:
+        gate.set()
+        c.close()
+
+
 def test_concurrent_upstreams_all_reach_a_fan_in() -> None:
     """多个上游在不同线程里同时落地：管道锁下的计数不丢，汇合节点拿到每一个成功上游的值、只放行一次。"""
     c = Controller(max_parallel=4)

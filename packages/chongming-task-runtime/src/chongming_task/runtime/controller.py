@@ -1339,16 +1339,17 @@ class Controller(ClosesOnExit):
             self._start_runs(to_start)
 
     def release_nodes(self, releases: Sequence[tuple[TaskRun, Mapping[str, Any] | None]]) -> None:
-        """放行一批管道节点（``TaskRun.release``，blocked → queued），再就地启动拿得到额度的（``start_ready``）；
-        整批至多叫醒后台循环一次。
+        """放行一批管道节点（``TaskRun.release``，blocked → queued），再就地启动拿得到额度的（同
+        ``start_ready``）；整批至多叫醒后台循环一次。
 
         为什么：逐个 ``release`` 时每个入队都叫醒一次后台循环（``_enqueue_locked_by_snapshot``）——宽扇出的
         根节点落地时一口气放行上万个下游，就是上万次 ``Event.set``，循环被叫醒、抢 GIL 与控制器锁，在放行
         的同时从另一条线程启动下游（bench/README.md 第二十一轮 pl21）。这里把本线程在这一批里的入队记成
-        "欠一次叫醒"（线程局部的标记，别的线程的入队照常叫醒），整批放行完先就地启动、最后补叫一次：
-        就地启动之后还排着的任务由让出额度的任务接力启动（``_account``），补的这一次是与逐个叫醒同一条
-        保证——本线程入队的每个任务之后，后台循环至少还会醒一次、看一眼就绪队列（冻结派发期间就地启动
-        什么也不做，解冻之后靠它）。直接调用 ``TaskRun.release`` 的人不经这里，照旧逐个叫醒。
+        "欠一次叫醒"（线程局部的标记，别的线程的入队照常叫醒），整批放行完先就地启动（同 ``start_ready``），
+        启动之后就绪队列里还有任务才补叫一次——与逐个叫醒同一条保证：本线程入队的每个任务，要么已在这里被
+        取走启动，要么之后后台循环至少还会醒一次、看一眼就绪队列。队列在取的那一次加锁里已空时不叫：这批
+        入队的都已取走，后台循环醒来也无事可做（长链上每个节点放行一个下游、马上启动它，原来每个节点都叫醒
+        一次）。直接调用 ``TaskRun.release`` 的人不经这里，照旧逐个叫醒。
 
         在一个刚落终态的节点的锁内调用：逐个取被放行节点的锁（它们还在 blocked，是这个节点的直接下游，
         取锁方向顺着 DAG 的边），再与 ``start_ready`` 同一个方向启动排队任务。"""
@@ -1362,10 +1363,20 @@ class Controller(ClosesOnExit):
             missed = quiet.missed and not quiet.depth
             if missed:
                 quiet.missed = False
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
         try:
-            self.start_ready()
+            # 冻结派发（stop_all / close）期间什么也不取，同 start_ready
+            to_start = self._scheduler.take_runnable()
+            leftover = missed and self._scheduler.queued_count > 0
         finally:
-            if missed:
+            lock.release()
+        try:
+            if to_start:
+                self._start_runs(to_start)
+        finally:
+            if leftover:
                 self._wake.set()
 
     def _enqueue_locked(self, run: TaskRun) -> None:

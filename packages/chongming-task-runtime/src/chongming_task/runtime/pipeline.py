@@ -247,7 +247,8 @@ def pipeline_verdict(statuses: Iterable[TaskStatus]) -> TaskStatus:
 
 class _NodeState:
     """一个节点在这次运行里的编排状态。计数、``released`` 与 ``upstream_values`` 只在管道锁内读写
-    （``released`` 之后不再有人写 ``upstream_values``：放行时把它交出去、这里置 None，交出去的字典不能再被改）。
+    （``released`` 之后不再有人写 ``upstream_values``：放行时把它交出去、这里置 None，交出去的字典不能再
+    被改）。
 
     用 ``__slots__``、没有下游的共用一个空元组、只有一个下游的存一元组、没有成功上游的不建字典、放行之后不留
     字典：一万个节点的管道里每个节点少两三个被循环 GC 追踪的容器，节点状态在整条管道跑完之前一直活着，
