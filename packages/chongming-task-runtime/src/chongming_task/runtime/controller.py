@@ -47,7 +47,7 @@ from chongming_task.core.records import (
     MAX_ID_LENGTH,
     MAX_PRIORITY,
     MIN_PRIORITY,
-    check_storable_fields,
+    check_storable_changes,
     check_tag_count,
     copy_with,
     unpack_transition,
@@ -798,10 +798,11 @@ class Controller(ClosesOnExit):
         大头——一万个节点的管道里每个节点约七百条字节码。第一个节点照常经 ``TaskSnapshot`` 的
         完整校验建出，它 pending 时的快照存作模板；其余的复制模板、换上自己的 task_id / label /
         node_id 与此刻的创建时间（有存储时还有此刻的租约），只把换上的值再校验一遍：task_id 经
-        ``validate_task_id``，label 与 node_id 经 ``check_storable_fields``（快照构造对这两个
-        字段做的就是这一项；label 是不是字符串已由 ``_submit_fields`` 查过），其余字段与模板
-        相同、已校验过。状态机由这份 pending 快照构造、照常 ``mark_blocked``（第一条迁移与
-        create 出来的一样）。
+        ``validate_task_id``，label 与 node_id 经 ``check_storable_changes``（快照构造对这两个
+        字段做的就是这一项；label 是不是字符串已由 ``_submit_fields`` 查过）——它只查与模板不是
+        同一个对象的字段（整份的 ``check_storable_fields`` 每个节点约两百条字节码，多半在重查模板里
+        查过的那十来个字段），其余字段与模板相同、已校验过。状态机由这份 pending 快照构造、照常
+        ``mark_blocked``（第一条迁移与 create 出来的一样）。
         """
         shape = (
             definition.name,
@@ -832,7 +833,7 @@ class Controller(ClosesOnExit):
             if lease:
                 changes.update(lease)
             snapshot = copy_with(template, changes)
-            check_storable_fields(snapshot)
+            check_storable_changes(template, snapshot)  # 模板是整份查过的快照
             machine = StateMachine(snapshot, clock=self.clock, lock=_new_task_lock())
         machine.mark_blocked()
         return self._make_run(machine, definition, args, kwargs, upstream=upstream)

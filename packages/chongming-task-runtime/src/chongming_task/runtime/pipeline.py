@@ -380,6 +380,7 @@ class PipelineRun:
         skip: list[tuple[_NodeState, str]] = []
         cancel: list[str] | None = None
         nodes = self._nodes
+        outcome = snapshot.outcome
         with self._lock:
             state = nodes[node_id]
             self._remaining -= 1
@@ -393,9 +394,22 @@ class PipelineRun:
                     child.succeeded_upstream += 1
                     values = child.upstream_values
                     if values is None:
-                        values = child.upstream_values = {}
-                    values[node_id] = snapshot.outcome
-                reason = self._verdict(child, None if succeeded else node_id)
+                        child.upstream_values = {node_id: outcome}
+                    else:
+                        values[node_id] = outcome
+                    # 上游成功时只可能放行、不可能跳过：就地按汇合规则判（同 _verdict 的放行分支），不为每个
+                    # 下游调一次 _verdict（宽扇出的根节点落地要判一万个）。
+                    join = child.spec.join
+                    if join is _ALL_SETTLED:
+                        if child.pending_upstream:
+                            continue
+                    elif join is _ALL_SUCCEEDED and child.succeeded_upstream != len(child.spec.depends_on):
+                        continue
+                    # 余下的：ALL_SUCCEEDED 全部成功了，或 ANY_SUCCEEDED（一个成功的上游就够了）
+                    child.released = True
+                    release.append(child)
+                    continue
+                reason = self._verdict(child, node_id)
                 if reason is None:
                     continue
                 child.released = True
@@ -434,7 +448,10 @@ class PipelineRun:
 
     @staticmethod
     def _verdict(child: _NodeState, failed_upstream: str | None) -> str | None:
-        """（管道锁内）按汇合规则判定：None = 还不能定；"" = 放行；非空字符串 = 跳过，值是原因。"""
+        """（管道锁内）按汇合规则判定：None = 还不能定；"" = 放行；非空字符串 = 跳过，值是原因。
+
+        ``_settle`` 只为没成功的上游调用它（上游成功时只可能放行，那一支在 ``_settle`` 里就地判，同这里的
+        放行分支）；完整的规则仍都写在这里。"""
         join = child.spec.join
         if join is _ALL_SUCCEEDED:
             if failed_upstream is not None:
