@@ -370,6 +370,30 @@ def test_a_chain_advancing_in_place_does_not_wake_the_background_loop() -> None:
         c.close()
 
 
+def test_children_released_together_run_in_parallel() -> None:
+    """一个节点落地放行的几个下游各占一个槽、同时跑（max_parallel=4 的四个下游互相等到对方才返回）：不能都接力
+    到落地的那一条线程上排成一串（第二十轮起是这样：四个各睡 0.5 秒的下游要 2 秒）。"""
+    c = Controller(max_parallel=4)
+    together = threading.Barrier(4, timeout=5)
+
+    def meet(ctx: Any, i: int) -> int:
+        together.wait()  # 四个不同时在跑就等不齐：BrokenBarrierError，节点失败
+        return i
+
+    c.register("ok", lambda ctx: None)
+    c.register("meet", meet)
+    pipeline = Pipeline("fan")
+    root = pipeline.node("ok", node_id="root")
+    for i in range(4):
+        pipeline.node("meet", i, node_id=f"leaf{i}", depends_on=[root])
+    try:
+        outcome = c.submit_pipeline(pipeline).wait(timeout=30)
+        assert outcome.status is S.SUCCEEDED, outcome.failed_nodes
+        assert [outcome.nodes[f"leaf{i}"].value for i in range(4)] == [0, 1, 2, 3]
+    finally:
+        c.close()
+
+
 def test_concurrent_upstreams_all_reach_a_fan_in() -> None:
     """多个上游在不同线程里同时落地：管道锁下的计数不丢，汇合节点拿到每一个成功上游的值、只放行一次。"""
     c = Controller(max_parallel=4)

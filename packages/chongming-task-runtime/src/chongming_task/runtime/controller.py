@@ -1340,8 +1340,8 @@ class Controller(ClosesOnExit):
             self._start_runs(to_start)
 
     def release_nodes(self, releases: Sequence[tuple[TaskRun, Mapping[str, Any] | None]]) -> None:
-        """放行一批管道节点（``TaskRun.release``，blocked → queued），再就地启动拿得到额度的（同
-        ``start_ready``）；整批至多叫醒后台循环一次。
+        """放行一批管道节点（``TaskRun.release``，blocked → queued），再取出拿得到额度的排队任务（同
+        ``start_ready``）：第一个就地启动，其余交给后台循环启动；整批至多叫醒后台循环一次。
 
         为什么：逐个 ``release`` 时每个入队都叫醒一次后台循环（``_enqueue_locked_by_snapshot``）——宽扇出的
         根节点落地时一口气放行上万个下游，就是上万次 ``Event.set``，循环被叫醒、抢 GIL 与控制器锁，在放行
@@ -1373,9 +1373,18 @@ class Controller(ClosesOnExit):
             leftover = missed and self._scheduler.queued_count > 0
         finally:
             lock.release()
+        if len(to_start) > 1:
+            # 就地只启动第一个，其余交给后台循环（先交出去、再就地启动：内联执行器会在这里把它跑完）。为什么：
+            # 线程执行器把在结算中启动的尝试接力到本线程、等本线程手上的跑完才跑——就地启动几个，它们就在这
+            # 一条线程上排成一串，空着的槽等于没用（第二十轮起，一个根节点放行四个各睡 0.5 秒的下游、
+            # max_parallel=4，要 2 秒）。后台循环不在结算里，它启动的各上各的线程。交出去的这一次顺带叫醒了
+            # 后台循环，不必再补叫。
+            rest = to_start[1:]
+            self.defer(lambda: self._start_runs(rest))
+            leftover = False
         try:
             if to_start:
-                self._start_runs(to_start)
+                self._start_runs(to_start[:1])
         finally:
             if leftover:
                 self._wake.set()

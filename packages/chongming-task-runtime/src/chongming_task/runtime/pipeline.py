@@ -16,14 +16,15 @@
 整体 O(节点 + 边)，不会在每次完成时重扫整张图。
 
 协调在节点落终态的那个线程里、就地做（见 ``PipelineRun._on_transition``）：放行下游、跳过下游、有空额度
-就地启动刚放行的节点（线程执行器把它接力到本线程，串行链上每个节点不经任何线程交接）。锁的规矩：
+就地启动刚放行的第一个节点（线程执行器把它接力到本线程，串行链上每个节点不经任何线程交接）。锁的规矩：
 
 * 监听器在落地节点自己的锁内运行。就地碰的别的节点只有"还在 blocked、还没被判定"的直接下游（判定在管道锁内
   做，判定过的节点再没人去碰）：取锁的方向永远顺着 DAG 的边（上游 → 下游），不会成环；管道锁只护计数与判定，
   持有它时不取任何别的锁。
-* 放行与放行之后启动排队任务是一步（``PipelineHost.release_nodes``：一次落地判定放行的整批节点，放行完就地
-  启动，整批至多叫醒后台循环一次）。启动与控制器让额度时就地启动下一个排队任务是同一个方向：持有一个刚落
-  终态的节点的锁、去取排队任务的锁——持有排队任务锁的线程从不回头取已落终态的节点的锁。
+* 放行与放行之后启动排队任务是一步（``PipelineHost.release_nodes``：一次落地判定放行的整批节点，放行完
+  第一个拿到额度的就地启动、其余交给后台循环各上各的线程，整批至多叫醒后台循环一次）。就地启动与控制器
+  让额度时就地启动下一个排队任务是同一个方向：持有一个刚落终态的节点的锁、去取排队任务的锁——持有排队
+  任务锁的线程从不回头取已落终态的节点的锁。
 * 跳过会让下游落终态、再触发它的下游：同一线程里的嵌套落地排进线程局部的队列、由最外层按顺序处理，
   一条一万个节点的链被跳过也不会递归一万层。
 * 两件事仍交给宿主的后台循环（``defer``，在任何锁之外）：fail_fast 的连坐取消（要去取已放行、可能在跑的
@@ -46,6 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chongming_task.core.locks import YieldingLock
 from chongming_task.core.numbers import check_seconds
 from chongming_task.errors import CircularDependency, ConfigurationError, TaskError
 from chongming_task.models import Outcome, TaskSnapshot, Transition, validate_task_id
@@ -297,7 +299,10 @@ class PipelineRun:
         self._runs: dict[str, TaskRun] = {}
         self._remaining = len(pipeline)
         self._done = threading.Event()
-        self._lock = threading.Lock()
+        # 管道锁只护计数与判定（几步字典操作，持有时不取别的锁、不做 I/O）。宽扇出里两个执行槽的线程各自落地
+        # 叶子、都来抢它：普通 Lock 会在 GIL 下排成车队（每次加锁两次上下文切换，design.md §18），所以用
+        # 拿不到先让出 GIL 的 YieldingLock，同控制器锁。
+        self._lock = YieldingLock()
         self._fail_fast_fired = False
 
     @property
@@ -392,7 +397,11 @@ class PipelineRun:
         cancel: list[str] | None = None
         nodes = self._nodes
         outcome = snapshot.outcome
-        with self._lock:
+        # 每个节点落地都走：不经 with（YieldingLock 的 __enter__ / __exit__ 是两层 Python 调用，见 locks.py）
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
             state = nodes[node_id]
             self._remaining -= 1
             finished = self._remaining == 0
@@ -433,6 +442,8 @@ class PipelineRun:
                 # 定下来；之后才放行的节点不算（同原来一次扫过全部节点的语义）。
                 self._fail_fast_fired = True
                 cancel = [other for other, s in nodes.items() if s.released and other != node_id]
+        finally:
+            lock.release()
         runs = self._runs
         if cancel is not None:
             # 这次刚判定放行的节点不就地放行（否则它可能马上被启动、赶在连坐之前跑起来）：与别的已放行节点
