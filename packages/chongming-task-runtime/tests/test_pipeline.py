@@ -294,6 +294,106 @@ def test_chain_advances_without_the_controller_background_loop() -> None:
         c.close()
 
 
+def test_one_settle_releases_its_children_with_one_wake_of_the_background_loop() -> None:
+    """根节点落地一次放行 500 个下游：整批放行完就地启动拿得到额度的，后台循环至多被叫醒一次（原来每个入队
+    叫醒一次，宽扇出一万个就是一万次）；其余下游由让出额度的节点接力启动，全部跑完。直接调用
+    ``TaskRun.release`` 的照旧逐个叫醒（test_pipeline_host 的协议测试）。"""
+    c = Controller(max_parallel=2)
+    gate = threading.Event()
+
+    def root(ctx: Any) -> None:
+        while not gate.wait(0.002):
+            ctx.checkpoint()
+
+    c.register("root", root)
+    c.register("ok", lambda ctx, i: i)
+    pipeline = Pipeline("wide", aggregation=AggregationPolicy.all_settled())
+    head = pipeline.node("root", node_id="root")
+    for i in range(500):
+        pipeline.node("ok", i, node_id=f"leaf{i}", depends_on=[head])
+    run = c.submit_pipeline(pipeline)
+    wakes: list[str] = []
+    event = c._wake  # 后台循环等的那个事件
+    original = event.set
+
+    def counting_set() -> None:
+        wakes.append(threading.current_thread().name)
+        original()
+
+    try:
+        wait_until(lambda: run.runs["root"].status is S.RUNNING)
+        event.set = counting_set  # type: ignore[method-assign]
+        gate.set()
+        outcome = run.wait(timeout=30)
+        assert outcome.status is S.SUCCEEDED
+        assert [outcome.nodes[f"leaf{i}"].value for i in range(500)] == list(range(500))
+        assert len(wakes) <= 1, f"放行 500 个下游叫醒了后台循环 {len(wakes)} 次"
+    finally:
+        gate.set()
+        c.close()
+
+
+def test_a_chain_advancing_in_place_does_not_wake_the_background_loop() -> None:
+    """长链上每个节点落地放行一个下游、就地启动它：就绪队列当场取空，不必叫醒后台循环（原来每个节点一次）。"""
+    c = Controller(max_parallel=2)
+    gate = threading.Event()
+
+    def step(ctx: Any, i: int) -> int:
+        if i == 0:
+            while not gate.wait(0.002):
+                ctx.checkpoint()
+        return i
+
+    c.register("step", step)
+    pipeline = Pipeline("chain")
+    previous = None
+    for i in range(50):
+        previous = pipeline.node("step", i, node_id=f"n{i}", depends_on=[previous] if previous else [])
+    run = c.submit_pipeline(pipeline)
+    wakes: list[str] = []
+    event = c._wake
+    original = event.set
+
+    def counting_set() -> None:
+        wakes.append(threading.current_thread().name)
+        original()
+
+    try:
+        wait_until(lambda: run.runs["n0"].status is S.RUNNING)
+        event.set = counting_set  # type: ignore[method-assign]
+        gate.set()
+        outcome = run.wait(timeout=30)
+        assert outcome.status is S.SUCCEEDED
+        assert wakes == [], f"49 次就地放行叫醒了后台循环 {len(wakes)} 次"
+    finally:
+        gate.set()
+        c.close()
+
+
+def test_children_released_together_run_in_parallel() -> None:
+    """一个节点落地放行的几个下游各占一个槽、同时跑（max_parallel=4 的四个下游互相等到对方才返回）：不能都接力
+    到落地的那一条线程上排成一串（第二十轮起是这样：四个各睡 0.5 秒的下游要 2 秒）。"""
+    c = Controller(max_parallel=4)
+    together = threading.Barrier(4, timeout=5)
+
+    def meet(ctx: Any, i: int) -> int:
+        together.wait()  # 四个不同时在跑就等不齐：BrokenBarrierError，节点失败
+        return i
+
+    c.register("ok", lambda ctx: None)
+    c.register("meet", meet)
+    pipeline = Pipeline("fan")
+    root = pipeline.node("ok", node_id="root")
+    for i in range(4):
+        pipeline.node("meet", i, node_id=f"leaf{i}", depends_on=[root])
+    try:
+        outcome = c.submit_pipeline(pipeline).wait(timeout=30)
+        assert outcome.status is S.SUCCEEDED, outcome.failed_nodes
+        assert [outcome.nodes[f"leaf{i}"].value for i in range(4)] == [0, 1, 2, 3]
+    finally:
+        c.close()
+
+
 def test_concurrent_upstreams_all_reach_a_fan_in() -> None:
     """多个上游在不同线程里同时落地：管道锁下的计数不丢，汇合节点拿到每一个成功上游的值、只放行一次。"""
     c = Controller(max_parallel=4)

@@ -43,7 +43,7 @@ def test_pipeline_uses_no_private_member_of_its_host() -> None:
 
 def test_controller_implements_the_host_protocol() -> None:
     members = [name for name in dir(PipelineHost) if not name.startswith("_")]
-    assert sorted(members) == ["defer", "resolve_task", "start_ready", "submit_nodes"]
+    assert sorted(members) == ["defer", "release_nodes", "resolve_task", "submit_nodes"]
     for name in members:
         assert callable(getattr(Controller, name)), name
         assert not name.startswith("_")

@@ -47,7 +47,7 @@ from chongming_task.core.records import (
     MAX_ID_LENGTH,
     MAX_PRIORITY,
     MIN_PRIORITY,
-    check_storable_fields,
+    check_storable_changes,
     check_tag_count,
     copy_with,
     validate_task_id,
@@ -216,6 +216,14 @@ class _Hold:
         self.remaining = count
 
 
+class _QuietWakes(threading.local):
+    """（每条线程一份）``Controller.release_nodes`` 正在放行一批节点：``depth`` 是嵌套层数，``missed``
+    记下这一批里省掉的叫醒（批末补叫一次）。"""
+
+    depth = 0
+    missed = False
+
+
 def default_owner() -> str:
     """默认的发起者/持有者标识：主机名:pid，便于事后追溯是谁按的停止。"""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -378,6 +386,7 @@ class Controller(ClosesOnExit):
         # worker（runtime/worker.py）等空槽用的事件：任务让出执行槽的那一刻就置位（见 watch_slots）。
         self._slot_watchers: tuple[threading.Event, ...] = ()
         self._claim_holds = threading.local()  # 每个认领线程当前那一次 holding_slots 的预留（_Hold）
+        self._quiet_wakes = _QuietWakes()  # 本线程正在 release_nodes 里：入队不逐个叫醒后台循环（见那里）
         # worker 登记的"空出的槽接着认领"（见 chain_claims / _chain_next）与此刻正在做的次数（撤下时等它们）。
         self._claim_chain: ClaimChain | None = None
         self._chains_in_flight = 0
@@ -788,10 +797,11 @@ class Controller(ClosesOnExit):
         大头——一万个节点的管道里每个节点约七百条字节码。第一个节点照常经 ``TaskSnapshot`` 的
         完整校验建出，它 pending 时的快照存作模板；其余的复制模板、换上自己的 task_id / label /
         node_id 与此刻的创建时间（有存储时还有此刻的租约），只把换上的值再校验一遍：task_id 经
-        ``validate_task_id``，label 与 node_id 经 ``check_storable_fields``（快照构造对这两个
-        字段做的就是这一项；label 是不是字符串已由 ``_submit_fields`` 查过），其余字段与模板
-        相同、已校验过。状态机由这份 pending 快照构造、照常 ``mark_blocked``（第一条迁移与
-        create 出来的一样）。
+        ``validate_task_id``，label 与 node_id 经 ``check_storable_changes``（快照构造对这两个
+        字段做的就是这一项；label 是不是字符串已由 ``_submit_fields`` 查过）——它只查与模板不是
+        同一个对象的字段（整份的 ``check_storable_fields`` 每个节点约两百条字节码，多半在重查模板里
+        查过的那十来个字段），其余字段与模板相同、已校验过。状态机由这份 pending 快照构造、照常
+        ``mark_blocked``（第一条迁移与 create 出来的一样）。
         """
         shape = (
             definition.name,
@@ -822,7 +832,7 @@ class Controller(ClosesOnExit):
             if lease:
                 changes.update(lease)
             snapshot = copy_with(template, changes)
-            check_storable_fields(snapshot)
+            check_storable_changes(template, snapshot)  # 模板是整份查过的快照
             machine = StateMachine(snapshot, clock=self.clock, lock=_new_task_lock())
         machine.mark_blocked()
         return self._make_run(machine, definition, args, kwargs, upstream=upstream)
@@ -1326,6 +1336,56 @@ class Controller(ClosesOnExit):
         if to_start:
             self._start_runs(to_start)
 
+    def release_nodes(self, releases: Sequence[tuple[TaskRun, Mapping[str, Any] | None]]) -> None:
+        """放行一批管道节点（``TaskRun.release``，blocked → queued），再取出拿得到额度的排队任务（同
+        ``start_ready``）：第一个就地启动，其余交给后台循环启动；整批至多叫醒后台循环一次。
+
+        为什么：逐个 ``release`` 时每个入队都叫醒一次后台循环（``_enqueue_locked_by_snapshot``）——宽扇出的
+        根节点落地时一口气放行上万个下游，就是上万次 ``Event.set``，循环被叫醒、抢 GIL 与控制器锁，在放行
+        的同时从另一条线程启动下游（bench/README.md 第二十一轮 pl21）。这里把本线程在这一批里的入队记成
+        "欠一次叫醒"（线程局部的标记，别的线程的入队照常叫醒），整批放行完先就地启动（同 ``start_ready``），
+        启动之后就绪队列里还有任务才补叫一次——与逐个叫醒同一条保证：本线程入队的每个任务，要么已在这里被
+        取走启动，要么之后后台循环至少还会醒一次、看一眼就绪队列。队列在取的那一次加锁里已空时不叫：这批
+        入队的都已取走，后台循环醒来也无事可做（长链上每个节点放行一个下游、马上启动它，原来每个节点都叫醒
+        一次）。直接调用 ``TaskRun.release`` 的人不经这里，照旧逐个叫醒。
+
+        在一个刚落终态的节点的锁内调用：逐个取被放行节点的锁（它们还在 blocked，是这个节点的直接下游，
+        取锁方向顺着 DAG 的边），再与 ``start_ready`` 同一个方向启动排队任务。"""
+        quiet = self._quiet_wakes
+        quiet.depth += 1
+        try:
+            for run, upstream in releases:
+                run.release(upstream)
+        finally:
+            quiet.depth -= 1
+            missed = quiet.missed and not quiet.depth
+            if missed:
+                quiet.missed = False
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
+            # 冻结派发（stop_all / close）期间什么也不取，同 start_ready
+            to_start = self._scheduler.take_runnable()
+            leftover = missed and self._scheduler.queued_count > 0
+        finally:
+            lock.release()
+        if len(to_start) > 1:
+            # 就地只启动第一个，其余交给后台循环（先交出去、再就地启动：内联执行器会在这里把它跑完）。为什么：
+            # 线程执行器把在结算中启动的尝试接力到本线程、等本线程手上的跑完才跑——就地启动几个，它们就在这
+            # 一条线程上排成一串，空着的槽等于没用（第二十轮起，一个根节点放行四个各睡 0.5 秒的下游、
+            # max_parallel=4，要 2 秒）。后台循环不在结算里，它启动的各上各的线程。交出去的这一次顺带叫醒了
+            # 后台循环，不必再补叫。
+            rest = to_start[1:]
+            self.defer(lambda: self._start_runs(rest))
+            leftover = False
+        try:
+            if to_start:
+                self._start_runs(to_start[:1])
+        finally:
+            if leftover:
+                self._wake.set()
+
     def _enqueue_locked(self, run: TaskRun) -> None:
         snapshot = run.machine.snapshot
         self._scheduler.enqueue(
@@ -1589,7 +1649,11 @@ class Controller(ClosesOnExit):
         self._scheduler.enqueue(
             snapshot.task_id, priority=snapshot.priority, bucket=snapshot.bucket, tags=snapshot.tags
         )
-        self._wake.set()
+        quiet = self._quiet_wakes
+        if quiet.depth:
+            quiet.missed = True  # release_nodes 在整批之后就地启动、再叫醒一次（见那里）
+        else:
+            self._wake.set()
 
     # -- background loop ----------------------------------------------------------------------------
 

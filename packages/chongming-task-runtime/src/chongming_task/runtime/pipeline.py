@@ -16,13 +16,15 @@
 整体 O(节点 + 边)，不会在每次完成时重扫整张图。
 
 协调在节点落终态的那个线程里、就地做（见 ``PipelineRun._on_transition``）：放行下游、跳过下游、有空额度
-就地启动刚放行的节点（线程执行器把它接力到本线程，串行链上每个节点不经任何线程交接）。锁的规矩：
+就地启动刚放行的第一个节点（线程执行器把它接力到本线程，串行链上每个节点不经任何线程交接）。锁的规矩：
 
 * 监听器在落地节点自己的锁内运行。就地碰的别的节点只有"还在 blocked、还没被判定"的直接下游（判定在管道锁内
   做，判定过的节点再没人去碰）：取锁的方向永远顺着 DAG 的边（上游 → 下游），不会成环；管道锁只护计数与判定，
   持有它时不取任何别的锁。
-* 放行之后启动排队任务（``PipelineHost.start_ready``）与控制器让额度时就地启动下一个排队任务是同一个方向：
-  持有一个刚落终态的节点的锁、去取排队任务的锁——持有排队任务锁的线程从不回头取已落终态的节点的锁。
+* 放行与放行之后启动排队任务是一步（``PipelineHost.release_nodes``：一次落地判定放行的整批节点，放行完
+  第一个拿到额度的就地启动、其余交给后台循环各上各的线程，整批至多叫醒后台循环一次）。就地启动与控制器
+  让额度时就地启动下一个排队任务是同一个方向：持有一个刚落终态的节点的锁、去取排队任务的锁——持有排队
+  任务锁的线程从不回头取已落终态的节点的锁。
 * 跳过会让下游落终态、再触发它的下游：同一线程里的嵌套落地排进线程局部的队列、由最外层按顺序处理，
   一条一万个节点的链被跳过也不会递归一万层。
 * 两件事仍交给宿主的后台循环（``defer``，在任何锁之外）：fail_fast 的连坐取消（要去取已放行、可能在跑的
@@ -45,6 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from chongming_task.core.locks import YieldingLock
 from chongming_task.core.numbers import check_seconds
 from chongming_task.errors import CircularDependency, ConfigurationError, TaskError
 from chongming_task.models import Outcome, TaskSnapshot, Transition, validate_task_id
@@ -169,29 +172,40 @@ class Pipeline:
         return list(self._nodes)
 
     def topological_order(self) -> list[str]:
-        """Kahn 算法，O(节点 + 边)。有未知依赖或成环时报错（环会被完整指出）。"""
-        for spec in self._nodes.values():
-            for dep in spec.depends_on:
-                if dep not in self._nodes:
-                    raise ConfigurationError(
-                        f"节点 {spec.node_id!r} 依赖的 {dep!r} 不在管道 {self.name!r} 里"
-                    )
-        indegree = {node_id: len(spec.depends_on) for node_id, spec in self._nodes.items()}
-        downstream: dict[str, list[str]] = {node_id: [] for node_id in self._nodes}
-        for spec in self._nodes.values():
-            for dep in spec.depends_on:
-                downstream[dep].append(spec.node_id)
+        """Kahn 算法，O(节点 + 边)。有未知依赖或成环时报错（环会被完整指出）。
+
+        一遍扫过全部节点同时查未知依赖、记入度、建下游表（报的仍是定义顺序里第一个未知依赖）；下游表只为
+        有下游的节点建列表——一万个节点的管道每次提交都走这里（每节点原来约一百二十条字节码）。"""
+        nodes = self._nodes
+        indegree: dict[str, int] = {}
+        downstream: dict[str, list[str]] = {}
+        for node_id, spec in nodes.items():
+            deps = spec.depends_on
+            indegree[node_id] = len(deps)
+            for dep in deps:
+                if dep not in nodes:
+                    raise ConfigurationError(f"节点 {node_id!r} 依赖的 {dep!r} 不在管道 {self.name!r} 里")
+                children = downstream.get(dep)
+                if children is None:
+                    downstream[dep] = [node_id]
+                else:
+                    children.append(node_id)
         # 先进先出：同层节点保持定义顺序（建任务的先后也就是 list_tasks 的显示顺序）。
-        ready = collections.deque(node_id for node_id, n in indegree.items() if n == 0)
+        ready = collections.deque([node_id for node_id, n in indegree.items() if not n])
         order: list[str] = []
+        append = order.append
+        popleft = ready.popleft
         while ready:
-            current = ready.popleft()
-            order.append(current)
-            for child in downstream[current]:
-                indegree[child] -= 1
-                if indegree[child] == 0:
-                    ready.append(child)
-        if len(order) != len(self._nodes):
+            current = popleft()
+            append(current)
+            children = downstream.get(current)
+            if children is not None:
+                for child in children:
+                    left = indegree[child] - 1
+                    indegree[child] = left
+                    if not left:
+                        ready.append(child)
+        if len(order) != len(nodes):
             raise CircularDependency(self._find_cycle({n for n, d in indegree.items() if d > 0}))
         return order
 
@@ -246,10 +260,12 @@ def pipeline_verdict(statuses: Iterable[TaskStatus]) -> TaskStatus:
 
 class _NodeState:
     """一个节点在这次运行里的编排状态。计数、``released`` 与 ``upstream_values`` 只在管道锁内读写
-    （``released`` 之后不再有人写 ``upstream_values``：放行时把它交出去，交出去的字典不能再被改）。
+    （``released`` 之后不再有人写 ``upstream_values``：放行时把它交出去、这里置 None，交出去的字典不能再
+    被改）。
 
-    用 ``__slots__``、没有下游的共用一个空元组、没有成功上游的不建字典：一万个节点的管道里每个节点少两三个
-    被循环 GC 追踪的容器，它们在整条管道跑完之前一直活着、每次全量回收都要扫一遍。"""
+    用 ``__slots__``、没有下游的共用一个空元组、只有一个下游的存一元组、没有成功上游的不建字典、放行之后不留
+    字典：一万个节点的管道里每个节点少两三个被循环 GC 追踪的容器，节点状态在整条管道跑完之前一直活着，
+    它挂着的容器每次全量回收都要扫一遍。"""
 
     __slots__ = (
         "downstream",
@@ -283,7 +299,10 @@ class PipelineRun:
         self._runs: dict[str, TaskRun] = {}
         self._remaining = len(pipeline)
         self._done = threading.Event()
-        self._lock = threading.Lock()
+        # 管道锁只护计数与判定（几步字典操作，持有时不取别的锁、不做 I/O）。宽扇出里两个执行槽的线程各自落地
+        # 叶子、都来抢它：普通 Lock 会在 GIL 下排成车队（每次加锁两次上下文切换，design.md §18），所以用
+        # 拿不到先让出 GIL 的 YieldingLock，同控制器锁。
+        self._lock = YieldingLock()
         self._fail_fast_fired = False
 
     @property
@@ -296,9 +315,9 @@ class PipelineRun:
     def _submit(self) -> None:
         order = self.pipeline.topological_order()
         specs = self.pipeline._nodes
-        for node_id in order:
-            spec = specs[node_id]
-            self.host.resolve_task(spec.task_name)
+        # 每个不同的任务名确认一次（宿主每次确认要拿一次它的锁；一万个节点通常只用几个任务名）。
+        for task_name in {specs[node_id].task_name: None for node_id in order}:
+            self.host.resolve_task(task_name)
         if not order:
             self._done.set()
             return
@@ -306,10 +325,14 @@ class PipelineRun:
         pause = gc_paused() if len(order) >= GC_PAUSE_MIN_NODES else contextlib.nullcontext()
         with pause:
             self._create_nodes(order, specs)
+        # 根节点一批放行（至多叫醒后台循环一次），有额度的就地启动。
+        roots = []
         for node_id in order:
             state = self._nodes[node_id]
             if not state.spec.depends_on:
-                self._release(state)
+                state.released = True
+                roots.append((self._runs[node_id], None))
+        self.host.release_nodes(roots)
 
     def _create_nodes(self, order: list[str], specs: dict[str, _NodeSpec]) -> None:
         nodes = self._nodes
@@ -319,10 +342,15 @@ class PipelineRun:
             nodes[node_id] = _NodeState(spec, prefix + node_id)
             for dep in spec.depends_on:
                 upstream = nodes[dep]
-                if upstream.downstream.__class__ is tuple:
-                    upstream.downstream = [node_id]
+                downstream = upstream.downstream
+                # 只有一个下游的（长链的每个节点、扇出的每个叶子）存一元组：只装字符串的元组在一次回收之后就
+                # 不再被循环 GC 追踪，列表则一直被追踪、每次全量回收都要扫。第二个下游起才换成列表。
+                if not downstream:
+                    upstream.downstream = (node_id,)
+                elif downstream.__class__ is tuple:
+                    upstream.downstream = [*downstream, node_id]
                 else:
-                    upstream.downstream.append(node_id)  # type: ignore[union-attr]
+                    downstream.append(node_id)  # type: ignore[union-attr]
         # 先把全部节点以 blocked 建好、挂上监听器，再放行根节点：否则一个极快的根节点可能在下游
         # 节点建好之前就落地，协调逻辑会找不到它的下游。
         label_prefix = f"{self.pipeline.name}/"
@@ -368,7 +396,12 @@ class PipelineRun:
         skip: list[tuple[_NodeState, str]] = []
         cancel: list[str] | None = None
         nodes = self._nodes
-        with self._lock:
+        outcome = snapshot.outcome
+        # 每个节点落地都走：不经 with（YieldingLock 的 __enter__ / __exit__ 是两层 Python 调用，见 locks.py）
+        lock = self._lock
+        if not lock.try_acquire():
+            lock.acquire()
+        try:
             state = nodes[node_id]
             self._remaining -= 1
             finished = self._remaining == 0
@@ -381,9 +414,22 @@ class PipelineRun:
                     child.succeeded_upstream += 1
                     values = child.upstream_values
                     if values is None:
-                        values = child.upstream_values = {}
-                    values[node_id] = snapshot.outcome
-                reason = self._verdict(child, None if succeeded else node_id)
+                        child.upstream_values = {node_id: outcome}
+                    else:
+                        values[node_id] = outcome
+                    # 上游成功时只可能放行、不可能跳过：就地按汇合规则判（同 _verdict 的放行分支），不为每个
+                    # 下游调一次 _verdict（宽扇出的根节点落地要判一万个）。
+                    join = child.spec.join
+                    if join is _ALL_SETTLED:
+                        if child.pending_upstream:
+                            continue
+                    elif join is _ALL_SUCCEEDED and child.succeeded_upstream != len(child.spec.depends_on):
+                        continue
+                    # 余下的：ALL_SUCCEEDED 全部成功了，或 ANY_SUCCEEDED（一个成功的上游就够了）
+                    child.released = True
+                    release.append(child)
+                    continue
+                reason = self._verdict(child, node_id)
                 if reason is None:
                     continue
                 child.released = True
@@ -396,6 +442,8 @@ class PipelineRun:
                 # 定下来；之后才放行的节点不算（同原来一次扫过全部节点的语义）。
                 self._fail_fast_fired = True
                 cancel = [other for other, s in nodes.items() if s.released and other != node_id]
+        finally:
+            lock.release()
         runs = self._runs
         if cancel is not None:
             # 这次刚判定放行的节点不就地放行（否则它可能马上被启动、赶在连坐之前跑起来）：与别的已放行节点
@@ -404,21 +452,28 @@ class PipelineRun:
             release = []
             targets = cancel
             self.host.defer(lambda: self._cancel_released(node_id, targets, fresh))
-        for child in release:
-            # 放行那一刻的成功上游值交给任务（TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream）。
-            runs[child.spec.node_id].release(child.upstream_values)
         for child, reason in skip:
             runs[child.spec.node_id].mark_dependency_failed(reason)
         if release:
-            # 有空额度就在本线程里就地启动刚放行的节点：不叫醒后台循环、再转一手（串行链上每个节点一次
-            # 线程交接）。线程执行器把在结算中启动的尝试接力到本线程。
-            self.host.start_ready()
+            # 放行那一刻的成功上游值交给任务（TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream），
+            # 一批放行完有空额度就在本线程里就地启动：不叫醒后台循环、再转一手（串行链上每个节点一次线程
+            # 交接；宽扇出一次放行上万个下游，整批只叫醒一次）。线程执行器把在结算中启动的尝试接力到本线程。
+            batch: list[tuple[TaskRun, dict[str, Any] | None]] = []
+            for child in release:
+                batch.append((runs[child.spec.node_id], child.upstream_values))
+                # 交出去了（TaskRun.release 把它并进任务自己的字典）：放行之后没人再读写它（见 _NodeState），
+                # 不让每个节点拖着一个字典活到整条管道跑完（长链里每个节点一个，都被循环 GC 追踪着）。
+                child.upstream_values = None
+            self.host.release_nodes(batch)
         if finished:
             self._done.set()
 
     @staticmethod
     def _verdict(child: _NodeState, failed_upstream: str | None) -> str | None:
-        """（管道锁内）按汇合规则判定：None = 还不能定；"" = 放行；非空字符串 = 跳过，值是原因。"""
+        """（管道锁内）按汇合规则判定：None = 还不能定；"" = 放行；非空字符串 = 跳过，值是原因。
+
+        ``_settle`` 只为没成功的上游调用它（上游成功时只可能放行，那一支在 ``_settle`` 里就地判，同这里的
+        放行分支）；完整的规则仍都写在这里。"""
         join = child.spec.join
         if join is _ALL_SUCCEEDED:
             if failed_upstream is not None:
@@ -432,10 +487,6 @@ class PipelineRun:
         if child.pending_upstream == 0:
             return "全部上游都已落地，没有一个成功（汇合条件：任一上游成功）"
         return None
-
-    def _release(self, child: _NodeState) -> None:
-        child.released = True
-        self._runs[child.spec.node_id].release(child.upstream_values)
 
     def _cancel_released(
         self, cause: str, targets: list[str], fresh: dict[str, dict[str, Any] | None]
@@ -486,8 +537,9 @@ class PipelineRun:
     @property
     def status(self) -> TaskStatus:
         """未全部落地时：有节点在占执行资源 → running，否则 → queued/blocked 里靠前的那个；落地后 → 判定。"""
-        statuses = [run.status for run in self._runs.values()]
-        if statuses and all(s.is_terminal for s in statuses):
+        # 集合：判定只看出现过哪些状态；一万个节点时不为每个节点调一次 is_terminal，也不在列表里线性找候选。
+        statuses = {run.status for run in self._runs.values()}
+        if statuses and statuses <= TERMINAL_STATUSES:
             return pipeline_verdict(statuses)
         for candidate in (
             S.RUNNING,
