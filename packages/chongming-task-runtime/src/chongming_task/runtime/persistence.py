@@ -77,8 +77,9 @@ class _TaskState:
     uncertain: bool = False
     # 被隔离：存储里这个任务已被别人改写。此后不再写它，对外报告以存储为准。
     fenced: bool = False
-    # 推迟写的 running（见 WriteThrough.on_transition）：排在组提交里、还没确认提交的那一项。
-    lazy: Pending | None = None
+    # 推迟写的 running（见 WriteThrough.on_transition）：还没落库的那一项。平常只是登记下的 SaveRequest（没排进
+    # 组提交）；到点时后台循环把它排进组提交（``flush_lazy``），之后是排着的 Pending、可能已被某个写者捎走。
+    lazy: Pending | SaveRequest | None = None
 
 
 TOUCH_BATCH = 2000
@@ -416,12 +417,18 @@ class WriteThrough:
         """在任务锁内调用：把存储追到当前版本（``record`` 是刚发生的那条迁移：存储正好落后它一条时
         直接写它）。
 
-        例外是线程执行器的 ``starting → running``：它排进组提交、不等，任务体随即开始。要挡在任务体前面的只有
-        ``starting``（用户指南 §9.8）：存储里 starting 与 running 同样"占着执行槽"，载体失联时 reconcile 都判
-        lost，多等一次提交换不来任何保证。running 由下一次写落库——别的任务的组提交批次捎上它，或本任务的
-        终态那次写撤回它、连同 running 的迁移记录一起写（少一次提交）——最迟 ``LAZY_RUNNING_DELAY`` 秒后由
-        后台循环补写。存储里的历史始终没有空洞：running 的记录总在终态之前、同一事务或更早落库。进程执行器的
-        running 带着子进程 pid（父进程死后据此找孤儿进程），照常同步写。
+        例外是线程执行器的 ``starting → running``：它只登记、不写也不排进组提交，任务体随即开始。要挡在任务体
+        前面的只有 ``starting``（用户指南 §9.8）：存储里 starting 与 running 同样"占着执行槽"，载体失联时
+        reconcile 都判 lost，多等一次提交换不来任何保证。running 由本任务的下一次写落库——通常是终态那次写，
+        连同 running 的迁移记录一起写（少一次提交）——到点（``LAZY_RUNNING_DELAY`` 秒）还没写的由后台循环排进
+        组提交补写（``flush_lazy``，同一时刻到点的一次提交写完）。存储里的历史始终没有空洞：running 的记录总在
+        终态之前、同一事务或更早落库。进程执行器的 running 带着子进程 pid（父进程死后据此找孤儿进程），照常
+        同步写。
+
+        为什么登记时不排进组提交（第二十一轮 sq21 之前排进去、等别的任务的提交捎上）：逐个 submit 的短任务里
+        它从来没被捎走过（sq20 数过：3,000 个任务撤回成功 3,000 次），每个任务排进去再撤回是约 200 条字节码、
+        两次组提交加锁、一个 Pending 的纯开销。代价只落在长任务上：它的 running 至多晚 ``LAZY_RUNNING_DELAY``
+        落库，而不是赶上下一次任何提交。
         """
         # 最常见的情形——记账是平常的 int、存储正好落后这一条——直接写这一条，不走 sync 的通用路径（每个任务
         # 三次迁移都走这里，issue 17）：写法、报错处理与 sync 逐项相同，写不成时交给 _write_failed（冲突之后
@@ -528,13 +535,14 @@ class WriteThrough:
         transitions: Sequence[Transition],
     ) -> bool:
         """（持有 machine.lock）把 ``snapshot``（状态机此刻的快照，存储里是 ``persisted`` 那一版）连同
-        ``transitions`` 排进组提交、不等，登记到点由后台循环补写。返回 False：这个任务已不归本进程管
-        （forget 了），什么也没排。``on_transition`` 的常见情形直接调用它，其余经 ``_write_lazily``。
+        ``transitions`` 记成推迟写的一项（``state.lazy``，不排进组提交——理由见 ``on_transition``），登记到点
+        由后台循环补写。返回 False：这个任务已不归本进程管（forget 了），什么也没记。``on_transition`` 的常见
+        情形直接调用它，其余经 ``_write_lazily``。
 
         记账换成 _TaskState 与登记到点补写（``_lazy``）在同一次 ``_lock`` 里做；"在不在"的判定与换入也在
         这把锁下（同 ``_promote`` 的理由：forget 不拿任务锁，两步之间落进来的 forget 之后不能再把记账
         加回来）。
-        先登记、后把排好的那一项挂到 ``state.lazy`` 上也不会漏写：后台循环的 ``flush_lazy`` 先拿这个任务的锁
+        先登记、后把那一项挂到 ``state.lazy`` 上也不会漏写：后台循环的 ``flush_lazy`` 先拿这个任务的锁
         （在我们手里）才看 ``state.lazy``，它看到的总是挂好之后的样子。"""
         task_id = snapshot.task_id
         due = self.clock.monotonic() + LAZY_RUNNING_DELAY
@@ -554,7 +562,7 @@ class WriteThrough:
             self._lazy[task_id] = (due, machine)
         finally:
             lock.release()
-        state.lazy = commits.enqueue(SaveRequest._write_through(snapshot, persisted, transitions))
+        state.lazy = SaveRequest._write_through(snapshot, persisted, transitions)
         self._lazy_since_plan = True
         # 后台循环本来就会在到点之前醒来（旁路回写、续租、轮询的期限，或更早排进来的另一项）时不叫醒它：
         # 两个执行槽跑短任务时几乎每个任务都有一项推迟写的 running，而它几乎总是被本任务的终态那次写撤回——
@@ -565,18 +573,21 @@ class WriteThrough:
             self.on_lazy()
         return True
 
-    def _drop_lazy(self, task_id: str, state: _TaskState) -> Pending | None:
+    def _drop_lazy(self, task_id: str, state: _TaskState) -> Pending | SaveRequest | None:
         item, state.lazy = state.lazy, None
         with self._lock:
             self._lazy.pop(task_id, None)
         return item
 
     def _resolve_lazy(self, machine: StateMachine, state: _TaskState) -> bool:
-        """（持有 machine.lock）本任务要再写之前，先了结推迟写的 running：还没被捎走就撤回（这次写带上它的
-        迁移记录）；已被某个写者捎走就等它的结果。返回 False：那次写失败了（已记下，结果未知）。"""
+        """（持有 machine.lock）本任务要再写之前，先了结推迟写的 running：只是登记着（没排进组提交）或排着还没
+        被捎走就丢掉 / 撤回（这次写带上它的迁移记录）；已被某个写者捎走就等它的结果。返回 False：那次写失败了
+        （已记下，结果未知）。"""
         item = self._drop_lazy(machine.task_id, state)
         commits = self.commits
-        if item is None or commits is None or commits.withdraw(item):
+        if item is None or isinstance(item, SaveRequest) or commits is None:
+            return True
+        if commits.withdraw(item):
             return True
         try:
             commits.finish(item)
@@ -619,12 +630,24 @@ class WriteThrough:
         return lazy
 
     def flush_lazy(self) -> None:
-        """后台循环调用：把到点还没落库的推迟写的 running 写掉（长任务在存储里不会一直显示 starting）。"""
+        """后台循环调用：把到点还没落库的推迟写的 running 写掉（长任务在存储里不会一直显示 starting）。
+
+        先把到点的每一项排进组提交，再逐个 ``sync``：第一个 ``sync`` 当写者时捎上其余排着的项（撤回的是它
+        自己那一项、由它这次写带上），其余的 ``sync`` 看到自己那一项已被捎走、只等结果——许多长任务同时开始时
+        是一次提交，而不是一串。排进去之后、``sync`` 之前任务落了终态也照常：交出终态时撤回它或等它写完
+        （``_handoff`` / ``_resolve_lazy``），与别的写者捎走它时一样。"""
         if not self._lazy:
             return
         now = self.clock.monotonic()
         with self._lock:
             due = [machine for when, machine in self._lazy.values() if when <= now]
+        commits = self.commits
+        if commits is not None:
+            for machine in due:
+                with machine.lock:
+                    state = self._tasks.get(machine.task_id)
+                    if isinstance(state, _TaskState) and isinstance(state.lazy, SaveRequest):
+                        state.lazy = commits.enqueue(state.lazy)
         for machine in due:
             with machine.lock:
                 state = self._tasks.get(machine.task_id)
@@ -680,9 +703,9 @@ class WriteThrough:
         提交时，返回 (存储里的版本——交出去的那一项的 expect_version, 撤回的推迟写那一项带着的迁移记录)；
         否则 None，调用方照常 :meth:`sync`。
 
-        推迟写的 running 还没被捎走时先撤回它（交出去的这一项连同 running 的记录一起写：撤回的那几条记录原样
-        交还，``sync_later`` 不必再从状态机的紧凑历史里现造一遍）；已被某个写者捎走就不交（sync 先等它的
-        结果）。还没落库过、结果未知要先读回、被隔离、已经追平的也不交。"""
+        推迟写的 running 只是登记着、或排进了组提交还没被捎走时先丢掉 / 撤回它（交出去的这一项连同 running 的
+        记录一起写：那几条记录原样交还，``sync_later`` 不必再从状态机的紧凑历史里现造一遍）；已被某个写者捎走
+        就不交（sync 先等它的结果）。还没落库过、结果未知要先读回、被隔离、已经追平的也不交。"""
         task_id = snapshot.task_id
         state = self._tasks.get(task_id)
         carried: Sequence[Transition] = ()
@@ -695,9 +718,14 @@ class WriteThrough:
             assert isinstance(state, _TaskState)
             lazy = state.lazy
             if lazy is not None:
-                commits = self.commits
-                if commits is None or not commits.withdraw(lazy):
-                    return None
+                request: SaveRequest | None
+                if isinstance(lazy, SaveRequest):  # 只是登记着（平常的情形）：没有排进组提交，不必撤回
+                    request = lazy
+                else:  # 到点时后台循环排进了组提交（flush_lazy）
+                    commits = self.commits
+                    if commits is None or not commits.withdraw(lazy):
+                        return None
+                    request = lazy.request
                 state.lazy = None  # 同 _drop_lazy
                 lock = self._lock
                 if not lock.try_acquire():
@@ -706,7 +734,6 @@ class WriteThrough:
                     self._lazy.pop(task_id, None)
                 finally:
                     lock.release()
-                request = lazy.request
                 if request is not None and request.expect_version == state.persisted_version:
                     carried = request.transitions
             if state.fenced or state.uncertain:  # 同 _plain_version（推迟写的那一项已撤回）
@@ -1089,7 +1116,7 @@ class WriteThrough:
             self._side_written.pop(task_id, None)
             self._bases.pop(task_id, None)
         item = self._drop_lazy(task_id, state) if isinstance(state, _TaskState) else None
-        if item is not None and self.commits is not None:
+        if isinstance(item, Pending) and self.commits is not None:
             self.commits.withdraw(item)  # 已被捎走的就让它写完：写的是本进程真实经过的迁移
         with self._lock:
             self._behind.pop(task_id, None)
