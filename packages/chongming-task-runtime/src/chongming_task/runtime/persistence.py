@@ -77,8 +77,9 @@ class _TaskState:
     uncertain: bool = False
     # 被隔离：存储里这个任务已被别人改写。此后不再写它，对外报告以存储为准。
     fenced: bool = False
-    # 推迟写的 running（见 WriteThrough.on_transition）：还没落库的那一项。平常只是登记下的 SaveRequest（没排进
-    # 组提交）；到点时后台循环把它排进组提交（``flush_lazy``），之后是排着的 Pending、可能已被某个写者捎走。
+    # 推迟写的 running（见 WriteThrough.on_transition）：还没落库的那一项。平常只是登记下的 SaveRequest
+    # （没排进组提交）；到点时后台循环把它排进组提交（``flush_lazy``），之后是排着的 Pending、可能已被某个
+    # 写者捎走。
     lazy: Pending | SaveRequest | None = None
 
 
