@@ -66,12 +66,12 @@ def _text_and_key(value: datetime) -> tuple[str, int]:
     为什么不直接 ``isoformat()``：带时区的 ``isoformat`` 在 3.11 里每次约 1.2 万条指令（callgrind，比不带
     时区的多一半：偏移另要格式化、拼接），排序键的时间差整除又是几千条；写穿每个任务要编四五个新时刻（创建、
     开始、running 与结束的时间），是存储一侧编码里最贵的一项。UTC 时间的原文就是
-    ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00``：前面到秒的一段同一秒里的时刻都一样，记下最近的那一秒（它的开头与
-    下一秒的开头），落在这一秒里的时刻只比两次大小（C 里逐字节比）、读一次微秒、拼一次；排序键同样是这一秒
-    开头的键加微秒。每次约 3k 条指令；第二十轮之前记的是最近一分钟，每次还要读时、分、秒与 ``toordinal``
-    再做几次大整数运算，约 7.2k（bench/README.md 第二十一轮 sq21）。逐个 submit 时一秒里有上千次编码，换秒
-    的那一次多花约 2k。别的时区、datetime 的子类照旧走 ``isoformat``（原文保留原始偏移）。测试逐字对照
-    两种写法。"""
+    ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00``：前面到秒的一段同一秒里的时刻都一样。记下最近的那一秒（它的开头与
+    下一秒的开头），落在这一秒里的时刻只比两次大小（C 里逐字节比）、读一次微秒、查两次三位数字的表（不经
+    格式说明 ``06d`` 的解析）、拼一次；排序键是这一秒开头的键加微秒。每次约 3.3k 条指令。第二十一轮之前
+    记的是最近一分钟，每次还要读时、分、秒与 ``toordinal``，再做几次大整数运算与一次格式说明，约 7.0k
+    （callgrind，bench/README.md 第二十一轮 sq21）。逐个 submit 时一秒里有上千次编码，换秒的那一次多花
+    约 2k。别的时区、datetime 的子类照旧走 ``isoformat``（原文保留原始偏移）。测试逐字对照两种写法。"""
     if value.__class__ is datetime and value.tzinfo is UTC:
         global _utc_second
         cached = _utc_second
