@@ -64,9 +64,10 @@ def rec(tmp_path: Path) -> Recorded:
 
 
 def test_starting_running_and_the_handed_over_terminal_write_what_sync_would(rec: Recorded) -> None:
-    """一个任务在执行槽上的三次写：starting 直接写（期望存储里的版本、只带这一条记录）；running 排进组提交、
-    不等（同样的一项），记账换成带着这一项的 _TaskState、登记到点补写；终态撤回 running、连同它的记录一起
-    交出，写完记账换回 int、登记清掉——与 ``sync`` / ``_write_lazily`` / ``sync_later`` 的通用路径逐项相同。"""
+    """一个任务在执行槽上的三次写：starting 直接写（期望存储里的版本、只带这一条记录）；running 只记下那一项
+    （同样的一项）、不排进组提交，记账换成带着这一项的 _TaskState、登记到点补写；终态丢掉登记、连同 running 的
+    记录一起交出，写完记账换回 int、登记清掉——与 ``sync`` / ``_write_lazily`` / ``sync_later`` 的通用路径逐项
+    相同。"""
     write = rec.write
     machine = rec.queued("t")
     queued_version = machine.snapshot.status_version
@@ -88,11 +89,12 @@ def test_starting_running_and_the_handed_over_terminal_write_what_sync_would(rec
 
     starting_version = machine.snapshot.status_version
     machine.mark_running()
-    assert rec.enqueued == [
-        SaveRequest(machine.snapshot, starting_version, machine.transitions_since(starting_version))
-    ]
+    assert rec.enqueued == [] and rec.commits._pending == [], "推迟写的 running 不排进组提交"
     state = write._tasks["t"]
-    assert isinstance(state, _TaskState) and state.lazy is not None
+    assert isinstance(state, _TaskState)
+    assert state.lazy == SaveRequest(
+        machine.snapshot, starting_version, machine.transitions_since(starting_version)
+    )
     assert state.persisted_version == starting_version and not state.uncertain and not state.fenced
     assert "t" in write._lazy and write._lazy["t"][1] is machine
     stored = rec.store.get("t")
@@ -170,3 +172,88 @@ def test_a_failing_withdraw_leaves_the_group_commit_lock_free(rec: Recorded) -> 
     with pytest.raises(ValueError):
         rec.commits.withdraw(Pending(None))
     assert not rec.commits._lock.locked()
+
+
+def _start_thread_style(write: WriteThrough, machine: StateMachine) -> None:
+    """starting 与 running 经监听器写穿（执行槽上的写法）；之后的迁移由测试自己交出（sync / sync_later），
+    监听器不再写。"""
+    listening = [True]
+
+    def listener(snapshot: TaskSnapshot, record: Transition) -> None:
+        if listening[0]:
+            write.on_transition(machine, snapshot, record)
+
+    machine.add_listener(listener)
+    machine.mark_starting(executor="thread")
+    machine.mark_running()
+    listening[0] = False
+
+
+def test_deferred_running_is_only_registered_not_queued_in_the_group_commit(rec: Recorded) -> None:
+    """running 推迟写时只登记（``state.lazy`` 是 SaveRequest）、不排进组提交：别的任务的提交不捎它，存储里仍是
+    starting；终态那次写连同它的记录一起落库，组提交的批数只多终态那一次（main 上排进组提交再撤回，失败）。"""
+    write = rec.write
+    machine = rec.queued("t")
+    other = rec.queued("u")
+    _start_thread_style(write, machine)
+    state = write._tasks["t"]
+    assert isinstance(state, _TaskState) and isinstance(state.lazy, SaveRequest)
+    assert rec.commits._pending == [] and rec.enqueued == []
+    with other.lock:  # 别的任务的一次提交：不捎带 t 的 running
+        other.mark_starting(executor="thread")
+        write.sync(other)
+    stored = rec.store.get("t")
+    assert stored is not None and stored.status is S.STARTING
+    before = rec.commits.batches
+    with machine.lock:
+        machine.mark_succeeded()
+        finish = write.sync_later(machine, machine.transitions[-1])
+        assert finish is not None and finish() is True
+    assert rec.commits.batches == before + 1
+    assert [t.to_status for t in rec.store.history("t")] == [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
+    assert write._lazy == {} and write._tasks["t"] == machine.snapshot.status_version
+
+
+def test_flush_lazy_writes_every_due_running_in_one_commit(rec: Recorded) -> None:
+    """到点的推迟写 running 由后台循环一次提交写完（先全部排进组提交，第一个 sync 捎上其余），而不是一个任务
+    一次提交；之后其中一个落终态照常交出、历史没有空洞。"""
+    write = rec.write
+    machines = [rec.queued(f"t{i}") for i in range(5)]
+    for machine in machines:
+        _start_thread_style(write, machine)
+    assert set(write._lazy) == {f"t{i}" for i in range(5)}
+    write._lazy = {task_id: (0.0, machine) for task_id, (_, machine) in write._lazy.items()}  # 全部到点
+    before = rec.commits.batches
+    write.flush_lazy()
+    assert rec.commits.batches == before + 1, "同时到点的 running 应当一次提交写完"
+    assert write._lazy == {} and rec.commits._pending == []
+    for machine in machines:
+        stored = rec.store.get(machine.task_id)
+        assert stored is not None and stored.status is S.RUNNING
+        assert write._tasks[machine.task_id] == machine.snapshot.status_version
+    first = machines[0]
+    with first.lock:
+        first.mark_succeeded()
+        finish = write.sync_later(first, first.transitions[-1])
+        assert finish is not None and finish() is True
+    assert [t.to_status for t in rec.store.history("t0")] == [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
+
+
+def test_a_running_the_loop_queued_is_withdrawn_by_the_terminal_write(rec: Recorded) -> None:
+    """后台循环把到点的 running 排进组提交之后、写它之前任务落了终态：交出终态时撤回排着的那一项、连同它的
+    记录一起写（与别的写者还没捎走它时相同），只一次提交。"""
+    write = rec.write
+    machine = rec.queued("t")
+    _start_thread_style(write, machine)
+    state = write._tasks["t"]
+    assert isinstance(state, _TaskState) and isinstance(state.lazy, SaveRequest)
+    with machine.lock:  # flush_lazy 的第一步：排进组提交
+        state.lazy = rec.commits.enqueue(state.lazy)
+    before = rec.commits.batches
+    with machine.lock:
+        machine.mark_succeeded()
+        finish = write.sync_later(machine, machine.transitions[-1])
+        assert finish is not None and finish() is True
+    assert rec.commits.batches == before + 1 and rec.commits._pending == []
+    assert [t.to_status for t in rec.store.history("t")] == [S.QUEUED, S.STARTING, S.RUNNING, S.SUCCEEDED]
+    assert write._lazy == {}

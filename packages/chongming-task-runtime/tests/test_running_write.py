@@ -1,6 +1,6 @@
 """推迟写的 running（runtime/persistence.py 的 ``WriteThrough.on_transition``）：任务体开始之前只等 starting
-落库；starting → running 排进组提交、不等，由下一次写捎上（本任务的终态那次写撤回它、连同 running 的迁移记录
-一起写），最迟 ``LAZY_RUNNING_DELAY`` 秒后由后台循环补写。存储里的历史始终完整。
+落库；starting → running 只登记、不排进组提交、不等，由本任务的下一次写带上（终态那次写连同 running 的迁移
+记录一起写），最迟 ``LAZY_RUNNING_DELAY`` 秒后由后台循环补写。存储里的历史始终完整。
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def noop(ctx: Any) -> None:
 def test_running_is_written_with_the_terminal_state_not_before_the_body(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 后台补写推迟到很久以后：这里只看"下一次写捎上它"，不让负载下的调度时机左右结果。
+    # 后台补写推迟到很久以后：这里只看"下一次写带上它"，不让负载下的调度时机左右结果。
     monkeypatch.setattr(persistence, "LAZY_RUNNING_DELAY", 60.0)
     store = CountingStore(str(tmp_path / "t.db"))
     controller = Controller(max_parallel=1, store=store)
@@ -144,7 +144,7 @@ def test_a_long_body_after_a_quiet_stretch_still_wakes_the_loop_to_write_running
 
 
 def test_a_stream_of_short_tasks_does_not_wake_the_loop_once_per_task(tmp_path: Path) -> None:
-    """短任务一个接一个地跑时，几乎每个任务都有一项推迟写的 running（随即被终态那次写撤回）：后台循环这时
+    """短任务一个接一个地跑时，几乎每个任务都有一项推迟写的 running（随即由终态那次写带走）：后台循环这时
     每 LAZY_RUNNING_DELAY 醒一次就够了，不该每个任务被叫醒一次（每次是两次上下文切换加一轮循环）。"""
     store = CountingStore(str(tmp_path / "t.db"))
     controller = Controller(max_parallel=2, store=store)

@@ -1157,3 +1157,35 @@ def test_utc_time_encoding_is_consistent_across_threads() -> None:
     for thread in threads:
         thread.join()
     assert wrong == []
+
+
+def test_utc_time_encoding_across_second_boundaries_and_the_ends_of_time() -> None:
+    """快路径记着"最近一秒"（这一秒的开头与下一秒的开头）：紧贴秒的边界前后、往回走、跨日跨年、datetime 的
+    最小与最大时刻（最后一秒没有"下一秒"），每一个都与 isoformat / dt_key 逐字相同。"""
+    from chongming_task.core.storage.columns import COLUMNS_BY_NAME
+    from chongming_task.stores.sqlite._codec import DIALECT, _text_and_key, dt_key
+
+    created_at = COLUMNS_BY_NAME["created_at"]
+    edge = datetime(2026, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
+    last = datetime.max.replace(tzinfo=UTC)
+    first = datetime.min.replace(tzinfo=UTC)
+    moments = [
+        edge,
+        edge + timedelta(microseconds=1),  # 下一秒（也是下一年）的开头
+        edge,  # 往回走一微秒
+        edge - timedelta(microseconds=999_999),  # 这一秒的开头
+        edge - timedelta(microseconds=1_000_000),  # 上一秒的最后一微秒
+        last - timedelta(seconds=1),
+        last - timedelta(microseconds=1),
+        last,
+        last,
+        last - timedelta(microseconds=999_999),  # 最后一秒的开头
+        first,
+        first + timedelta(microseconds=999_999),
+        first + timedelta(seconds=1),
+        edge,
+    ]
+    for moment in moments:
+        expected = (moment.isoformat(timespec="microseconds"), dt_key(moment))
+        assert _text_and_key(moment) == expected, moment  # 不经按对象记的记忆表：每次都走快路径
+        assert DIALECT.encode_time(created_at, moment) == expected, moment

@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 from chongming_task.clock import Clock
@@ -77,8 +78,10 @@ class _TaskState:
     uncertain: bool = False
     # 被隔离：存储里这个任务已被别人改写。此后不再写它，对外报告以存储为准。
     fenced: bool = False
-    # 推迟写的 running（见 WriteThrough.on_transition）：排在组提交里、还没确认提交的那一项。
-    lazy: Pending | None = None
+    # 推迟写的 running（见 WriteThrough.on_transition）：还没落库的那一项。平常只是登记下的 SaveRequest
+    # （没排进组提交）；到点时后台循环把它排进组提交（``flush_lazy``），之后是排着的 Pending、可能已被某个
+    # 写者捎走。
+    lazy: Pending | SaveRequest | None = None
 
 
 TOUCH_BATCH = 2000
@@ -88,8 +91,12 @@ RENEW_BATCH = 20_000
 """只续租的任务一条语句最多带几个：同一组值按主键写，两万行在 Postgres 上是一两百毫秒，远在一次调用的
 时限之内；再大的一批写失败时要重来的也多。"""
 
+LEASE_REUSE = 0.05
+"""逐个提交时，这么长（秒）之内的提交共用同一个租约时刻（``WriteThrough.lease_fields``）；租约很短时取
+lease_ttl 的 1/20。"""
+
 LAZY_RUNNING_DELAY = 0.05
-"""推迟写的 running 最多等多久（秒）：期间没有别的写捎上它、任务也没落下一个状态时，由后台循环补写。"""
+"""推迟写的 running 最多等多久（秒）：期间本任务没有再写（没落下一个状态）时，由后台循环补写。"""
 
 _STARTING = TaskStatus.STARTING
 _RUNNING = TaskStatus.RUNNING
@@ -193,6 +200,10 @@ class WriteThrough:
         self._lease_span = timedelta(seconds=lease_ttl)
         # create 时沿用快照里已有的租约（lease_fields 在提交时给的），只要它是一秒之内算出来的：再旧就重算。
         self._fresh_lease = timedelta(seconds=max(lease_ttl - 1.0, lease_ttl / 2))
+        # lease_fields 最近一次算的租约：(算它时的 now, 共用到何时, 字段)。整个元组一次换上，并发的提交读到的
+        # 总是同一次算的三项。
+        self._lease_reuse = timedelta(seconds=min(LEASE_REUSE, lease_ttl / 20))
+        self._lease_issued: tuple[datetime, datetime, Mapping[str, object]] | None = None
         # 组提交只对能省下提交的存储有用（TaskStore.group_commit）；否则写穿直接 save。
         self.commits: GroupCommit | None = GroupCommit(store) if store.group_commit else None
         # 单个提交的 create 也排进组提交（与同一时刻排着的 save 合进一个事务）：只在存储能把混合批写成一个
@@ -226,10 +237,23 @@ class WriteThrough:
     def lease_until(self) -> datetime:
         return self.clock.now() + self._lease_span
 
-    def lease_fields(self) -> dict[str, object]:
+    def lease_fields(self) -> Mapping[str, object]:
         """新任务的快照一开始就带上本节点的租约（``StateMachine.create`` 的字段）：create 时不必再为它复制一份
-        快照（``update_side``），每个提交省一次整份快照的拷贝。"""
-        return {"lease_owner": self.owner, "lease_until": self.lease_until()}
+        快照（``update_side``），每个提交省一次整份快照的拷贝。
+
+        ``LEASE_REUSE`` 之内的提交共用同一个租约时刻（同一个 datetime 对象、同一份只读字段）。为什么：逐个
+        submit 时每个任务要现算一个新时刻，存储还要为它编一次原文与排序键（SQLite 每个新时刻约 7k 条指令，
+        bench/README.md 第二十一轮 sq21）；共用的那一个在存储的时间记忆表里命中。代价：任务的租约至多早
+        ``LEASE_REUSE`` 到期——远短于 create 认"刚算的"租约的余量（``_fresh_lease`` 比 lease_ttl 少一秒或一半，
+        所以 create 照样原样用它），也远短于续租的间隔。按 ``now`` 判定而不是单调时钟：测试的假时钟只拨
+        ``now`` 时照样重算。"""
+        now = self.clock.now()
+        issued = self._lease_issued
+        if issued is not None and issued[0] <= now < issued[1]:
+            return issued[2]
+        fields = MappingProxyType({"lease_owner": self.owner, "lease_until": now + self._lease_span})
+        self._lease_issued = (now, now + self._lease_reuse, fields)
+        return fields
 
     def _lease_floor(self) -> datetime:
         """快照里已有的租约（提交时 ``lease_fields`` 给的）不早于这个时刻，create 就原样用它、不复制快照。
@@ -416,12 +440,18 @@ class WriteThrough:
         """在任务锁内调用：把存储追到当前版本（``record`` 是刚发生的那条迁移：存储正好落后它一条时
         直接写它）。
 
-        例外是线程执行器的 ``starting → running``：它排进组提交、不等，任务体随即开始。要挡在任务体前面的只有
-        ``starting``（用户指南 §9.8）：存储里 starting 与 running 同样"占着执行槽"，载体失联时 reconcile 都判
-        lost，多等一次提交换不来任何保证。running 由下一次写落库——别的任务的组提交批次捎上它，或本任务的
-        终态那次写撤回它、连同 running 的迁移记录一起写（少一次提交）——最迟 ``LAZY_RUNNING_DELAY`` 秒后由
-        后台循环补写。存储里的历史始终没有空洞：running 的记录总在终态之前、同一事务或更早落库。进程执行器的
-        running 带着子进程 pid（父进程死后据此找孤儿进程），照常同步写。
+        例外是线程执行器的 ``starting → running``：它只登记、不写也不排进组提交，任务体随即开始。要挡在任务体
+        前面的只有 ``starting``（用户指南 §9.8）：存储里 starting 与 running 同样"占着执行槽"，载体失联时
+        reconcile 都判 lost，多等一次提交换不来任何保证。running 由本任务的下一次写落库——通常是终态那次写，
+        连同 running 的迁移记录一起写（少一次提交）——到点（``LAZY_RUNNING_DELAY`` 秒）还没写的由后台循环排进
+        组提交补写（``flush_lazy``，同一时刻到点的一次提交写完）。存储里的历史始终没有空洞：running 的记录总在
+        终态之前、同一事务或更早落库。进程执行器的 running 带着子进程 pid（父进程死后据此找孤儿进程），照常
+        同步写。
+
+        为什么登记时不排进组提交（第二十一轮 sq21 之前排进去、等别的任务的提交捎上）：逐个 submit 的短任务里
+        它从来没被捎走过（sq20 数过：3,000 个任务撤回成功 3,000 次），每个任务排进去再撤回是约 200 条字节码、
+        两次组提交加锁、一个 Pending 的纯开销。代价只落在长任务上：它的 running 至多晚 ``LAZY_RUNNING_DELAY``
+        落库，而不是赶上下一次任何提交。
         """
         # 最常见的情形——记账是平常的 int、存储正好落后这一条——直接写这一条，不走 sync 的通用路径（每个任务
         # 三次迁移都走这里，issue 17）：写法、报错处理与 sync 逐项相同，写不成时交给 _write_failed（冲突之后
@@ -528,13 +558,14 @@ class WriteThrough:
         transitions: Sequence[Transition],
     ) -> bool:
         """（持有 machine.lock）把 ``snapshot``（状态机此刻的快照，存储里是 ``persisted`` 那一版）连同
-        ``transitions`` 排进组提交、不等，登记到点由后台循环补写。返回 False：这个任务已不归本进程管
-        （forget 了），什么也没排。``on_transition`` 的常见情形直接调用它，其余经 ``_write_lazily``。
+        ``transitions`` 记成推迟写的一项（``state.lazy``，不排进组提交——理由见 ``on_transition``），登记到点
+        由后台循环补写。返回 False：这个任务已不归本进程管（forget 了），什么也没记。``on_transition`` 的常见
+        情形直接调用它，其余经 ``_write_lazily``。
 
         记账换成 _TaskState 与登记到点补写（``_lazy``）在同一次 ``_lock`` 里做；"在不在"的判定与换入也在
         这把锁下（同 ``_promote`` 的理由：forget 不拿任务锁，两步之间落进来的 forget 之后不能再把记账
         加回来）。
-        先登记、后把排好的那一项挂到 ``state.lazy`` 上也不会漏写：后台循环的 ``flush_lazy`` 先拿这个任务的锁
+        先登记、后把那一项挂到 ``state.lazy`` 上也不会漏写：后台循环的 ``flush_lazy`` 先拿这个任务的锁
         （在我们手里）才看 ``state.lazy``，它看到的总是挂好之后的样子。"""
         task_id = snapshot.task_id
         due = self.clock.monotonic() + LAZY_RUNNING_DELAY
@@ -554,10 +585,10 @@ class WriteThrough:
             self._lazy[task_id] = (due, machine)
         finally:
             lock.release()
-        state.lazy = commits.enqueue(SaveRequest._write_through(snapshot, persisted, transitions))
+        state.lazy = SaveRequest._write_through(snapshot, persisted, transitions)
         self._lazy_since_plan = True
         # 后台循环本来就会在到点之前醒来（旁路回写、续租、轮询的期限，或更早排进来的另一项）时不叫醒它：
-        # 两个执行槽跑短任务时几乎每个任务都有一项推迟写的 running，而它几乎总是被本任务的终态那次写撤回——
+        # 两个执行槽跑短任务时几乎每个任务都有一项推迟写的 running，而它几乎总是由本任务的终态那次写带走——
         # 每任务叫醒一次后台循环是两次上下文切换加一轮循环的 Python 代码，比省下的那次提交还贵。
         # 为什么不会漏：本项先登记、后读 _loop_due；后台循环先发布 _loop_due、后读登记（loop_deadline）。
         # 这里读到的若是旧值，说明循环此刻还没发布新值，它之后读登记时必然看得到本项。
@@ -565,18 +596,21 @@ class WriteThrough:
             self.on_lazy()
         return True
 
-    def _drop_lazy(self, task_id: str, state: _TaskState) -> Pending | None:
+    def _drop_lazy(self, task_id: str, state: _TaskState) -> Pending | SaveRequest | None:
         item, state.lazy = state.lazy, None
         with self._lock:
             self._lazy.pop(task_id, None)
         return item
 
     def _resolve_lazy(self, machine: StateMachine, state: _TaskState) -> bool:
-        """（持有 machine.lock）本任务要再写之前，先了结推迟写的 running：还没被捎走就撤回（这次写带上它的
-        迁移记录）；已被某个写者捎走就等它的结果。返回 False：那次写失败了（已记下，结果未知）。"""
+        """（持有 machine.lock）本任务要再写之前，先了结推迟写的 running：只是登记着（没排进组提交）或排着还没
+        被捎走就丢掉 / 撤回（这次写带上它的迁移记录）；已被某个写者捎走就等它的结果。返回 False：那次写失败了
+        （已记下，结果未知）。"""
         item = self._drop_lazy(machine.task_id, state)
         commits = self.commits
-        if item is None or commits is None or commits.withdraw(item):
+        if item is None or isinstance(item, SaveRequest) or commits is None:
+            return True
+        if commits.withdraw(item):
             return True
         try:
             commits.finish(item)
@@ -604,7 +638,7 @@ class WriteThrough:
         先发布 ``other``、再读推迟写的登记（顺序不能反，见 ``_write_lazily``）：之后排进来、比它更早到点的
         项会叫醒循环；此刻已登记的项算进返回值里。
 
-        上次算过之后又有项排进来过、而它们都已被撤回（短任务的终态捎上了它们）时，也至多睡
+        上次算过之后又有项登记过、而它们都已了结（短任务的终态带走了它们）时，也至多睡
         ``LAZY_RUNNING_DELAY``：任务一个接一个地跑时，循环每 50 毫秒醒一次，而不是每个任务被叫醒一次。
         这只是省唤醒的估计，不影响"到点必补写"：那由上面的发布 / 登记顺序保证。"""
         self._loop_due = other
@@ -619,12 +653,24 @@ class WriteThrough:
         return lazy
 
     def flush_lazy(self) -> None:
-        """后台循环调用：把到点还没落库的推迟写的 running 写掉（长任务在存储里不会一直显示 starting）。"""
+        """后台循环调用：把到点还没落库的推迟写的 running 写掉（长任务在存储里不会一直显示 starting）。
+
+        先把到点的每一项排进组提交，再逐个 ``sync``：第一个 ``sync`` 当写者时捎上其余排着的项（撤回的是它
+        自己那一项、由它这次写带上），其余的 ``sync`` 看到自己那一项已被捎走、只等结果——许多长任务同时开始时
+        是一次提交，而不是一串。排进去之后、``sync`` 之前任务落了终态也照常：交出终态时撤回它或等它写完
+        （``_handoff`` / ``_resolve_lazy``），与别的写者捎走它时一样。"""
         if not self._lazy:
             return
         now = self.clock.monotonic()
         with self._lock:
             due = [machine for when, machine in self._lazy.values() if when <= now]
+        commits = self.commits
+        if commits is not None:
+            for machine in due:
+                with machine.lock:
+                    state = self._tasks.get(machine.task_id)
+                    if isinstance(state, _TaskState) and isinstance(state.lazy, SaveRequest):
+                        state.lazy = commits.enqueue(state.lazy)
         for machine in due:
             with machine.lock:
                 state = self._tasks.get(machine.task_id)
@@ -680,9 +726,9 @@ class WriteThrough:
         提交时，返回 (存储里的版本——交出去的那一项的 expect_version, 撤回的推迟写那一项带着的迁移记录)；
         否则 None，调用方照常 :meth:`sync`。
 
-        推迟写的 running 还没被捎走时先撤回它（交出去的这一项连同 running 的记录一起写：撤回的那几条记录原样
-        交还，``sync_later`` 不必再从状态机的紧凑历史里现造一遍）；已被某个写者捎走就不交（sync 先等它的
-        结果）。还没落库过、结果未知要先读回、被隔离、已经追平的也不交。"""
+        推迟写的 running 只是登记着、或排进了组提交还没被捎走时先丢掉 / 撤回它（交出去的这一项连同 running 的
+        记录一起写：那几条记录原样交还，``sync_later`` 不必再从状态机的紧凑历史里现造一遍）；已被某个写者捎走
+        就不交（sync 先等它的结果）。还没落库过、结果未知要先读回、被隔离、已经追平的也不交。"""
         task_id = snapshot.task_id
         state = self._tasks.get(task_id)
         carried: Sequence[Transition] = ()
@@ -695,9 +741,14 @@ class WriteThrough:
             assert isinstance(state, _TaskState)
             lazy = state.lazy
             if lazy is not None:
-                commits = self.commits
-                if commits is None or not commits.withdraw(lazy):
-                    return None
+                request: SaveRequest | None
+                if isinstance(lazy, SaveRequest):  # 只是登记着（平常的情形）：没有排进组提交，不必撤回
+                    request = lazy
+                else:  # 到点时后台循环排进了组提交（flush_lazy）
+                    commits = self.commits
+                    if commits is None or not commits.withdraw(lazy):
+                        return None
+                    request = lazy.request
                 state.lazy = None  # 同 _drop_lazy
                 lock = self._lock
                 if not lock.try_acquire():
@@ -706,7 +757,6 @@ class WriteThrough:
                     self._lazy.pop(task_id, None)
                 finally:
                     lock.release()
-                request = lazy.request
                 if request is not None and request.expect_version == state.persisted_version:
                     carried = request.transitions
             if state.fenced or state.uncertain:  # 同 _plain_version（推迟写的那一项已撤回）
@@ -1089,7 +1139,7 @@ class WriteThrough:
             self._side_written.pop(task_id, None)
             self._bases.pop(task_id, None)
         item = self._drop_lazy(task_id, state) if isinstance(state, _TaskState) else None
-        if item is not None and self.commits is not None:
+        if isinstance(item, Pending) and self.commits is not None:
             self.commits.withdraw(item)  # 已被捎走的就让它写完：写的是本进程真实经过的迁移
         with self._lock:
             self._behind.pop(task_id, None)

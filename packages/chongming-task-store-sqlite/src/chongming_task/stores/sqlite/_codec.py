@@ -41,11 +41,14 @@ sq19）。要复用的时间都在同一个任务相邻的几次编码之间（c
 迁移记录；更早的时间由 save 行的提示照抄，见 store._RowHints）：64 项时回放里每任务的重新编码只从 5.000
 次变成 5.044 次。"""
 
-_EPOCH_MINUTE = _EPOCH.toordinal() * 1440
-_SECONDS = tuple(f"{second:02d}." for second in range(60))
-_utc_minute: tuple[int, str, int] = (-1, "", 0)
-"""最近一次编码的 UTC 时间所在的那一分钟：(从公元元年起的分钟序号, ``YYYY-MM-DDTHH:MM:`` 前缀, 这一分钟
-开头的排序键)。整个元组一次换上（见 ``_text_and_key``），别的线程读到的总是同一分钟的三项。"""
+_SECOND = timedelta(seconds=1)
+_LAST_UTC = datetime.max.replace(tzinfo=UTC)
+_LAST_SECOND = _LAST_UTC - _SECOND
+_DIGITS3 = tuple(f"{number:03d}" for number in range(1000))
+_utc_second: tuple[datetime, datetime, str, int] = (_EPOCH, _EPOCH, "", 0)
+"""最近一次编码的 UTC 时间所在的那一秒：(这一秒的开头, 下一秒的开头, ``YYYY-MM-DDTHH:MM:SS.`` 前缀,
+这一秒开头的排序键)。整个元组一次换上（见 ``_text_and_key``），别的线程读到的总是同一秒的四项。初值的区间
+是空的。"""
 
 _MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = range(0xD800, 0xE000)
@@ -61,25 +64,30 @@ def _text_and_key(value: datetime) -> tuple[str, int]:
     """时间 → (``_iso`` 的原文, ``dt_key`` 的排序键)，两者逐字相同，只是 UTC 时间（本库时钟给的都是）更省。
 
     为什么不直接 ``isoformat()``：带时区的 ``isoformat`` 在 3.11 里每次约 1.2 万条指令（callgrind，比不带
-    时区的多一半：偏移另要格式化、拼接），排序键的时间差整除又是几千条；写穿每个任务要编五个新时刻（创建、
-    入队、开始、结束与迁移记录的时间），是存储一侧编码里最贵的一项。UTC 时间的原文就是
-    ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00``：前面到分钟的一段同一分钟里的时刻都一样，记下最近的一分钟，每次只拼
-    秒与微秒；排序键同样由这一分钟开头的键加秒与微秒得出（整数运算，不造 timedelta）。两者合计约 6.6k 条指令，
-    原来约 15k。别的时区、datetime 的子类照旧走 ``isoformat``（原文保留原始偏移）。测试逐字对照
-    两种写法。"""
+    时区的多一半：偏移另要格式化、拼接），排序键的时间差整除又是几千条；写穿每个任务要编四五个新时刻（创建、
+    开始、running 与结束的时间），是存储一侧编码里最贵的一项。UTC 时间的原文就是
+    ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00``：前面到秒的一段同一秒里的时刻都一样。记下最近的那一秒（它的开头与
+    下一秒的开头），落在这一秒里的时刻只比两次大小（C 里逐字节比）、读一次微秒、查两次三位数字的表（不经
+    格式说明 ``06d`` 的解析）、拼一次；排序键是这一秒开头的键加微秒。每次约 3.3k 条指令。第二十一轮之前
+    记的是最近一分钟，每次还要读时、分、秒与 ``toordinal``，再做几次大整数运算与一次格式说明，约 7.0k
+    （callgrind，bench/README.md 第二十一轮 sq21）。逐个 submit 时一秒里有上千次编码，换秒的那一次多花
+    约 2k。别的时区、datetime 的子类照旧走 ``isoformat``（原文保留原始偏移）。测试逐字对照两种写法。"""
     if value.__class__ is datetime and value.tzinfo is UTC:
-        global _utc_minute
-        minute = value.toordinal() * 1440 + value.hour * 60 + value.minute
-        cached = _utc_minute
-        if cached[0] != minute:
+        global _utc_second
+        cached = _utc_second
+        if not cached[0] <= value < cached[1]:
+            start = value.replace(microsecond=0)
+            # 最后一秒（9999-12-31T23:59:59）之后没有"下一秒"：区间到 datetime.max 为止（那一刻本身每次重算）
+            end = start + _SECOND if start < _LAST_SECOND else _LAST_UTC
             prefix = (
-                f"{value.year:04d}-{value.month:02d}-{value.day:02d}T{value.hour:02d}:{value.minute:02d}:"
+                f"{start.year:04d}-{start.month:02d}-{start.day:02d}T"
+                f"{start.hour:02d}:{start.minute:02d}:{start.second:02d}."
             )
-            cached = (minute, prefix, (minute - _EPOCH_MINUTE) * 60_000_000)
-            _utc_minute = cached  # 整个元组一次换上：并发的读者看不到半新半旧的三项
-        second = value.second
+            cached = (start, end, prefix, (start - _EPOCH) // _MICROSECOND)
+            _utc_second = cached  # 整个元组一次换上：并发的读者看不到半新半旧的四项
         micro = value.microsecond
-        return f"{cached[1]}{_SECONDS[second]}{micro:06d}+00:00", cached[2] + second * 1_000_000 + micro
+        # 微秒的六位数字拆成两段查表（不经 ``:06d`` 的格式说明解析）
+        return f"{cached[2]}{_DIGITS3[micro // 1000]}{_DIGITS3[micro % 1000]}+00:00", cached[3] + micro
     return _iso(value), (value - _EPOCH) // _MICROSECOND
 
 
