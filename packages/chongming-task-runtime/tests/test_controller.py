@@ -526,6 +526,36 @@ def test_finished_worker_thread_relays_the_next_queued_task() -> None:
     c.close()
 
 
+def test_tasks_released_together_by_one_settlement_run_in_parallel() -> None:
+    """一次结算同时放出几个排队任务（一个任务占着两个限流标签，落地时两边各放出一个）：只接力一个，另一个交给
+    别的线程——两个同时跑（互相等到对方才返回）。都接力到落地的那一条线程上就排成一串，栅栏等不齐。"""
+    c = Controller(concurrency=ConcurrencyPolicy(max_parallel=4, limits={"a": 1, "b": 1}))
+    gate = threading.Event()
+    together = threading.Barrier(2, timeout=5)
+
+    def hold(ctx: object) -> None:
+        gate.wait(5)
+
+    def meet(ctx: object, i: int) -> int:
+        together.wait()  # 两个不同时在跑就等不齐：BrokenBarrierError，任务失败
+        return i
+
+    c.register("hold", hold)
+    c.register("meet", meet)
+    try:
+        first = c.submit("hold", tags={"a", "b"})
+        wait_until(lambda: first.status is S.RUNNING)
+        runs = [c.submit("meet", 0, tags={"a"}), c.submit("meet", 1, tags={"b"})]
+        assert [r.status for r in runs] == [S.QUEUED, S.QUEUED]
+        gate.set()
+        outcomes = c.wait_all(timeout=10)
+        assert [o.status for o in outcomes] == [S.SUCCEEDED] * 3, [o.failure for o in outcomes]
+        assert [o.value for o in outcomes[1:]] == [0, 1]
+    finally:
+        gate.set()
+        c.close()
+
+
 def _thread(ident: int) -> threading.Thread | None:
     return next((t for t in threading.enumerate() if t.ident == ident), None)
 

@@ -8,7 +8,8 @@
 干净跑完的线程会被复用，分两种：
 
 * **接力**：一条线程跑完任务体、在结算里把空出的额度交给下一个排队任务时（Controller 的调度就发生
-  在这一刻、这条线程上），下一个尝试不经任何交接，等结算返回后由这条线程接着跑；
+  在这一刻、这条线程上），下一个尝试不经任何交接，等结算返回后由这条线程接着跑；一次结算只接力一个，
+  同时放出的其余尝试各自交给别的线程（否则它们排在这条线程上串行跑）；
 * **空闲等待**：没有接力的活时，线程在空闲栈里最多等 ``IDLE_WORKER_TIMEOUT`` 秒，期间 ``launch()``
   直接把尝试交给它（一次锁释放），不再新建线程；等不到就退出。空闲的最多 ``MAX_IDLE_WORKERS`` 条。
 
@@ -153,7 +154,10 @@ class ThreadAttempt(LocalAttempt):
 
     def launch(self) -> None:
         relay: list[ThreadAttempt] | None = getattr(_relay, "pending", None)
-        if relay is not None:
+        # 只接力一个：一次结算里放出的第二个、第三个尝试若也接力到这条线程，它们要等前一个跑完才开始——
+        # 调度层已经给了它们各自的额度，却挤在一条线程上串行跑（限流标签一次放出两个、管道一次放行几个
+        # 下游时都会这样）。多出来的照常交给空闲线程或新建线程。
+        if relay is not None and not relay:
             relay.append(self)
             return
         _hand_off(self)
