@@ -39,12 +39,13 @@
 
 from __future__ import annotations
 
+import _thread
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from types import MethodType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.records import (
@@ -103,7 +104,9 @@ _Owner = TypeVar("_Owner")
 # 按需建任务锁时的"出生锁"（见模块说明）：只守"查空、写入"两步。普通的 C 锁（不可重入）：持有它的代码
 # 不调用任何东西，不会重入。
 _LOCK_BIRTH = threading.Lock()
-_new_rlock = threading.RLock
+# 直接是 C 实现的 RLock 类型：threading.RLock 是包着它的一个 Python 函数（*args / **kwargs 转一手），
+# 每个任务开始时多一层调用（issue 17）。
+_new_rlock = _thread.RLock
 
 
 # 热路径上直接查普通 dict：它就是 TRANSITIONS 本身的内容（同一批 frozenset 对象），不是另一份表。
@@ -361,19 +364,16 @@ class StateMachine:
     def clock(self) -> Clock:
         return self._clock
 
-    @property
-    def lock(self) -> threading.RLock:
-        """这台状态机的锁（所有写入都在它下面）。构造时没给的，第一次读它时才建（见模块说明）；一经建出
-        就不再换，任何线程读到的都是同一把。"""
-        return self._lock or self._born_lock()
-
     def _born_lock(self) -> threading.RLock:
-        """建出并发布这台状态机的锁（已有就返回已有的）。
+        """这台状态机的锁；还没有就建出并发布它（``lock`` 属性就是这个方法）。
 
         新锁在拿出生锁之前造好：造对象可能触发循环 GC、跑别的对象的终结器，它们若也要建某台状态机的锁，
         就会撞上本线程已持有的出生锁（不可重入）。持出生锁时只读一个槽、写一个槽。两个线程同时来：出生锁
         让"查空、写入"两步不交错，后到的读到先到者已发布的锁，丢掉自己造的那把。发布是一次槽写，读锁的
         线程（``self._lock or ...``）读到的要么是 None（于是也来这里），要么就是那把唯一的锁。"""
+        lock = self._lock
+        if lock is not None:
+            return lock
         fresh = _new_rlock()
         birth = _LOCK_BIRTH
         birth.acquire()
@@ -384,6 +384,19 @@ class StateMachine:
         finally:
             birth.release()
         return lock
+
+    if TYPE_CHECKING:
+
+        @property
+        def lock(self) -> threading.RLock:
+            """这台状态机的锁（类型检查看到的形状；运行时见下）。"""
+
+    else:
+        lock = property(
+            _born_lock,
+            doc="""这台状态机的锁（所有写入都在它下面）。构造时没给的，第一次读它时才建（见模块说明）；
+            一经建出就不再换，任何线程读到的都是同一把。读它就是调一次 ``_born_lock``（不再多转一层）。""",
+        )
 
     def packed_transitions(self) -> tuple[PackedTransition, ...]:
         """全部迁移记录的紧凑形式（``records.PackedTransition``），按版本升序；与 ``transitions`` 逐条对应。

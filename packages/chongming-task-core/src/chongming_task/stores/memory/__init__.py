@@ -123,7 +123,13 @@ class _Row:
 
     __slots__ = ("_sides", "_snapshot", "history", "log_seq", "log_writers", "logs", "outcome_text")
 
-    def __init__(self, snapshot: TaskSnapshot, outcome_text: str | None) -> None:
+    def __init__(
+        self,
+        snapshot: TaskSnapshot,
+        outcome_text: str | None,
+        history: tuple[PackedTransition, ...] | dict[int, PackedTransition] = (),
+    ) -> None:
+        """``history`` 给出时须是 ``history`` 槽的两种形状之一（精简的行换成 _Row 时交来它的连续元组）。"""
         self._snapshot = snapshot
         self._sides: tuple[Any, ...] | None = None
         self.outcome_text = outcome_text
@@ -134,7 +140,7 @@ class _Row:
         # 晋升进最老一代的对象，全量回收的次数与每次的时间都跟着涨（issue 17，bench/README 第二十轮 bl20）。
         # 只装不被追踪的元组的元组，年轻代回收就不再追踪它、从不晋升；写穿的任务落库时交来的就是状态机
         # 自己的那个元组，不必另造。
-        self.history: tuple[PackedTransition, ...] | dict[int, PackedTransition] = ()
+        self.history: tuple[PackedTransition, ...] | dict[int, PackedTransition] = history
         # 日志挂在任务行上：删掉任务（prune / delete_archived）就连同日志一起删掉，不会留下孤儿。
         # 多数任务一行日志也不写：行与水位线在第一次 append_logs 时才建；行少时是元组（见 _SMALL_LOG），
         # 水位线是 str → int 的 dict（只含原子值，GC 不追踪）。
@@ -195,14 +201,6 @@ _SIDE_FIELDS = ("outcome", *_SAVE_KEEPS)
 """``_Row._sides`` 的各项：存下的 outcome（容器型的只存文本，这里是 None）与沿用的那几个字段。"""
 _side_values = operator.itemgetter(*_SIDE_FIELDS)
 _LEASE_UNTIL_AT = _SIDE_FIELDS.index("lease_until")
-
-
-def _lean_row(snapshot: TaskSnapshot, history: tuple[PackedTransition, ...]) -> _Row:
-    """精简的行（快照 + 连续的历史元组，没有 outcome 文本、旁路值与日志）换成的 _Row：与 _create_direct
-    当初直接造 _Row 时一模一样。"""
-    row = _Row(snapshot, None)
-    row.history = history
-    return row
 
 
 def _keep_sides(row: _Row, old: dict[str, Any], scalar: Any) -> None:
@@ -340,7 +338,7 @@ class InMemoryTaskStore(TaskStore):
         if row is None and self._lean:
             snapshot = self._lean.pop(task_id, None)
             if snapshot is not None:
-                row = self._rows[task_id] = _lean_row(snapshot, self._lean_history.pop(task_id))
+                row = self._rows[task_id] = _Row(snapshot, None, self._lean_history.pop(task_id))
         return row
 
     def _absorb(self) -> None:
@@ -350,7 +348,7 @@ class InMemoryTaskStore(TaskStore):
         if self._lean:
             rows, histories = self._rows, self._lean_history
             for task_id, snapshot in self._lean.items():
-                rows[task_id] = _lean_row(snapshot, histories[task_id])
+                rows[task_id] = _Row(snapshot, None, histories[task_id])
             self._lean.clear()
             histories.clear()
 
@@ -479,8 +477,8 @@ class InMemoryTaskStore(TaskStore):
             if self._closed:
                 self._check_open()
             row = self._rows.get(snapshot.task_id)
-            if row is None:
-                row = self._row(snapshot.task_id)  # 抛 TaskNotFound
+            if row is None:  # 精简的行（写穿落库之后的第一次写）就地换成 _Row；都没有就抛 TaskNotFound
+                row = self._find(snapshot.task_id) or self._row(snapshot.task_id)
             # 不经 snapshot 属性合成：可存储性的基准只要是查过的快照，行里存下的调用方那份每个字段都查过；
             # 版本号不是旁路字段（见 _Row）
             current = row._snapshot
@@ -514,9 +512,15 @@ class InMemoryTaskStore(TaskStore):
         try:
             if self._closed:
                 self._check_open()
-            row = self._rows.get(snapshot.task_id)
+            task_id = snapshot.task_id
+            row = self._rows.get(task_id)
             if row is None:
-                row = self._row(snapshot.task_id)  # 抛 TaskNotFound
+                # 精简的行（写穿落库之后的第一次写，多半是 starting）就地换成 _Row：同 _find，只是少一层调用
+                lean = self._lean.pop(task_id, None)
+                if lean is None:
+                    row = self._row(task_id)  # 抛 TaskNotFound
+                else:
+                    row = self._rows[task_id] = _Row(lean, None, self._lean_history.pop(task_id))
             current = row._snapshot  # 不合成旁路值：同 _save_direct
             new, old = snapshot.__dict__, current.__dict__
             # check_storable_changes(current, snapshot)，先就地做它的快速判定（文本字段与标签原样沿用、
