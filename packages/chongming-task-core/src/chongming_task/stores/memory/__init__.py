@@ -105,7 +105,8 @@ def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
 
 
 class _Row:
-    """一个任务的全部存储状态。snapshot 里的 outcome 只在 outcome_text 为 None 时有效。
+    """一个任务的全部存储状态。snapshot 里的 outcome 只在 outcome_text 为 None 时有效。（写穿落库之后还没
+    再写过的新任务没有 _Row，是"精简的行"，见 ``InMemoryTaskStore.__init__`` 里 ``_lean`` 的说明。）
 
     ``snapshot`` 是存储眼里的这一版。save 沿用存储自己的旁路字段与配方（``_SAVE_KEEPS``）：行里存调用方的
     快照（``_snapshot``）加一个"存储自己的那几个值"的元组（``_sides``，首项是存下的 outcome），第一次读
