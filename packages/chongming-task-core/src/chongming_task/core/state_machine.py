@@ -17,13 +17,6 @@
 线程安全：所有写入都在 ``self.lock`` 下进行。TaskRun 把自己的锁传进来，于是"每个 TaskRun
 一把锁"与"状态机是唯一写者"是同一件事。
 
-锁按需出生（见 ``lock`` 与 ``_born_lock``）：构造时不给锁的状态机先不带锁，第一次有人要加锁时才建一把、
-以一次槽写发布，之后再也不换。为什么：排着队的任务（积压五万个时）在开始之前谁也不加它的锁，每个任务
-却常驻一把 RLock——一个被循环 GC 追踪、熬过年轻代晋升进最老一代的对象，垫高全量回收的触发线
-（issue 17，bench/README 第二十一轮 bl21）。建锁只在一把全模块共用的"出生锁"下做"查空、写入"两步：
-持出生锁时不调任何 Python 代码、不分配对象、不拿别的锁（新锁在拿出生锁之前就造好），所以它是叶子锁，
-不可能与任务锁、控制器锁成环；谁先写入谁的锁就是这台状态机唯一的锁，晚到的丢掉自己造的那把、用已发布的。
-
 热路径的加锁写法：每个任务都要走的几个动作（入队、开始、就位、成功、记心跳、造兄弟任务、登记 / 弱化监听器、
 旁路字段）写成 ``lock.acquire()`` + ``try`` / ``finally: lock.release()``，不经 ``with``。3.11 上 ``with``
 一把 C 实现的 ``RLock`` 每次要现查 ``__enter__`` / ``__exit__``、各造一个绑定方法，再以三个 None 调
@@ -39,13 +32,12 @@
 
 from __future__ import annotations
 
-import _thread
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from types import MethodType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from chongming_task.clock import SYSTEM_CLOCK, Clock
 from chongming_task.core.records import (
@@ -100,13 +92,6 @@ S = TaskStatus
 TransitionListener = Callable[[TaskSnapshot, Transition], None]
 
 _Owner = TypeVar("_Owner")
-
-# 按需建任务锁时的"出生锁"（见模块说明）：只守"查空、写入"两步。普通的 C 锁（不可重入）：持有它的代码
-# 不调用任何东西，不会重入。
-_LOCK_BIRTH = threading.Lock()
-# 直接是 C 实现的 RLock 类型：threading.RLock 是包着它的一个 Python 函数（*args / **kwargs 转一手），
-# 每个任务开始时多一层调用（issue 17）。
-_new_rlock = _thread.RLock
 
 
 # 热路径上直接查普通 dict：它就是 TRANSITIONS 本身的内容（同一批 frozenset 对象），不是另一份表。
@@ -189,7 +174,7 @@ class _WeakOwner:
 class StateMachine:
     """一个任务的状态机：当前快照 + 只追加的迁移历史。"""
 
-    __slots__ = ("_clock", "_listener", "_listeners", "_lock", "_owner", "_snapshot", "_transitions")
+    __slots__ = ("_clock", "_listener", "_listeners", "_owner", "_snapshot", "_transitions", "lock")
 
     def __init__(
         self,
@@ -261,7 +246,7 @@ class StateMachine:
         # 不为 None 时，第一个监听器是一个普通函数、以 ``_listener(_owner, 快照, 记录)`` 调用（见
         # add_owner_listener）：等价于登记 ``owner.method``，只是不为每台状态机常驻一个绑定方法对象。
         self._owner: Any = None
-        self._lock: threading.RLock | None = lock
+        self.lock = lock or threading.RLock()
 
     # -- construction -------------------------------------------------------------------------------
 
@@ -313,7 +298,7 @@ class StateMachine:
         ``lease``：换上的租约字段（``lease_owner`` / ``lease_until``，调用方此刻算的）；不给时沿用模板的。
         """
         # 不经 with：见模块说明（热路径的加锁写法）。参数里的 lock 是新任务的锁，这里拿的是模板自己的。
-        own = self._lock or self._born_lock()
+        own = self.lock
         own.acquire()
         try:
             current = self._snapshot
@@ -364,57 +349,17 @@ class StateMachine:
     def clock(self) -> Clock:
         return self._clock
 
-    def _born_lock(self) -> threading.RLock:
-        """这台状态机的锁；还没有就建出并发布它（``lock`` 属性就是这个方法）。
-
-        新锁在拿出生锁之前造好：造对象可能触发循环 GC、跑别的对象的终结器，它们若也要建某台状态机的锁，
-        就会撞上本线程已持有的出生锁（不可重入）。持出生锁时只读一个槽、写一个槽。两个线程同时来：出生锁
-        让"查空、写入"两步不交错，后到的读到先到者已发布的锁，丢掉自己造的那把。发布是一次槽写，读锁的
-        线程（``self._lock or ...``）读到的要么是 None（于是也来这里），要么就是那把唯一的锁。"""
-        lock = self._lock
-        if lock is not None:
-            return lock
-        fresh = _new_rlock()
-        birth = _LOCK_BIRTH
-        birth.acquire()
-        try:  # try / finally：信号处理里抛出的异常（KeyboardInterrupt）也不能把出生锁永远留在持有状态
-            lock = self._lock
-            if lock is None:
-                lock = self._lock = fresh
-        finally:
-            birth.release()
-        return lock
-
-    if TYPE_CHECKING:
-
-        @property
-        def lock(self) -> threading.RLock:
-            """这台状态机的锁（类型检查看到的形状；运行时见下）。"""
-
-    else:
-        lock = property(
-            _born_lock,
-            doc="""这台状态机的锁（所有写入都在它下面）。构造时没给的，第一次读它时才建（见模块说明）；
-            一经建出就不再换，任何线程读到的都是同一把。读它就是调一次 ``_born_lock``（不再多转一层）。""",
-        )
-
     def packed_transitions(self) -> tuple[PackedTransition, ...]:
         """全部迁移记录的紧凑形式（``records.PackedTransition``），按版本升序；与 ``transitions`` 逐条对应。
 
         写穿落库新任务时交给存储（``TaskStore._create_direct``）：内存存储的历史本来就存这种元组，不必先现造
         Transition 再拆回去（每个提交省一次加锁之外的解包与打包，issue 17）。元组本身不可变，直接交出去。"""
-        # 还是元组时不加锁：元组不可变，迁移只以一次槽写换上新的元组（``_apply``），读一个槽拿到的要么是旧的、
-        # 要么是新的完整历史——与持锁读到的一样。为什么不加：写穿落库新任务时（提交的热路径）就读它，加锁
-        # 就得先把这台还在排队的状态机的锁建出来（见模块说明"锁按需出生"）。超过 PACKED_TUPLE_MAX 条后
-        # 换成列表原地追加，复制它才要持锁。
-        history = self._transitions
-        if history.__class__ is tuple:
-            return history
         # 不经 with：见模块说明（热路径的加锁写法）
-        lock = self._lock or self._born_lock()
+        lock = self.lock
         lock.acquire()
         try:
-            return tuple(self._transitions)
+            history = self._transitions
+            return history if history.__class__ is tuple else tuple(history)
         finally:
             lock.release()
 
@@ -498,20 +443,8 @@ class StateMachine:
         """
         if owner is None:
             raise ConfigurationError("add_owner_listener() 的 owner 不能是 None")
-        if self._lock is None:
-            # 锁还没出生（控制器刚建的、排队中的任务，TaskRun 就在这里登记）：不为登记去建它。持出生锁时读到
-            # 它仍没出生，就没有任何线程持有它，谁要加它也得先拿到出生锁（``_born_lock``）——在放开出生锁
-            # 之前本线程与持有这台状态机的锁一样独占。这里只读写两个槽，不调用别的代码（出生锁的规矩）。
-            birth = _LOCK_BIRTH
-            birth.acquire()
-            try:
-                if self._lock is None and self._listener is None:
-                    self._listener, self._owner = handler, owner
-                    return
-            finally:
-                birth.release()
         # 不经 with：见模块说明（热路径的加锁写法）
-        lock = self._lock or self._born_lock()
+        lock = self.lock
         lock.acquire()
         try:
             if self._listener is None:
@@ -530,7 +463,7 @@ class StateMachine:
         ``close()``）调用它：之后谁也不引用这个句柄，引用计数当场释放它；调用方手里的句柄照样收到通知
         （issue 17）。"""
         # 不经 with：见模块说明（热路径的加锁写法）
-        lock = self._lock or self._born_lock()
+        lock = self.lock
         lock.acquire()
         try:
             owner = self._owner
@@ -663,7 +596,7 @@ class StateMachine:
     ) -> TaskSnapshot:
         """就绪，等待执行槽。queued 意味着"未启动"，所以清空 started_at（见模块说明）。"""
         # 不经 with：见模块说明（热路径的加锁写法）
-        lock = self._lock or self._born_lock()
+        lock = self.lock
         lock.acquire()
         try:
             now = self._clock.now()
@@ -682,7 +615,7 @@ class StateMachine:
     ) -> TaskSnapshot:
         """开始新一次尝试：attempt + 1，记下 started_at。预算不够时抛 AttemptsExhausted。"""
         # 不经 with：见模块说明（热路径的加锁写法）
-        lock = self._lock or self._born_lock()
+        lock = self.lock
         lock.acquire()
         try:
             return self.mark_starting_locked(executor, trigger, actor, reason)
@@ -729,7 +662,7 @@ class StateMachine:
     ) -> TaskSnapshot:
         """载体已就位（starting → running），或就地暂停后恢复（pausing / paused → running）。"""
         # 不经 with：见模块说明（热路径的加锁写法）
-        lock = self._lock or self._born_lock()
+        lock = self.lock
         lock.acquire()
         try:
             return self.mark_running_locked(pid, trigger, actor, reason)
@@ -762,7 +695,7 @@ class StateMachine:
     ) -> TaskSnapshot:
         """正常完成（running → succeeded，或停止请求发出后恰好跑完：stopping → succeeded）。"""
         # 不经 with：见模块说明（热路径的加锁写法）
-        lock = self._lock or self._born_lock()
+        lock = self.lock
         lock.acquire()
         try:
             return self._apply(_SUCCEEDED, trigger, actor, reason, {"outcome": outcome, "failure": None})
@@ -779,7 +712,7 @@ class StateMachine:
         只在 running 时用它，迁移不会被拒）。
         """
         # 不经 with：见模块说明（热路径的加锁写法）
-        lock = self._lock or self._born_lock()
+        lock = self.lock
         lock.acquire()
         try:
             return self.mark_succeeded_with_heartbeat_locked(outcome, heartbeat_at)
@@ -932,7 +865,7 @@ class StateMachine:
     ) -> TaskSnapshot:
         """进度、心跳、pid、租约：属于高频旁路，不参与状态机，不递增 status_version。"""
         # 不经 with：见模块说明（热路径的加锁写法）
-        lock = self._lock or self._born_lock()
+        lock = self.lock
         lock.acquire()
         try:
             changes: dict[str, Any] = {}
@@ -962,7 +895,7 @@ class StateMachine:
         """``update_side(heartbeat_at=...)`` 的单字段版本：受监督的执行每次结算都把最后一次心跳记进快照，
         不必为一个字段走一遍五个可选参数的判定（检查与结果都相同）。"""
         # 不经 with：见模块说明（热路径的加锁写法）
-        lock = self._lock or self._born_lock()
+        lock = self.lock
         lock.acquire()
         try:
             if heartbeat_at.__class__ is not datetime or heartbeat_at.tzinfo is not UTC:

@@ -459,10 +459,7 @@ class TaskRun:
         # 每个任务要读它五六次，issue 17）。
         self.task_id: str = machine.task_id
         self.clock: Clock = clock
-        # 任务锁就是状态机的锁，但状态机的锁按需出生（排队中的任务不带锁，见 core/state_machine.py 的模块
-        # 说明）：这里先不去取，第一次加锁时经 _task_lock 取来存下。它一经建出就不再换，所以存下的副本永远
-        # 与 machine.lock 是同一把；两个线程同时来取，拿到的也是同一把（出生只发布一次）。
-        self._lock: threading.RLock | None = None
+        self._lock = machine.lock
         self._on_requeue = on_requeue
         # 控制器的迁移处理（写穿、调度记账、事件）：在本任务每次迁移之后、TaskRun 自己的处理之前调用。经这个
         # 钩子而不是另挂一个监听器：每个任务的状态机只挂一个监听器（一个绑定方法），不再多一个监听器对象与
@@ -485,12 +482,6 @@ class TaskRun:
         # 经 add_owner_listener 而不是 add_listener(self._on_transition)：
         # 不为每个任务常驻一个绑定方法（issue 17）
         machine.add_owner_listener(self, TaskRun._on_transition)
-
-    def _task_lock(self) -> threading.RLock:
-        """任务锁（状态机的锁，需要时才建出），存下供以后的加锁直接读（每个加锁点写成
-        ``self._lock or self._task_lock()``：多数任务只在开始时走到这里一次）。"""
-        lock = self._lock = self.machine.lock
-        return lock
 
     @property
     def _watchdog(self) -> Watchdog:
@@ -517,12 +508,12 @@ class TaskRun:
             attempt is not None
             and attempt.running
             and not attempt.settled
-            and (lock := self._lock or self._task_lock()).acquire(blocking=False)
+            and self._lock.acquire(blocking=False)
         ):
             try:
                 self._sync_heartbeat_locked(attempt)
             finally:
-                lock.release()
+                self._lock.release()
         return self.machine.snapshot
 
     def sync_heartbeat(self) -> TaskSnapshot:
@@ -541,7 +532,7 @@ class TaskRun:
     def done_event(self) -> threading.Event:
         """落终态时置位（在本任务的全部迁移监听器——包括控制器的写穿——都跑完之后）。"""
         # 不经 with：同 start()
-        lock = self._lock or self._task_lock()
+        lock = self._lock
         lock.acquire()
         try:
             # 锁内读到的"已落地"意味着终态迁移连同它的监听器都已完成（监听器在同一把锁内运行）。
@@ -584,8 +575,6 @@ class TaskRun:
         # 不经 with：每个任务都走这里（3.11 上 with 一把 RLock 约 540 ns，直接调用约 190 ns；
         # 见 core/state_machine.py 的模块说明）。_on_running、_settle 同。
         lock = self._lock
-        if lock is None:  # 排队的任务多半在这里第一次加锁：同 _task_lock，只是少一层调用
-            lock = self._lock = self.machine.lock
         lock.acquire()
         try:
             status = self.machine.status
@@ -616,7 +605,7 @@ class TaskRun:
         分两步是为了与 ``start()`` 同一个窗口：尝试在任务锁内准备好，控制器再把任务登记出去（从此 stop /
         pause 看得到它、看到的已是有尝试的 starting），最后在锁外启动载体。
         """
-        with self._lock or self._task_lock():
+        with self._lock:
             if self._started or self.machine.status is not S.STARTING:
                 raise ConfigurationError(
                     f"任务 {self.task_id!r} 不是刚由认领开始的（当前 {self.machine.status.value}）"
@@ -651,7 +640,7 @@ class TaskRun:
         # 优雅窗口从"请求到达"这一刻算起，而不是从 stopping 写穿存储之后：负载下一次写可能要几百毫秒，
         # 不能让它叠加到窗口上（用户指南 §4.1 的超时上界只含收尾那一次写）。
         requested_at = self.clock.monotonic()
-        with self._lock or self._task_lock():
+        with self._lock:
             machine = self.machine
             status = machine.status
             if status.is_terminal:
@@ -682,7 +671,7 @@ class TaskRun:
         中间态），在检查点响应后落 cancelled，正常返回则 succeeded；优雅窗口用尽与 stop() 相同：
         线程记 lost，子进程被终止后记 cancelled。返回请求是否被受理。
         """
-        with self._lock or self._task_lock():
+        with self._lock:
             machine = self.machine
             status = machine.status
             if status.is_terminal or status is S.STOPPING:
@@ -721,7 +710,7 @@ class TaskRun:
         assert window is not None
         # 窗口从调用这一刻算起：pausing 的写穿（负载下可能几百毫秒）算在窗口里，不叠加在窗口之后。
         deadline = self.clock.monotonic() + window
-        with self._lock or self._task_lock():
+        with self._lock:
             machine = self.machine
             status = machine.status
             if status is S.PAUSED:
@@ -746,7 +735,7 @@ class TaskRun:
             else:
                 signal = attempt.pause_signal(fresh=False)
         self.clock.wait(signal, max(0.0, deadline - self.clock.monotonic()))
-        with self._lock or self._task_lock():
+        with self._lock:
             machine = self.machine
             status = machine.status
             if status is S.PAUSED:
@@ -764,7 +753,7 @@ class TaskRun:
     def resume(self, *, actor: str | None = None) -> bool:
         """撤销暂停。就地暂停的回到 running；排队/重试等待中暂停的回到 queued（§4.3）。"""
         relaunch: _Attempt | None = None
-        with self._lock or self._task_lock():
+        with self._lock:
             machine = self.machine
             status = machine.status
             attempt = self._attempt
@@ -798,7 +787,7 @@ class TaskRun:
     def release(self, upstream: Mapping[str, Any] | None = None) -> bool:
         """管道放行（blocked → queued）。``upstream`` 是放行那一刻的成功上游值，交给任务
         （TaskRun 在每次尝试开始时把它交给 ctx.input / ctx.upstream）。返回是否真的放行了。"""
-        with self._lock or self._task_lock():
+        with self._lock:
             if upstream:
                 self.upstream.update(upstream)
             if self.machine.status is not S.BLOCKED:
@@ -808,7 +797,7 @@ class TaskRun:
 
     def mark_dependency_failed(self, reason: str) -> bool:
         """上游失败、按汇合规则不再执行（blocked → skipped，失败类型 dependency_failed，不可重试）。"""
-        with self._lock or self._task_lock():
+        with self._lock:
             if self.machine.status is not S.BLOCKED:
                 return False
             failure = Failure(FailureKind.DEPENDENCY_FAILED, reason, retryable=False)
@@ -817,7 +806,7 @@ class TaskRun:
 
     def retry_due(self) -> bool:
         """重试等待到期，回到 queued 重新排队等额度（控制器的 ``on_requeue`` 用它，不绕过并发上限）。"""
-        with self._lock or self._task_lock():
+        with self._lock:
             if self.machine.status is not S.RETRY_WAIT:
                 return False
             self.machine.mark_queued(trigger=TRIGGER_RETRY_DUE)
@@ -826,7 +815,7 @@ class TaskRun:
     def detach(self) -> None:
         """不再由本进程管（worker 停止时把还没开始的持久任务交还存储）：撤掉重试与 start 超时的计时器，
         之后它们不会再推进这台状态机。"""
-        with self._lock or self._task_lock():
+        with self._lock:
             self._cancel_retry_locked()
             if self._start_timer is not None:
                 self._start_timer.cancel()
@@ -842,7 +831,7 @@ class TaskRun:
         计数当场释放；调用方手里的句柄照常可读（状态、快照、历史、``wait()`` / ``outcome``），之后对它的
         迁移（没有哪个公开动作能让终态再迁移）也照样通知它，只是不再经过这个控制器。"""
         # 不经 with：同 start()
-        lock = self._lock or self._task_lock()
+        lock = self._lock
         lock.acquire()
         try:
             self._transition_hook = None
@@ -861,7 +850,7 @@ class TaskRun:
         limit = self.timeout.start
         if limit is None:
             return
-        with self._lock or self._task_lock():
+        with self._lock:
             if self.machine.status is not S.QUEUED or self.machine.snapshot.attempt != 0:
                 return
             if self._start_timer is not None:
@@ -869,7 +858,7 @@ class TaskRun:
             self._start_timer = self._watchdog.schedule(limit, self._start_timed_out)
 
     def _start_timed_out(self) -> None:
-        with self._lock or self._task_lock():
+        with self._lock:
             self._start_timer = None
             machine = self.machine
             if machine.status is not S.QUEUED or machine.snapshot.attempt != 0:
@@ -939,7 +928,7 @@ class TaskRun:
 
     def _inline_retry_loop(self) -> None:
         while True:
-            with self._lock or self._task_lock():
+            with self._lock:
                 if self.machine.status is not S.RETRY_WAIT or self._retry_deadline is None:
                     return
                 remaining = self._retry_deadline - self.clock.monotonic()
@@ -965,7 +954,7 @@ class TaskRun:
 
     def _on_running(self, attempt: _Attempt, pid: int | None) -> None:
         # 不经 with：同 start()
-        lock = self._lock or self._task_lock()
+        lock = self._lock
         lock.acquire()
         try:
             if attempt is not self._attempt or attempt.settled:
@@ -991,7 +980,7 @@ class TaskRun:
 
     def _on_progress(self, attempt: _Attempt, progress: Progress) -> None:
         # 不经 with：同 start()
-        lock = self._lock or self._task_lock()
+        lock = self._lock
         lock.acquire()
         try:
             if attempt is self._attempt and not attempt.settled:
@@ -1005,7 +994,7 @@ class TaskRun:
         """一次尝试结束：决定终态、重试或继续等。迟到的结果（已放弃的线程）在这里被忽略。"""
         retry_due_now = False
         # 不经 with：同 start()
-        lock = self._lock or self._task_lock()
+        lock = self._lock
         lock.acquire()
         try:
             if attempt is not self._attempt or attempt.settled:
@@ -1140,7 +1129,7 @@ class TaskRun:
 
     def _on_retry_due(self, timer: Timer | None) -> None:
         next_attempt: _Attempt | None = None
-        with self._lock or self._task_lock():
+        with self._lock:
             if self.machine.status is not S.RETRY_WAIT or self._retry_timer is not timer:
                 return
             self._retry_timer = None
@@ -1179,7 +1168,7 @@ class TaskRun:
         )
 
     def _grace_expired(self, attempt: _Attempt) -> None:
-        with self._lock or self._task_lock():
+        with self._lock:
             if attempt is not self._attempt or attempt.settled:
                 return
             assert attempt.handle is not None
@@ -1213,7 +1202,7 @@ class TaskRun:
         )
 
     def _timeout_due(self, attempt: _Attempt, kind: FailureKind) -> None:
-        with self._lock or self._task_lock():
+        with self._lock:
             if attempt is not self._attempt or attempt.settled or attempt.stop_requested:
                 return
             machine = self.machine

@@ -105,8 +105,7 @@ def _encode_json(value: Any, *, what: str) -> tuple[Any, str | None]:
 
 
 class _Row:
-    """一个任务的全部存储状态。snapshot 里的 outcome 只在 outcome_text 为 None 时有效。（写穿落库之后还没
-    再写过的新任务没有 _Row，是"精简的行"，见 ``InMemoryTaskStore.__init__`` 里 ``_lean`` 的说明。）
+    """一个任务的全部存储状态。snapshot 里的 outcome 只在 outcome_text 为 None 时有效。
 
     ``snapshot`` 是存储眼里的这一版。save 沿用存储自己的旁路字段与配方（``_SAVE_KEEPS``）：行里存调用方的
     快照（``_snapshot``）加一个"存储自己的那几个值"的元组（``_sides``，首项是存下的 outcome），第一次读
@@ -124,13 +123,7 @@ class _Row:
 
     __slots__ = ("_sides", "_snapshot", "history", "log_seq", "log_writers", "logs", "outcome_text")
 
-    def __init__(
-        self,
-        snapshot: TaskSnapshot,
-        outcome_text: str | None,
-        history: tuple[PackedTransition, ...] | dict[int, PackedTransition] = (),
-    ) -> None:
-        """``history`` 给出时须是 ``history`` 槽的两种形状之一（精简的行换成 _Row 时交来它的连续元组）。"""
+    def __init__(self, snapshot: TaskSnapshot, outcome_text: str | None) -> None:
         self._snapshot = snapshot
         self._sides: tuple[Any, ...] | None = None
         self.outcome_text = outcome_text
@@ -141,7 +134,7 @@ class _Row:
         # 晋升进最老一代的对象，全量回收的次数与每次的时间都跟着涨（issue 17，bench/README 第二十轮 bl20）。
         # 只装不被追踪的元组的元组，年轻代回收就不再追踪它、从不晋升；写穿的任务落库时交来的就是状态机
         # 自己的那个元组，不必另造。
-        self.history: tuple[PackedTransition, ...] | dict[int, PackedTransition] = history
+        self.history: tuple[PackedTransition, ...] | dict[int, PackedTransition] = ()
         # 日志挂在任务行上：删掉任务（prune / delete_archived）就连同日志一起删掉，不会留下孤儿。
         # 多数任务一行日志也不写：行与水位线在第一次 append_logs 时才建；行少时是元组（见 _SMALL_LOG），
         # 水位线是 str → int 的 dict（只含原子值，GC 不追踪）。
@@ -276,16 +269,6 @@ class InMemoryTaskStore(TaskStore):
         # 写穿时每次迁移都从执行任务的线程进来、临界区只是几次字典操作：用不排车队的锁（见 core/locks.py）。
         self._lock = YieldingLock()
         self._rows: dict[str, _Row] = {}
-        # 精简的行：写穿落库、之后还没再写过的新任务（排着队的那些）不造 _Row，快照与紧凑历史各放一个 dict。
-        # 为什么：_Row 是被循环 GC 追踪的对象，排队中的任务每个一个、熬过年轻代晋升进最老一代，垫高全量回收的
-        # 触发线、每次全量回收都要扫它（积压 5 万个时，bench/README 第二十一轮 bl21）；快照本来就是状态机的那
-        # 一份（已被追踪，不多一个），历史是只装紧凑元组的元组（不被追踪），放进长寿的 dict 里不多任何被追踪的
-        # 对象。只在"没有 outcome 文本、历史是连续的元组"时才精简（见 _create_direct；新任务没有旁路值
-        # 与日志）；
-        # 其余任何读写之前先经 _find / _absorb 换成 _Row（在同一次持锁里），之后的代码只见 _Row。
-        # 两个 dict 的键总相同，与 _rows 的键不相交；都在 _lock 下读写。
-        self._lean: dict[str, TaskSnapshot] = {}
-        self._lean_history: dict[str, tuple[PackedTransition, ...]] = {}
         # 全部指令（按提交先后）与尚未完成的指令：认领只扫描后者，已完成的指令越积越多也不拖慢轮询。
         self._commands: dict[str, _CommandRow] = {}
         self._pending: dict[str, _CommandRow] = {}
@@ -317,7 +300,7 @@ class InMemoryTaskStore(TaskStore):
         return self._clock
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._rows) + len(self._lean)} tasks"
+        state = "closed" if self._closed else f"{len(self._rows)} tasks"
         return f"InMemoryTaskStore({state})"
 
     # -- helpers (call with the lock held) -----------------------------------------------------------
@@ -327,35 +310,13 @@ class InMemoryTaskStore(TaskStore):
             raise StoreError("存储已关闭：close() 之后不能再读写；请重新打开一个存储")
 
     def _row(self, task_id: str) -> _Row:
-        row = self._find(task_id)
+        row = self._rows.get(task_id)
         if row is None:
             raise TaskNotFound(f"存储里没有任务 {task_id!r}")
         return row
 
-    def _find(self, task_id: str) -> _Row | None:
-        """这个任务的行（没有就是 None）。还是精简的行时就地换成 _Row（见 ``__init__`` 里
-        ``_lean`` 的说明）。"""
-        row = self._rows.get(task_id)
-        if row is None and self._lean:
-            snapshot = self._lean.pop(task_id, None)
-            if snapshot is not None:
-                row = self._rows[task_id] = _Row(snapshot, None, self._lean_history.pop(task_id))
-        return row
-
-    def _absorb(self) -> None:
-        """把精简的行全部换成 _Row：逐行遍历 ``_rows`` 的方法先调它（之后只见 _Row）。键在 ``_rows`` 里的
-        先后会变（精简的排到后面）——没有谁依赖它：读出的列表都按各自的键排序（查询的 sort_key、认领顺序、
-        prune 的新旧、归档的游标，都以 task_id 收尾）。"""
-        if self._lean:
-            rows, histories = self._rows, self._lean_history
-            for task_id, snapshot in self._lean.items():
-                rows[task_id] = _Row(snapshot, None, histories[task_id])
-            self._lean.clear()
-            histories.clear()
-
     def _select(self, query: v.TaskQuery | None) -> list[TaskSnapshot]:
         """满足条件（不含 limit 与顺序）的内部快照。调用方不得把含容器 outcome 的它们直接交出去。"""
-        self._absorb()
         if query is None:
             return [row.snapshot for row in self._rows.values()]
         checked = v.as_query(query)
@@ -374,7 +335,7 @@ class InMemoryTaskStore(TaskStore):
         with self._lock:
             if self._closed:
                 self._check_open()
-            if task_id in self._rows or task_id in self._lean:
+            if task_id in self._rows:
                 raise DuplicateTaskId(
                     f"task_id {task_id!r} 已存在：存储拒绝重复创建（想重跑请换一个 task_id 提交）"
                 )
@@ -408,33 +369,24 @@ class InMemoryTaskStore(TaskStore):
         scalar, text = (None, None) if outcome is None else _encode_json(outcome, what="outcome")
         stored = snapshot if scalar is outcome else snapshot.evolve(outcome=scalar)
         task_id = snapshot.task_id
-        row: _Row | None = None
-        if (
-            text is not None
-            or packed.__class__ is not tuple
-            or (len(packed) > 1 and not _consecutive(packed))
-        ):
-            row = _Row(stored, text)  # 锁外造好：锁内只剩查重与放入
+        row = _Row(stored, text)  # 锁外造好：锁内只剩查重与放入
+        if packed.__class__ is tuple and (len(packed) < 2 or _consecutive(packed)):
+            row.history = packed  # 常见（逐个 submit：一条 pending → queued）：就是状态机的那个元组，见 _Row
+        else:
             history = row.table()
             for record in packed:
                 history.setdefault(record[5], record)  # 同 _add_history：已有的版本保留先到的那条
-        # 否则（常见：逐个 submit，一条 pending → queued）存精简的行：快照与状态机的那个历史元组
-        # （见 __init__）
         lock = self._lock
         if not lock.try_acquire():  # 热路径的加锁写法见 core/locks.py
             lock.acquire()
         try:
             if self._closed:
                 self._check_open()
-            if task_id in self._rows or task_id in self._lean:
+            if task_id in self._rows:
                 raise DuplicateTaskId(
                     f"task_id {task_id!r} 已存在：存储拒绝重复创建（想重跑请换一个 task_id 提交）"
                 )
-            if row is None:
-                self._lean[task_id] = stored
-                self._lean_history[task_id] = packed
-            else:
-                self._rows[task_id] = row
+            self._rows[task_id] = row
         finally:
             lock.release()
 
@@ -478,8 +430,8 @@ class InMemoryTaskStore(TaskStore):
             if self._closed:
                 self._check_open()
             row = self._rows.get(snapshot.task_id)
-            if row is None:  # 精简的行（写穿落库之后的第一次写）就地换成 _Row；都没有就抛 TaskNotFound
-                row = self._find(snapshot.task_id) or self._row(snapshot.task_id)
+            if row is None:
+                row = self._row(snapshot.task_id)  # 抛 TaskNotFound
             # 不经 snapshot 属性合成：可存储性的基准只要是查过的快照，行里存下的调用方那份每个字段都查过；
             # 版本号不是旁路字段（见 _Row）
             current = row._snapshot
@@ -513,15 +465,9 @@ class InMemoryTaskStore(TaskStore):
         try:
             if self._closed:
                 self._check_open()
-            task_id = snapshot.task_id
-            row = self._rows.get(task_id)
+            row = self._rows.get(snapshot.task_id)
             if row is None:
-                # 精简的行（写穿落库之后的第一次写，多半是 starting）就地换成 _Row：同 _find，只是少一层调用
-                lean = self._lean.pop(task_id, None)
-                if lean is None:
-                    row = self._row(task_id)  # 抛 TaskNotFound
-                else:
-                    row = self._rows[task_id] = _Row(lean, None, self._lean_history.pop(task_id))
+                row = self._row(snapshot.task_id)  # 抛 TaskNotFound
             current = row._snapshot  # 不合成旁路值：同 _save_direct
             new, old = snapshot.__dict__, current.__dict__
             # check_storable_changes(current, snapshot)，先就地做它的快速判定（文本字段与标签原样沿用、
@@ -565,7 +511,7 @@ class InMemoryTaskStore(TaskStore):
             self._check_open()
             row = self._rows.get(task_id)
             if row is None:
-                return self._lean.get(task_id)  # 精简的行没有 outcome 文本、没有旁路值：就是这份快照
+                return None
             snapshot, text = row.snapshot, row.outcome_text
         # JSON 解析放在锁外：大 outcome 不阻塞别的线程。
         return snapshot if text is None else snapshot.evolve(outcome=json.loads(text))
@@ -575,7 +521,6 @@ class InMemoryTaskStore(TaskStore):
         with self._lock:
             self._check_open()
             # 快照与 outcome 文本必须在锁内成对取出：锁外再分别读 row 的两个属性，中间可能插进一次 save。
-            self._absorb()
             pairs = [
                 (row.snapshot, row.outcome_text) for row in self._rows.values() if query.matches(row.snapshot)
             ]
@@ -615,7 +560,7 @@ class InMemoryTaskStore(TaskStore):
         checks.check_key("task_id", task_id)
         with self._lock:
             self._check_open()
-            row = self._find(task_id)
+            row = self._rows.get(task_id)
             if row is None:
                 return []
             packed = list(row.table().values())
@@ -658,7 +603,6 @@ class InMemoryTaskStore(TaskStore):
         self._check_open()
         if request.empty:
             return []
-        self._absorb()
         rows = [row for row in self._rows.values() if claimable(row.snapshot, request)]
         rows.sort(key=lambda row: claim_order(row.snapshot))
         taken: list[TaskSnapshot] = []
@@ -684,7 +628,7 @@ class InMemoryTaskStore(TaskStore):
         changes = self._touch_changes(update)
         with self._lock:
             self._check_open()
-            row = self._find(update.task_id)
+            row = self._rows.get(update.task_id)
             if row is None:
                 return False
             if changes:
@@ -699,7 +643,7 @@ class InMemoryTaskStore(TaskStore):
         with self._lock:
             self._check_open()
             for task_id, changes in prepared:
-                row = self._find(task_id)
+                row = self._rows.get(task_id)
                 if row is not None and changes:
                     row.snapshot = row.snapshot.evolve(**changes)
 
@@ -707,8 +651,9 @@ class InMemoryTaskStore(TaskStore):
         """一次加锁、每行一次复制：续租只改两个字段，不必逐项造字段字典、逐项检查。"""
         with self._lock:
             self._check_open()
+            rows = self._rows
             for task_id in task_ids:
-                row = self._find(task_id)
+                row = rows.get(task_id)
                 if row is not None:
                     row.snapshot = row.snapshot.evolve(lease_owner=lease_owner, lease_until=lease_until)
 
@@ -756,7 +701,7 @@ class InMemoryTaskStore(TaskStore):
                 if wanted_buckets is not None and command.bucket not in wanted_buckets:
                     continue
                 if holder is not None:
-                    task = self._find(command.task_id)
+                    task = self._rows.get(command.task_id)
                     if task is None or task.snapshot.owner != holder:
                         continue
                 row.update(claimant=claimant, lease_until=lease_until, deliveries=command.deliveries + 1)
@@ -827,8 +772,9 @@ class InMemoryTaskStore(TaskStore):
         # 逐行处理与"按任务分组、组内按序去重编号"的结果相同：seq 与水位线都是每任务各自的，组内顺序不变。
         with self._lock:
             self._check_open()
+            rows = self._rows
             for line in lines:
-                row = self._find(line.task_id)
+                row = rows.get(line.task_id)
                 if row is None:
                     continue  # 任务已不在（例如刚被 prune）：跳过，见契约
                 if line.writer:  # 水位线去重（values.unseen_log_lines 说明为什么）
@@ -857,7 +803,7 @@ class InMemoryTaskStore(TaskStore):
         checks.read_logs_args(task_id, attempt, after_seq, limit)
         with self._lock:
             self._check_open()
-            row = self._find(task_id)
+            row = self._rows.get(task_id)
             if row is None:
                 return []
             picked: list[v.LogLine] = []
@@ -875,7 +821,7 @@ class InMemoryTaskStore(TaskStore):
         checks.check_key("task_id", task_id)
         with self._lock:
             self._check_open()
-            row = self._find(task_id)
+            row = self._rows.get(task_id)
             if row is None:
                 return v.LogStats()
             kept = 0 if row.logs is None else len(row.logs)
@@ -887,7 +833,6 @@ class InMemoryTaskStore(TaskStore):
         checks.check_count("keep_terminal", keep_terminal)
         with self._lock:
             self._check_open()
-            self._absorb()
             terminal = [row.snapshot for row in self._rows.values() if row.snapshot.is_terminal]
             excess = len(terminal) - keep_terminal
             if excess <= 0:
@@ -912,7 +857,6 @@ class InMemoryTaskStore(TaskStore):
             # 内存后端没有有序索引：在锁内排一次键（只排键，不复制记录），锁外不碰内部结构。
             with self._lock:
                 self._check_open()
-                self._absorb()
                 keys = sorted(
                     (task_id, version)
                     for task_id, row in self._rows.items()
@@ -933,7 +877,6 @@ class InMemoryTaskStore(TaskStore):
         after = checks.export_finished_args(before, after, limit)
         with self._lock:
             self._check_open()
-            self._absorb()
             chosen = sorted(
                 task_id
                 for task_id, row in self._rows.items()
@@ -961,7 +904,6 @@ class InMemoryTaskStore(TaskStore):
         transitions = tasks = commands = 0
         with self._lock:
             self._check_open()
-            self._absorb()
             for task_id, version in receipt.transitions:
                 row = self._rows.get(task_id)
                 if row is not None and row.table().pop(version, None) is not None:
@@ -1017,8 +959,6 @@ class InMemoryTaskStore(TaskStore):
                 return
             self._closed = True
             self._rows.clear()
-            self._lean.clear()
-            self._lean_history.clear()
             self._commands.clear()
             self._pending.clear()
             self._nodes.clear()
