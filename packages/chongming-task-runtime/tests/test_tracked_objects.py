@@ -15,10 +15,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from chongming_task import Controller, InMemoryTaskStore, Submit, TaskRun
 from chongming_task.runtime.taskrun import TASKRUN_LAZY_FIELDS
+from chongming_task.stores.sqlite import SqliteTaskStore
 
 N = 2000
 
@@ -258,6 +260,31 @@ def test_a_closed_controller_and_its_finished_tasks_are_freed_without_the_cycle_
                 assert stored is not None and stored.status.value == "succeeded"
                 assert store.history(kept.task_id) == list(kept.transitions)
                 store.close()
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def test_a_closed_sqlite_controller_and_its_store_are_freed_without_the_cycle_collector(
+    tmp_path: Path,
+) -> None:
+    # 组提交（SQLite 的写穿走它）不在自己身上存一个引用自己的绑定方法：那样组提交与它引用的存储（连同连接）
+    # 成了一个环，关掉的控制器丢下的存储要等一次全量回收才关掉文件。循环 GC 关着，两个弱引用都该当场失效。
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        store = SqliteTaskStore(str(tmp_path / "freed.db"))
+        controller = Controller(max_parallel=2, store=store)
+        controller.register("noop", noop)
+        for _ in range(50):
+            controller.submit("noop")
+        assert all(outcome.ok for outcome in controller.wait_all(timeout=30))
+        freed = weakref.ref(controller), weakref.ref(store)
+        controller.close(close_store=True)
+        del controller, store
+        time.sleep(0.1)  # 载体线程放开最后一次尝试
+        assert [ref() for ref in freed] == [None, None], "关掉的控制器或它的 SQLite 存储还在某个环里"
     finally:
         if was_enabled:
             gc.enable()

@@ -247,3 +247,36 @@ def test_claimable_create_notifies_once_per_transaction_and_not_for_a_duplicate(
     finally:
         submitter.close()
         worker.close()
+
+
+def test_a_closed_controller_that_listened_is_freed_without_the_cycle_collector(
+    postgres_dsn: str, schema: str
+) -> None:
+    """订阅了指令通知的控制器关掉、丢掉之后，控制器与存储都由引用计数当场释放：链接存着的取消订阅函数引用着
+    回调，回调若是链接自己的绑定方法，链接连同写穿与存储就成了只有循环 GC 才收得走的环。"""
+    import gc
+    import weakref
+
+    from chongming_task import Controller
+
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        store = PostgresTaskStore(postgres_dsn, schema=schema)
+        controller = Controller(max_parallel=2, store=store)
+        controller.register("noop", lambda ctx: None)
+        for _ in range(20):
+            controller.submit("noop")
+        assert all(outcome.ok for outcome in controller.wait_all(timeout=30))
+        assert store.listening, "控制器持有任务时订阅了指令通知（这条用例要证明的正是这条路径）"
+        freed = weakref.ref(controller), weakref.ref(store)
+        controller.close(close_store=True)
+        del controller, store
+        deadline = time.monotonic() + 5
+        while any(ref() is not None for ref in freed) and time.monotonic() < deadline:
+            time.sleep(0.05)  # 载体线程放开最后一次尝试、后台线程退出
+        assert [ref() for ref in freed] == [None, None], "关掉的控制器或它的存储还在某个环里"
+    finally:
+        if was_enabled:
+            gc.enable()

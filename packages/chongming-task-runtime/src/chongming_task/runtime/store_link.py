@@ -176,6 +176,18 @@ class LocalLink:
         """没有存储可关。"""
 
 
+def _command_notice(poll_now: threading.Event, wake: threading.Event) -> Callable[[object], None]:
+    """指令通知的回调：叫醒后台循环马上认领一次。只引用两个事件、不引用 StoreLink——链接存着存储给的取消订阅
+    函数，那个函数又引用着回调：回调若是 StoreLink 的绑定方法，链接（连同写穿、组提交与存储）就成了只有
+    循环 GC 才收得走的环，关掉的 Postgres 控制器丢下的这一片要等一次全量回收。"""
+
+    def on_notice(notice: object) -> None:
+        poll_now.set()
+        wake.set()
+
+    return on_notice
+
+
 class StoreLink(LocalLink):
     """有存储时的链接（见模块说明）。继承 LocalLink 只为共用"不需要存储"的那几个空操作的声明；
     凡是和存储有关的方法这里都重新实现。"""
@@ -291,7 +303,7 @@ class StoreLink(LocalLink):
         listen = getattr(self._store, "listen", None)
         if callable(listen):
             try:
-                self._unlisten = listen(self._on_command_notice)
+                self._unlisten = listen(_command_notice(self._poll_now, self._wake))
             except TaskError as exc:
                 logger.warning("无法订阅指令通知，改为纯轮询：%s", exc)
         self._wake.set()
@@ -302,10 +314,6 @@ class StoreLink(LocalLink):
         self._serves = sorted(names)
         self.start_polling()
         self._publish_node()
-
-    def _on_command_notice(self, notice: object) -> None:
-        self._poll_now.set()
-        self._wake.set()
 
     def _publish_node(self) -> None:
         """在存储里登记本节点负责的桶（带心跳与过期时间），供 check_cluster / doctor 发现重复与空洞。

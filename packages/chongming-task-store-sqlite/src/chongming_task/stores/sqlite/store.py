@@ -106,8 +106,12 @@ class _Connection(sqlite3.Connection):
 class _Pool:
     """连接池。文件库：借出/归还，空闲连接最多留 ``max_idle`` 条。内存库：唯一一条连接，借出期间持锁。"""
 
-    def __init__(self, connect: Callable[[], _Connection], *, shared: bool, max_idle: int = 8) -> None:
-        self._connect = connect
+    def __init__(
+        self, connect: weakref.WeakMethod[Callable[[], _Connection]], *, shared: bool, max_idle: int = 8
+    ) -> None:
+        # 存储的 _connect 只经弱引用拿：池归存储所有，存着一个绑定方法就成了 存储 → 池 → 方法 → 存储 的环，
+        # 没人再引用的存储（连同它的连接与文件句柄）要等一次全量回收才释放，而不是当场由引用计数释放。
+        self._connect_ref = connect
         self._shared = shared
         self._max_idle = max_idle
         self._lock = threading.Lock()
@@ -116,6 +120,12 @@ class _Pool:
         self._single: _Connection | None = None
         self._closed = False
         self._generation = FORKS.generation
+
+    def _connect(self) -> _Connection:
+        connect = self._connect_ref()
+        if connect is None:  # 存储已被回收：池只由它持有，正常走不到这里
+            raise self._closed_error()
+        return connect()
 
     @staticmethod
     def _closed_error() -> StoreError:
@@ -419,7 +429,7 @@ class SqliteTaskStore(OpensReadonly, RetentionByModule, TaskStore):
         self._busy_timeout = float(busy_timeout)
         self._synchronous = synchronous.upper()
         self._returning = _RETURNING_SUPPORTED
-        self._pool = _Pool(self._connect, shared=self._memory)
+        self._pool = _Pool(weakref.WeakMethod(self._connect), shared=self._memory)
         self._writers = _WriterTurn()
         self._hints = _RowHints()
         # 写穿上一个查过的新任务快照（_packed_create 相对它检查下一个）
