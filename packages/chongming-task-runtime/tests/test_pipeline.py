@@ -18,6 +18,7 @@ from chongming_task import (
     FailureKind,
     JoinMode,
     Pipeline,
+    PipelineRun,
     TaskStatus,
 )
 
@@ -101,8 +102,9 @@ def test_nightly_etl_example_end_to_end(controller: Controller) -> None:
     assert load_history[:2] == [S.BLOCKED, S.QUEUED]
 
 
-def test_blocked_nodes_hold_no_slot_and_long_chain_never_deadlocks() -> None:
-    c = Controller(max_parallel=1)
+def _gated_chain(c: Controller, length: int) -> tuple[PipelineRun, threading.Event]:
+    """交一条 ``length`` 个节点的长链（节点 n0 … n{length-1}，各返回自己的序号）：根节点在返回的闸门打开之前
+    一直在跑（边等边 checkpoint），其余节点 blocked。"""
     gate = threading.Event()
 
     def step(ctx: Any, i: int) -> int:
@@ -114,9 +116,28 @@ def test_blocked_nodes_hold_no_slot_and_long_chain_never_deadlocks() -> None:
     c.register("step", step)
     pipeline = Pipeline("chain")
     previous = None
-    for i in range(20):
+    for i in range(length):
         previous = pipeline.node("step", i, node_id=f"n{i}", depends_on=[previous] if previous else [])
-    run = c.submit_pipeline(pipeline)
+    return c.submit_pipeline(pipeline), gate
+
+
+def _count_wakes(c: Controller) -> list[str]:
+    """从此刻起记下每一次叫醒后台循环（它等的那个事件被 set）的线程名；返回的列表随之变长。"""
+    wakes: list[str] = []
+    event = c._wake
+    original = event.set
+
+    def counting_set() -> None:
+        wakes.append(threading.current_thread().name)
+        original()
+
+    event.set = counting_set  # type: ignore[method-assign]
+    return wakes
+
+
+def test_blocked_nodes_hold_no_slot_and_long_chain_never_deadlocks() -> None:
+    c = Controller(max_parallel=1)
+    run, gate = _gated_chain(c, 20)
     wait_until(lambda: run.runs["n0"].status is S.RUNNING)
     assert c.active_count == 1  # 只有根节点占额度
     assert c.queued_count == 0  # 下游还在 blocked，不是 queued
@@ -261,26 +282,14 @@ def test_wide_fan_out_and_long_chain_scale() -> None:
 def test_chain_advances_without_the_controller_background_loop() -> None:
     """放行与启动下游在上游落地的线程里就地完成，不经后台循环转一手：后台循环被占住时，链照样跑完。"""
     c = Controller(max_parallel=2)
-    gate = threading.Event()
     loop_held = threading.Event()
     loop_gate = threading.Event()
-
-    def step(ctx: Any, i: int) -> int:
-        if i == 0:
-            while not gate.wait(0.002):
-                ctx.checkpoint()
-        return i
 
     def hold_loop() -> None:
         loop_held.set()
         loop_gate.wait(20)
 
-    c.register("step", step)
-    pipeline = Pipeline("chain")
-    previous = None
-    for i in range(30):
-        previous = pipeline.node("step", i, node_id=f"n{i}", depends_on=[previous] if previous else [])
-    run = c.submit_pipeline(pipeline)
+    run, gate = _gated_chain(c, 30)
     try:
         wait_until(lambda: run.runs["n0"].status is S.RUNNING)  # 根节点由后台循环启动
         c.defer(hold_loop)  # 占住后台循环：之后的放行、启动都不能指望它
@@ -312,17 +321,9 @@ def test_one_settle_releases_its_children_with_one_wake_of_the_background_loop()
     for i in range(500):
         pipeline.node("ok", i, node_id=f"leaf{i}", depends_on=[head])
     run = c.submit_pipeline(pipeline)
-    wakes: list[str] = []
-    event = c._wake  # 后台循环等的那个事件
-    original = event.set
-
-    def counting_set() -> None:
-        wakes.append(threading.current_thread().name)
-        original()
-
     try:
         wait_until(lambda: run.runs["root"].status is S.RUNNING)
-        event.set = counting_set  # type: ignore[method-assign]
+        wakes = _count_wakes(c)
         gate.set()
         outcome = run.wait(timeout=30)
         assert outcome.status is S.SUCCEEDED
@@ -336,31 +337,10 @@ def test_one_settle_releases_its_children_with_one_wake_of_the_background_loop()
 def test_a_chain_advancing_in_place_does_not_wake_the_background_loop() -> None:
     """长链上每个节点落地放行一个下游、就地启动它：就绪队列当场取空，不必叫醒后台循环（原来每个节点一次）。"""
     c = Controller(max_parallel=2)
-    gate = threading.Event()
-
-    def step(ctx: Any, i: int) -> int:
-        if i == 0:
-            while not gate.wait(0.002):
-                ctx.checkpoint()
-        return i
-
-    c.register("step", step)
-    pipeline = Pipeline("chain")
-    previous = None
-    for i in range(50):
-        previous = pipeline.node("step", i, node_id=f"n{i}", depends_on=[previous] if previous else [])
-    run = c.submit_pipeline(pipeline)
-    wakes: list[str] = []
-    event = c._wake
-    original = event.set
-
-    def counting_set() -> None:
-        wakes.append(threading.current_thread().name)
-        original()
-
+    run, gate = _gated_chain(c, 50)
     try:
         wait_until(lambda: run.runs["n0"].status is S.RUNNING)
-        event.set = counting_set  # type: ignore[method-assign]
+        wakes = _count_wakes(c)
         gate.set()
         outcome = run.wait(timeout=30)
         assert outcome.status is S.SUCCEEDED
