@@ -1320,12 +1320,8 @@ class Controller(ClosesOnExit):
         return self._submit_batches(runs, DEFAULT_SUBMIT_BATCH, blocked=True)
 
     def start_ready(self) -> None:
-        """有空额度就在调用线程里启动排队的任务。后台循环每一轮调用它；管道刚放行了节点时也就地调用（不叫醒
-        后台循环再转一手）。
-
-        管道在刚落终态的节点的锁内调用它：与 ``_account`` 让出额度后就地启动下一个排队任务是同一个取锁方向
-        （持有刚落地的任务的锁、去取排队任务的锁），被启动的只可能是刚从就绪队列取出的排队任务。冻结派发
-        （stop_all / close）期间什么也不启动。"""
+        """有空额度就在调用线程里启动排队的任务（后台循环每一轮调用它）。冻结派发（stop_all / close）期间什么
+        也不启动。管道放行节点之后的就地启动走 ``release_nodes``（同一个取锁方向，另管叫醒）。"""
         lock = self._lock
         if not lock.try_acquire():
             lock.acquire()
@@ -1337,8 +1333,8 @@ class Controller(ClosesOnExit):
             self._start_runs(to_start)
 
     def release_nodes(self, releases: Sequence[tuple[TaskRun, Mapping[str, Any] | None]]) -> None:
-        """放行一批管道节点（``TaskRun.release``，blocked → queued），再取出拿得到额度的排队任务（同
-        ``start_ready``）：第一个就地启动，其余交给后台循环启动；整批至多叫醒后台循环一次。
+        """放行一批管道节点（``TaskRun.release``，blocked → queued），再取出拿得到额度的排队任务就地
+        启动（同 ``start_ready``）；整批至多叫醒后台循环一次。
 
         为什么：逐个 ``release`` 时每个入队都叫醒一次后台循环（``_enqueue_locked_by_snapshot``）——宽扇出的
         根节点落地时一口气放行上万个下游，就是上万次 ``Event.set``，循环被叫醒、抢 GIL 与控制器锁，在放行
@@ -1350,7 +1346,8 @@ class Controller(ClosesOnExit):
         一次）。直接调用 ``TaskRun.release`` 的人不经这里，照旧逐个叫醒。
 
         在一个刚落终态的节点的锁内调用：逐个取被放行节点的锁（它们还在 blocked，是这个节点的直接下游，
-        取锁方向顺着 DAG 的边），再与 ``start_ready`` 同一个方向启动排队任务。"""
+        取锁方向顺着 DAG 的边），再启动排队任务：与 ``_account`` 让出额度后就地启动下一个排队任务同一个
+        取锁方向（持有刚落地的任务的锁、去取排队任务的锁），被启动的只可能是刚从就绪队列取出的排队任务。"""
         quiet = self._quiet_wakes
         quiet.depth += 1
         try:
@@ -1370,18 +1367,11 @@ class Controller(ClosesOnExit):
             leftover = missed and self._scheduler.queued_count > 0
         finally:
             lock.release()
-        if len(to_start) > 1:
-            # 就地只启动第一个，其余交给后台循环（先交出去、再就地启动：内联执行器会在这里把它跑完）。为什么：
-            # 线程执行器把在结算中启动的尝试接力到本线程、等本线程手上的跑完才跑——就地启动几个，它们就在这
-            # 一条线程上排成一串，空着的槽等于没用（第二十轮起，一个根节点放行四个各睡 0.5 秒的下游、
-            # max_parallel=4，要 2 秒）。后台循环不在结算里，它启动的各上各的线程。交出去的这一次顺带叫醒了
-            # 后台循环，不必再补叫。
-            rest = to_start[1:]
-            self.defer(lambda: self._start_runs(rest))
-            leftover = False
         try:
             if to_start:
-                self._start_runs(to_start[:1])
+                # 取到几个就地启动几个：线程执行器一次结算只接力一个（executors/thread.py），其余各上各的
+                # 线程，不会在这一条线程上排成一串。
+                self._start_runs(to_start)
         finally:
             if leftover:
                 self._wake.set()

@@ -42,11 +42,10 @@ class PipelineHost(Protocol):
         ...
 
     def release_nodes(self, releases: Sequence[tuple[TaskRun, Mapping[str, Any] | None]]) -> None:
-        """放行这批节点（``TaskRun.release(上游值)``，blocked → queued），再有空额度就启动排队的任务：第一个在
-        调用线程里启动，其余由宿主在别的线程启动（各占一个槽、同时跑，不接力到调用线程上排成一串）；整批至多
-        叫醒一次后台循环（宽扇出一次放行上万个下游）。可以在一个刚落终态的节点的锁内调用：被放行的是它还在
-        blocked 的直接下游（取锁顺着 DAG 的边），启动排队任务与控制器让出额度时就地启动下一个排队任务同一个
-        取锁方向。"""
+        """放行这批节点（``TaskRun.release(上游值)``，blocked → queued），再有空额度就启动排队的任务（各占一个
+        槽、同时跑，不在调用线程上排成一串）；整批至多叫醒一次后台循环（宽扇出一次放行上万个下游）。可以在一个
+        刚落终态的节点的锁内调用：被放行的是它还在 blocked 的直接下游（取锁顺着 DAG 的边），启动排队任务与
+        控制器让出额度时就地启动下一个排队任务同一个取锁方向。"""
         ...
 
     def defer(self, work: Callable[[], None]) -> None:
